@@ -1,0 +1,273 @@
+"""Every message that crosses a process boundary, defined once.
+
+Control messages are small, frozen, tagged structs; each socket or pipe has one typed decoder
+over the union it may carry, and receivers dispatch with ``match``. Bulk records
+(``Trajectory``) are ``array_like`` structs whose token arrays are raw little-endian buffers,
+so decoding them is zero-copy (``memoryview`` fields point into the received frame).
+
+Evolution rule: append fields with defaults, never reorder or remove. ``Trajectory`` carries
+``schema_version``; a reader accepts any version up to ``TRAJECTORY_SCHEMA``.
+
+Boundaries and what crosses them:
+
+    agent (sandbox relay / httpx transport) --GatewayRequest-->  gateway ROUTER (ipc://)
+                                            <--GatewayReply---
+    controller --SpawnEpisode/Shutdown--> zygote (stdin pipe)
+               <--EpisodeOutcome/ZygoteReady-- zygote (stdout pipe)
+    controller --Trajectory (bytes)--> shared-memory ring --> trainer rank
+    trainer    --TrainerReport--> controller (ZeroMQ PUSH/PULL)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Union
+
+import msgspec
+import numpy as np
+
+# --------------------------------------------------------------------------------------------
+# Gateway: an HTTP exchange carried over ZeroMQ (DEALER -> ROUTER), so that the in-sandbox relay,
+# the httpx ZeroMQ transport and the gateway's own HTTP server all reach one request core.
+# --------------------------------------------------------------------------------------------
+
+
+class GatewayRequest(msgspec.Struct, frozen=True, tag=True):
+    """One HTTP request. Header names are lower-case."""
+
+    request_id: int
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class GatewayReply(msgspec.Struct, frozen=True, tag=True):
+    """One HTTP response, or one chunk of a streamed response when ``more`` is true.
+
+    A streamed response is several replies with the same ``request_id``: the first carries the
+    status and headers, every one carries a body chunk, and the last has ``more=False``.
+    """
+
+    request_id: int
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    more: bool = False
+
+
+GatewayMessage = Union[GatewayRequest, GatewayReply]
+
+# --------------------------------------------------------------------------------------------
+# Controller <-> sandbox zygote (length-prefixed msgpack frames over pipes).
+# --------------------------------------------------------------------------------------------
+
+
+class SpawnEpisode(msgspec.Struct, frozen=True, tag=True):
+    """Ask the zygote to fork one sandboxed agent process for one episode."""
+
+    episode_id: str
+    data: bytes  # JSON of the dataset row handed to ``agent.run(data, ...)``
+    api_key: str  # session-scoped gateway key; the only credential the agent receives
+    deadline_s: float
+
+
+class Shutdown(msgspec.Struct, frozen=True, tag=True):
+    """Ask the zygote to kill its children and exit."""
+
+
+class ZygoteReady(msgspec.Struct, frozen=True, tag=True):
+    """Sent once the zygote has imported the SDKs and the agent module."""
+
+    pid: int
+    agent: str
+    isolation: list[str]  # the layers this kernel allows, e.g. ["netns", "pidns", "rlimits"]
+    warnings: list[str] = []  # one line per layer that could not be applied
+
+
+class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
+    """How one sandboxed episode ended.
+
+    status: "ok" (run() returned), "error" (run() raised; ``error`` holds the traceback),
+    "timeout" (deadline passed; the process group was killed), "crashed" (died by a signal or
+    a non-zero exit without reporting), "oom" (killed by the memory limit).
+    """
+
+    episode_id: str
+    status: str
+    reward: float | None = None  # a float returned by run()
+    rewards_by_id: dict[str, float] = {}  # a {completion_id: reward} dict returned by run()
+    error: str = ""
+    exit_signal: int | None = None
+    exit_code: int | None = None
+    wall_s: float = 0.0
+
+
+ZygoteInbound = Union[SpawnEpisode, Shutdown]
+ZygoteOutbound = Union[ZygoteReady, EpisodeOutcome]
+
+# --------------------------------------------------------------------------------------------
+# Trainer -> controller.
+# --------------------------------------------------------------------------------------------
+
+
+class TrainerReport(msgspec.Struct, frozen=True, tag=True):
+    """Sent by trainer rank 0 after each optimizer step, once the engine serves ``version``."""
+
+    step: int
+    version: int  # policy version the engine now serves
+    consumed: int  # trajectories consumed so far (ring sequence numbers are 0..consumed-1)
+    metrics: dict[str, float]
+
+
+class TrainerFailed(msgspec.Struct, frozen=True, tag=True):
+    """Sent by a trainer rank that is about to exit because of an error."""
+
+    rank: int
+    error: str
+
+
+class TrainerDone(msgspec.Struct, frozen=True, tag=True):
+    """Sent by trainer rank 0 after the last step; ``model_dir`` holds the final HF model."""
+
+    steps: int
+    model_dir: str
+
+
+TrainerMessage = Union[TrainerReport, TrainerFailed, TrainerDone]
+
+# --------------------------------------------------------------------------------------------
+# Trajectory: the bulk record, one per finished episode, written into a shared-memory ring.
+# --------------------------------------------------------------------------------------------
+
+TRAJECTORY_SCHEMA = 1
+
+
+class Trajectory(msgspec.Struct, array_like=True, gc=False):
+    """One finished episode: one or more token rows, each a prompt followed by sampled tokens.
+
+    Token arrays are flat and concatenated over rows; ``row_lens`` splits them. Per token:
+    ``input_ids`` int32, ``loss_mask`` uint8 (1 = sampled by the policy, trained on),
+    ``logprobs`` float32 (the engine's behaviour logprob where loss_mask is 1, else 0),
+    ``versions`` int32 (policy version that sampled the token, -1 for prompt tokens).
+    Per row: ``row_rewards`` float32. All little-endian.
+    """
+
+    schema_version: int
+    episode_id: str
+    group_id: str  # episodes sampled from one prompt share a group; advantages normalise in it
+    group_size: int  # how many trajectories of this group the trainer will receive
+    reward: float  # episode reward (failed episodes carry 0.0 and a status)
+    status: str
+    input_ids: memoryview
+    loss_mask: memoryview
+    logprobs: memoryview
+    versions: memoryview
+    row_lens: memoryview
+    row_rewards: memoryview
+    timings: dict[str, float] = {}
+    error: str = ""
+
+    def array(self, field: str) -> np.ndarray:
+        """Zero-copy numpy view of one buffer field."""
+        return np.frombuffer(getattr(self, field), dtype=_DTYPES[field])
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids) // 4
+
+    @classmethod
+    def from_rows(
+        cls,
+        *,
+        episode_id: str,
+        group_id: str,
+        group_size: int,
+        reward: float,
+        status: str,
+        rows: list[TokenRow],
+        timings: dict[str, float] | None = None,
+        error: str = "",
+    ) -> Trajectory:
+        def cat(name: str) -> memoryview:
+            parts = [np.asarray(getattr(r, name), dtype=_DTYPES[name]) for r in rows]
+            joined = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[name])
+            return memoryview(joined.tobytes())
+
+        lens = np.array([len(r.input_ids) for r in rows], dtype="<i4")
+        rewards = np.array([r.reward for r in rows], dtype="<f4")
+        return cls(
+            schema_version=TRAJECTORY_SCHEMA,
+            episode_id=episode_id,
+            group_id=group_id,
+            group_size=group_size,
+            reward=float(reward),
+            status=status,
+            input_ids=cat("input_ids"),
+            loss_mask=cat("loss_mask"),
+            logprobs=cat("logprobs"),
+            versions=cat("versions"),
+            row_lens=memoryview(lens.tobytes()),
+            row_rewards=memoryview(rewards.tobytes()),
+            timings=timings or {},
+            error=error,
+        )
+
+    def rows(self) -> list[TokenRow]:
+        """Split the flat arrays back into rows (views, no copies)."""
+        out, start = [], 0
+        ids, mask, lp, ver = (self.array(f) for f in ("input_ids", "loss_mask", "logprobs", "versions"))
+        for n, r in zip(self.array("row_lens").tolist(), self.array("row_rewards").tolist()):
+            s = slice(start, start + n)
+            out.append(TokenRow(ids[s], mask[s], lp[s], ver[s], r))
+            start += n
+        return out
+
+
+class TokenRow(msgspec.Struct):
+    """One row of a trajectory as numpy arrays (in-process only; never sent as such)."""
+
+    input_ids: np.ndarray  # (T,) int32
+    loss_mask: np.ndarray  # (T,) uint8
+    logprobs: np.ndarray  # (T,) float32
+    versions: np.ndarray  # (T,) int32
+    reward: float
+
+
+_DTYPES = {
+    "input_ids": np.dtype("<i4"),
+    "loss_mask": np.dtype("u1"),
+    "logprobs": np.dtype("<f4"),
+    "versions": np.dtype("<i4"),
+    "row_lens": np.dtype("<i4"),
+    "row_rewards": np.dtype("<f4"),
+}
+
+_trajectory_encoder = msgspec.msgpack.Encoder()
+_trajectory_decoder = msgspec.msgpack.Decoder(Trajectory)
+
+
+def encode_trajectory(traj: Trajectory) -> bytes:
+    return _trajectory_encoder.encode(traj)
+
+
+def decode_trajectory(buf: bytes | memoryview) -> Trajectory:
+    """Decode a record; buffer fields are views into ``buf``, which must outlive them."""
+    traj = _trajectory_decoder.decode(buf)
+    if traj.schema_version > TRAJECTORY_SCHEMA:
+        raise ValueError(
+            f"Trajectory schema_version {traj.schema_version} is newer than this reader "
+            f"({TRAJECTORY_SCHEMA}); upgrade the trainer"
+        )
+    return traj
+
+
+# --------------------------------------------------------------------------------------------
+# Framing for pipes and streams: a 4-byte little-endian length, then one msgpack message.
+# --------------------------------------------------------------------------------------------
+
+FRAME_HEADER = struct.Struct("<I")
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(payload)) + payload
