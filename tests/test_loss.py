@@ -1,0 +1,121 @@
+"""Unit tests for areal/loss.py against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from areal.loss import group_advantages, grpo_loss, token_entropy, token_logprobs
+
+
+def test_group_advantages_hand_computed_two_groups():
+    # group a: rewards 0, 1 -> mean 0.5, population std 0.5 -> -1, +1
+    # group b: rewards 1, 2, 6 -> mean 3, var (4 + 1 + 9) / 3 = 14/3
+    rewards = torch.tensor([0.0, 1.0, 2.0, 6.0, 1.0])
+    ids = ["a", "a", "b", "b", "b"]
+    adv = group_advantages(rewards, ids, eps=0.0)
+    sb = math.sqrt(14 / 3)
+    expected = torch.tensor([-1.0, 1.0, -1 / sb, 3 / sb, -2 / sb])
+    torch.testing.assert_close(adv, expected)
+
+
+def test_group_advantages_eps_in_denominator():
+    adv = group_advantages(torch.tensor([0.0, 1.0]), ["g", "g"], eps=0.5)
+    torch.testing.assert_close(adv, torch.tensor([-0.5, 0.5]))  # 0.5 / (0.5 + 0.5)
+
+
+def test_group_advantages_identical_rewards_are_exactly_zero():
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 7.0])
+    adv = group_advantages(rewards, ["x", "x", "x", "y", "y", "solo"])
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0]
+    assert adv[5].item() == 0.0  # a group of one carries no signal
+    torch.testing.assert_close(adv[3:5], torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
+
+
+def test_group_advantages_rejects_mismatched_ids():
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([1.0, 2.0]), ["a"])
+
+
+def _direct(logits: torch.Tensor, targets: torch.Tensor, t: float) -> torch.Tensor:
+    return torch.log_softmax(logits / t, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
+def test_token_logprobs_matches_direct_and_chunking_is_invisible(temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(37, 50, generator=g) * 3
+    targets = torch.randint(0, 50, (37,), generator=g)
+    expected = _direct(logits, targets, temperature)
+    for chunk in (1, 5, 37, 1000):
+        got = token_logprobs(logits, targets, temperature, chunk_tokens=chunk)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_token_logprobs_applies_temperature():
+    logits = torch.tensor([[2.0, 0.0]])
+    targets = torch.tensor([0])
+    # softmax([1, 0])[0] = e / (e + 1) at temperature 2
+    got = token_logprobs(logits, targets, 2.0)
+    assert got.item() == pytest.approx(math.log(math.e / (math.e + 1)), abs=1e-6)
+    assert got.item() != pytest.approx(token_logprobs(logits, targets, 1.0).item(), abs=1e-3)
+
+
+def test_token_logprobs_gradient_matches_autograd_of_direct():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(11, 23, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 23, (11,), generator=g)
+    weights = torch.randn(11, generator=g, dtype=torch.float64)
+    a = logits.clone().requires_grad_(True)
+    (token_logprobs(a, targets, 0.8, chunk_tokens=4).double() * weights).sum().backward()
+    b = logits.clone().requires_grad_(True)
+    (_direct(b, targets, 0.8) * weights).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_token_entropy_matches_direct():
+    logits = torch.tensor([[0.0, 0.0], [0.0, 100.0]])
+    ent = token_entropy(logits, 1.0, chunk_tokens=1)
+    torch.testing.assert_close(ent, torch.tensor([math.log(2), 0.0]), atol=1e-6, rtol=0)
+
+
+def test_grpo_loss_hand_computed_with_clipping_and_mask():
+    eps = 0.2
+    # token 0: ratio 1.5, A=+1 -> clipped: min(1.5, 1.2) = 1.2
+    # token 1: ratio 0.5, A=-1 -> min(-0.5, -0.8) = -0.8 (clipped)
+    # token 2: ratio 1.1, A=+2 -> min(2.2, 2.2) = 2.2 (inside the band, not clipped)
+    # token 3: ratio 0.5, A=+1 -> min(0.5, 0.8) = 0.5 (unclipped side chosen)
+    # token 4: masked out; a huge value must not leak in
+    ratios = torch.tensor([1.5, 0.5, 1.1, 0.5, 50.0])
+    behaviour = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.0])
+    logprobs = (behaviour + ratios.log()).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0, 2.0, 1.0, 9.0])
+    mask = torch.tensor([1, 1, 1, 1, 0], dtype=torch.uint8)
+    loss, stats = grpo_loss(logprobs, behaviour, adv, mask, eps)
+    expected = -(1.2 - 0.8 + 2.2 + 0.5) / 4
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["tokens"] == 4
+    assert stats["clip_frac"] == pytest.approx(0.5)
+    assert stats["ratio_max"] == pytest.approx(1.5, abs=1e-6)
+    assert stats["ratio_min"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.5) / 4, abs=1e-6)
+    loss.backward()
+    # Clipped tokens and masked tokens carry no gradient; others get -A * ratio / n.
+    torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.0, -2.0 * 1.1 / 4, -0.5 / 4, 0.0]))
+
+
+def test_grpo_loss_ratio_one_is_minus_mean_advantage():
+    lp = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+    adv = torch.tensor([0.5, -2.0, 3.0, 100.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    loss, stats = grpo_loss(lp.clone(), lp, adv, mask, 0.2)
+    assert loss.item() == pytest.approx(-(0.5 - 2.0 + 3.0) / 3, abs=1e-6)
+    assert stats["clip_frac"] == 0.0
+    assert stats["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_grpo_loss_all_masked_is_zero_not_nan():
+    z = torch.zeros(3)
+    loss, stats = grpo_loss(z, z, torch.ones(3), z, 0.2)
+    assert loss.item() == 0.0
+    assert stats["tokens"] == 0.0

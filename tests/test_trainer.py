@@ -1,0 +1,304 @@
+"""The GRPO trainer: packing and group collection in-process, then the real trainer subprocess
+reading a real shared-memory ring, pushing weights to a stdlib HTTP stand-in engine (speaking
+SGLang's /update_weights_from_disk protocol) and reporting over a real ZeroMQ PULL socket."""
+
+import http.server
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+import zmq
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from areal.buffer import RingReader, RingWriter, unlink_ring
+from areal.protocol import (
+    TokenRow,
+    TrainerDone,
+    TrainerFailed,
+    TrainerMessage,
+    TrainerReport,
+    Trajectory,
+    encode_trajectory,
+)
+from areal.trainer import GroupCollector, TrainerConfig, copy_tokenizer_files, micro_batch_logits, pack_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 300
+REWARDED = 7  # the token the reward favours
+TEMPERATURE = 0.8
+
+
+def make_model(path: Path, with_tokenizer: bool) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    if with_tokenizer:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1").save_pretrained(path)
+    return model
+
+
+@torch.no_grad()
+def behaviour_logprobs(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
+    """Per-token logprob of ids[t] given ids[:t] at TEMPERATURE, one row at a time (no packing)."""
+    x = torch.tensor([ids])
+    logp = torch.log_softmax(model(x).logits[0].float() / TEMPERATURE, dim=-1)  # (T, V)
+    out = np.zeros(len(ids), np.float32)
+    out[1:] = logp[:-1].gather(-1, x[0, 1:, None]).squeeze(-1).numpy()
+    return out
+
+
+def make_traj(model, group: str, idx: int, size: int, prompt: list[int], completions: list[list[int]],
+              version: int = 0) -> Trajectory:
+    rows = []
+    for comp in completions:
+        ids = prompt + comp
+        mask = np.array([0] * len(prompt) + [1] * len(comp), np.uint8)
+        lp = behaviour_logprobs(model, ids) * mask
+        ver = np.where(mask == 1, version, -1).astype(np.int32)
+        rows.append(TokenRow(np.array(ids, np.int32), mask, lp, ver, 0.0))
+    sampled = [t for c in completions for t in c]
+    reward = sum(t == REWARDED for t in sampled) / len(sampled)
+    return Trajectory.from_rows(episode_id=f"{group}-{idx}", group_id=group, group_size=size,
+                                reward=reward, status="ok", rows=rows)
+
+
+def make_group(model, group: str, rng: np.random.Generator, size: int = 4) -> list[Trajectory]:
+    """Half the samples say the rewarded token, half say other tokens; one episode has two rows."""
+    prompt = rng.integers(10, VOCAB, size=int(rng.integers(3, 7))).tolist()
+    trajs = []
+    for i in range(size):
+        good = i % 2 == 0
+        comp = [REWARDED] * 3 + rng.integers(10, VOCAB, size=1).tolist() if good else rng.integers(10, VOCAB, size=4).tolist()
+        comps = [comp, comp[:2]] if i == 1 else [comp]
+        trajs.append(make_traj(model, group, i, size, prompt, comps))
+    return trajs
+
+
+@torch.no_grad()
+def rewarded_logprob(model: torch.nn.Module, prompts: list[list[int]]) -> float:
+    x = [torch.log_softmax(model(torch.tensor([p])).logits[0, -1] / TEMPERATURE, -1)[REWARDED] for p in prompts]
+    return float(torch.stack(x).mean())
+
+
+class EngineStub(http.server.BaseHTTPRequestHandler):
+    """Answers /update_weights_from_disk as SGLang does and records each call."""
+
+    calls: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        path = Path(body["model_path"])
+        self.calls.append({"path": self.path, "body": body, "had_weights": (path / "config.json").is_file()})
+        reply = json.dumps({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def run_trainer(config: TrainerConfig, tmp_path: Path, timeout_s: float = 120) -> tuple[int, list]:
+    """Start the trainer subprocess, collect its messages until Done/Failed, return (rc, msgs)."""
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    config.report_addr = f"tcp://127.0.0.1:{port}"
+    cfg_path = tmp_path / f"trainer-{uuid.uuid4().hex[:6]}.json"
+    cfg_path.write_text(config.to_json())
+    proc = subprocess.Popen([sys.executable, "-m", "areal.trainer", "--config", str(cfg_path)], cwd=ROOT)
+    decoder = msgspec.msgpack.Decoder(TrainerMessage)
+    msgs = []
+    try:
+        while not msgs or not isinstance(msgs[-1], (TrainerDone, TrainerFailed)):
+            if pull.poll(int(timeout_s * 1000)) == 0:
+                raise AssertionError(f"no trainer message in {timeout_s}s; got {msgs}, rc={proc.poll()}")
+            msgs.append(decoder.decode(pull.recv()))
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        pull.close(linger=0)
+        ctx.term()
+    return rc, msgs
+
+
+@pytest.fixture
+def ring():
+    name = f"test-trainer-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    writer = RingWriter(name, capacity_bytes=1 << 20)
+    yield name, writer
+    writer.close()
+    unlink_ring(name)
+
+
+def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
+    ring_name, writer = ring
+    model_dir = tmp_path / "model"
+    model = make_model(model_dir, with_tokenizer=True)
+    rng = np.random.default_rng(0)
+    groups = [make_group(model, f"g{i}", rng) for i in range(6)]
+    # Interleave the first four groups so that step 1 leaves partial groups behind (they must be
+    # kept for step 2), then the last two.
+    order = [g[i] for i in range(4) for g in groups[:4]] + [g[i] for i in range(4) for g in groups[4:]]
+    for traj in order:
+        writer.put(encode_trajectory(traj))
+    prompts = [g[0].rows()[0].input_ids[g[0].rows()[0].loss_mask == 0].tolist() for g in groups]
+    before = rewarded_logprob(model, prompts)
+
+    EngineStub.calls = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EngineStub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = TrainerConfig(
+        model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
+        engine_urls=[f"http://127.0.0.1:{server.server_address[1]}"], run_dir=str(tmp_path / "run"),
+        steps=3, groups_per_step=2, lr=1e-3, temperature=TEMPERATURE, micro_batch_tokens=24,
+        record_timeout_s=30,
+    )
+    try:
+        rc, msgs = run_trainer(config, tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert rc == 0, msgs
+    reports = [m for m in msgs if isinstance(m, TrainerReport)]
+    assert [(r.step, r.version) for r in reports] == [(1, 1), (2, 2), (3, 3)]
+    assert [r.consumed for r in reports] == [14, 16, 24]  # partial groups kept, not re-read or dropped
+    for r in reports:
+        for key in ("loss", "reward_mean", "reward_std", "adv_nonzero_frac", "clip_frac", "grad_norm",
+                    "entropy", "staleness_mean", "tokens", "step_s"):
+            assert key in r.metrics and math.isfinite(r.metrics[key]), (key, r.metrics)
+        assert r.metrics["tokens"] > 0 and r.metrics["micro_batches"] > 1
+        assert r.metrics["adv_nonzero_frac"] == 1.0
+    assert reports[0].metrics["logprob_max_diff"] < 1e-4  # same weights, same temperature
+    assert reports[0].metrics["staleness_mean"] == 0.0
+    # Step 2 trains on version-0 tokens under version 1: only the stale diff can be reported.
+    assert "logprob_max_diff" not in reports[1].metrics
+    assert reports[1].metrics["logprob_max_diff_stale"] > 0
+    assert reports[1].metrics["staleness_mean"] == 1.0
+
+    run = Path(config.run_dir)
+    assert [c["path"] for c in EngineStub.calls] == ["/update_weights_from_disk"] * 3
+    assert [c["body"]["weight_version"] for c in EngineStub.calls] == ["1", "2", "3"]
+    assert [c["body"]["model_path"] for c in EngineStub.calls] == [str(run / "weights" / f"v{v}") for v in (1, 2, 3)]
+    assert all(c["had_weights"] for c in EngineStub.calls)
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]  # keep_versions=2, no temp dirs
+    lines = [json.loads(line) for line in (run / "trainer_metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+
+    done = msgs[-1]
+    assert isinstance(done, TrainerDone) and done.steps == 3 and done.model_dir == str(run / "final")
+    final = AutoModelForCausalLM.from_pretrained(done.model_dir, dtype=torch.float32).eval()
+    assert AutoTokenizer.from_pretrained(done.model_dir).convert_tokens_to_ids("t7") == 7
+    initial = dict(model.named_parameters())
+    for name, p in final.named_parameters():
+        assert not torch.equal(p, initial[name]), f"{name} did not change"
+    after = rewarded_logprob(final, prompts)
+    assert after > before + 0.1, (before, after)
+
+
+def test_trainer_reports_failure_on_bad_engine_url(tmp_path, ring):
+    ring_name, writer = ring
+    model_dir = tmp_path / "model"
+    model = make_model(model_dir, with_tokenizer=False)
+    for traj in make_group(model, "g", np.random.default_rng(1), size=2):
+        writer.put(encode_trajectory(traj))
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    config = TrainerConfig(
+        model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
+        engine_urls=[f"http://127.0.0.1:{dead}"], run_dir=str(tmp_path / "run"), steps=2,
+        groups_per_step=1, temperature=TEMPERATURE, record_timeout_s=30,
+    )
+    rc, msgs = run_trainer(config, tmp_path)
+    assert rc != 0
+    assert not any(isinstance(m, TrainerReport) for m in msgs)
+    assert isinstance(msgs[-1], TrainerFailed) and msgs[-1].rank == 0
+    assert "WeightUpdateError" in msgs[-1].error and f"127.0.0.1:{dead}" in msgs[-1].error
+
+
+def test_packed_micro_batches_equal_per_row(tmp_path):
+    model = make_model(tmp_path / "m", with_tokenizer=False)
+    rng = np.random.default_rng(2)
+    trajs = make_group(model, "a", rng) + make_group(model, "b", rng)
+    adv = torch.arange(len(trajs), dtype=torch.float32)
+    packed = pack_rows(trajs, adv, micro_batch_tokens=10_000)
+    single = pack_rows(trajs, adv, micro_batch_tokens=1)
+    assert len(packed) == 1 and packed[0].rows == 10 and len(single) == 10
+    with torch.no_grad():
+        lp_packed = torch.log_softmax(micro_batch_logits(model, packed[0]) / TEMPERATURE, -1)
+        lp_single = torch.cat([torch.log_softmax(micro_batch_logits(model, mb) / TEMPERATURE, -1) for mb in single])
+    torch.testing.assert_close(lp_packed, lp_single, atol=1e-5, rtol=0)
+    targets = packed[0].targets
+    got = lp_packed.gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, packed[0].behaviour, atol=1e-5, rtol=0)  # == unpacked engine logprobs
+    assert torch.equal(packed[0].advantages, torch.cat([mb.advantages for mb in single]))
+    # Only sampled tokens are scored: 4 per row, except the 2-token second row of each episode 1.
+    assert len(targets) == 4 * 8 + 2 * 2
+
+
+def test_group_collector_keeps_partial_groups(ring):
+    ring_name, writer = ring
+    def traj(group: str, i: int, size: int) -> Trajectory:
+        row = TokenRow(np.array([1, 2], np.int32), np.array([0, 1], np.uint8), np.zeros(2, np.float32),
+                       np.array([-1, 0], np.int32), 0.0)
+        return Trajectory.from_rows(episode_id=f"{group}{i}", group_id=group, group_size=size,
+                                    reward=float(i), status="ok", rows=[row])
+    for t in [traj("a", 0, 2), traj("b", 0, 3), traj("b", 1, 3), traj("a", 1, 2), traj("c", 0, 1), traj("b", 2, 3)]:
+        writer.put(encode_trajectory(t))
+    reader = RingReader(ring_name, timeout_s=5)
+    try:
+        collector = GroupCollector(reader, record_timeout_s=5)
+        first = collector.next_batch(2)
+        assert [t.episode_id for t in first] == ["a0", "a1", "c0"]
+        assert collector.consumed == 5 and list(collector.pending) == ["b"]
+        assert [t.episode_id for t in collector.next_batch(1)] == ["b0", "b1", "b2"]
+        with pytest.raises(TimeoutError):
+            GroupCollector(reader, record_timeout_s=0.05).next_batch(1)
+    finally:
+        reader.close()
+
+
+def test_config_validation_names_the_field_and_round_trips():
+    base = dict(model_path="m", ring_name="r", engine_urls=[], report_addr="tcp://127.0.0.1:5",
+                run_dir="d", steps=1, groups_per_step=1)
+    cfg = TrainerConfig(**base)
+    assert TrainerConfig.from_json(cfg.to_json()) == cfg
+    for field, bad in [("steps", 0), ("lr", 0.0), ("clip_eps", 1.5), ("engine_urls", ["localhost:1"]),
+                       ("report_addr", "nowhere"), ("keep_versions", 0)]:
+        with pytest.raises(ValueError, match=field):
+            TrainerConfig(**{**base, field: bad})
+    with pytest.raises(ValueError, match="bogus"):
+        TrainerConfig.from_json(json.dumps({**base, "bogus": 1}))
+
+
+def test_copy_tokenizer_files_tolerates_a_model_dir_without_them(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "src" / "config.json").write_text("{}")
+    assert copy_tokenizer_files(tmp_path / "src", tmp_path / "dst") == []
+    (tmp_path / "src" / "tokenizer.json").write_text("{}")
+    assert copy_tokenizer_files(tmp_path / "src", tmp_path / "dst") == ["tokenizer.json"]
