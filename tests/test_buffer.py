@@ -1,0 +1,267 @@
+"""Shared-memory ring: ordering, wrap-around, back-pressure, cross-process use, writer crashes.
+
+Run as a script (``python tests/test_buffer.py write NAME COUNT CAPACITY``) this file is the
+writer subprocess the cross-process tests start; COUNT < 0 means write until killed.
+"""
+
+import collections
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from areal.buffer import (  # noqa: E402
+    FRAME,
+    HEADER_BYTES,
+    OFF_NEXT_SEQ,
+    SHM_DIR,
+    RecordTooLarge,
+    RingCorrupted,
+    RingFull,
+    RingReader,
+    RingWriter,
+    ring_name,
+    unlink_ring,
+)
+
+_counter = itertools.count()
+
+
+def payload_for(seq: int) -> bytes:
+    """Deterministic record content for sequence number ``seq``: varying sizes, 0 to ~20 KB."""
+    size = (seq * 7919) % 20011
+    return (seq.to_bytes(8, "little") * (size // 8 + 1))[:size]
+
+
+@pytest.fixture
+def name():
+    """A fresh ring name; the test must leave no segment (or temp file) behind in /dev/shm."""
+    n = ring_name(f"t{os.getpid()}x{next(_counter)}", 0)
+    yield n
+    leftovers = [e for e in os.listdir(SHM_DIR) if n in e]
+    for e in leftovers:
+        os.unlink(os.path.join(SHM_DIR, e))
+    assert not leftovers, f"test left {leftovers} in {SHM_DIR}"
+
+
+def start_writer(name: str, count: int, capacity: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, __file__, "write", name, str(count), str(capacity)],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_put_get_round_trip(name):
+    with RingWriter(name, 1 << 16) as w, RingReader(name, timeout_s=1) as r:
+        assert r.get(timeout_s=0) is None
+        assert w.put(b"hello") == 0
+        assert w.put(memoryview(b"\x00" * 13)) == 1
+        assert w.put(b"") == 2
+        assert r.get(timeout_s=0) == b"hello"
+        assert r.get(timeout_s=0) == b"\x00" * 13
+        assert r.get(timeout_s=0) == b""
+        assert r.last_seq == 2
+        assert r.get(timeout_s=0.01) is None
+        assert w.free_bytes() == 1 << 16
+        assert r.writer_pid == os.getpid() and r.writer_alive()
+
+
+def test_many_records_wrap_in_order(name):
+    rng = random.Random(0)
+    capacity = 4096
+    sent: collections.deque[bytes] = collections.deque()
+    received = []
+    with RingWriter(name, capacity) as w, RingReader(name) as r:
+        for i in range(600):
+            payload = rng.randbytes(rng.randrange(0, 900))
+            while True:  # drain just enough to make room; exercises partial-fill wrap points
+                try:
+                    assert w.put(payload, timeout_s=0) == i
+                    break
+                except RingFull:
+                    received.append(r.get(timeout_s=0))
+            sent.append(payload)
+        while (p := r.get(timeout_s=0)) is not None:
+            received.append(p)
+        assert r.last_seq == 599
+        assert received == list(sent)
+        total = sum(FRAME.size + (len(p) + 7) // 8 * 8 for p in sent)
+        assert total > 5 * capacity  # really went around the ring several times
+
+
+def test_full_ring_raises_then_recovers(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        puts = 0
+        with pytest.raises(RingFull, match=name):
+            while True:
+                w.put(b"x" * 1000, timeout_s=0.05)
+                puts += 1
+        assert puts == 4096 // (FRAME.size + 1000)
+        assert w.free_bytes() < FRAME.size + 1000
+        for _ in range(puts):
+            assert r.get(timeout_s=0) == b"x" * 1000
+        assert r.get(timeout_s=0) is None
+        assert w.put(b"y" * 1000, timeout_s=0.05) == puts
+        assert r.get(timeout_s=0) == b"y" * 1000
+
+
+def test_largest_record_fits_and_larger_is_refused(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        w.put(b"a" * 100)  # the maximal record must wrap to the next lap once this is read
+        assert r.get(timeout_s=0) == b"a" * 100
+        biggest = b"b" * w.max_payload
+        w.put(biggest, timeout_s=1)
+        assert r.get(timeout_s=0) == biggest
+        with pytest.raises(RecordTooLarge, match=f"{w.max_payload + 1} bytes.*at most {w.max_payload}"):
+            w.put(b"c" * (w.max_payload + 1))
+
+
+def test_cross_process(name):
+    count = 300
+    proc = start_writer(name, count, 1 << 16)
+    try:
+        with RingReader(name, timeout_s=20) as r:
+            for seq in range(count):
+                assert r.get(timeout_s=20) == payload_for(seq)
+                assert r.last_seq == seq
+            assert r.get(timeout_s=0.1) is None
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        unlink_ring(name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.one_of(st.integers(0, 1500), st.none()), max_size=120))
+def test_ring_equals_queue(ops):
+    """Any interleaving of puts (a size) and gets (None) gives the same output as a deque."""
+    n = ring_name(f"t{os.getpid()}q{next(_counter)}", 0)
+    model: collections.deque[bytes] = collections.deque()
+    out_ring, out_model = [], []
+    with RingWriter(n, 2048) as w, RingReader(n) as r:
+        for i, op in enumerate(ops):
+            if op is None:
+                out_ring.append(r.get(timeout_s=0))
+                out_model.append(model.popleft() if model else None)
+                continue
+            payload = bytes([i % 251]) * op
+            try:
+                w.put(payload, timeout_s=0)
+            except (RingFull, RecordTooLarge):
+                continue
+            model.append(payload)
+        out_ring.extend(iter(lambda: r.get(timeout_s=0), None))
+        out_model.extend(model)
+    assert out_ring == out_model
+    assert not os.path.exists(os.path.join(SHM_DIR, n))
+
+
+def test_writer_sigkilled_mid_stream(name):
+    rng = random.Random(1)
+    for trial in range(4):
+        proc = start_writer(name, -1, 1 << 16)
+        try:
+            with RingReader(name, timeout_s=20) as r:
+                got = 0
+                kill_at = time.monotonic() + rng.uniform(0.05, 0.3)
+                while time.monotonic() < kill_at:
+                    p = r.get(timeout_s=0.01)
+                    if p is not None:
+                        assert p == payload_for(got)
+                        got += 1
+                os.kill(proc.pid, signal.SIGKILL)
+                assert proc.wait(timeout=10) == -signal.SIGKILL
+                # Everything published before the kill arrives complete, in order, then nothing.
+                while (p := r.get(timeout_s=0.2)) is not None:
+                    assert p == payload_for(got)
+                    assert r.last_seq == got
+                    got += 1
+                assert got > 0
+                assert not r.writer_alive()
+                # A new writer resumes the sequence where the dead one stopped.
+                w = RingWriter.attach(name)
+                assert w.put(payload_for(got)) == got
+                assert r.get(timeout_s=1) == payload_for(got)
+                w.close(unlink=True)
+        finally:
+            proc.kill()
+            proc.wait()
+            unlink_ring(name)
+
+
+def test_attach_recovers_sequence_after_crash_between_publish_and_seq_bump(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        for i in range(3):
+            w.put(b"%d" % i)
+        # Simulate a writer killed after advancing write_pos but before bumping next_seq.
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            f.seek(OFF_NEXT_SEQ)
+            f.write((2).to_bytes(8, "little"))
+        w2 = RingWriter.attach(name)
+        assert w2.put(b"3") == 3
+        w2.close()
+        assert [r.get(timeout_s=0) for _ in range(4)] == [b"0", b"1", b"2", b"3"]
+        assert r.last_seq == 3
+
+
+def test_reader_restart_resumes_at_committed_position(name):
+    with RingWriter(name, 4096) as w:
+        for i in range(5):
+            w.put(b"%d" % i)
+        with RingReader(name) as r:
+            assert r.get(timeout_s=0) == b"0"
+            assert r.get(timeout_s=0) == b"1"
+        with RingReader(name) as r:
+            assert [r.get(timeout_s=0) for _ in range(4)] == [b"2", b"3", b"4", None]
+
+
+def test_corrupted_payload_is_never_returned(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        w.put(b"good record")
+        w.put(b"to be damaged")
+        assert r.get(timeout_s=0) == b"good record"
+        offset = HEADER_BYTES + FRAME.size + 16 + FRAME.size + 3  # inside the second payload
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            f.seek(offset)
+            f.write(b"!")
+        with pytest.raises(RingCorrupted, match="checksum"):
+            r.get(timeout_s=0)
+
+
+def test_reader_times_out_waiting_for_missing_segment(name):
+    with pytest.raises(TimeoutError, match=name):
+        RingReader(name, timeout_s=0.05)
+
+
+def test_names():
+    assert ring_name("run7", 3) == "areal-run7-r3"
+    with pytest.raises(ValueError, match="ring name"):
+        ring_name("a/b", 0)
+    unlink_ring("areal-does-not-exist-r0")  # a missing segment is not an error
+
+
+def _write_main(name: str, count: int, capacity: int) -> None:
+    with RingWriter(name, capacity) as w:
+        for seq in itertools.count() if count < 0 else range(count):
+            assert w.put(payload_for(seq), timeout_s=30) == seq
+        if count >= 0:  # keep the segment until the reader has drained it, then unlink on exit
+            while w.free_bytes() < w.capacity:
+                time.sleep(0.001)
+
+
+if __name__ == "__main__":
+    assert sys.argv[1] == "write"
+    _write_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
