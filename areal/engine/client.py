@@ -1,0 +1,269 @@
+"""Client for SGLang's native HTTP API, and the launcher of the embedded CPU engine.
+
+One client serves both back ends: a real SGLang server on GPUs and ``areal.engine.server`` on
+CPU speak the same protocol (facts in shared/notes/sglang_api.md). This module imports no torch,
+so the gateway and controller stay light.
+
+Invariants:
+- ``EngineClient`` creates its aiohttp session lazily inside the running loop, and a new one if it
+  is later awaited from a different loop (an aiohttp session is bound to its loop).
+- Errors are typed: an HTTP error answer raises ``EngineError(status, message)`` with the
+  server's own message; no answer at all (refused, reset, timed out) raises ``EngineUnavailable``.
+- ``launch_embedded_engine`` runs the server as a real subprocess in its own session (process
+  group); ``EngineProcess.stop`` signals that group only, never anything found by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+
+class EngineError(Exception):
+    """The engine answered with an error (``status`` is the HTTP status, None if it never answered)."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"engine error {status}: {message}" if status is not None else message)
+        self.status = status
+        self.message = message
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached (connection refused or reset, or the request timed out)."""
+
+
+class GenerateResult(msgspec.Struct):
+    """One finished generation, parsed from SGLang's ``/generate`` answer."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]  # empty unless return_logprob; aligned with output_ids
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: str
+    prompt_tokens: int
+    completion_tokens: int
+    text: str = ""
+
+
+class _MetaInfo(msgspec.Struct):
+    finish_reason: dict[str, Any] | None
+    completion_tokens: int
+    prompt_tokens: int = 0  # absent on requests aborted in the waiting queue
+    weight_version: str = "default"
+    output_token_logprobs: list[tuple[float | None, int, str | None]] = []
+
+
+class _GenerateResponse(msgspec.Struct):
+    output_ids: list[int]
+    meta_info: _MetaInfo
+    text: str = ""
+
+
+_response_decoder = msgspec.json.Decoder(_GenerateResponse)
+
+
+def _error_message(body: bytes) -> str:
+    """SGLang has three error shapes: {"error": str}, {"error": {"message"}}, {"message"}."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(data)
+
+
+class EngineClient:
+    """Async client for one engine URL."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._loop = loop
+        return self._session
+
+    async def _request(self, method: str, path: str, body: Any = None) -> bytes:
+        try:
+            async with self._get_session().request(method, self.base_url + path, json=body) as resp:
+                data = await resp.read()
+                if resp.status >= 400:
+                    raise EngineError(resp.status, _error_message(data))
+                return data
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> GenerateResult:
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
+                                "return_logprob": return_logprob}
+        if rid is not None:
+            body["rid"] = rid
+        resp = _response_decoder.decode(await self._request("POST", "/generate", body))
+        meta = resp.meta_info
+        reason = (meta.finish_reason or {}).get("type", "abort")
+        return GenerateResult(
+            output_ids=resp.output_ids,
+            output_logprobs=[float(lp) if lp is not None else 0.0 for lp, _, _ in meta.output_token_logprobs],
+            finish_reason=reason,
+            weight_version=meta.weight_version,
+            prompt_tokens=meta.prompt_tokens,
+            completion_tokens=meta.completion_tokens,
+            text=resp.text,
+        )
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
+        body: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        answer = json.loads(await self._request("POST", "/update_weights_from_disk", body))
+        if not answer.get("success", False):
+            raise EngineError(200, str(answer.get("message", answer)))
+
+    async def health(self) -> bool:
+        try:
+            await self._request("GET", "/health")
+        except EngineError:
+            return False
+        return True
+
+    async def model_info(self) -> dict:
+        return json.loads(await self._request("GET", "/get_model_info"))
+
+    async def server_info(self) -> dict:
+        return json.loads(await self._request("GET", "/get_server_info"))
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def update_weights_from_disk_sync(
+    base_url: str, model_path: str, weight_version: str | None, *,
+    api_key: str | None = None, timeout_s: float = 600,
+) -> None:
+    """Blocking weight update with the standard library only (for the trainer process)."""
+    body = {"model_path": model_path}
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(base_url.rstrip("/") + "/update_weights_from_disk",
+                                 data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise EngineError(exc.code, _error_message(exc.read())) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise EngineUnavailable(None, f"engine at {base_url} unavailable: {exc!r}") from exc
+    if not answer.get("success", False):
+        raise EngineError(200, str(answer.get("message", answer)))
+
+
+# ------------------------------------------------------------------------------------------
+# The embedded engine as a subprocess.
+# ------------------------------------------------------------------------------------------
+
+
+class EngineProcess:
+    """A running ``areal.engine.server`` subprocess, leader of its own process group."""
+
+    def __init__(self, popen: subprocess.Popen, url: str, log_path: str) -> None:
+        self.popen = popen
+        self.url = url
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout_s: float = 10) -> None:
+        """SIGTERM the process group, then SIGKILL it if it has not exited in ``timeout_s``."""
+        if self.alive():
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - n))
+        return f.read().decode(errors="replace")
+
+
+def launch_embedded_engine(
+    model_path: str, *, threads: int = 1, log_path: str | None = None, timeout_s: float = 120,
+    max_batch: int = 32, weight_version: str = "default", api_key: str | None = None,
+    request_log: str | None = None,
+) -> EngineProcess:
+    """Start the embedded engine and wait until it has written its URL to the ready file."""
+    run_dir = tempfile.mkdtemp(prefix="areal-engine-")
+    ready = os.path.join(run_dir, "ready")
+    log_path = log_path or os.path.join(run_dir, "engine.log")
+    cmd = [sys.executable, "-m", "areal.engine.server", "--model-path", model_path,
+           "--ready-file", ready, "--threads", str(threads), "--max-batch", str(max_batch),
+           "--weight-version", weight_version]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    if request_log:
+        cmd += ["--request-log", request_log]
+    env = dict(os.environ)
+    # The child must import this very package even when it is not installed.
+    repo_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(ready):
+        if popen.poll() is not None:
+            raise RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{_tail(log_path)}")
+        if time.monotonic() > deadline:
+            EngineProcess(popen, "", log_path).stop()
+            raise TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{_tail(log_path)}")
+        time.sleep(0.05)
+    with open(ready) as f:
+        url = f.read().strip()
+    return EngineProcess(popen, url, log_path)
