@@ -1,0 +1,83 @@
+"""Loading user agents and turning what ``run()`` returned into an ``EpisodeOutcome``.
+
+Used by both rollout modes: the sandbox zygote (``subproc``) and the controller's own event loop
+(``inline``), so an agent behaves the same in either.
+
+An agent spec is ``TARGET:ATTR``. TARGET is a dotted module (``my_pkg.agents``) or a Python file
+path (``agents/openai_math.py``). File paths exist because the OpenAI Agents SDK owns the
+top-level package name ``agents``: our example folder of that name is therefore not importable as
+a package, and is loaded by path under a private module name instead. ATTR names a class
+(instantiated with no arguments), an object with an async ``run`` method, or an async function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from areal.protocol import EpisodeOutcome
+
+AgentRun = Callable[..., Awaitable[Any]]
+
+
+def load_agent(spec: str) -> AgentRun:
+    """Resolve an agent spec to its async ``run(data, **extra_kwargs)`` callable."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"agent spec must be TARGET:ATTR (a module or .py file, then a name), got {spec!r}")
+    module = _load_module(target)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"agent spec {spec!r}: {target} has no attribute {attr!r}") from None
+    if inspect.isclass(obj):
+        obj = obj()
+    run = getattr(obj, "run", obj)
+    if not inspect.iscoroutinefunction(run):
+        raise ValueError(f"agent spec {spec!r} must name an async function or an object with `async def run(data, **extra_kwargs)`")
+    return run
+
+
+def _load_module(target: str) -> Any:
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ValueError(f"agent file {target!r} does not exist (resolved to {path})")
+        name = f"areal_user_agent_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(target)
+
+
+def outcome_from_result(episode_id: str, result: Any, wall_s: float = 0.0) -> EpisodeOutcome:
+    """Map ``run()``'s return value: a number is the episode reward, a dict maps completion ids
+    to rewards. Anything else is an error outcome naming the type (the episode is not trained on)."""
+    if isinstance(result, bool) or result is None:
+        return EpisodeOutcome(episode_id, "error", error=f"run() returned {result!r}; expected a float or a {{completion_id: reward}} dict", wall_s=wall_s)
+    if isinstance(result, (int, float)):
+        if not math.isfinite(result):
+            return EpisodeOutcome(episode_id, "error", error=f"run() returned a non-finite reward {result!r}", wall_s=wall_s)
+        return EpisodeOutcome(episode_id, "ok", reward=float(result), wall_s=wall_s)
+    if isinstance(result, dict):
+        bad = [k for k, v in result.items() if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            return EpisodeOutcome(episode_id, "error", error=f"run() returned a dict with non str->number entries: {bad[:3]!r}", wall_s=wall_s)
+        return EpisodeOutcome(episode_id, "ok", rewards_by_id={k: float(v) for k, v in result.items()}, wall_s=wall_s)
+    return EpisodeOutcome(episode_id, "error", error=f"run() returned {type(result).__name__}; expected a float or a dict", wall_s=wall_s)
+
+
+def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -> EpisodeOutcome:
+    text = "".join(traceback.format_exception(exc))
+    return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s)

@@ -1,0 +1,365 @@
+"""Isolation layers for one agent episode, applied in the forked child before user code runs.
+
+    zygote (host namespaces)
+      │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<episode>, fallback temp dir
+      └─fork─► episode process (new session = own process group)
+                 enter(): join cgroups · unshare net (lo up) · unshare mount (private /tmp
+                 tmpfs, gateway socket bound back in) · rlimits · no_new_privs · scrubbed env
+                 └─fork─► agent, PID 1 of a new PID namespace (fresh /proc, capabilities
+                          dropped); the episode process waits and forwards its exit status
+      release(): SIGKILL whatever is left in the cgroup, rmdir it (zygote, after the reap)
+
+Each layer is probed once at zygote start (``probe`` tries it in a throwaway child); a layer
+the kernel refuses is skipped for every episode and reported as a warning naming it, never
+silently. A layer that probed fine but fails for an episode raises: the episode errors.
+
+What is covered:
+- network: no interface but its own loopback; the host's loopback ports (gateway HTTP, engine)
+  are unreachable. The only way out is the gateway's ipc:// socket *file* (a filesystem path;
+  the abstract namespace is per network namespace, so ``ipc://@name`` would not work).
+- processes: own session/process group, PID namespace (everything dies with the agent, so a
+  deadline kill leaves nothing behind even when a child calls setsid), pids cgroup.
+- memory: cgroup v1 memory limit (OOM kills are reported as "oom"), RLIMIT_AS.
+- CPU time, open files, file size (also caps the per-episode log), no core dumps.
+- files: a private tmpfs on /tmp (HOME and TMPDIR point there); secrets in the controller's
+  environment are not inherited (allow-list below).
+- privileges: no_new_privs; all capabilities dropped in the agent (bounding set included), so
+  root inside cannot remount, raise rlimits or leave its cgroup.
+
+What is not covered:
+- the agent still runs as uid 0 without a user namespace: files owned by root outside /tmp are
+  writable (no read-only root filesystem, no seccomp filter, no chroot).
+- RLIMIT_NPROC is not enforced for root; the pids cgroup is the effective process limit.
+- CPU shares/quotas (no cpu cgroup); the deadline bounds wall time instead.
+- the cgroup v2 hierarchy (only v1 controllers are used; v2-only hosts skip the cgroup layer).
+- anything under /tmp that the agent module imports lazily after the fork is hidden by the
+  private /tmp (the module itself is imported by the zygote before).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import logging
+import os
+import resource
+import shutil
+import signal
+import socket
+import struct
+import tempfile
+from dataclasses import dataclass, field
+
+log = logging.getLogger("sandbox.isolation")
+
+LAYERS = ("session", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "no_new_privs", "caps")
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_CONTROLLERS = ("memory", "pids")
+# Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED",
+             "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8",
+             "VIRTUAL_ENV")
+
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class SandboxConfig:
+    """Limits for every episode of one zygote. ``None`` disables a limit."""
+
+    deadline_s: float = 600.0  # wall-clock deadline when SpawnEpisode/run_episode gives none
+    cpu_seconds: int | None = 600  # RLIMIT_CPU (SIGXCPU, then SIGKILL) of each process
+    address_space_bytes: int | None = 8 << 30  # RLIMIT_AS; threads reserve arenas, keep it generous
+    max_processes: int | None = 4096  # RLIMIT_NPROC (per uid; ignored for root, see max_pids)
+    open_files: int | None = 1024  # RLIMIT_NOFILE
+    file_size_bytes: int | None = 64 << 20  # RLIMIT_FSIZE: largest file, including the episode log
+    memory_limit_bytes: int | None = 2 << 30  # cgroup memory.limit_in_bytes per episode
+    max_pids: int | None = 256  # cgroup pids.max per episode (threads count)
+    tmp_size_bytes: int = 256 << 20  # size of the private tmpfs mounted on /tmp
+    temp_root: str = field(default_factory=tempfile.gettempdir)  # host dir for temp dirs without mountns
+    log_tail_bytes: int = 4096  # how much of the episode log a failed outcome carries
+    skip_layers: list[str] = field(default_factory=list)  # layers not to apply, from LAYERS
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s > 0:
+            raise ValueError(f"sandbox.deadline_s must be > 0, got {self.deadline_s}")
+        for name in ("cpu_seconds", "address_space_bytes", "max_processes", "open_files",
+                     "file_size_bytes", "memory_limit_bytes", "max_pids"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"sandbox.{name} must be a positive int or None, got {value!r}")
+        if self.tmp_size_bytes <= 0 or self.log_tail_bytes < 0:
+            raise ValueError("sandbox.tmp_size_bytes must be > 0 and sandbox.log_tail_bytes >= 0")
+        if not os.path.isdir(self.temp_root):
+            raise ValueError(f"sandbox.temp_root {self.temp_root!r} is not a directory")
+        unknown = sorted(set(self.skip_layers) - set(LAYERS))
+        if unknown:
+            raise ValueError(f"sandbox.skip_layers has unknown layer(s) {unknown}; known: {list(LAYERS)}")
+
+
+@dataclass
+class EpisodeResources:
+    """Host-side state of one episode, created by the zygote before the fork."""
+
+    name: str  # "<zygote pid>-<sanitised episode id>"
+    cgroups: list[str]  # cgroup directories the episode joins
+    host_tmp: str  # private temp dir on the host; used only when the mount layer is off
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _unshare(flags: int, what: str) -> None:
+    _check(_libc.unshare(flags), f"unshare({what})")
+
+
+def _cstr(s: str | None) -> bytes | None:
+    return s.encode() if s is not None else None
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    rc = _libc.mount(_cstr(src), _cstr(target), _cstr(fstype), ctypes.c_ulong(flags), _cstr(data))
+    _check(rc, f"mount {target}")
+
+
+def _prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+
+
+def set_parent_death_signal() -> None:
+    """Die with SIGKILL when the parent dies, so a killed zygote leaves no episodes behind."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _loopback_up() -> None:
+    # A new network namespace has only "lo", and it is down: bring it up so the relay can listen.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", ifr)[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _private_tmp(size: int, keep_path: str) -> None:
+    """New mount namespace with a tmpfs on /tmp; ``keep_path`` (the gateway socket) stays visible."""
+    keep = os.path.realpath(keep_path) if keep_path else ""
+    _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # keep our mounts from propagating to the host
+    # Opened inside the new namespace: a bind source must be a mount of the caller's namespace.
+    keep_fd = os.open(keep, os.O_PATH) if keep.startswith("/tmp/") else None
+    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=1777")
+    if keep_fd is not None:
+        # Bind the socket inode (held open by an O_PATH fd) onto the same path in the new tmpfs.
+        os.makedirs(os.path.dirname(keep), exist_ok=True)
+        open(keep, "w").close()
+        _mount(f"/proc/self/fd/{keep_fd}", keep, None, _MS_BIND)
+        os.close(keep_fd)
+
+
+def _rlimits(config: SandboxConfig) -> None:
+    limits = {resource.RLIMIT_CPU: config.cpu_seconds, resource.RLIMIT_AS: config.address_space_bytes,
+              resource.RLIMIT_NPROC: config.max_processes, resource.RLIMIT_NOFILE: config.open_files,
+              resource.RLIMIT_FSIZE: config.file_size_bytes, resource.RLIMIT_CORE: 0}
+    for which, value in limits.items():
+        if value is not None:
+            resource.setrlimit(which, (value, value))
+    # Python ignores SIGXFSZ, so an oversized write raises OSError(EFBIG) instead of killing.
+
+
+def _drop_capabilities() -> None:
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        _prctl(_PR_CAPBSET_DROP, cap)
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
+    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
+
+
+def scrub_environment(home: str) -> None:
+    """Keep only ENV_ALLOW; HOME and TMPDIR point at the private temp dir."""
+    kept = {k: v for k, v in os.environ.items() if k in ENV_ALLOW}
+    os.environ.clear()  # unsetenv as well, so subprocesses of the agent see the same
+    os.environ.update(kept, HOME=home, TMPDIR=home, NO_PROXY="127.0.0.1,localhost")
+
+
+def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
+    """Try every layer in a throwaway child; returns (available layers, one warning per other)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # probe child: report "layer=error" lines, never return
+        os.close(r)
+        lines = []
+        for layer in LAYERS:
+            try:
+                _probe_layer(layer, config)
+                lines.append(f"{layer}=")
+            except BaseException as e:  # process boundary: every failure becomes a report line
+                lines.append(f"{layer}={type(e).__name__}: {e}".replace("\n", " "))
+        os.write(w, "\n".join(lines).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        report = f.read().decode()
+    os.waitpid(pid, 0)
+    available, warnings = [], []
+    for line in report.splitlines():
+        layer, _, error = line.partition("=")
+        if layer in config.skip_layers:
+            warnings.append(f"{layer}: skipped by sandbox.skip_layers")
+        elif error:
+            warnings.append(f"{layer}: not available ({error}); episodes run without it")
+        else:
+            available.append(layer)
+    for warning in warnings:
+        log.warning("isolation layer %s", warning)
+    return available, warnings
+
+
+def _probe_layer(layer: str, config: SandboxConfig) -> None:
+    if layer == "session":
+        os.setsid()
+    elif layer == "netns":
+        _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
+        _loopback_up()
+    elif layer == "mountns":
+        _private_tmp(1 << 20, "")
+    elif layer == "pidns":
+        _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if os.getpid() == 1 else 1)
+        if os.waitpid(pid, 0)[1] != 0:
+            raise OSError("first child of the new PID namespace is not PID 1")
+    elif layer == "cgroup":
+        for c in CGROUP_CONTROLLERS:
+            d = os.path.join(CGROUP_ROOT, c, "areal", f"probe-{os.getpid()}")
+            os.makedirs(d)
+            os.rmdir(d)
+    elif layer == "rlimits":
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    elif layer == "no_new_privs":
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    elif layer == "caps":
+        _drop_capabilities()
+    # "env" needs no kernel support
+
+
+def sweep_stale_cgroups() -> list[str]:
+    """Remove empty episode cgroups whose zygote is gone (it was SIGKILLed); returns them."""
+    removed = []
+    for c in CGROUP_CONTROLLERS:
+        parent = os.path.join(CGROUP_ROOT, c, "areal")
+        if not os.path.isdir(parent):
+            continue
+        for name in os.listdir(parent):
+            d = os.path.join(parent, name)
+            owner = name.split("-", 1)[0]
+            if not (os.path.isdir(d) and owner.isdigit()) or os.path.exists(f"/proc/{owner}"):
+                continue
+            if not open(os.path.join(d, "cgroup.procs")).read().split():
+                os.rmdir(d)
+                removed.append(d)
+    return removed
+
+
+def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResources:
+    """Zygote side, before the fork: create the episode's cgroups and fallback temp dir."""
+    cgroups = []
+    if "cgroup" in layers:
+        limits = {"memory": ("memory.limit_in_bytes", config.memory_limit_bytes),
+                  "pids": ("pids.max", config.max_pids)}
+        for c in CGROUP_CONTROLLERS:
+            d = os.path.join(CGROUP_ROOT, c, "areal", name)
+            os.makedirs(d)
+            cgroups.append(d)
+            knob, value = limits[c]
+            if value is not None:
+                with open(os.path.join(d, knob), "w") as f:
+                    f.write(str(value))
+    host_tmp = "" if "mountns" in layers else tempfile.mkdtemp(prefix=f"areal-{name}-", dir=config.temp_root)
+    return EpisodeResources(name=name, cgroups=cgroups, host_tmp=host_tmp)
+
+
+def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str) -> str:
+    """Episode child side: apply every available layer but the PID namespace; returns the home dir."""
+    if "session" in layers:
+        os.setsid()  # own process group: the zygote kills the episode with one killpg
+    for d in res.cgroups:
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    if "netns" in layers:
+        _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
+        _loopback_up()
+    home = res.host_tmp
+    if "mountns" in layers:
+        _private_tmp(config.tmp_size_bytes, gateway_path)
+        home = "/tmp"
+    if "rlimits" in layers:
+        _rlimits(config)
+    if "no_new_privs" in layers:
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    if "env" in layers:
+        scrub_environment(home)
+    os.chdir(home)
+    return home
+
+
+def fork_into_pid_namespace(mount_proc: bool) -> None:
+    """Returns only in the new namespace's PID 1; the caller's process waits and mirrors its end."""
+    _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
+    pid = os.fork()
+    if pid == 0:
+        set_parent_death_signal()
+        if mount_proc:  # a /proc that shows only this namespace (needs our private mounts)
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        return
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two that cannot be caught or reset
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # die by the same signal so the zygote sees it
+        os._exit(128 + sig)  # signals whose default action is to ignore
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def finish_agent_setup(layers: list[str]) -> None:
+    """In the agent process, last step before user code: drop every capability."""
+    if "caps" in layers:
+        _drop_capabilities()
+
+
+def oom_killed(res: EpisodeResources) -> bool:
+    """True when the episode's memory cgroup recorded an OOM kill."""
+    for d in res.cgroups:
+        path = os.path.join(d, "memory.oom_control")
+        if os.path.exists(path):
+            for line in open(path).read().splitlines():
+                if line.startswith("oom_kill ") and int(line.split()[1]) > 0:
+                    return True
+    return False
+
+
+def release(res: EpisodeResources) -> bool:
+    """SIGKILL what is left in the episode's cgroups and remove them; True once all are gone."""
+    for d in list(res.cgroups):
+        pids = [int(p) for p in open(os.path.join(d, "cgroup.procs")).read().split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # exited between the read and the kill
+                pass
+        if pids:
+            return False
+        os.rmdir(d)
+        res.cgroups.remove(d)
+    if res.host_tmp:
+        shutil.rmtree(res.host_tmp, ignore_errors=True)
+        res.host_tmp = ""
+    return True

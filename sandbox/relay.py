@@ -1,0 +1,209 @@
+"""The agent's only way out: HTTP on its own loopback, or httpx directly, relayed over ZeroMQ.
+
+    agent SDK ──HTTP/1.1──► Relay (127.0.0.1:PORT, own thread + event loop) ─┐
+    agent httpx.AsyncClient(transport=ZmqTransport) ──────────────────────────┤ GatewayChannel
+                                                                              ▼ DEALER, ipc://
+                                                               gateway ROUTER (GatewayRequest ⇄
+                                                               GatewayReply, msgpack, one frame)
+
+A ``GatewayChannel`` owns one DEALER socket in one event loop and demultiplexes replies by
+``request_id``; a reply with ``more=True`` is one chunk of a streamed body (the first carries
+status and headers), sent on to the client as it arrives (chunked transfer encoding on HTTP).
+
+Invariants: ZeroMQ contexts are created only here, lazily, in the episode process after the
+fork (never in the zygote); a socket is used only from the loop that created it; the relay runs
+its own loop in a daemon thread, so agents that block their own loop or run subprocesses that
+speak HTTP still reach the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import AsyncIterator
+
+import httpx
+import msgspec
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from areal.protocol import GatewayReply, GatewayRequest
+
+# Connection-level headers belong to one HTTP hop, not to the relayed exchange.
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host",
+                         "proxy-connection", "content-length"})
+MAX_BODY = 64 << 20
+
+
+class GatewayChannel:
+    """One DEALER socket to the gateway, usable from the event loop that first uses it."""
+
+    def __init__(self, gateway_addr: str) -> None:
+        self.gateway_addr = gateway_addr
+        self._sock: zmq.asyncio.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[int, asyncio.Queue[GatewayReply]] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(GatewayReply)
+
+    def _ensure_socket(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._sock is not None:  # a new loop (a second asyncio.run): start over
+            self._sock.close(linger=0)
+        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.gateway_addr)
+        self._loop = loop
+        self._pending.clear()
+        self._reader = loop.create_task(self._read_replies())
+
+    async def _read_replies(self) -> None:
+        assert self._sock is not None
+        while True:
+            reply = self._decoder.decode(await self._sock.recv())
+            queue = self._pending.get(reply.request_id)
+            if queue is not None:  # replies to abandoned requests are dropped
+                queue.put_nowait(reply)
+
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> AsyncIterator[GatewayReply]:
+        """Send one request; yields its replies, the last one with ``more=False``."""
+        self._ensure_socket()
+        assert self._sock is not None
+        request_id = next(self._ids)
+        queue: asyncio.Queue[GatewayReply] = asyncio.Queue()
+        self._pending[request_id] = queue
+        try:
+            clean = {k.lower(): v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+            await self._sock.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)))
+            while True:
+                reply = await queue.get()
+                yield reply
+                if not reply.more:
+                    return
+        finally:
+            self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+            self._loop = None
+
+
+def _reply_headers(reply: GatewayReply) -> dict[str, str]:
+    return {k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS}
+
+
+class _ReplyStream(httpx.AsyncByteStream):
+    def __init__(self, first: GatewayReply, rest: AsyncIterator[GatewayReply]) -> None:
+        self._first, self._rest = first, rest
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._first.body:
+            yield self._first.body
+        if self._first.more:
+            async for reply in self._rest:
+                if reply.body:
+                    yield reply.body
+
+    async def aclose(self) -> None:
+        await self._rest.aclose()  # type: ignore[attr-defined]
+
+
+class ZmqTransport(httpx.AsyncBaseTransport):
+    """httpx transport that sends each request straight to the gateway (no HTTP hop).
+
+    Use as ``httpx.AsyncClient(transport=ZmqTransport(addr), base_url="http://gateway/v1")``;
+    the host part of the URL is ignored, the path and query go to the gateway.
+    """
+
+    def __init__(self, gateway_addr: str) -> None:
+        self.channel = GatewayChannel(gateway_addr)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        path = request.url.raw_path.decode("ascii")
+        replies = self.channel.request(request.method, path, dict(request.headers), body)
+        first = await anext(replies)
+        return httpx.Response(first.status, headers=_reply_headers(first), stream=_ReplyStream(first, replies),
+                              request=request)
+
+    async def aclose(self) -> None:
+        self.channel.close()
+
+
+class Relay:
+    """HTTP/1.1 server on 127.0.0.1:<free port> relaying every request to the gateway."""
+
+    def __init__(self, gateway_addr: str) -> None:
+        self.gateway_addr = gateway_addr
+        self.port = 0
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="sandbox-relay", daemon=True)
+
+    @classmethod
+    def start(cls, gateway_addr: str) -> Relay:
+        """Start the relay thread; returns once it listens."""
+        relay = cls(gateway_addr)
+        relay._thread.start()
+        relay._started.wait()
+        if relay._error is not None:
+            raise RuntimeError(f"relay failed to start: {relay._error!r}") from relay._error
+        return relay
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            runner = loop.run_until_complete(self._listen())
+        except BaseException as e:  # thread boundary: hand the failure to start()
+            self._error = e
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+
+    async def _listen(self) -> web.AppRunner:
+        channel = GatewayChannel(self.gateway_addr)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            replies = channel.request(request.method, request.raw_path, dict(request.headers), body)
+            try:
+                first = await anext(replies)
+                if not first.more:
+                    return web.Response(status=first.status, headers=_reply_headers(first), body=first.body)
+                response = web.StreamResponse(status=first.status, headers=_reply_headers(first))
+                response.enable_chunked_encoding()
+                await response.prepare(request)
+                await response.write(first.body)
+                async for reply in replies:
+                    await response.write(reply.body)
+                await response.write_eof()
+                return response
+            finally:
+                await replies.aclose()  # forget the request id even if the client went away
+
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = runner.addresses[0][1]
+        return runner

@@ -1,0 +1,570 @@
+"""The sandbox zygote: imports the agent SDKs once, then forks one isolated process per episode.
+
+    controller (Zygote, asyncio) ──stdin: SpawnEpisode | Shutdown──────────────► zygote process
+                                 ◄─stdout: ZygoteReady, EpisodeOutcome per spawn─┘   │ fork
+                                                                episode process ◄─────┘
+                                        (isolation.enter, PID namespace, relay, agent.run)
+                                        ──result pipe: one EpisodeOutcome frame──► zygote
+
+Run as ``python -m sandbox.zygote --agent MODULE:ATTR --gateway ipc:///path.sock
+[--config JSON] [--log-dir DIR]``. Frames are ``protocol.frame`` (4-byte LE length + msgpack).
+
+Invariants:
+- exactly one EpisodeOutcome per SpawnEpisode, always (timeout, crash, OOM, shutdown included);
+  an outcome is sent only after every process of the episode is gone (its cgroup is empty).
+- the zygote is single-threaded and creates no ZeroMQ context: one selector loop over stdin,
+  the result pipes and a SIGCHLD wake-up pipe; it never blocks on a child.
+- the control frames never use fd 1: the real stdout is dup'ed to a private fd at start and
+  fd 1 points at stderr, so a stray print cannot corrupt the channel. An episode's stdout and
+  stderr go to ``<log-dir>/<episode>.log`` (capped by RLIMIT_FSIZE), kept only when it failed;
+  its tail is attached to a failed outcome's error.
+- the deadline kills the episode's process group and cgroup; the PID namespace takes the rest.
+
+The controller side (``Zygote``) lives here too: one module per process boundary. That is why
+this module runs past 400 lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import inspect
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+import msgspec
+
+from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode, ZygoteInbound,
+                            ZygoteOutbound, ZygoteReady, frame)
+from areal.agent import AgentRun, load_agent, outcome_from_result
+from sandbox import isolation
+from sandbox.isolation import EpisodeResources, SandboxConfig
+
+log = logging.getLogger("sandbox.zygote")
+_encoder = msgspec.msgpack.Encoder()
+DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empty
+
+
+def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str) -> EpisodeOutcome:
+    """In the agent process: start the relay, hand run() its endpoints, await it."""
+    import httpx
+
+    from sandbox.relay import Relay, ZmqTransport
+
+    data = json.loads(spawn.data)
+    relay = Relay.start(gateway_addr)
+    base_url = f"{relay.base_url}/v1"
+    os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key,
+                      ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key)
+
+    async def main() -> object:
+        transport = ZmqTransport(gateway_addr)
+        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None) as client:
+            result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
+            return await result if inspect.isawaitable(result) else result
+
+    return outcome_from_result(spawn.episode_id, asyncio.run(main()))
+
+
+_WARM_CHAT = {"id": "w", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "w"}}]}
+_WARM_MESSAGE = {"id": "w", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                 "content": [{"type": "text", "text": "w"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+
+
+def _warm_up_sdks() -> None:
+    """Make one call with each SDK against an in-process httpx transport, in the zygote.
+
+    The SDKs import their resource modules and build response models on first use (~0.4 s for
+    openai); paying that once here, before the fork, saves it in every episode. No socket and
+    no thread is created.
+    """
+    import httpx
+    import openai
+
+    async def calls() -> None:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, json=_WARM_CHAT))
+        async with httpx.AsyncClient(transport=transport) as http:
+            client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
+        try:  # anthropic >= 2.11 ships its own fork of httpx, `httpx2`
+            import anthropic
+            import httpx2
+        except ImportError:
+            return
+        transport2 = httpx2.MockTransport(lambda request: httpx2.Response(200, json=_WARM_MESSAGE))
+        async with httpx2.AsyncClient(transport=transport2) as http2:
+            claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http2)
+            await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
+
+    asyncio.run(calls())
+
+
+def _tail(path: str, limit: int) -> str:
+    if limit == 0 or not os.path.exists(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - limit))
+        return f.read().decode(errors="replace")
+
+
+@dataclass
+class _Episode:
+    spawn: SpawnEpisode
+    pid: int  # the episode process (leader of its process group)
+    result_fd: int
+    log_path: str
+    res: EpisodeResources
+    started: float
+    deadline: float
+    result: bytearray = dataclasses.field(default_factory=bytearray)
+    timed_out: bool = False
+    outcome: EpisodeOutcome | None = None  # decided at reap; sent once the cgroup is empty
+    reaped_at: float = 0.0
+
+
+class ZygoteServer:
+    """The zygote's single-threaded loop: spawn, reap, enforce deadlines, report."""
+
+    def __init__(self, run: AgentRun, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
+                 ctrl_out: int, layers: list[str]) -> None:
+        self.run, self.agent, self.gateway_addr = run, agent, gateway_addr
+        self.config, self.log_dir, self.ctrl_out, self.layers = config, log_dir, ctrl_out, layers
+        self.gateway_path = gateway_addr.removeprefix("ipc://")
+        self.episodes: dict[int, _Episode] = {}  # by pid, until the outcome is sent
+        self.draining: list[_Episode] = []
+        self.seq = 0
+        self.controller_gone = False
+        self.inbuf = bytearray()
+        self.decoder = msgspec.msgpack.Decoder(ZygoteInbound)
+        self.outcome_decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler is needed for the wake-up fd
+        signal.set_wakeup_fd(self.wake_w)
+        os.set_blocking(0, False)
+        self.sel.register(0, selectors.EVENT_READ, "control")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def send(self, msg: ZygoteOutbound) -> None:
+        data = memoryview(frame(_encoder.encode(msg)))
+        try:
+            while data:
+                data = data[os.write(self.ctrl_out, data):]
+        except BrokenPipeError:  # the controller is gone: stop serving, still clean up children
+            self.controller_gone = True
+
+    def serve(self) -> None:
+        """Run until Shutdown or stdin EOF."""
+        while True:
+            for key, _ in self.sel.select(self._timeout()):
+                if key.data == "control":
+                    if not self._read_control():
+                        return
+                elif key.data == "wake":
+                    os.read(self.wake_r, 4096)  # anything left over wakes the next select
+                else:
+                    self._read_result(key.data)
+            self._reap()
+            self._enforce_deadlines()
+            self._send_drained()
+            if self.controller_gone:
+                return
+
+    def _timeout(self) -> float:
+        if self.draining:
+            return 0.02
+        deadlines = [e.deadline for e in self.episodes.values() if e.outcome is None]
+        return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
+
+    def _read_control(self) -> bool:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return False  # controller went away
+        self.inbuf += chunk
+        while len(self.inbuf) >= 4:
+            (n,) = FRAME_HEADER.unpack_from(self.inbuf)
+            if len(self.inbuf) < 4 + n:
+                break
+            msg = self.decoder.decode(bytes(self.inbuf[4:4 + n]))
+            del self.inbuf[:4 + n]
+            match msg:
+                case SpawnEpisode():
+                    self._spawn(msg)
+                case Shutdown():
+                    return False
+        return True
+
+    def _spawn(self, spawn: SpawnEpisode) -> None:
+        self.seq += 1
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spawn.episode_id)[:64]
+        name = f"{os.getpid()}-{self.seq}-{safe}"
+        try:
+            res = isolation.prepare(self.config, self.layers, name)
+        except OSError as e:  # e.g. cgroup creation refused: this episode fails, the zygote serves on
+            self.send(EpisodeOutcome(spawn.episode_id, "error", error=f"sandbox preparation failed: {e!r}"))
+            return
+        log_path = os.path.join(self.log_dir, f"{name}.log")
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            self._child(spawn, w, log_path, res)  # never returns
+        os.close(w)
+        os.set_blocking(r, False)
+        now = time.monotonic()
+        ep = _Episode(spawn, pid, r, log_path, res, now, now + spawn.deadline_s)
+        self.episodes[pid] = ep
+        self.sel.register(r, selectors.EVENT_READ, ep)
+
+    def _child(self, spawn: SpawnEpisode, result_w: int, log_path: str, res: EpisodeResources) -> None:
+        zygote_pid = os.getppid()
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            isolation.set_parent_death_signal()
+            if os.getppid() != zygote_pid:  # the zygote died before the death signal was armed
+                os._exit(1)
+            self.sel.close()
+            for fd in [self.ctrl_out, self.wake_r, self.wake_w] + [e.result_fd for e in self.episodes.values()]:
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(logfd, 1)
+            os.dup2(logfd, 2)
+            os.close(devnull)
+            os.close(logfd)
+            isolation.enter(self.config, self.layers, res, self.gateway_path)
+            if "pidns" in self.layers:
+                isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers)
+            isolation.finish_agent_setup(self.layers)
+            outcome = _run_agent(self.run, spawn, self.gateway_addr)
+        except BaseException:  # process boundary: whatever happened becomes the outcome
+            outcome = EpisodeOutcome(spawn.episode_id, "error", error=traceback.format_exc())
+        payload = memoryview(frame(_encoder.encode(outcome)))
+        while payload:
+            payload = payload[os.write(result_w, payload):]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip the zygote's atexit handlers and the relay thread
+
+    def _read_result(self, ep: _Episode) -> None:
+        while True:
+            try:
+                chunk = os.read(ep.result_fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                if ep.result_fd in self.sel.get_map():
+                    self.sel.unregister(ep.result_fd)
+                return
+            if len(ep.result) < 16 << 20:  # an agent cannot make the zygote buffer without bound
+                ep.result += chunk
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            ep = self.episodes.get(pid)
+            if ep is None:
+                continue
+            self._read_result(ep)
+            if ep.result_fd in self.sel.get_map():
+                self.sel.unregister(ep.result_fd)
+            os.close(ep.result_fd)
+            ep.outcome = self._decide(ep, status)
+            ep.reaped_at = time.monotonic()
+            self.draining.append(ep)
+
+    def _decide(self, ep: _Episode, status: int) -> EpisodeOutcome:
+        eid, wall = ep.spawn.episode_id, time.monotonic() - ep.started
+        tail = _tail(ep.log_path, self.config.log_tail_bytes)
+        tail_note = f"\n--- agent log tail ({ep.log_path}) ---\n{tail}" if tail else ""
+        if ep.timed_out:
+            return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {ep.spawn.deadline_s}s "
+                                  f"passed; the episode's processes were killed{tail_note}")
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig == signal.SIGKILL and isolation.oom_killed(ep.res):
+                return EpisodeOutcome(eid, "oom", exit_signal=sig, wall_s=wall,
+                                      error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes){tail_note}")
+            return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall,
+                                  error=f"agent died by signal {signal.Signals(sig).name}{tail_note}")
+        code = os.waitstatus_to_exitcode(status)
+        if len(ep.result) > 4:
+            try:
+                (n,) = FRAME_HEADER.unpack_from(ep.result)
+                reported = self.outcome_decoder.decode(bytes(ep.result[4:4 + n]))
+            except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
+                return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error=f"bad result frame: {e}{tail_note}")
+            error = reported.error + (tail_note if reported.status != "ok" else "")
+            return msgspec.structs.replace(reported, episode_id=eid, exit_code=code, wall_s=wall, error=error)
+        return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall,
+                              error=f"agent exited with code {code} without reporting a result{tail_note}")
+
+    def _kill(self, ep: _Episode) -> None:
+        for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid
+            try:
+                kill(ep.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for ep in self.episodes.values():
+            if ep.outcome is None and not ep.timed_out and now >= ep.deadline:
+                ep.timed_out = True
+                self._kill(ep)
+                isolation.release(ep.res)  # also kills what left the process group
+
+    def _send_drained(self) -> None:
+        for ep in list(self.draining):
+            done = isolation.release(ep.res)
+            if not done and time.monotonic() - ep.reaped_at < DRAIN_LIMIT_S:
+                continue
+            if not done:
+                log.warning("episode %s: cgroup %s not empty after %.0fs", ep.spawn.episode_id, ep.res.cgroups, DRAIN_LIMIT_S)
+            self.draining.remove(ep)
+            del self.episodes[ep.pid]
+            assert ep.outcome is not None
+            if ep.outcome.status == "ok":
+                os.unlink(ep.log_path)  # keep logs of failed episodes only
+            self.send(ep.outcome)
+
+    def kill_all(self) -> None:
+        """Kill every episode, wait for it, and report it as crashed (the zygote is stopping)."""
+        for ep in self.episodes.values():
+            if ep.outcome is None:
+                self._kill(ep)
+        for ep in list(self.episodes.values()):
+            if ep.outcome is None:
+                try:
+                    os.waitpid(ep.pid, 0)
+                except ChildProcessError:  # reaped just before the loop stopped
+                    pass
+                os.close(ep.result_fd)
+                ep.outcome = EpisodeOutcome(ep.spawn.episode_id, "crashed", error="the zygote shut down",
+                                            wall_s=time.monotonic() - ep.started)
+                ep.reaped_at = time.monotonic()
+                self.draining.append(ep)
+        while self.draining:
+            self._send_drained()
+            time.sleep(0.01)
+
+
+class ZygoteDied(RuntimeError):
+    """The zygote process exited before it was ready."""
+
+
+class Zygote:
+    """Controller-side handle of one zygote process (asyncio; one event loop)."""
+
+    def __init__(self, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
+                 ready_timeout_s: float = 120.0) -> None:
+        if not gateway_addr.startswith("ipc:///"):
+            # The abstract namespace (ipc://@name) and TCP are per network namespace: unreachable.
+            raise ValueError(f"gateway_addr must be ipc:///absolute/path, got {gateway_addr!r}")
+        self.agent, self.gateway_addr, self.config, self.log_dir = agent, gateway_addr, config, log_dir
+        self.ready_timeout_s = ready_timeout_s
+        self.ready: ZygoteReady | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pending: dict[str, asyncio.Future[EpisodeOutcome]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._dead: str = "not started"
+        self._decoder = msgspec.msgpack.Decoder(ZygoteOutbound)
+
+    @classmethod
+    async def start(cls, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str) -> Zygote:
+        """Spawn the zygote (own process group) and wait for ZygoteReady."""
+        zygote = cls(agent, gateway_addr, config, log_dir)
+        await zygote._spawn()
+        return zygote
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    @property
+    def stderr_path(self) -> str:
+        return os.path.join(self.log_dir, "zygote.log")
+
+    async def _spawn(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # so `sandbox` imports
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        with open(self.stderr_path, "ab") as stderr:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox.zygote", "--agent", self.agent, "--gateway", self.gateway_addr,
+                "--config", json.dumps(dataclasses.asdict(self.config)), "--log-dir", self.log_dir,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                start_new_session=True, env=env)
+        try:
+            first = await asyncio.wait_for(self._read_message(), self.ready_timeout_s)
+        except asyncio.TimeoutError:
+            self._kill_group()
+            await self._proc.wait()
+            raise ZygoteDied(f"zygote not ready after {self.ready_timeout_s}s; stderr tail:\n{self._stderr_tail()}")
+        if not isinstance(first, ZygoteReady):
+            self._kill_group()
+            rc = await self._proc.wait()
+            raise ZygoteDied(f"zygote for {self.agent} exited (rc={rc}) before it was ready; "
+                             f"stderr tail:\n{self._stderr_tail()}")
+        self.ready = first
+        self._dead = ""
+        self._reader = asyncio.create_task(self._read_outcomes())
+
+    def _stderr_tail(self) -> str:
+        return _tail(self.stderr_path, 4096)
+
+    def _kill_group(self) -> None:
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    async def _read_message(self) -> ZygoteOutbound | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            (n,) = FRAME_HEADER.unpack(await self._proc.stdout.readexactly(4))
+            return self._decoder.decode(await self._proc.stdout.readexactly(n))
+        except asyncio.IncompleteReadError:
+            return None
+
+    async def _read_outcomes(self) -> None:
+        assert self._proc is not None
+        try:
+            while (msg := await self._read_message()) is not None:
+                match msg:
+                    case EpisodeOutcome():
+                        future = self._pending.pop(msg.episode_id, None)
+                        if future is not None and not future.done():
+                            future.set_result(msg)
+                    case ZygoteReady():
+                        log.warning("unexpected second ZygoteReady from pid %d", msg.pid)
+        finally:  # EOF, or a frame we cannot decode: either way this zygote is finished
+            if self._proc.returncode is None:
+                self._kill_group()
+            rc = await self._proc.wait()
+            self._dead = f"the zygote (pid {self._proc.pid}) exited with rc={rc}; stderr tail:\n{self._stderr_tail()}"
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        for episode_id, future in self._pending.items():
+            if not future.done():  # cancelled by the caller, or already resolved
+                future.set_result(EpisodeOutcome(episode_id, "crashed", error=self._dead))
+        self._pending.clear()
+
+    async def run_episode(self, episode_id: str, data: dict, api_key: str,
+                          deadline_s: float | None = None) -> EpisodeOutcome:
+        """Run one sandboxed episode; many may run concurrently. Never raises for agent failures:
+        they come back as the outcome's status. If the zygote dies, the outcome is "crashed"."""
+        if self._dead:
+            return EpisodeOutcome(episode_id, "crashed", error=f"zygote not running: {self._dead}")
+        if episode_id in self._pending:
+            raise ValueError(f"episode {episode_id!r} is already running")
+        assert self._proc is not None and self._proc.stdin is not None
+        spawn = SpawnEpisode(episode_id, json.dumps(data).encode(), api_key,
+                             deadline_s if deadline_s is not None else self.config.deadline_s)
+        future: asyncio.Future[EpisodeOutcome] = asyncio.get_running_loop().create_future()
+        self._pending[episode_id] = future
+        try:
+            self._proc.stdin.write(frame(_encoder.encode(spawn)))
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the zygote is dying; _read_outcomes resolves the future as "crashed"
+        try:
+            return await future
+        finally:  # a cancelled caller frees the id; the zygote still ends the episode by its deadline
+            if self._pending.get(episode_id) is future:
+                del self._pending[episode_id]
+
+    async def restart(self) -> None:
+        """Replace a dead (or live) zygote with a fresh one; same agent, gateway and config."""
+        await self.close()
+        await self._spawn()
+
+    async def close(self) -> None:
+        """Ask the zygote to shut down (it kills its episodes); SIGKILL its group after 10 s."""
+        if self._proc is None:
+            return
+        if self._proc.returncode is None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.write(frame(_encoder.encode(Shutdown())))
+                await self._proc.stdin.drain()
+                self._proc.stdin.close()
+                await asyncio.wait_for(self._proc.wait(), 10.0)
+            except (BrokenPipeError, ConnectionResetError, asyncio.TimeoutError):
+                self._kill_group()
+        await self._proc.wait()
+        if self._reader is not None:
+            await self._reader  # resolves whatever is still pending
+        self._dead = self._dead or "closed"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.zygote")
+    parser.add_argument("--agent", required=True, help="MODULE:ATTR")
+    parser.add_argument("--gateway", required=True, help="ipc:///path/to/gateway.sock")
+    parser.add_argument("--config", default="{}", help="SandboxConfig as JSON")
+    parser.add_argument("--log-dir", default=None)
+    args = parser.parse_args(argv)
+    ctrl_out = os.dup(1)  # the frame channel; fd 1 now points at stderr
+    os.dup2(2, 1)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s zygote %(levelname)s %(message)s")
+    config = SandboxConfig(**json.loads(args.config))
+    log_dir = args.log_dir or config.temp_root
+    os.makedirs(log_dir, exist_ok=True)
+
+    import aiohttp.web  # noqa: F401  -- preload: every episode pays the import cost zero times
+    import httpx  # noqa: F401
+    import openai  # noqa: F401
+    import zmq.asyncio  # noqa: F401
+
+    import sandbox.relay  # noqa: F401
+    try:
+        import anthropic  # noqa: F401
+    except ImportError:
+        log.info("anthropic SDK not installed; not preloaded")
+    _warm_up_sdks()
+    run = load_agent(args.agent)
+    if threading.active_count() > 1:
+        log.warning("%d threads exist before forking; they do not exist in the episodes", threading.active_count())
+    layers, warnings = isolation.probe(config)
+    layers = [layer for layer in layers if layer not in config.skip_layers]
+    if "cgroup" in layers:
+        for d in isolation.sweep_stale_cgroups():
+            log.info("removed stale cgroup %s", d)
+    gc.freeze()  # keep imported objects out of later collections: fewer copy-on-write page faults
+    server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers)
+    server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings))
+    log.info("ready: agent=%s layers=%s", args.agent, layers)
+    try:
+        server.serve()
+    finally:
+        server.kill_all()
+
+
+if __name__ == "__main__":
+    main()

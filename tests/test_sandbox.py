@@ -1,0 +1,361 @@
+"""The sandbox, end to end: a real zygote subprocess, real forks and namespaces, real ZeroMQ.
+
+A stand-in gateway (a real ROUTER socket on an ipc:// path, speaking the real wire format)
+answers every GatewayRequest with an OpenAI chat completion whose content echoes the request's
+Authorization header, streamed in several ``more=True`` chunks when the request asks for it.
+One zygote (tests/sandbox_agents.py:ProbeAgent) serves most tests from a background event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from areal.protocol import EpisodeOutcome, GatewayReply, GatewayRequest
+from sandbox.isolation import ENV_ALLOW, SandboxConfig
+from sandbox.zygote import Zygote
+
+KEY = "sk-session-test-123"
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class FakeGateway:
+    """ROUTER on ipc://; records (path, headers) of every request."""
+
+    def __init__(self, path: str) -> None:
+        self.addr = f"ipc://{path}"
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _serve(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.bind(self.addr)
+        self._ready.set()
+        decoder, encoder = msgspec.msgpack.Decoder(GatewayRequest), msgspec.msgpack.Encoder()
+        while not self._stop.is_set():
+            if not sock.poll(50):
+                continue
+            ident, payload = sock.recv_multipart()
+            req = decoder.decode(payload)
+            self.seen.append((req.path, req.headers))
+            content = "key=" + req.headers.get("authorization", "")
+            if json.loads(req.body or b"{}").get("stream"):
+                for i, reply in enumerate(_stream_replies(req.request_id, content)):
+                    sock.send_multipart([ident, encoder.encode(reply)])
+            else:
+                body = json.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+                                   "choices": [{"index": 0, "finish_reason": "stop",
+                                                "message": {"role": "assistant", "content": content}}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                reply = GatewayReply(req.request_id, 200, {"content-type": "application/json"}, body.encode())
+                sock.send_multipart([ident, encoder.encode(reply)])
+        sock.close(0)
+        ctx.term()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _stream_replies(request_id: int, content: str) -> list[GatewayReply]:
+    def event(delta: dict) -> bytes:
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return f"data: {json.dumps(chunk)}\n\n".encode()
+
+    half = len(content) // 2
+    bodies = [event({"role": "assistant", "content": content[:half]}), event({"content": content[half:]}),
+              b"data: [DONE]\n\n"]
+    headers = {"content-type": "text/event-stream"}
+    return [GatewayReply(request_id, 200, headers, b, more=i < len(bodies) - 1) for i, b in enumerate(bodies)]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGateway]:
+    gw = FakeGateway(str(tmp_path_factory.mktemp("gw") / "gateway.sock"))
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+
+
+def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+@pytest.fixture(scope="module")
+def zygote(loop, gateway, tmp_path_factory) -> Iterator[Zygote]:
+    config = SandboxConfig(deadline_s=30.0, memory_limit_bytes=256 << 20)
+    # SECRET_TOKEN is inherited by the zygote and must not reach the agents.
+    with zygote_env(SECRET_TOKEN="do-not-leak"):
+        z = run(loop, Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, config,
+                                   str(tmp_path_factory.mktemp("zlog"))))
+    yield z
+    run(loop, z.close())
+
+
+@contextlib.contextmanager
+def zygote_env(**extra: str) -> Iterator[None]:
+    """Environment for a zygote start: tests/ importable (site-packages has its own `tests`)."""
+    saved = dict(os.environ)
+    os.environ.update(extra, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def episode(loop, zygote: Zygote, data: dict, deadline_s: float | None = None) -> EpisodeOutcome:
+    eid = f"{data['case']}-{uuid.uuid4().hex[:8]}"
+    out = run(loop, zygote.run_episode(eid, data, KEY, deadline_s))
+    assert out.episode_id == eid
+    return out
+
+
+def processes_with_arg(arg: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:  # exited while we looked
+            continue
+        if arg.encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+def children_of(ppid: int) -> list[int]:
+    kids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+            kids.append(int(pid))
+    return kids
+
+
+def test_ready_reports_all_layers(zygote):
+    assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps"} <= set(zygote.ready.isolation)
+    assert zygote.ready.warnings == []
+
+
+def test_returns_float(loop, zygote):
+    out = episode(loop, zygote, {"case": "reward", "value": 0.75})
+    assert (out.status, out.reward, out.error) == ("ok", 0.75, ""), out.error
+
+
+def test_returns_dict(loop, zygote):
+    out = episode(loop, zygote, {"case": "rewards"})
+    assert out.status == "ok" and out.reward is None
+    assert out.rewards_by_id == {"a": 1.0, "b": 0.25}
+
+
+def test_raise_is_error_with_traceback(loop, zygote):
+    out = episode(loop, zygote, {"case": "raises", "tag": "tag-42"})
+    assert out.status == "error"
+    assert "Traceback" in out.error and "ValueError: agent failed on purpose tag-42" in out.error
+
+
+def test_deadline_kills_every_process_even_one_that_called_setsid(loop, zygote):
+    marker = f"{9000 + int(uuid.uuid4().int % 999)}.{uuid.uuid4().int % 10**6}"
+    future = asyncio.run_coroutine_threadsafe(
+        zygote.run_episode("sleeper", {"case": "sleep_forever", "marker": marker}, KEY, deadline_s=4.0), loop)
+    for _ in range(200):  # the grandchild must exist before the deadline, or the test proves nothing
+        if processes_with_arg(marker):
+            break
+        time.sleep(0.02)
+    assert processes_with_arg(marker), "the agent's grandchild never started"
+    out = future.result(60)
+    assert out.status == "timeout" and "deadline" in out.error
+    assert processes_with_arg(marker) == []
+    assert children_of(zygote.ready.pid) == []
+
+
+def test_deadline_ends_an_agent_that_blocks_its_event_loop(loop, zygote):
+    out = episode(loop, zygote, {"case": "block_loop"}, deadline_s=1.0)
+    assert out.status == "timeout"
+
+
+def test_segfault_is_crashed_with_signal_and_zygote_serves_next(loop, zygote):
+    out = episode(loop, zygote, {"case": "segfault"})
+    assert out.status == "crashed" and out.exit_signal == signal.SIGSEGV
+    assert "SIGSEGV" in out.error
+    assert episode(loop, zygote, {"case": "reward", "value": 3}).reward == 3.0
+
+
+def test_openai_sdk_from_environment_through_relay(loop, zygote, gateway):
+    out = episode(loop, zygote, {"case": "openai_env", "expect": f"key=Bearer {KEY}"})
+    assert out.status == "ok", out.error
+    assert out.rewards_by_id == {"matched": 1.0}
+    path, headers = gateway.seen[-1]
+    assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
+
+
+def test_openai_sdk_with_handed_http_client(loop, zygote, gateway):
+    before = len(gateway.seen)
+    out = episode(loop, zygote, {"case": "openai_http_client", "expect": f"key=Bearer {KEY}"})
+    assert out.status == "ok", out.error
+    assert out.rewards_by_id == {"matched": 1.0}
+    assert len(gateway.seen) == before + 1 and gateway.seen[-1][1]["authorization"] == f"Bearer {KEY}"
+
+
+def test_streamed_reply_through_relay_and_zmq_transport(loop, zygote):
+    out = episode(loop, zygote, {"case": "openai_stream", "expect": f"key=Bearer {KEY}"})
+    assert out.status == "ok", out.error
+    assert out.rewards_by_id == {"relay": 1.0, "zmq": 1.0}
+
+
+def test_agent_cannot_reach_host_loopback(loop, zygote):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        out = episode(loop, zygote, {"case": "connect_host", "port": listener.getsockname()[1]})
+        assert out.status == "ok" and out.reward == 0.0  # connect failed inside the sandbox
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # and nothing arrived on the host side
+
+
+def test_environment_is_scrubbed(loop, zygote):
+    out = episode(loop, zygote, {"case": "environment"})
+    names = set(out.rewards_by_id)
+    assert "SECRET_TOKEN" not in names
+    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "HOME"} <= names
+    assert names <= set(ENV_ALLOW) | {"HOME", "TMPDIR", "NO_PROXY", "OPENAI_BASE_URL", "OPENAI_API_KEY",
+                                      "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+
+
+def test_pid_namespace_and_private_tmp(loop, zygote, tmp_path):
+    host_file = tmp_path / "host-secret.txt"  # pytest's tmp_path lives under the host's /tmp
+    host_file.write_text("secret")
+    out = episode(loop, zygote, {"case": "identity", "host_file": str(host_file)})
+    assert out.status == "ok", out.error
+    r = out.rewards_by_id
+    assert r["pid"] == 1.0 and r["visible_pids"] < 10  # fresh /proc: only the agent's own processes
+    assert r["host_file_visible"] == 0.0 and r["tmp_writable"] == 1.0
+
+
+def test_root_in_sandbox_cannot_unmount_private_tmp(loop, zygote):
+    out = episode(loop, zygote, {"case": "remount"})
+    assert out.status == "ok" and out.reward == 0.0
+
+
+def test_memory_limit_is_oom(loop, zygote):
+    out = episode(loop, zygote, {"case": "allocate", "mib": 512})
+    assert out.status == "oom" and out.exit_signal == signal.SIGKILL, out.error
+
+
+def test_16_concurrent_episodes_each_get_their_outcome(loop, zygote):
+    async def many() -> list[EpisodeOutcome]:
+        return await asyncio.gather(*(zygote.run_episode(f"c{i}", {"case": "reward", "value": i}, KEY)
+                                      for i in range(16)))
+
+    outs = run(loop, many())
+    assert [(o.episode_id, o.status, o.reward) for o in outs] == [(f"c{i}", "ok", float(i)) for i in range(16)]
+
+
+def test_async_function_agent(gateway, tmp_path):
+    async def go() -> EpisodeOutcome:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:function_agent", gateway.addr, SandboxConfig(), str(tmp_path))
+        try:
+            return await z.run_episode("f", {}, KEY)
+        finally:
+            await z.close()
+
+    out = asyncio.run(go())
+    assert (out.status, out.reward) == ("ok", 2.5)
+
+
+def test_zygote_death_resolves_pending_as_crashed_and_restart_works(gateway, tmp_path):
+    marker = f"{8000 + int(uuid.uuid4().int % 999)}.{uuid.uuid4().int % 10**6}"
+
+    async def go() -> tuple[EpisodeOutcome, list[int], EpisodeOutcome]:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, SandboxConfig(), str(tmp_path))
+        pending = asyncio.create_task(z.run_episode("p", {"case": "sleep_forever", "marker": marker}, KEY))
+        for _ in range(200):
+            if processes_with_arg(marker):
+                break
+            await asyncio.sleep(0.02)
+        os.kill(z.ready.pid, signal.SIGKILL)
+        crashed = await pending
+        for _ in range(200):  # episodes die with their zygote (parent-death signal)
+            if not processes_with_arg(marker):
+                break
+            await asyncio.sleep(0.02)
+        left = processes_with_arg(marker)
+        with zygote_env():
+            await z.restart()
+        try:
+            return crashed, left, await z.run_episode("q", {"case": "reward", "value": 1}, KEY)
+        finally:
+            await z.close()
+
+    crashed, left, after = asyncio.run(go())
+    assert crashed.status == "crashed" and "zygote" in crashed.error and "rc=-9" in crashed.error
+    assert left == []
+    assert (after.status, after.reward) == ("ok", 1.0)
+
+
+def test_skipped_layers_are_warned_and_episodes_fall_back(gateway, tmp_path):
+    skipped = ["netns", "pidns", "mountns", "cgroup", "caps"]
+    temp_root = tmp_path / "roots"
+    temp_root.mkdir()
+    host_file = tmp_path / "visible.txt"
+    host_file.write_text("x")
+
+    async def go() -> tuple[Zygote, EpisodeOutcome, EpisodeOutcome, EpisodeOutcome]:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr,
+                                   SandboxConfig(skip_layers=skipped, temp_root=str(temp_root)), str(tmp_path / "log"))
+        try:
+            chat = await z.run_episode("chat", {"case": "openai_env", "expect": f"key=Bearer {KEY}"}, KEY)
+            ident = await z.run_episode("id", {"case": "identity", "host_file": str(host_file)}, KEY)
+            # Positive control for test_agent_cannot_reach_host_loopback: without netns it connects.
+            with socket.socket() as listener:
+                listener.bind(("127.0.0.1", 0))
+                listener.listen()
+                port = listener.getsockname()[1]
+                reach = await z.run_episode("net", {"case": "connect_host", "port": port}, KEY)
+        finally:
+            await z.close()
+        return z, chat, ident, reach
+
+    z, chat, ident, reach = asyncio.run(go())
+    assert reach.reward == 1.0
+    assert sorted(w.split(":")[0] for w in z.ready.warnings) == sorted(skipped)
+    assert not set(skipped) & set(z.ready.isolation)
+    assert chat.rewards_by_id == {"matched": 1.0}  # the relay works on the host's loopback too
+    assert ident.rewards_by_id["pid"] != 1.0 and ident.rewards_by_id["host_file_visible"] == 1.0
+    assert ident.rewards_by_id["tmp_writable"] == 1.0
+    assert list(temp_root.iterdir()) == []  # the per-episode temp dirs were removed
