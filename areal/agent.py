@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from areal.protocol import EpisodeOutcome
 
 AgentRun = Callable[..., Awaitable[Any]]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_agent(spec: str) -> AgentRun:
@@ -48,8 +49,10 @@ def load_agent(spec: str) -> AgentRun:
 def _load_module(target: str) -> Any:
     if target.endswith(".py") or "/" in target:
         path = Path(target).resolve()
+        if not path.is_file() and not Path(target).is_absolute():
+            path = (PROJECT_ROOT / target).resolve()  # the bundled examples, from any working dir
         if not path.is_file():
-            raise ValueError(f"agent file {target!r} does not exist (resolved to {path})")
+            raise ValueError(f"agent file {target!r} does not exist (looked in {Path.cwd()} and {PROJECT_ROOT})")
         name = f"areal_user_agent_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         if name in sys.modules:
             return sys.modules[name]

@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine with nothing but Python 3.11+:
+#   make demo   create .venv, install pinned deps, train the embedded default end to end
+#   make test   same set-up, then the test suite
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+ARGS    ?=
+
+.PHONY: venv model demo test test-fast bench clean
+
+# torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
+# otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
+$(STAMP): requirements.lock constraints.txt
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "using the machine's torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	  $(PY) -m venv --system-site-packages $(VENV); \
+	  echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/constraints.txt; \
+	else \
+	  $(PY) -m venv $(VENV); cp constraints.txt $(VENV)/constraints.txt; \
+	  $(VPY) -m pip install -q torch==2.13.0 -c $(VENV)/constraints.txt; \
+	fi
+	$(VPY) -m pip install -q -r requirements.lock -c $(VENV)/constraints.txt
+	$(VPY) -m pip check
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Builds the embedded tokenizer + model once (cached by content hash under ~/.cache/areal).
+model: venv
+	$(VPY) -m areal.embedded.build
+
+demo: model
+	$(VPY) -m areal.train $(ARGS)
+
+test: model
+	$(VPY) -m pytest -q $(ARGS)
+
+bench: model
+	$(VPY) -m benchmarks.run $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs outputs multirun .pytest_cache

@@ -1,0 +1,147 @@
+"""Typed configuration of one training run.
+
+Hydra composes `conf/*.yaml` at the entry point (`areal/train.py`); the result is converted at
+once into these dataclasses by `from_dict`, which rejects unknown keys naming their full path.
+Library code never sees a DictConfig. Each dataclass validates itself in ``__post_init__``.
+Components with their own config (gateway, sandbox) keep it next to their code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal.gateway import GatewayConfig
+from sandbox.isolation import SandboxConfig
+
+
+@dataclass
+class ModelConfig:
+    path: str = "embedded"  # "embedded" builds/loads the offline default; else an HF model dir
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("model.path must be 'embedded' or a model directory")
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "embedded"  # "embedded": start our CPU engine; "sglang": use running servers at `urls`
+    urls: list[str] = field(default_factory=list)
+    threads: int = 1  # torch threads of the embedded engine
+    max_batch: int = 64
+    request_log: bool = False  # embedded engine logs every generation to <run_dir>/engine_requests.jsonl
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("embedded", "sglang"):
+            raise ValueError(f"engine.kind must be 'embedded' or 'sglang', got {self.kind!r}")
+        if self.kind == "sglang" and not self.urls:
+            raise ValueError("engine.urls must list at least one SGLang server when engine.kind=sglang")
+        if self.threads < 1 or self.max_batch < 1:
+            raise ValueError("engine.threads and engine.max_batch must be >= 1")
+
+
+@dataclass
+class OpenAIRolloutConfig:
+    mode: str = "subproc"  # "subproc": sandboxed agent processes; "inline": the controller's event loop
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("subproc", "inline"):
+            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r}")
+
+
+@dataclass
+class RolloutConfig:
+    agent: str = "agents.openai_math:MathAgent"  # MODULE:ATTR, a class, object or async function
+    n_samples: int = 8  # episodes per prompt (one GRPO group)
+    groups_per_step: int = 4  # prompts per training step
+    max_head_offpolicyness: int = 1  # admit a group only while it is at most this many versions ahead
+    max_concurrent_episodes: int = 64
+    deadline_s: float = 60.0  # wall-clock limit of one episode
+    temperature: float = 1.0  # sampling temperature the agents use; the trainer scores with the same
+    openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples", "groups_per_step", "max_concurrent_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_head_offpolicyness < 0:
+            raise ValueError("rollout.max_head_offpolicyness must be >= 0")
+        if self.deadline_s <= 0:
+            raise ValueError("rollout.deadline_s must be positive")
+        if ":" not in self.agent:
+            raise ValueError(f"rollout.agent must be MODULE:ATTR, got {self.agent!r}")
+
+
+@dataclass
+class TrainerSection:
+    steps: int = 40
+    lr: float = 1e-4
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"trainer.steps must be >= 1, got {self.steps}")
+        if not self.lr > 0:
+            raise ValueError(f"trainer.lr must be positive, got {self.lr}")
+
+
+@dataclass
+class DataConfig:
+    train_size: int = 4000  # problems drawn from the embedded task's train split
+    eval_size: int = 200  # held-out problems scored before and after training (0 = skip)
+
+    def __post_init__(self) -> None:
+        if self.train_size < 1 or self.eval_size < 0:
+            raise ValueError("data.train_size must be >= 1 and data.eval_size >= 0")
+
+
+@dataclass
+class TrainConfig:
+    experiment_name: str = "embedded-math"
+    seed: int = 1
+    ring_capacity_mb: int = 64
+    save_trajectories: bool = False  # also append every trajectory put into the ring to <run_dir>/trajectories.bin
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        if self.ring_capacity_mb < 1:
+            raise ValueError("ring_capacity_mb must be >= 1")
+
+
+def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from a plain dict, recursing into dataclass-typed fields.
+
+    Unknown keys raise ``ValueError`` naming the full dotted path, so a typo in an override
+    (``trainer.stpes=3``) fails loudly instead of being ignored.
+    """
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(path + k for k in unknown)}; valid: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            kwargs[name] = from_dict(hint, value, f"{path}{name}.")
+        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[name] = float(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+

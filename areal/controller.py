@@ -1,0 +1,392 @@
+"""The rollout controller: runs the whole RL loop of one training run.
+
+    dataset ─► admission ─► group of n_samples episodes ─► agent runner (sandbox | inline)
+                 ▲   (staleness bound, ring back-pressure)        │ LLM calls
+                 │                                                ▼
+                 │                              gateway ─► engine (/generate)
+                 │                                                │ interactions + outcome
+                 │                                                ▼
+       TrainerReport ◄── trainer process ◄── shared-memory ring ◄── Trajectory per ok episode
+       (version ↑)         └─► /update_weights_from_disk ─► engine
+
+Admission (asynchronous RL with a staleness bound): group g (counting accepted and in-flight
+groups) may start only while ``g < (version + 1 + max_head_offpolicyness) * groups_per_step``,
+where ``version`` is the trainer's latest published policy. With a bound of 0 the loop is
+synchronous; with 1, the next step's rollouts overlap the current optimizer step.
+
+Failure policy: a failed episode (error, timeout, crash) is logged with its reason in
+``episodes.jsonl`` and counted in the metrics; it is not trained on. A group whose episodes all
+failed is replaced by a new prompt. If the first ``2 * groups_per_step`` groups all fail, the run
+stops with the first failure's reason rather than spinning. A dead engine or trainer stops the
+run with a named error and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import zmq
+import zmq.asyncio
+from tqdm import tqdm
+
+from areal.agent import load_agent, outcome_from_exception, outcome_from_result
+from areal.buffer import RingWriter, ring_name
+from areal.config import TrainConfig
+from areal.engine.client import EngineClient, launch_embedded_engine
+from areal.evaluation import evaluate, proportion_test, reward_trend
+from areal.gateway import Gateway, Session, serve_http, serve_zmq
+from areal.plots import plot_reward_curve
+from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
+from areal.trainer import TrainerConfig
+from sandbox.zygote import Zygote
+
+
+class RunFailed(RuntimeError):
+    """The run could not continue; the message names the component and the reason."""
+
+
+class InlineRunner:
+    """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``)."""
+
+    def __init__(self, agent: str, base_url: str):
+        self.run_agent = load_agent(agent)
+        self.base_url = base_url + "/v1"
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256))
+
+    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
+        t0 = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                self.run_agent(data, base_url=self.base_url, api_key=api_key, http_client=self.http), deadline_s
+            )
+        except asyncio.TimeoutError:
+            return EpisodeOutcome(episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0)
+        except Exception as e:  # the agent's own failure: becomes the episode's outcome
+            return outcome_from_exception(episode_id, e, time.monotonic() - t0)
+        return outcome_from_result(episode_id, result, time.monotonic() - t0)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
+    """One row per interaction (prompt + sampled tokens). A float reward applies to every row;
+    a {completion_id: reward} dict rewards the named rows and leaves the others at 0."""
+    rows = []
+    for inter in session.interactions.values():
+        reward = outcome.rewards_by_id.get(inter.id, 0.0) if outcome.reward is None else outcome.reward
+        p, o = len(inter.prompt_ids), len(inter.output_ids)
+        rows.append(
+            TokenRow(
+                input_ids=inter.prompt_ids + inter.output_ids,
+                loss_mask=[0] * p + [1] * o,
+                logprobs=[0.0] * p + inter.output_logprobs,
+                versions=[-1] * p + [inter.version] * o,
+                reward=reward,
+            )
+        )
+    episode_reward = outcome.reward if outcome.reward is not None else sum(outcome.rewards_by_id.values())
+    return Trajectory.from_rows(
+        episode_id=outcome.episode_id,
+        group_id=group_id,
+        group_size=group_size,
+        reward=episode_reward,
+        status=outcome.status,
+        rows=rows,
+        timings={"wall_s": outcome.wall_s},
+    )
+
+
+class Controller:
+    def __init__(self, config: TrainConfig, run_dir: Path):
+        self.config = config
+        self.run_dir = run_dir
+        self.run_id = f"{os.getpid()}{secrets.token_hex(3)}"
+        self.version = 0
+        self.accepted_groups = 0
+        self.inflight_groups = 0
+        self.failed_groups = 0
+        self.wake = asyncio.Event()
+        self.failure: str | None = None
+        self.done: TrainerDone | None = None
+        self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
+        self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
+        self.episode_log = open(run_dir / "episodes.jsonl", "a")
+        self.metrics_log = open(run_dir / "metrics.jsonl", "a")
+        self.step_metrics: list[dict[str, Any]] = []
+        self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
+
+    # ---- the run --------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.config
+        sock_dir = Path(tempfile.mkdtemp(prefix=f"areal-{self.run_id}-"))  # ipc paths must stay short
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(shutil.rmtree, sock_dir, True)
+            model_dir = self._model_dir()
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            urls = cfg.engine.urls
+            if cfg.engine.kind == "embedded":
+                engine_proc = launch_embedded_engine(
+                    str(model_dir), threads=cfg.engine.threads, max_batch=cfg.engine.max_batch, log_path=str(self.run_dir / "engine.log"),
+                    request_log=str(self.run_dir / "engine_requests.jsonl") if cfg.engine.request_log else None,
+                )
+                stack.callback(engine_proc.stop)
+                urls = [engine_proc.url]
+            engine = EngineClient(urls[0])
+            stack.push_async_callback(engine.close)
+            gateway = Gateway(engine, tokenizer, cfg.gateway)
+            gateway_addr = f"ipc://{sock_dir}/gateway.sock"
+            zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
+            stack.callback(zmq_task.cancel)
+            http_runner, http_url = await serve_http(gateway)
+            stack.push_async_callback(http_runner.cleanup)
+
+            ring = RingWriter(ring_name(self.run_id, 0), cfg.ring_capacity_mb << 20)
+            stack.callback(ring.close, unlink=True)
+            pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
+            pull.bind(f"ipc://{sock_dir}/trainer.sock")
+            stack.callback(pull.close, 0)
+            trainer_proc = self._start_trainer(model_dir, ring.name, urls, f"ipc://{sock_dir}/trainer.sock")
+            stack.callback(_kill_group, trainer_proc)
+
+            if cfg.rollout.openai.mode == "subproc":
+                runner = await Zygote.start(cfg.rollout.agent, gateway_addr, cfg.sandbox, str(self.run_dir / "sandbox"))
+                for w in runner.ready.warnings:
+                    tqdm.write(f"[sandbox] warning: {w}")
+            else:
+                runner = InlineRunner(cfg.rollout.agent, http_url)
+            stack.push_async_callback(runner.close)
+
+            from areal.embedded.corpus import make_problems
+
+            eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
+            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature) if eval_set else None
+            if eval_before:
+                tqdm.write(f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)")
+
+            listener = asyncio.create_task(self._listen(pull, trainer_proc))
+            stack.callback(listener.cancel)
+            await self._rollout_loop(runner, gateway, ring, make_problems("train", cfg.data.train_size, seed=cfg.seed))
+            while self.done is None and self.failure is None:
+                await self._wait()
+            if self.failure:
+                raise RunFailed(self.failure)
+            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature) if eval_set else None
+            return self._finish(eval_before, eval_after)
+
+    def _model_dir(self) -> Path:
+        if self.config.model.path == "embedded":
+            from areal.embedded import ensure_embedded_model
+
+            return ensure_embedded_model()
+        path = Path(self.config.model.path)
+        if not (path / "config.json").is_file():
+            raise RunFailed(f"model.path {path} is not an HF model directory (no config.json)")
+        return path
+
+    def _start_trainer(self, model_dir: Path, ring: str, urls: list[str], report_addr: str) -> subprocess.Popen:
+        cfg = self.config
+        tcfg = TrainerConfig(
+            model_path=str(model_dir),
+            ring_name=ring,
+            engine_urls=urls,
+            report_addr=report_addr,
+            run_dir=str(self.run_dir),
+            steps=cfg.trainer.steps,
+            groups_per_step=cfg.rollout.groups_per_step,
+            lr=cfg.trainer.lr,
+            clip_eps=cfg.trainer.clip_eps,
+            temperature=cfg.rollout.temperature,
+            max_grad_norm=cfg.trainer.max_grad_norm,
+            seed=cfg.seed,
+            threads=cfg.trainer.threads,
+        )
+        path = self.run_dir / "trainer_config.json"
+        path.write_text(json.dumps(asdict(tcfg), indent=2))
+        log = open(self.run_dir / "trainer.log", "ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "areal.trainer", "--config", str(path)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    # ---- rollouts -------------------------------------------------------------------------
+
+    async def _rollout_loop(self, runner: Any, gateway: Gateway, ring: RingWriter, problems: list[dict]) -> None:
+        cfg = self.config.rollout
+        total = self.config.trainer.steps * cfg.groups_per_step
+        order = list(range(len(problems)))
+        random.Random(self.config.seed).shuffle(order)
+        next_prompt = 0
+        tasks: set[asyncio.Task] = set()
+        while self.accepted_groups < total:
+            if self.failure:
+                break
+            while (
+                self.accepted_groups + self.inflight_groups < min(total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step)
+                and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples)
+            ):
+                idx = order[next_prompt % len(order)]
+                group_id = f"g{next_prompt}-p{idx}"
+                next_prompt += 1
+                self.inflight_groups += 1
+                task = asyncio.create_task(self._run_group(runner, gateway, ring, group_id, problems[idx]))
+                tasks.add(task)
+                task.add_done_callback(self._group_done)
+                task.add_done_callback(tasks.discard)
+            await self._wait()
+        for t in tasks:
+            t.cancel()
+
+    def _group_done(self, task: asyncio.Task) -> None:
+        self.inflight_groups -= 1
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = f"rollout group failed: {task.exception()!r}"
+        self.wake.set()
+
+    async def _run_group(self, runner: Any, gateway: Gateway, ring: RingWriter, group_id: str, problem: dict) -> None:
+        n = self.config.rollout.n_samples
+        results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{group_id}-e{i}", problem) for i in range(n)))
+        good = [(o, s) for o, s in results if o.status == "ok" and s.interactions]
+        for o, s in results:
+            self._log_episode(o, s, group_id)
+        if not good:
+            self.failed_groups += 1
+            if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
+                first = results[0][0]
+                self.failure = f"the first {self.failed_groups} groups all failed; first episode: status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
+            return
+        payloads = [encode_trajectory(trajectory_from_episode(o, s, group_id, len(good))) for o, s in good]
+        async with self.ring_lock:
+            for p in payloads:
+                await asyncio.to_thread(ring.put, p, 600.0)  # waits while the ring is full (back-pressure)
+                if self.saved is not None:
+                    self.saved.write(frame(p))
+        self.accepted_groups += 1
+
+    async def _run_episode(self, runner: Any, gateway: Gateway, episode_id: str, problem: dict) -> tuple[EpisodeOutcome, Session]:
+        key = gateway.open_session(episode_id)
+        try:
+            outcome = await runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s)
+        finally:
+            session = gateway.close_session(key)
+        self.window.append(outcome)
+        return outcome, session
+
+    def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str) -> None:
+        inters = list(s.interactions.values())
+        record = {
+            "episode_id": o.episode_id, "group_id": group_id, "status": o.status,
+            "reward": o.reward if o.reward is not None else sum(o.rewards_by_id.values()),
+            "versions": sorted({i.version for i in inters}), "interactions": len(inters),
+            "output_tokens": sum(len(i.output_ids) for i in inters), "wall_s": round(o.wall_s, 4),
+            "exit_signal": o.exit_signal, "error": o.error[-2000:],
+        }
+        self.episode_log.write(json.dumps(record) + "\n")
+
+    # ---- trainer reports ------------------------------------------------------------------
+
+    async def _listen(self, pull: zmq.asyncio.Socket, proc: subprocess.Popen) -> None:
+        decoder = msgspec.msgpack.Decoder(TrainerMessage)
+        bar = tqdm(total=self.config.trainer.steps, desc="train", unit="step", dynamic_ncols=True)
+        try:
+            while True:
+                if await pull.poll(500) == 0:
+                    if proc.poll() is not None and self.done is None:
+                        self.failure = f"trainer process exited with code {proc.returncode} without finishing; log tail:\n{_tail(self.run_dir / 'trainer.log')}"
+                        self.wake.set()
+                        return
+                    continue
+                match decoder.decode(await pull.recv()):
+                    case TrainerReport() as r:
+                        self.version = r.version
+                        self._record_step(r)
+                        bar.set_postfix(reward=f"{r.metrics.get('reward_mean', float('nan')):.3f}", v=r.version)
+                        bar.update(1)
+                    case TrainerFailed() as f:
+                        self.failure = f"trainer rank {f.rank} failed:\n{f.error}"
+                    case TrainerDone() as d:
+                        self.done = d
+                self.wake.set()
+        finally:
+            bar.close()
+
+    def _record_step(self, r: TrainerReport) -> None:
+        window, self.window = self.window, []
+        statuses: dict[str, int] = {}
+        for o in window:
+            statuses[o.status] = statuses.get(o.status, 0) + 1
+        row = {"step": r.step, "version": r.version, "consumed": r.consumed, **r.metrics,
+               **{f"episodes_{k}": v for k, v in statuses.items()}, "time": time.time()}
+        self.step_metrics.append(row)
+        self.metrics_log.write(json.dumps(row) + "\n")
+        self.metrics_log.flush()
+        self.episode_log.flush()
+
+    async def _wait(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), 1.0)
+        self.wake.clear()
+
+    # ---- the end --------------------------------------------------------------------------
+
+    def _finish(self, eval_before: dict | None, eval_after: dict | None) -> dict[str, Any]:
+        self.episode_log.close()
+        self.metrics_log.close()
+        if self.saved is not None:
+            self.saved.close()
+        trend = reward_trend([m["reward_mean"] for m in self.step_metrics])
+        summary = {"run_dir": str(self.run_dir), "steps": len(self.step_metrics), "final_model": self.done.model_dir,
+                   "eval_before": eval_before, "eval_after": eval_after, "reward_trend": trend}
+        if eval_before and eval_after:
+            summary["eval_test"] = proportion_test(eval_before["sampled_correct"], eval_before["n"], eval_after["sampled_correct"], eval_after["n"])
+        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
+
+
+def read_saved_trajectories(path: Path) -> list[Trajectory]:
+    """Read back ``trajectories.bin`` (written with ``save_trajectories=true``)."""
+    data, out, pos = path.read_bytes(), [], 0
+    while pos < len(data):
+        (n,) = FRAME_HEADER.unpack_from(data, pos)
+        out.append(decode_trajectory(data[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    return out
+
+
+async def train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return await Controller(config, run_dir).run()

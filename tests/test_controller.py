@@ -1,0 +1,80 @@
+"""Controller pieces: episodes -> trajectories, agent loading, result mapping, statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from areal.agent import load_agent, outcome_from_result
+from areal.controller import trajectory_from_episode
+from areal.evaluation import proportion_test, reward_trend
+from areal.gateway import Interaction, Session
+from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
+
+
+def _session() -> Session:
+    s = Session(key="k", episode_id="e")
+    s.interactions["a"] = Interaction("a", [1, 2, 3], [7, 8], [-0.5, -0.25], 3, "stop", 0.0)
+    s.interactions["b"] = Interaction("b", [1, 2, 3, 7, 8, 4], [9], [-1.0], 4, "stop", 0.0)
+    return s
+
+
+def test_float_reward_applies_to_every_row_and_tokens_are_exact():
+    t = decode_trajectory(encode_trajectory(trajectory_from_episode(EpisodeOutcome("e", "ok", reward=1.0), _session(), "g", 3)))
+    rows = t.rows()
+    assert [r.reward for r in rows] == [1.0, 1.0]
+    assert rows[0].input_ids.tolist() == [1, 2, 3, 7, 8]
+    assert rows[0].loss_mask.tolist() == [0, 0, 0, 1, 1]
+    assert rows[0].logprobs.tolist() == [0, 0, 0, -0.5, -0.25]
+    assert rows[0].versions.tolist() == [-1, -1, -1, 3, 3]
+    assert rows[1].input_ids.tolist() == [1, 2, 3, 7, 8, 4, 9]
+    assert rows[1].versions.tolist()[-1] == 4
+    assert (t.group_id, t.group_size, t.reward, t.status) == ("g", 3, 1.0, "ok")
+
+
+def test_reward_dict_rewards_named_rows_only():
+    o = EpisodeOutcome("e", "ok", rewards_by_id={"b": 2.0})
+    t = trajectory_from_episode(o, _session(), "g", 1)
+    assert t.array("row_rewards").tolist() == [0.0, 2.0]
+    assert t.reward == 2.0
+
+
+@pytest.mark.parametrize(
+    "result, status, reward",
+    [(1, "ok", 1.0), (0.5, "ok", 0.5), ({"x": 1}, "ok", None), (None, "error", None), (True, "error", None),
+     (float("nan"), "error", None), ("1.0", "error", None), ({"x": "high"}, "error", None)],
+)
+def test_run_results_map_to_outcomes(result, status, reward):
+    o = outcome_from_result("e", result, 0.1)
+    assert o.status == status and o.reward == reward
+    if status == "error":
+        assert "run() returned" in o.error
+
+
+def test_agent_specs(tmp_path):
+    f = tmp_path / "my_agent.py"
+    f.write_text("class A:\n    async def run(self, data, **kw):\n        return 1.0\nasync def fn(data, **kw):\n    return 2.0\ndef sync(data):\n    return 3\n")
+    assert load_agent(f"{f}:A").__name__ == "run"
+    assert load_agent(f"{f}:fn").__name__ == "fn"
+    with pytest.raises(ValueError, match="async"):
+        load_agent(f"{f}:sync")
+    with pytest.raises(ValueError, match="no attribute"):
+        load_agent(f"{f}:missing")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_agent("nowhere/agent.py:A")
+    with pytest.raises(ValueError, match="TARGET:ATTR"):
+        load_agent("just_a_module")
+    assert load_agent("agents/openai_math.py:MathAgent").__qualname__ == "MathAgent.run"
+
+
+def test_statistics():
+    flat = reward_trend([0.3] * 20)
+    assert flat["diff"] == 0 and flat["p_value"] > 0.5
+    rising = reward_trend(list(np.linspace(0.1, 0.6, 40)))
+    assert rising["diff"] > 0.3 and rising["p_value"] < 0.01
+    assert math.isnan(reward_trend([0.5])["p_value"])
+    up = proportion_test(40, 200, 80, 200)
+    assert up["diff"] == pytest.approx(0.2) and up["p_value"] < 1e-4
+    assert proportion_test(80, 200, 40, 200)["p_value"] > 0.99
