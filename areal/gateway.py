@@ -294,8 +294,8 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
         while True:
             await sock.poll(zmq.POLLIN)
             while True:
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                try:  # an asyncio socket's non-blocking recv resolves at once or raises Again
+                    frames = await sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 if len(frames) != 2:

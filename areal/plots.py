@@ -28,7 +28,7 @@ def plot_reward_curve(steps: list[dict[str, Any]], path: Path, eval_before: dict
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     ax.set_title("GRPO on the embedded math task")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")

@@ -48,10 +48,10 @@ def test_train_end_to_end(tmp_path, mode):
     assert steps[0]["logprob_max_diff"] < 1e-3
 
     # Every token the trainer got is a token the engine sampled, with the engine's logprob.
-    served = {}
+    served: dict[tuple, list[dict]] = {}  # prompt ids -> every generation of that prompt
     for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
         r = json.loads(line)
-        served[tuple(r["input_ids"])] = r
+        served.setdefault(tuple(r["input_ids"]), []).append(r)
     trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
     assert len(trajectories) >= 3 * 2  # at least one episode per group per step
     seen_versions = set()
@@ -59,13 +59,16 @@ def test_train_end_to_end(tmp_path, mode):
         assert traj.status == "ok"
         for row in traj.rows():
             mask = row.loss_mask.astype(bool)
-            prompt, sampled = row.input_ids[~mask].tolist(), row.input_ids[mask].tolist()
-            assert mask.sum() > 0 and not mask[: len(prompt)].any()  # prompt first, then sampled tokens
-            rec = served[tuple(prompt)]
-            assert sampled == rec["output_ids"]
+            n_prompt = int((~mask).sum())
+            assert mask.sum() > 0 and not mask[:n_prompt].any()  # prompt first, then sampled tokens
+            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
+            assert matches, "trajectory tokens that the engine never generated"
+            rec = matches[0]
             assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
-            assert set(row.versions[mask].tolist()) == {int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0}
-            seen_versions |= set(row.versions[mask].tolist())
+            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
+            assert set(row.versions[mask].tolist()) == {version}
+            seen_versions |= {version}
     # Synchronous mode (bound 0): step k trains on episodes sampled by version k-1.
     assert seen_versions == {0, 1, 2}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,10 +199,11 @@ def update_weights_from_disk_sync(
 class EngineProcess:
     """A running ``areal.engine.server`` subprocess, leader of its own process group."""
 
-    def __init__(self, popen: subprocess.Popen, url: str, log_path: str) -> None:
+    def __init__(self, popen: subprocess.Popen, url: str, log_path: str, scratch_dir: str | None = None) -> None:
         self.popen = popen
         self.url = url
         self.log_path = log_path
+        self.scratch_dir = scratch_dir  # ready file (and the log, unless one was named); removed by stop()
 
     @property
     def pid(self) -> int:
@@ -219,6 +221,8 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()
+        if self.scratch_dir is not None:
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
 
     def __enter__(self) -> EngineProcess:
         return self
@@ -261,9 +265,9 @@ def launch_embedded_engine(
         if popen.poll() is not None:
             raise RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{_tail(log_path)}")
         if time.monotonic() > deadline:
-            EngineProcess(popen, "", log_path).stop()
+            EngineProcess(popen, "", log_path).stop()  # keeps the scratch dir: the log is in the error
             raise TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{_tail(log_path)}")
         time.sleep(0.05)
     with open(ready) as f:
         url = f.read().strip()
-    return EngineProcess(popen, url, log_path)
+    return EngineProcess(popen, url, log_path, scratch_dir=run_dir)
