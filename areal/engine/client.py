@@ -262,11 +262,14 @@ def launch_embedded_engine(
                                  env=env, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(ready):
+        failure = None
         if popen.poll() is not None:
-            raise RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{_tail(log_path)}")
-        if time.monotonic() > deadline:
-            EngineProcess(popen, "", log_path).stop()  # keeps the scratch dir: the log is in the error
-            raise TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{_tail(log_path)}")
+            failure = RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{_tail(log_path)}")
+        elif time.monotonic() > deadline:
+            failure = TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{_tail(log_path)}")
+        if failure is not None:  # the log tail is in the error, so the scratch dir can go
+            EngineProcess(popen, "", log_path, scratch_dir=run_dir).stop()
+            raise failure
         time.sleep(0.05)
     with open(ready) as f:
         url = f.read().strip()
