@@ -82,6 +82,9 @@ class TrainerSection:
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
     threads: int = 1
+    # Tokens packed into one forward pass. Packed attention is masked, not varlen, on CPU, so its
+    # cost grows with the square of this: small micro-batches are much faster here.
+    micro_batch_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.steps < 1:

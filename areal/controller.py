@@ -218,6 +218,7 @@ class Controller:
             max_grad_norm=cfg.trainer.max_grad_norm,
             seed=cfg.seed,
             threads=cfg.trainer.threads,
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
         )
         path = self.run_dir / "trainer_config.json"
         path.write_text(json.dumps(asdict(tcfg), indent=2))
