@@ -56,7 +56,7 @@ class OpenAIRolloutConfig:
 class RolloutConfig:
     agent: str = "agents.openai_math:MathAgent"  # MODULE:ATTR, a class, object or async function
     n_samples: int = 8  # episodes per prompt (one GRPO group)
-    groups_per_step: int = 4  # prompts per training step
+    groups_per_step: int = 8  # prompts per training step
     max_head_offpolicyness: int = 1  # admit a group only while it is at most this many versions ahead
     max_concurrent_episodes: int = 64
     deadline_s: float = 60.0  # wall-clock limit of one episode
@@ -77,8 +77,8 @@ class RolloutConfig:
 
 @dataclass
 class TrainerSection:
-    steps: int = 40
-    lr: float = 1e-4
+    steps: int = 200
+    lr: float = 3e-5
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
     threads: int = 1
@@ -96,7 +96,7 @@ class TrainerSection:
 @dataclass
 class DataConfig:
     train_size: int = 4000  # problems drawn from the embedded task's train split
-    eval_size: int = 200  # held-out problems scored before and after training (0 = skip)
+    eval_size: int = 500  # held-out problems scored before and after training (0 = skip)
 
     def __post_init__(self) -> None:
         if self.train_size < 1 or self.eval_size < 0:
