@@ -97,10 +97,11 @@ class TrainerSection:
 class DataConfig:
     train_size: int = 4000  # problems drawn from the embedded task's train split
     eval_size: int = 500  # held-out problems scored before and after training (0 = skip)
+    eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
 
     def __post_init__(self) -> None:
-        if self.train_size < 1 or self.eval_size < 0:
-            raise ValueError("data.train_size must be >= 1 and data.eval_size >= 0")
+        if self.train_size < 1 or self.eval_size < 0 or self.eval_samples < 1:
+            raise ValueError("data.train_size and data.eval_samples must be >= 1, data.eval_size >= 0")
 
 
 @dataclass

@@ -48,7 +48,7 @@ from areal.agent import load_agent, outcome_from_exception, outcome_from_result
 from areal.buffer import RingWriter, ring_name
 from areal.config import TrainConfig
 from areal.engine.client import EngineClient, launch_embedded_engine
-from areal.evaluation import evaluate, proportion_test, reward_trend
+from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.plots import plot_reward_curve
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
@@ -178,7 +178,7 @@ class Controller:
             from areal.embedded.corpus import make_problems
 
             eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature) if eval_set else None
+            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             if eval_before:
                 tqdm.write(f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)")
 
@@ -189,7 +189,7 @@ class Controller:
                 await self._wait()
             if self.failure:
                 raise RunFailed(self.failure)
-            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature) if eval_set else None
+            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             return self._finish(eval_before, eval_after)
 
     def _model_dir(self) -> Path:
@@ -357,7 +357,7 @@ class Controller:
         summary = {"run_dir": str(self.run_dir), "steps": len(self.step_metrics), "final_model": self.done.model_dir,
                    "eval_before": eval_before, "eval_after": eval_after, "reward_trend": trend}
         if eval_before and eval_after:
-            summary["eval_test"] = proportion_test(eval_before["sampled_correct"], eval_before["n"], eval_after["sampled_correct"], eval_after["n"])
+            summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
         plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

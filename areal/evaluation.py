@@ -2,7 +2,7 @@
 
 ``evaluate`` scores the policy the engine serves now on held-out problems, straight through the
 engine (chat template -> /generate), once sampled at the training temperature and once greedy.
-``reward_trend`` and ``proportion_test`` turn "the curve went up" into a number with a p-value,
+``reward_trend`` and ``paired_test`` turn "the curve went up" into a number with a p-value,
 so a run's summary can say whether the rise is more than noise.
 """
 
@@ -13,12 +13,18 @@ import math
 import random
 from typing import Any
 
+import numpy as np
+
 from areal.embedded.corpus import math_reward
 from areal.engine.client import EngineClient
 
 
-async def evaluate(engine: EngineClient, tokenizer: Any, problems: list[dict], temperature: float, max_tokens: int = 64) -> dict[str, Any]:
-    """Accuracy on ``problems`` (rows with question/answer), sampled and greedy."""
+async def evaluate(
+    engine: EngineClient, tokenizer: Any, problems: list[dict], temperature: float, samples: int = 4, max_tokens: int = 64
+) -> dict[str, Any]:
+    """Accuracy on ``problems`` (rows with question/answer): ``samples`` seeded draws at the
+    training temperature per problem, plus one greedy answer. Per-problem scores are kept so a
+    later evaluation of the same problems can be compared pairwise."""
     stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
     async def score(problem: dict, temp: float, seed: int) -> float:
@@ -28,19 +34,23 @@ async def evaluate(engine: EngineClient, tokenizer: Any, problems: list[dict], t
         result = await engine.generate(ids, params, return_logprob=False)
         return math_reward(tokenizer.decode(result.output_ids, skip_special_tokens=True), problem["answer"])
 
-    sampled = await asyncio.gather(*(score(p, temperature, i) for i, p in enumerate(problems)))
+    sampled = await asyncio.gather(*(score(p, temperature, i * samples + j) for i, p in enumerate(problems) for j in range(samples)))
     greedy = await asyncio.gather(*(score(p, 0.0, i) for i, p in enumerate(problems)))
+    per_problem = [sum(sampled[i * samples : (i + 1) * samples]) / samples for i in range(len(problems))]
     n = len(problems)
-    return {"n": n, "sampled_acc": sum(sampled) / n, "greedy_acc": sum(greedy) / n, "sampled_correct": int(sum(sampled)), "greedy_correct": int(sum(greedy))}
+    return {"n": n, "samples": samples, "sampled_acc": sum(per_problem) / n, "greedy_acc": sum(greedy) / n,
+            "per_problem_sampled": per_problem, "per_problem_greedy": list(greedy)}
 
 
-def proportion_test(correct_a: int, n_a: int, correct_b: int, n_b: int) -> dict[str, float]:
-    """Two-proportion z-test of b > a (one-sided p-value)."""
-    pa, pb = correct_a / n_a, correct_b / n_b
-    pooled = (correct_a + correct_b) / (n_a + n_b)
-    se = math.sqrt(max(pooled * (1 - pooled) * (1 / n_a + 1 / n_b), 1e-12))
-    z = (pb - pa) / se
-    return {"diff": pb - pa, "z": z, "p_value": 0.5 * math.erfc(z / math.sqrt(2))}
+def paired_test(before: list[float], after: list[float], seed: int = 0, permutations: int = 10000) -> dict[str, float]:
+    """Did per-problem accuracy rise? Mean of (after - before) over the same problems, with a
+    one-sided sign-flip permutation p-value (under no effect, each difference is as likely to
+    have the opposite sign)."""
+    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    observed = float(d.mean())
+    signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(permutations, len(d)))
+    null = (signs * d).mean(axis=1)
+    return {"diff": observed, "p_value": float(((null >= observed - 1e-12).sum() + 1) / (permutations + 1)), "n": len(d)}
 
 
 def reward_trend(step_rewards: list[float], seed: int = 0, permutations: int = 5000) -> dict[str, float]:

@@ -37,8 +37,8 @@ def _print_summary(s: dict) -> None:
           f"(+{t['diff']:.3f}, permutation p={t['p_value']:.4f})")
     b, a = s["eval_before"], s["eval_after"]
     if b and a:
-        print(f"held-out ({a['n']} problems): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f}, "
-              f"greedy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f} (one-sided p={s['eval_test']['p_value']:.4f})")
+        print(f"held-out ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
+              f"(paired sign-flip p={s['eval_test']['p_value']:.4f}), greedy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}")
 
 
 if __name__ == "__main__":

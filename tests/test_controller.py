@@ -9,7 +9,7 @@ import pytest
 
 from areal.agent import load_agent, outcome_from_result
 from areal.controller import trajectory_from_episode
-from areal.evaluation import proportion_test, reward_trend
+from areal.evaluation import paired_test, reward_trend
 from areal.gateway import Interaction, Session
 from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
 
@@ -75,6 +75,9 @@ def test_statistics():
     rising = reward_trend(list(np.linspace(0.1, 0.6, 40)))
     assert rising["diff"] > 0.3 and rising["p_value"] < 0.01
     assert math.isnan(reward_trend([0.5])["p_value"])
-    up = proportion_test(40, 200, 80, 200)
-    assert up["diff"] == pytest.approx(0.2) and up["p_value"] < 1e-4
-    assert proportion_test(80, 200, 40, 200)["p_value"] > 0.99
+    before = [0.0, 0.25, 0.5, 0.25] * 50
+    up = paired_test(before, [b + 0.25 for b in before])
+    assert up["diff"] == pytest.approx(0.25) and up["p_value"] < 1e-3
+    assert paired_test(before, [b - 0.25 for b in before])["p_value"] > 0.99
+    noise = np.random.default_rng(1).choice([-0.25, 0.25], size=200)
+    assert paired_test(before, list(np.add(before, noise)))["p_value"] > 0.01
