@@ -9,7 +9,6 @@ so a run's summary can say whether the rise is more than noise.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from typing import Any
 
