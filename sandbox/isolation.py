@@ -42,6 +42,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import sys
 import resource
 import shutil
 import signal
@@ -61,7 +62,8 @@ ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHO
              "VIRTUAL_ENV")
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -146,20 +148,40 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
+def _code_dirs_under_tmp() -> list[str]:
+    """Directories the agent's Python needs that live under /tmp (a venv or a checkout there):
+    the interpreter prefixes and every sys.path entry, reduced to the outermost ones."""
+    found = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p and os.path.isdir(p)})
+    kept: list[str] = []
+    for p in found:
+        if p.startswith("/tmp/") and not any(p.startswith(k + "/") for k in kept):
+            kept.append(p)
+    return kept
+
+
 def _private_tmp(size: int, keep_path: str) -> None:
-    """New mount namespace with a tmpfs on /tmp; ``keep_path`` (the gateway socket) stays visible."""
+    """New mount namespace with a tmpfs on /tmp. Kept visible: ``keep_path`` (the gateway socket),
+    and, read-only, the code the agent imports lazily if it lives under /tmp (without this, a
+    project cloned into /tmp would lose its own virtualenv inside the sandbox)."""
     keep = os.path.realpath(keep_path) if keep_path else ""
     _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # keep our mounts from propagating to the host
     # Opened inside the new namespace: a bind source must be a mount of the caller's namespace.
-    keep_fd = os.open(keep, os.O_PATH) if keep.startswith("/tmp/") else None
+    # O_PATH fds keep the originals reachable once the tmpfs hides their paths.
+    binds = [(d, os.open(d, os.O_PATH), True) for d in _code_dirs_under_tmp()]
+    if keep.startswith("/tmp/"):
+        binds.append((keep, os.open(keep, os.O_PATH), False))
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=1777")
-    if keep_fd is not None:
-        # Bind the socket inode (held open by an O_PATH fd) onto the same path in the new tmpfs.
-        os.makedirs(os.path.dirname(keep), exist_ok=True)
-        open(keep, "w").close()
-        _mount(f"/proc/self/fd/{keep_fd}", keep, None, _MS_BIND)
-        os.close(keep_fd)
+    for path, fd, is_dir in binds:
+        if is_dir:
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            _mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
+        else:  # the socket inode, bound onto an empty file at the same path
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND)
+        os.close(fd)
 
 
 def _rlimits(config: SandboxConfig) -> None:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import ctypes
 import os
 import socket
@@ -26,6 +27,15 @@ class ProbeAgent:
 
     async def rewards(self, data: dict, **kw: Any) -> dict[str, float]:
         return {"a": 1.0, "b": 0.25}
+
+    async def lazy_import(self, data: dict, **kw: Any) -> float:
+        # Imported only now, after the fork and the private /tmp: the module must stay reachable.
+        return float(importlib.import_module(data["module"]).VALUE)
+
+    async def write_file(self, data: dict, **kw: Any) -> float:
+        with open(data["path"], "w") as f:
+            f.write("escape")
+        return 1.0
 
     async def raises(self, data: dict, **kw: Any) -> float:
         raise ValueError("agent failed on purpose " + data["tag"])

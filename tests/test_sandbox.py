@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -359,3 +361,29 @@ def test_skipped_layers_are_warned_and_episodes_fall_back(gateway, tmp_path):
     assert ident.rewards_by_id["pid"] != 1.0 and ident.rewards_by_id["host_file_visible"] == 1.0
     assert ident.rewards_by_id["tmp_writable"] == 1.0
     assert list(temp_root.iterdir()) == []  # the per-episode temp dirs were removed
+
+
+def test_code_under_tmp_stays_importable_in_the_private_tmp(gateway, monkeypatch):
+    """A checkout or venv under /tmp (as in CI) is bound back in read-only, so lazy imports work."""
+    code_dir = tempfile.mkdtemp(prefix="areal-code-", dir="/tmp")
+    with open(os.path.join(code_dir, "lazy_mod_for_sandbox.py"), "w") as f:
+        f.write("VALUE = 7\n")
+
+    monkeypatch.setenv("PYTHONPATH", code_dir)  # zygote_env puts tests/ in front of it
+
+    async def go() -> tuple[EpisodeOutcome, EpisodeOutcome]:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, SandboxConfig(), code_dir)
+        try:
+            ok = await z.run_episode("lazy", {"case": "lazy_import", "module": "lazy_mod_for_sandbox"}, KEY)
+            write = await z.run_episode("ro", {"case": "write_file", "path": os.path.join(code_dir, "x")}, KEY)
+            return ok, write
+        finally:
+            await z.close()
+
+    try:
+        ok, write = asyncio.run(go())
+    finally:
+        shutil.rmtree(code_dir, ignore_errors=True)
+    assert (ok.status, ok.reward) == ("ok", 7.0), ok.error
+    assert write.status == "error" and "Read-only file system" in write.error
