@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from areal.engine.client import EngineClient, launch_embedded_engine
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.plots import plot_reward_curve
+from areal.process import log_tail, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
 from areal.trainer import TrainerConfig
 from sandbox.zygote import Zygote
@@ -165,7 +165,7 @@ class Controller:
             pull.bind(f"ipc://{sock_dir}/trainer.sock")
             stack.callback(pull.close, 0)
             trainer_proc = self._start_trainer(model_dir, ring.name, urls, f"ipc://{sock_dir}/trainer.sock")
-            stack.callback(_kill_group, trainer_proc)
+            stack.callback(stop_group, trainer_proc, 5.0)
 
             if cfg.rollout.openai.mode == "subproc":
                 runner = await Zygote.start(cfg.rollout.agent, gateway_addr, cfg.sandbox, str(self.run_dir / "sandbox"))
@@ -221,7 +221,7 @@ class Controller:
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
         )
         path = self.run_dir / "trainer_config.json"
-        path.write_text(json.dumps(asdict(tcfg), indent=2))
+        path.write_text(tcfg.to_json())
         log = open(self.run_dir / "trainer.log", "ab")
         return subprocess.Popen(
             [sys.executable, "-m", "areal.trainer", "--config", str(path)],
@@ -311,7 +311,7 @@ class Controller:
             while True:
                 if await pull.poll(500) == 0:
                     if proc.poll() is not None and self.done is None:
-                        self.failure = f"trainer process exited with code {proc.returncode} without finishing; log tail:\n{_tail(self.run_dir / 'trainer.log')}"
+                        self.failure = f"trainer process exited with code {proc.returncode} without finishing; log tail:\n{log_tail(self.run_dir / 'trainer.log') or '(empty log)'}"
                         self.wake.set()
                         return
                     continue
@@ -361,21 +361,6 @@ class Controller:
         plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
 
 def read_saved_trajectories(path: Path) -> list[Trajectory]:

@@ -56,7 +56,7 @@ from areal.protocol import Trajectory, TrainerDone, TrainerFailed, TrainerMessag
 
 @dataclass
 class TrainerConfig:
-    """Everything one trainer process needs; saved as JSON in ``run_dir/trainer_config.json``."""
+    """Everything one trainer process needs; the controller writes it as ``run_dir/trainer_config.json``."""
 
     model_path: str  # initial HF model dir (config, weights, tokenizer files if any)
     ring_name: str  # shared-memory ring this rank reads Trajectory records from
@@ -356,7 +356,6 @@ def train(config: TrainerConfig, reporter: Reporter, rank: int = 0) -> Path:
     run_dir = Path(config.run_dir)
     weights_dir = run_dir / "weights"
     weights_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "trainer_config.json").write_text(config.to_json())
     model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
     model.eval()  # no dropout: trainer logprobs must match the engine's
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

@@ -48,6 +48,7 @@ import msgspec
 from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode, ZygoteInbound,
                             ZygoteOutbound, ZygoteReady, frame)
 from areal.agent import AgentRun, load_agent, outcome_from_result
+from areal.process import log_tail
 from sandbox import isolation
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
@@ -109,14 +110,6 @@ def _warm_up_sdks() -> None:
             await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
 
     asyncio.run(calls())
-
-
-def _tail(path: str, limit: int) -> str:
-    if limit == 0 or not os.path.exists(path):
-        return ""
-    with open(path, "rb") as f:
-        f.seek(max(0, os.path.getsize(path) - limit))
-        return f.read().decode(errors="replace")
 
 
 @dataclass
@@ -298,7 +291,7 @@ class ZygoteServer:
 
     def _decide(self, ep: _Episode, status: int) -> EpisodeOutcome:
         eid, wall = ep.spawn.episode_id, time.monotonic() - ep.started
-        tail = _tail(ep.log_path, self.config.log_tail_bytes)
+        tail = log_tail(ep.log_path, self.config.log_tail_bytes)
         tail_note = f"\n--- agent log tail ({ep.log_path}) ---\n{tail}" if tail else ""
         if ep.timed_out:
             return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {ep.spawn.deadline_s}s "
@@ -435,7 +428,7 @@ class Zygote:
         self._reader = asyncio.create_task(self._read_outcomes())
 
     def _stderr_tail(self) -> str:
-        return _tail(self.stderr_path, 4096)
+        return log_tail(self.stderr_path, 4096)
 
     def _kill_group(self) -> None:
         assert self._proc is not None

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from typing import Any
 
 import aiohttp
 import msgspec
+
+from areal.process import log_tail, stop_group
 
 
 class EngineError(Exception):
@@ -214,13 +215,7 @@ class EngineProcess:
 
     def stop(self, timeout_s: float = 10) -> None:
         """SIGTERM the process group, then SIGKILL it if it has not exited in ``timeout_s``."""
-        if self.alive():
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+        stop_group(self.popen, timeout_s)
         if self.scratch_dir is not None:
             shutil.rmtree(self.scratch_dir, ignore_errors=True)
 
@@ -229,12 +224,6 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _tail(path: str, n: int = 4000) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, os.path.getsize(path) - n))
-        return f.read().decode(errors="replace")
 
 
 def launch_embedded_engine(
@@ -264,9 +253,9 @@ def launch_embedded_engine(
     while not os.path.exists(ready):
         failure = None
         if popen.poll() is not None:
-            failure = RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{_tail(log_path)}")
+            failure = RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{log_tail(log_path)}")
         elif time.monotonic() > deadline:
-            failure = TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{_tail(log_path)}")
+            failure = TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{log_tail(log_path)}")
         if failure is not None:  # the log tail is in the error, so the scratch dir can go
             EngineProcess(popen, "", log_path, scratch_dir=run_dir).stop()
             raise failure

@@ -1,0 +1,32 @@
+"""Helpers for the child processes this project starts (engine, trainer, zygote).
+
+Every child is started as the leader of its own process group (``start_new_session=True``), so
+it and anything it forked are stopped together, by process group, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+def stop_group(popen: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL it if it has not exited in ``grace_s``."""
+    if popen.poll() is not None:
+        return
+    os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+
+
+def log_tail(path: str | os.PathLike, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a log file, for error messages ("" if there is none)."""
+    if limit <= 0 or not os.path.exists(path):
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - limit))
+        return f.read().decode(errors="replace")
