@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import hydra
@@ -21,6 +22,7 @@ from areal.controller import train
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> dict:
     config = from_dict(TrainConfig, OmegaConf.to_container(cfg, resolve=True))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per agent request otherwise
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
@@ -34,7 +36,7 @@ def _print_summary(s: dict) -> None:
     print(f"final model:   {s['final_model']}")
     t = s["reward_trend"]
     print(f"batch reward:  first {t['window']} steps {t['first_mean']:.3f} -> last {t['window']} steps {t['last_mean']:.3f} "
-          f"(+{t['diff']:.3f}, permutation p={t['p_value']:.4f})")
+          f"({t['diff']:+.3f}, permutation p={t['p_value']:.4f})")
     b, a = s["eval_before"], s["eval_after"]
     if b and a:
         print(f"held-out ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
