@@ -84,6 +84,37 @@ class InlineRunner:
         await self.http.aclose()
 
 
+def stratified_order(levels: list[int], block: int, seed: int) -> list[int]:
+    """Problem indices ordered so that every ``block`` consecutive prompts (one step's groups)
+    mix the difficulty levels in the same proportions as the whole set.
+
+    Without this, the mean reward of a step mostly measures how many hard prompts it drew, and a
+    reward curve is noise around the policy's real progress.
+    """
+    rng = random.Random(seed)
+    by_level: dict[int, list[int]] = {}
+    for i, lv in enumerate(levels):
+        by_level.setdefault(lv, []).append(i)
+    for idx in by_level.values():
+        rng.shuffle(idx)
+    # Per block, each level gets its share by largest remainder; the same allocation every block.
+    shares = {lv: len(idx) / len(levels) * block for lv, idx in by_level.items()}
+    counts = {lv: int(s) for lv, s in shares.items()}
+    for lv in sorted(shares, key=lambda lv: shares[lv] - counts[lv], reverse=True)[: block - sum(counts.values())]:
+        counts[lv] += 1
+    order: list[int] = []
+    cursor = dict.fromkeys(by_level, 0)
+    while len(order) < len(levels):
+        chunk = []
+        for lv, c in sorted(counts.items()):
+            for _ in range(c):
+                chunk.append(by_level[lv][cursor[lv] % len(by_level[lv])])
+                cursor[lv] += 1
+        rng.shuffle(chunk)
+        order.extend(chunk)
+    return order
+
+
 def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
     """One row per interaction (prompt + sampled tokens). A float reward applies to every row;
     a {completion_id: reward} dict rewards the named rows and leaves the others at 0."""
@@ -175,7 +206,7 @@ class Controller:
                 runner = InlineRunner(cfg.rollout.agent, http_url)
             stack.push_async_callback(runner.close)
 
-            from areal.embedded.corpus import make_problems
+            from areal.embedded.corpus import make_leveled_problems, make_problems
 
             eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
             eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
@@ -184,7 +215,9 @@ class Controller:
 
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
-            await self._rollout_loop(runner, gateway, ring, make_problems("train", cfg.data.train_size, seed=cfg.seed))
+            train_set = make_leveled_problems("train", cfg.data.train_size, seed=cfg.seed)
+            await self._rollout_loop(runner, gateway, ring, [{"question": p.question, "answer": p.answer} for p in train_set],
+                                     [p.level for p in train_set])
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
@@ -230,11 +263,10 @@ class Controller:
 
     # ---- rollouts -------------------------------------------------------------------------
 
-    async def _rollout_loop(self, runner: Any, gateway: Gateway, ring: RingWriter, problems: list[dict]) -> None:
+    async def _rollout_loop(self, runner: Any, gateway: Gateway, ring: RingWriter, problems: list[dict], levels: list[int]) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
-        order = list(range(len(problems)))
-        random.Random(self.config.seed).shuffle(order)
+        order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
         next_prompt = 0
         tasks: set[asyncio.Task] = set()
         while self.accepted_groups < total:

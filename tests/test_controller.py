@@ -81,3 +81,16 @@ def test_statistics():
     assert paired_test(before, [b - 0.25 for b in before])["p_value"] > 0.99
     noise = np.random.default_rng(1).choice([-0.25, 0.25], size=200)
     assert paired_test(before, list(np.add(before, noise)))["p_value"] > 0.01
+
+
+def test_stratified_order_gives_every_step_the_same_level_mix() -> None:
+    from areal.controller import stratified_order
+
+    levels = [1] * 30 + [2] * 35 + [3] * 25 + [4] * 10
+    order = stratified_order(levels, block=8, seed=3)
+    assert len(order) >= len(levels) and len(order) % 8 == 0  # whole steps
+    mixes = {tuple(sorted(levels[i] for i in order[k:k + 8])) for k in range(0, 96, 8)}
+    assert mixes == {(1, 1, 2, 2, 2, 3, 3, 4)}
+    # The first pass over each level visits every problem of it once before repeating any.
+    assert set(order[:8 * 12]) >= {i for i, lv in enumerate(levels) if lv == 4}
+    assert stratified_order(levels, 8, 3) == order != stratified_order(levels, 8, 4)
