@@ -8,6 +8,7 @@ id is chosen as the third greedy token after PROMPT, so greedy decoding of PROMP
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import urllib.error
@@ -26,6 +27,7 @@ from areal.engine.client import (
     launch_embedded_engine,
     update_weights_from_disk_sync,
 )
+from areal.engine.router import EngineRouter, launch_sglang_server, sglang_command
 
 VOCAB = 512
 PROMPT = [5, 6, 7, 8]
@@ -202,14 +204,18 @@ def test_top_k_one_is_greedy(engine_url: str) -> None:
 def test_bad_requests_get_400(engine_url: str) -> None:
     status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "sampling_params": {"max_tokens": 4}})
     assert status == 400 and "max_tokens" in out["error"]
-    status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "sampling_params": {"min_p": 0.1}})
+    status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "sampling_params": {"min_p": 1.5}})
     assert status == 400 and "min_p" in out["error"]
+    status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "sampling_params": {"repetition_penalty": 1.2}})
+    assert status == 400 and "repetition_penalty" in out["error"]
     status, _ = post(f"{engine_url}/generate", {"input_ids": PROMPT, "sampling_params": {"n": 1, "max_new_tokens": 1}})
     assert status == 200  # an unsupported key at its SGLang default is a no-op
     status, out = post(f"{engine_url}/generate", {"input_ids": [], "sampling_params": {}})
     assert status == 400 and "empty" in out["error"]
-    status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "stream": True})
-    assert status == 400 and out["error"] == "stream is not supported yet"
+    status, out = post(f"{engine_url}/generate", {"input_ids": PROMPT, "stream": True, "sampling_params": {"top_p": 0}})
+    assert status == 400 and "top_p" in out["error"]  # validated before the stream starts
+    status, out = post(f"{engine_url}/pause_generation", {"mode": "sideways"})
+    assert status == 400 and "mode" in out["error"]
     status, out = post(f"{engine_url}/generate", {"input_ids": [VOCAB + 5]})
     assert status == 400 and "input_ids" in out["error"]
 
@@ -293,3 +299,264 @@ def test_client_generate_and_http_errors(engine_url: str, hf_model: torch.nn.Mod
 def test_launch_failure_reports_log_tail(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="model_path"):
         launch_embedded_engine(str(tmp_path / "missing"), timeout_s=60)
+
+
+# ------------------------------------------------------------------------------------------
+# Streaming, continuous batching, pause / continue / abort, more sampling.
+# ------------------------------------------------------------------------------------------
+
+LONG = {"temperature": 1.0, "max_new_tokens": 120, "ignore_eos": True}
+
+
+async def _first_chunk_then(stream, after) -> tuple[list, object]:
+    """Read a stream; run ``after()`` once the first chunk is in; return (chunks, after's value)."""
+    chunks, value = [], None
+    async for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            value = await after()
+    return chunks, value
+
+
+def test_stream_final_equals_non_stream_and_chunks_are_cumulative(engine_url: str) -> None:
+    sp = dict(LONG, max_new_tokens=24, sampling_seed=99, top_k=40)
+
+    async def run() -> tuple[list, object]:
+        client = EngineClient(engine_url)
+        chunks = [c async for c in client.generate_stream(PROMPT, sp, top_logprobs_num=3)]
+        whole = await client.generate(PROMPT, sp, top_logprobs_num=3)
+        await client.close()
+        return chunks, whole
+
+    chunks, whole = asyncio.run(run())
+    final = chunks[-1]
+    assert final.output_ids == whole.output_ids and final.output_logprobs == whole.output_logprobs
+    assert final.finish_reason == whole.finish_reason == "length" and final.text == whole.text
+    assert final.output_top_logprobs == whole.output_top_logprobs and len(final.output_top_logprobs) == 24
+    assert len(chunks) > 2 and all(c.finish_reason == "" for c in chunks[:-1])
+    for a, b in zip(chunks, chunks[1:]):  # cumulative: every chunk extends the one before
+        assert b.output_ids[: len(a.output_ids)] == a.output_ids and len(b.output_ids) >= len(a.output_ids)
+
+
+def test_stream_chunks_arrive_before_generation_ends(engine_url: str) -> None:
+    # The first chunk must come while the request is still running: aborting it then cuts it short.
+    async def run() -> tuple[list, object]:
+        client = EngineClient(engine_url)
+        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG, rid="early"),
+                                            lambda: client.abort_request("early"))
+        await client.close()
+        return chunks, None
+
+    chunks, _ = asyncio.run(run())
+    assert chunks[-1].finish_reason == "abort" and chunks[-1].resubmits == 0
+    assert 0 < len(chunks[0].output_ids) < len(chunks[-1].output_ids) + 1 <= LONG["max_new_tokens"]
+    assert len(chunks[-1].output_logprobs) == len(chunks[-1].output_ids)
+
+
+def test_raw_sse_shape(engine_url: str) -> None:
+    req = urllib.request.Request(f"{engine_url}/generate", method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"input_ids": [[1, 2], [3, 4]], "stream": True, "return_logprob": True,
+                                                  "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}).encode())
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [line for line in resp.read().decode().split("\n\n") if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    finals = {c["index"]: c for c in chunks if c["meta_info"]["finish_reason"] is not None}
+    assert sorted(finals) == [0, 1]
+    for c in finals.values():
+        assert len(c["output_ids"]) == 4 == len(c["meta_info"]["output_token_logprobs"])
+        assert c["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+
+
+def test_new_requests_join_the_running_batch(engine_url: str) -> None:
+    short_sp = {"temperature": 1.0, "max_new_tokens": 6, "ignore_eos": True, "sampling_seed": 5}
+
+    async def run() -> tuple:
+        client = EngineClient(engine_url)
+        alone = await client.generate([40, 41, 42], short_sp)
+        before = await client.server_info()
+        order: list[str] = []
+
+        async def short() -> object:
+            res = await client.generate([40, 41, 42], short_sp)
+            order.append("short")
+            return res
+
+        async def long() -> list:
+            chunks, res = await _first_chunk_then(client.generate_stream(PROMPT, LONG), short)
+            order.append("long")
+            return [chunks, res]
+
+        (chunks, joined), = await asyncio.gather(long())
+        after = await client.server_info()
+        await client.close()
+        return alone, joined, chunks, order, before, after
+
+    alone, joined, chunks, order, before, after = asyncio.run(run())
+    assert order == ["short", "long"]  # the short request did not wait for the long batch
+    assert chunks[-1].finish_reason == "length" and len(chunks[-1].output_ids) == LONG["max_new_tokens"]
+    assert after["joined_running"] > before["joined_running"]
+    assert joined.output_ids == alone.output_ids  # same seed, same output, whatever the batch
+    assert max(abs(a - b) for a, b in zip(joined.output_logprobs, alone.output_logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_pause_keeps_seeded_output(engine_url: str, mode: str) -> None:
+    sp = dict(LONG, sampling_seed=31)
+
+    async def run() -> tuple:
+        client = EngineClient(engine_url)
+        ref = await client.generate(PROMPT, sp)
+
+        async def pause_then_continue() -> dict:
+            await client.pause_generation(mode=mode)
+            info = await client.server_info()
+            await client.continue_generation()
+            return info
+
+        chunks, info = await _first_chunk_then(client.generate_stream(PROMPT, sp), pause_then_continue)
+        await client.close()
+        return ref, chunks[-1], info
+
+    ref, final, info = asyncio.run(run())
+    assert info["paused"] is True
+    assert final.finish_reason == "length" and final.resubmits == 0
+    assert final.output_ids == ref.output_ids  # retracted rows resume with their own generator
+
+
+def test_pause_abort_resubmits_across_weight_update(engine_url: str, model_dir: Path) -> None:
+    async def run() -> tuple:
+        client = EngineClient(engine_url)
+
+        async def update_while_paused() -> None:
+            await client.pause_generation()  # mode abort: the running request comes back partial
+            await client.update_weights_from_disk(str(model_dir), "v-resume")
+            await client.continue_generation()
+
+        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG), update_while_paused)
+        await client.update_weights_from_disk(str(model_dir), "default")
+        await client.close()
+        return chunks
+
+    chunks = asyncio.run(run())
+    final = chunks[-1]
+    assert final.finish_reason == "length" and final.resubmits == 1
+    assert len(final.output_ids) == len(final.output_logprobs) == len(final.output_versions) == LONG["max_new_tokens"]
+    cut = final.output_versions.index("v-resume")
+    assert 0 < cut and set(final.output_versions[:cut]) == {"default"} and set(final.output_versions[cut:]) == {"v-resume"}
+    assert all(b.output_ids[: len(a.output_ids)] == a.output_ids for a, b in zip(chunks, chunks[1:]))
+
+
+def test_requests_wait_while_paused_and_abort_in_waiting_queue(engine_url: str) -> None:
+    async def run() -> tuple:
+        client = EngineClient(engine_url)
+        await client.pause_generation(mode="abort")
+        waiting = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 3}, rid="queued"))
+        served = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True}))
+        for _ in range(600):  # bounded: until both reached the engine's waiting queue
+            if (await client.server_info())["num_waiting"] == 2:
+                break
+            await asyncio.sleep(0.05)
+        waited = not waiting.done() and not served.done()
+        await client.abort_request("queued")
+        aborted = await waiting
+        await client.continue_generation()
+        res = await served
+        await client.close()
+        return waited, aborted, res
+
+    waited, aborted, res = asyncio.run(run())
+    assert waited
+    assert aborted.finish_reason == "abort" and aborted.output_ids == [] and aborted.resubmits == 0
+    assert res.finish_reason == "length" and len(res.output_ids) == 3
+    status, raw = post(f"{engine_url}/abort_request", {})
+    assert status == 400
+
+
+def test_min_p_stop_strings_n_and_top_logprobs(engine_url: str) -> None:
+    greedy = generate(engine_url, PROMPT, temperature=0, max_new_tokens=10, ignore_eos=True)
+    assert generate(engine_url, PROMPT, temperature=1.0, min_p=1.0, max_new_tokens=10,
+                    ignore_eos=True)["output_ids"] == greedy["output_ids"]
+
+    stop_tok = greedy["output_ids"][3]
+    stop_str = f"t{stop_tok}"
+    stopped = generate(engine_url, PROMPT, temperature=0, max_new_tokens=10, ignore_eos=True, stop=[stop_str, "zzz"])
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
+    assert stopped["output_ids"] == greedy["output_ids"][: greedy["output_ids"].index(stop_tok) + 1]
+    assert stop_str not in stopped["text"] and greedy["text"].startswith(stopped["text"])
+
+    status, outs = post(f"{engine_url}/generate", {
+        "input_ids": PROMPT, "rid": "fan", "return_logprob": True, "top_logprobs_num": 4,
+        "sampling_params": {"n": 3, "max_new_tokens": 8, "ignore_eos": True, "sampling_seed": 11}})
+    assert status == 200 and isinstance(outs, list) and len(outs) == 3
+    assert [o["meta_info"]["id"] for o in outs] == ["fan_0", "fan_1", "fan_2"]
+    assert len({tuple(o["output_ids"]) for o in outs}) == 3  # the copies differ
+    for o in outs:
+        tops = o["meta_info"]["output_top_logprobs"]
+        assert len(tops) == 8 and all(len(pos) == 4 for pos in tops)
+        for pos, (lp, tok, _) in zip(tops, o["meta_info"]["output_token_logprobs"]):
+            assert pos[0][0] >= lp - 1e-6 and [e[0] for e in pos] == sorted((e[0] for e in pos), reverse=True)
+            assert (tok not in [e[1] for e in pos]) or abs(next(e[0] for e in pos if e[1] == tok) - lp) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------
+# Several servers.
+# ------------------------------------------------------------------------------------------
+
+
+def _dead_url() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    return f"http://127.0.0.1:{port}"
+
+
+def test_router_sticky_sessions_and_failover(engine_url: str) -> None:
+    # Two names for the one live engine, so routing is observable without a second model process.
+    port = engine_url.rsplit(":", 1)[1]
+    live = [engine_url, f"http://localhost:{port}"]
+
+    async def run() -> None:
+        router = EngineRouter(live)
+        firsts = {key: router.route(key) for key in ("a", "b", "c", "d")}
+        assert set(firsts.values()) == {0, 1}  # keys spread over the servers
+        for key, idx in firsts.items():
+            assert all(router.route(key) == idx for _ in range(5))  # and stick
+        res = await router.generate(PROMPT, {"max_new_tokens": 2}, session_key="a")
+        assert len(res.output_ids) >= 1 and router.route("a") == firsts["a"]
+        router.mark_down(firsts["a"])
+        moved = router.route("a")
+        assert moved != firsts["a"] and router.route("a") == moved
+        await router.close()
+
+        # A dead server first in line: requests fail over to the live one and it is marked down.
+        router = EngineRouter([_dead_url(), engine_url], retry_after_s=60)
+        out = [await router.generate(PROMPT, {"max_new_tokens": 2}, session_key=f"s{i}") for i in range(3)]
+        assert all(r.finish_reason in ("stop", "length") for r in out)
+        assert all(router.route(f"s{i}") == 1 for i in range(3))
+        chunks = [c async for c in router.generate_stream(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})]
+        assert chunks[-1].finish_reason == "length"
+        assert await router.health() is True and router.route() == 1
+        await router.close()
+
+        router = EngineRouter([_dead_url()], retry_after_s=60)
+        with pytest.raises(EngineUnavailable):
+            await router.generate(PROMPT, {"max_new_tokens": 2})
+        await router.close()
+
+    asyncio.run(run())
+
+
+def test_sglang_command_construction() -> None:
+    cmd = sglang_command("/models/qwen", 30000, tp_size=2, enable_metrics=True, disable_radix_cache=False,
+                         api_key=None, json_model_override_args='{"a": 1}', cuda_graph_bs=[1, 2])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[3:9] == ["--model-path", "/models/qwen", "--host", "127.0.0.1", "--port", "30000"]
+    rest = cmd[9:]
+    assert rest == ["--tp-size", "2", "--enable-metrics", "--json-model-override-args", '{"a": 1}',
+                    "--cuda-graph-bs", "1", "2"]
+    if importlib.util.find_spec("sglang") is None:
+        with pytest.raises(RuntimeError, match="sglang is not installed"):
+            launch_sglang_server("/models/qwen", 30000)

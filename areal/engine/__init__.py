@@ -2,7 +2,9 @@
 
 ``client`` (no torch import): ``EngineClient`` for any SGLang-protocol server, typed errors, the
 sync weight-update helper and ``launch_embedded_engine``. ``server``: the embedded CPU engine
-(``python -m areal.engine.server``), imported only by the process that serves the model.
+(``python -m areal.engine.server``; compute in ``batch``, sampling in ``sampling``), imported only
+by the process that serves the model. ``router``: ``EngineRouter`` over several servers (sticky
+sessions, failover) and ``launch_sglang_server``.
 """
 
 from areal.engine.client import (
@@ -14,13 +16,16 @@ from areal.engine.client import (
     launch_embedded_engine,
     update_weights_from_disk_sync,
 )
+from areal.engine.router import EngineRouter, launch_sglang_server
 
 __all__ = [
     "EngineClient",
     "EngineError",
+    "EngineRouter",
     "EngineProcess",
     "EngineUnavailable",
     "GenerateResult",
     "launch_embedded_engine",
+    "launch_sglang_server",
     "update_weights_from_disk_sync",
 ]

@@ -25,6 +25,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +50,24 @@ class EngineUnavailable(EngineError):
 
 
 class GenerateResult(msgspec.Struct):
-    """One finished generation, parsed from SGLang's ``/generate`` answer."""
+    """One generation, parsed from SGLang's ``/generate`` answer (or a cumulative stream chunk).
+
+    After an abort-and-resubmit the segments are stitched: ``output_ids`` and every per-token
+    list cover the whole generation, ``output_versions[i]`` is the weight version that served
+    token i, ``prompt_tokens`` is the caller's prompt length.
+    """
 
     output_ids: list[int]
     output_logprobs: list[float]  # empty unless return_logprob; aligned with output_ids
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort"; "" on a stream chunk before the last
     weight_version: str
     prompt_tokens: int
     completion_tokens: int
     text: str = ""
+    output_versions: list[str] = []  # aligned with output_ids
+    # (logprob, token id) pairs per output position; empty unless top_logprobs_num was asked
+    output_top_logprobs: list[list[tuple[float, int]]] = []
+    resubmits: int = 0  # how many times an abort was recovered by resubmitting
 
 
 class _MetaInfo(msgspec.Struct):
@@ -65,6 +76,7 @@ class _MetaInfo(msgspec.Struct):
     prompt_tokens: int = 0  # absent on requests aborted in the waiting queue
     weight_version: str = "default"
     output_token_logprobs: list[tuple[float | None, int, str | None]] = []
+    output_top_logprobs: list[list[tuple[float | None, int, str | None]] | None] = []
 
 
 class _GenerateResponse(msgspec.Struct):
@@ -99,6 +111,8 @@ class EngineClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._aborted: set[str] = set()  # rid prefixes the caller aborted: not resubmitted
+        self._abort_all_count = 0
 
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -123,23 +137,115 @@ class EngineClient:
         sampling_params: dict,
         return_logprob: bool = True,
         rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
     ) -> GenerateResult:
-        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
-                                "return_logprob": return_logprob}
-        if rid is not None:
-            body["rid"] = rid
-        resp = _response_decoder.decode(await self._request("POST", "/generate", body))
-        meta = resp.meta_info
-        reason = (meta.finish_reason or {}).get("type", "abort")
-        return GenerateResult(
-            output_ids=resp.output_ids,
-            output_logprobs=[float(lp) if lp is not None else 0.0 for lp, _, _ in meta.output_token_logprobs],
-            finish_reason=reason,
-            weight_version=meta.weight_version,
-            prompt_tokens=meta.prompt_tokens,
-            completion_tokens=meta.completion_tokens,
-            text=resp.text,
-        )
+        """One generation. An abort the caller did not ask for (a pause around a weight update)
+        is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced."""
+        result = None
+        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, False,
+                                           top_logprobs_num, resubmit_aborted):
+            pass
+        assert result is not None  # _generate always yields a final result
+        return result
+
+    async def generate_stream(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
+    ) -> AsyncIterator[GenerateResult]:
+        """Stream a generation: a cumulative ``GenerateResult`` per chunk, ``finish_reason`` ""
+        until the last one. Aborts are recovered as in ``generate``, invisibly to the reader."""
+        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True,
+                                           top_logprobs_num, resubmit_aborted):
+            yield result
+
+    async def _generate(
+        self, input_ids: list[int], sampling_params: dict, return_logprob: bool, rid: str | None,
+        stream: bool, top_logprobs_num: int, resubmit_aborted: bool,
+    ) -> AsyncIterator[GenerateResult]:
+        # Our own rid, so that abort_request(rid) works and every resubmission carries it.
+        rid = rid if rid is not None else uuid.uuid4().hex
+        abort_all_seen = self._abort_all_count
+        done = GenerateResult([], [], "", "", len(input_ids), 0)  # tokens of finished segments
+        budget = sampling_params.get("max_new_tokens", 128)
+        try:
+            while True:
+                remaining = None if budget is None else budget - len(done.output_ids)
+                body: dict[str, Any] = {
+                    "input_ids": list(input_ids) + done.output_ids, "rid": rid, "return_logprob": return_logprob,
+                    "sampling_params": dict(sampling_params, max_new_tokens=remaining)}
+                if top_logprobs_num:
+                    body["top_logprobs_num"] = top_logprobs_num
+                if stream:
+                    body["stream"] = True
+                final = None
+                async for resp in (self._stream(body) if stream else self._once(body)):
+                    result = _stitch(done, resp)
+                    if resp.meta_info.finish_reason is None:
+                        yield result
+                    else:
+                        final = result
+                if final is None:
+                    raise EngineError(200, "the engine ended the stream without a final chunk")
+                caller_aborted = self._abort_all_count != abort_all_seen or any(
+                    rid.startswith(prefix) for prefix in self._aborted)
+                if final.finish_reason != "abort" or caller_aborted or not resubmit_aborted:
+                    yield final
+                    return
+                if remaining is not None and len(final.output_ids) >= budget:
+                    yield msgspec.structs.replace(final, finish_reason="length")
+                    return
+                done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
+        finally:
+            self._aborted.discard(rid)
+
+    async def _once(self, body: dict[str, Any]) -> AsyncIterator[_GenerateResponse]:
+        yield _response_decoder.decode(await self._request("POST", "/generate", body))
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[_GenerateResponse]:
+        """SGLang SSE: ``data: {json}`` lines, ``data: [DONE]`` at the end, errors in-band."""
+        try:
+            async with self._get_session().post(self.base_url + "/generate", json=body) as resp:
+                if resp.status >= 400:
+                    raise EngineError(resp.status, _error_message(await resp.read()))
+                async for line in resp.content:
+                    if not line.startswith(b"data: "):
+                        continue  # blank separators (and SSE comments)
+                    data = line[6:].strip()
+                    if data == b"[DONE]":
+                        return
+                    if data.startswith(b'{"error"'):
+                        err = json.loads(data)["error"]
+                        raise EngineError(err.get("code") if isinstance(err, dict) else None, _error_message(data))
+                    yield _response_decoder.decode(data)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Pause: ``abort`` aborts everything in flight, ``retract`` re-queues running requests,
+        ``in_place`` keeps them; new requests wait until ``continue_generation``."""
+        await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        """Abort requests whose rid starts with ``rid`` (or all). The caller asked, so the
+        aborted generations return finish_reason "abort" instead of being resubmitted."""
+        if abort_all:
+            self._abort_all_count += 1
+        elif rid:
+            self._aborted.add(rid)
+        else:
+            raise ValueError("abort_request: give a rid or abort_all=True")
+        await self._request("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
         body: dict[str, Any] = {"model_path": model_path}
@@ -190,6 +296,27 @@ def update_weights_from_disk_sync(
         raise EngineUnavailable(None, f"engine at {base_url} unavailable: {exc!r}") from exc
     if not answer.get("success", False):
         raise EngineError(200, str(answer.get("message", answer)))
+
+
+def _stitch(done: GenerateResult, resp: _GenerateResponse) -> GenerateResult:
+    """Append one answer (or cumulative chunk) of a resubmitted segment to the tokens before it."""
+    meta = resp.meta_info
+    reason = "" if meta.finish_reason is None else meta.finish_reason.get("type", "abort")
+    logprobs = [float(lp) if lp is not None else 0.0 for lp, _, _ in meta.output_token_logprobs]
+    tops = [[(float(lp or 0.0), t) for lp, t, _ in (pos or [])] for pos in meta.output_top_logprobs]
+    ids = done.output_ids + resp.output_ids
+    return GenerateResult(
+        output_ids=ids,
+        output_logprobs=done.output_logprobs + logprobs,
+        finish_reason=reason,
+        weight_version=meta.weight_version,
+        prompt_tokens=done.prompt_tokens,
+        completion_tokens=len(ids),
+        text=done.text + resp.text,
+        output_versions=done.output_versions + [meta.weight_version] * len(resp.output_ids),
+        output_top_logprobs=done.output_top_logprobs + tops,
+        resubmits=done.resubmits,
+    )
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,0 +1,222 @@
+"""Several SGLang-protocol servers behind one client, and the launcher of a real SGLang server.
+
+``EngineRouter`` offers ``EngineClient``'s interface over several base URLs:
+
+    generate(..., session_key=K) ─► route(K): sticky server of K if it is up,
+                                    else the up server with the fewest requests in flight
+                                    (ties: round robin), remembered for K
+         └─ EngineUnavailable ─► mark that server down, forget its keys, try the next one
+
+Invariants:
+- A session key stays on one server while that server is up, so its growing multi-turn prompt
+  hits the same prefix cache. Keys without a session go to the least-loaded server.
+- A server that failed to answer is skipped for ``retry_after_s``, then probed with ``/health``
+  before it gets traffic again; when every server is down, all are probed once before giving up.
+- Only ``EngineUnavailable`` (no answer) fails over; an HTTP error answer (``EngineError``) is the
+  request's own fault and propagates. A stream fails over only before its first chunk.
+- Control calls (weight updates, pause, continue, abort) go to every server, concurrently.
+
+Not covered: load-aware routing by queue depth reported by the servers, cache-aware routing by
+prompt prefix (SGLang's router does both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult
+from areal.process import log_tail
+
+MAX_STICKY_KEYS = 100_000
+
+
+class EngineRouter:
+    """``EngineClient``'s interface over several servers: sticky sessions, health failover."""
+
+    def __init__(self, base_urls: list[str], api_key: str | None = None, timeout_s: float = 600,
+                 retry_after_s: float = 5.0) -> None:
+        if not base_urls:
+            raise ValueError("base_urls: at least one server is needed")
+        self.clients = [EngineClient(u, api_key=api_key, timeout_s=timeout_s) for u in base_urls]
+        self.retry_after_s = retry_after_s
+        self._down_until = [0.0] * len(base_urls)  # monotonic time before which a server is skipped
+        self._in_flight = [0] * len(base_urls)
+        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._next = 0
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [c.base_url for c in self.clients]
+
+    def _up(self) -> list[int]:
+        now = time.monotonic()
+        return [i for i, t in enumerate(self._down_until) if t <= now]
+
+    def mark_down(self, index: int) -> None:
+        self._down_until[index] = time.monotonic() + self.retry_after_s
+        for key in [k for k, v in self._sticky.items() if v == index]:
+            del self._sticky[key]
+
+    async def _revive(self, only_if_none_up: bool) -> None:
+        """Probe servers whose back-off expired (they are 'up' again only if /health answers)."""
+        now = time.monotonic()
+        candidates = [i for i, t in enumerate(self._down_until) if 0 < t <= now or (only_if_none_up and t > now)]
+        oks = await asyncio.gather(*(self.clients[i].health() for i in candidates))
+        for i, ok in zip(candidates, oks):
+            if ok:
+                self._down_until[i] = 0.0
+            else:
+                self.mark_down(i)
+
+    def route(self, session_key: str | None = None) -> int:
+        """The index of the server for ``session_key`` (no I/O); raises if none is up."""
+        up = self._up()
+        if not up:
+            raise EngineUnavailable(None, f"no engine is up among {self.base_urls}")
+        if session_key is not None and self._sticky.get(session_key) in up:
+            self._sticky.move_to_end(session_key)
+            return self._sticky[session_key]
+        least = min(self._in_flight[i] for i in up)
+        ties = [i for i in up if self._in_flight[i] == least]
+        pick = ties[self._next % len(ties)]
+        self._next += 1
+        if session_key is not None:
+            self._sticky[session_key] = pick
+            if len(self._sticky) > MAX_STICKY_KEYS:
+                self._sticky.popitem(last=False)
+        return pick
+
+    async def _pick(self, session_key: str | None) -> int:
+        await self._revive(only_if_none_up=not self._up())
+        return self.route(session_key)
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
+        *, session_key: str | None = None, **kwargs: Any,
+    ) -> GenerateResult:
+        for _ in range(len(self.clients)):
+            i = await self._pick(session_key)
+            self._in_flight[i] += 1
+            try:
+                return await self.clients[i].generate(input_ids, sampling_params, return_logprob, rid, **kwargs)
+            except EngineUnavailable:
+                self.mark_down(i)  # and try the next server
+            finally:
+                self._in_flight[i] -= 1
+        raise EngineUnavailable(None, f"every engine failed: {self.base_urls}")
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
+        *, session_key: str | None = None, **kwargs: Any,
+    ) -> AsyncIterator[GenerateResult]:
+        for _ in range(len(self.clients)):
+            i = await self._pick(session_key)
+            self._in_flight[i] += 1
+            started = False
+            try:
+                async for chunk in self.clients[i].generate_stream(input_ids, sampling_params, return_logprob, rid, **kwargs):
+                    started = True
+                    yield chunk
+                return
+            except EngineUnavailable:
+                self.mark_down(i)
+                if started:  # the reader has tokens from this server already: no silent restart
+                    raise
+            finally:
+                self._in_flight[i] -= 1
+        raise EngineUnavailable(None, f"every engine failed: {self.base_urls}")
+
+    async def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(c, method)(*args, **kwargs) for c in self.clients)))
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
+        await self._all("update_weights_from_disk", model_path, weight_version)
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        await self._all("pause_generation", mode)
+
+    async def continue_generation(self) -> None:
+        await self._all("continue_generation")
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        await self._all("abort_request", rid, abort_all)
+
+    async def health(self) -> bool:
+        """True if any server is healthy; refreshes every server's up/down state."""
+        oks = await self._all("health")
+        for i, ok in enumerate(oks):
+            if ok:
+                self._down_until[i] = 0.0
+            else:
+                self.mark_down(i)
+        return any(oks)
+
+    async def model_info(self) -> dict:
+        return await self.clients[await self._pick(None)].model_info()
+
+    async def server_info(self) -> dict:
+        return await self.clients[await self._pick(None)].server_info()
+
+    async def close(self) -> None:
+        await self._all("close")
+
+
+# ------------------------------------------------------------------------------------------
+# A real SGLang server (GPU machines).
+# ------------------------------------------------------------------------------------------
+
+
+def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", **flags: Any) -> list[str]:
+    """``python -m sglang.launch_server`` argv. ``tp_size=2`` -> ``--tp-size 2``; True -> bare
+    flag; False/None -> omitted; a list -> the flag followed by every value."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host, "--port", str(port)]
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            cmd.append(flag)
+        elif isinstance(value, (list, tuple)):
+            cmd += [flag, *map(str, value)]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def launch_sglang_server(model_path: str, port: int, *, host: str = "127.0.0.1", timeout_s: float = 900,
+                         log_path: str | None = None, **flags: Any) -> EngineProcess:
+    """Start SGLang in its own process group and wait until ``/health`` answers 200."""
+    if importlib.util.find_spec("sglang") is None:
+        raise RuntimeError("sglang is not installed in this environment (it needs CUDA; on a GPU machine "
+                           "`pip install sglang`); use launch_embedded_engine on CPU")
+    run_dir = tempfile.mkdtemp(prefix="areal-sglang-")
+    log_path = log_path or os.path.join(run_dir, "sglang.log")
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(sglang_command(model_path, port, host, **flags), stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://{host}:{port}"
+    proc = EngineProcess(popen, url, log_path, scratch_dir=None)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if popen.poll() is not None:
+            raise RuntimeError(f"sglang exited with {popen.returncode}; log tail:\n{log_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            pass  # not listening yet: poll again until the deadline
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise TimeoutError(f"sglang not healthy after {timeout_s}s; log tail:\n{log_tail(log_path)}")
+        time.sleep(1.0)

@@ -1,0 +1,169 @@
+"""Sampling for the embedded engine: SGLang's ``sampling_params`` validated, and one token per row.
+
+Invariants:
+- Validation follows SGLang (shared/notes/sglang_api.md): unknown keys are a 400 naming the key;
+  valid SGLang keys that the embedded engine does not implement are accepted only at their
+  SGLang default value (a no-op), any other value is a 400 naming the key.
+- Logprobs are ``log_softmax(logits / temperature)`` over the full vocabulary, i.e. temperature
+  scaled and taken *before* top-k/top-p/min-p truncation; for temperature < 1e-6 (greedy) they
+  are ``log_softmax(logits)``. The trainer computes the same quantity for its behaviour logprobs.
+  Top logprobs come from the same distribution.
+- Truncation is SGLang's torch sampler's: top-k by rank, top-p on the untruncated cumulative
+  mass, min-p relative to the most likely token; the most likely token always survives.
+- Sampling is Gumbel-max with one ``torch.Generator`` per request, advanced once per token of
+  that request only, so a seeded request samples the same tokens whatever shares its batch.
+
+Covered: max_new_tokens, temperature, top_p, top_k, min_p, stop (strings), stop_token_ids,
+ignore_eos, n, sampling_seed. Not covered: penalties, logit_bias, constrained decoding,
+min_new_tokens, stop_regex (all 400 unless at their default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GREEDY_EPS = 1e-6
+TOP_K_ALL = 1 << 30
+MAX_STOP_STRINGS = 32
+SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
+                  "ignore_eos", "sampling_seed", "n"}
+# Valid SGLang sampling keys we do not implement, with the values that make them a no-op.
+UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "stop_regex": (None, "", []),
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,), "json_schema": (None,), "regex": (None,), "ebnf": (None,),
+    "structural_tag": (None,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "no_stop_trim": (False,),
+    "stream_interval": (None,), "logit_bias": (None, {}), "custom_params": (None, {}),
+    "beam_width": (None, 0, 1), "watermark": (None, False), "choice": (None,),
+}
+
+
+class RequestError(ValueError):
+    """A request that violates the protocol; answered with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL  # -1 and 2^30 both mean the whole vocabulary
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+    n: int = 1
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> SamplingParams:
+    """Validate one ``sampling_params`` dict as SGLang does; raises RequestError naming the key."""
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_params must be an object")
+    for key, value in raw.items():
+        if key in UNSUPPORTED_DEFAULTS:
+            if value not in UNSUPPORTED_DEFAULTS[key]:
+                raise RequestError(f"sampling_params.{key} is not supported by the embedded engine")
+        elif key not in SUPPORTED_KEYS:
+            raise RequestError(f"Unknown sampling parameter: {key}")
+    room = context_len - prompt_len
+    max_new = raw.get("max_new_tokens", 128)
+    max_new = room if max_new is None else max_new  # null means "until the context is full"
+    if not is_int(max_new) or max_new < 0:
+        raise RequestError(f"sampling_params.max_new_tokens must be a non-negative int, got {max_new!r}")
+    temperature = raw.get("temperature", 1.0)
+    if not _is_number(temperature) or temperature < 0:
+        raise RequestError(f"sampling_params.temperature must be >= 0, got {temperature!r}")
+    top_p = raw.get("top_p", 1.0)
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        raise RequestError(f"sampling_params.top_p must be in (0, 1], got {top_p!r}")
+    top_k = raw.get("top_k", TOP_K_ALL)
+    if not is_int(top_k) or (top_k < 1 and top_k != -1):
+        raise RequestError(f"sampling_params.top_k must be -1 or >= 1, got {top_k!r}")
+    min_p = raw.get("min_p", 0.0)
+    if not _is_number(min_p) or not 0 <= min_p <= 1:
+        raise RequestError(f"sampling_params.min_p must be in [0, 1], got {min_p!r}")
+    stop = raw.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
+        raise RequestError(f"sampling_params.stop must be a string or a list of at most {MAX_STOP_STRINGS} strings")
+    stop_ids = raw.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(is_int(t) for t in stop_ids):
+        raise RequestError("sampling_params.stop_token_ids must be a list of ints")
+    ignore_eos = raw.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError("sampling_params.ignore_eos must be a bool")
+    seed = raw.get("sampling_seed")
+    if seed is not None and not is_int(seed):
+        raise RequestError("sampling_params.sampling_seed must be an int")
+    n = raw.get("n", 1)
+    if not is_int(n) or n < 1:
+        raise RequestError(f"sampling_params.n must be an int >= 1, got {n!r}")
+    return SamplingParams(
+        max_new_tokens=min(max_new, room),  # SGLang clamps to the context as well
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=TOP_K_ALL if top_k == -1 else top_k,
+        min_p=float(min_p),
+        stop=tuple(s for s in stop if s),
+        stop_token_ids=frozenset(stop_ids),
+        ignore_eos=ignore_eos,
+        sampling_seed=seed,
+        n=n,
+    )
+
+
+@dataclass
+class Sampled:
+    """One decode step's choices for a batch. ``top_*`` are (B, K) or None when nobody asked."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[float]] | None = None
+    top_ids: list[list[int]] | None = None
+
+
+def sample_next(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_n: int = 0
+) -> Sampled:
+    """Per-row sampling, vectorised over the batch. logits: (B, V) fp32."""
+    temps = torch.tensor([p.temperature for p in params])
+    greedy = temps < GREEDY_EPS
+    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)  # (B, V)
+    choice = logits.argmax(dim=-1)
+    if not bool(greedy.all()):
+        vocab = logits.shape[-1]
+        top_p = torch.tensor([p.top_p for p in params])
+        top_k = torch.tensor([min(p.top_k, vocab) for p in params])
+        min_p = torch.tensor([p.min_p for p in params])
+        masked = logprobs
+        # The sort over the vocabulary is most of the sampling cost: skip it when no row truncates
+        # (plain temperature sampling, the usual RL setting).
+        if bool((top_p < 1).any() or (top_k < vocab).any() or (min_p > 0).any()):
+            sorted_lp, order = logprobs.sort(dim=-1, descending=True)  # (B, V)
+            probs = sorted_lp.exp()
+            keep = (probs.cumsum(-1) - probs) <= top_p[:, None]
+            keep &= torch.arange(vocab)[None, :] < top_k[:, None]
+            keep &= probs >= (probs[:, :1] * min_p[:, None])
+            masked = torch.full_like(logprobs, -float("inf")).scatter(1, order, sorted_lp.masked_fill(~keep, -float("inf")))
+        # Gumbel-max with one generator per request: reproducible whatever shares the batch.
+        noise = torch.stack([torch.rand(vocab, generator=g) for g in generators]).clamp_(min=1e-20)
+        sampled = (masked - torch.log(-torch.log(noise))).argmax(dim=-1)
+        choice = torch.where(greedy, choice, sampled)
+    out = Sampled(choice.tolist(), logprobs.gather(1, choice[:, None]).squeeze(1).tolist())
+    if top_n > 0:
+        values, ids = logprobs.topk(min(top_n, logprobs.shape[-1]), dim=-1)  # (B, K)
+        out.top_logprobs, out.top_ids = values.tolist(), ids.tolist()
+    return out

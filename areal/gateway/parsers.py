@@ -1,0 +1,398 @@
+"""Tool-call and reasoning parsers: model text -> content, reasoning and tool calls.
+
+One incremental scanner (``StreamParser``) serves both paths; ``parse_output`` is that scanner fed
+the whole text at once. The streaming path is therefore the non-streaming path by construction,
+and the property test checks what is left to check: the result does not depend on how the text
+was cut into deltas.
+
+    text ──► CONTENT ──<think>──► REASONING ──</think>──► CONTENT
+                │  opener of a span (<tool_call>, <｜tool▁calls▁begin｜>) ──► SPAN ──closer──► CONTENT
+                │  opener of a tail ([TOOL_CALLS], <|python_tag|>, llama3 "{" first) ──► TAIL (to the end)
+
+Formats (``tool_parser``):
+- ``qwen25`` / ``hermes`` (same grammar): ``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>``,
+  any number of spans (parallel calls), text allowed around them.
+- ``llama3``: ``{"name": N, "parameters": {...}}`` as the whole message (first non-blank char ``{``),
+  or after ``<|python_tag|>``; several separated by ``;``.
+- ``mistral``: ``[TOOL_CALLS][{"name": N, "arguments": {...}}, ...]`` or the newer
+  ``[TOOL_CALLS]N[ARGS]{...}`` (repeated for parallel calls); everything after the marker is calls.
+- ``deepseekv3``: ``<｜tool▁calls▁begin｜>`` then per call ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>N``
+  ``\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``.
+- Reasoning (``reasoning_parser="think"``): the first ``<think>...</think>`` block (anywhere outside
+  a tool span) is reasoning; an unclosed block runs to the end of the text. Tags inside reasoning
+  are reasoning text (no tool calls are parsed there).
+
+Invariants:
+- Never raises on model text. A span or tail that does not parse (bad JSON, not an object, no
+  string ``name``, arguments not an object, NaN/Infinity, lone surrogates) stays in ``content``
+  verbatim, tags and surrounding whitespace included. An unclosed span is content too.
+- Whitespace touching a tag belongs to the tag: trailing whitespace before an opener and leading
+  whitespace after a closer are dropped, and reasoning is stripped. (Inline "a <tool_call>..
+  </tool_call> b" therefore gives content "ab": models put calls on their own lines.)
+- Streaming: ``feed`` returns only text that no later delta can turn into a tag; it holds back a
+  suffix that could begin a marker, trailing whitespace, and everything inside a span or tail.
+  Concatenated events of ``feed`` + ``finish`` equal ``finish``'s ``ParsedOutput`` (content and
+  reasoning), and that equals ``parse_output`` of the whole text up to the random ``ToolCall.id``.
+- ``ToolCall.arguments`` is the compact JSON (``separators=(",", ":")``, non-ASCII kept) of the
+  parsed object, so equal arguments compare equal as text.
+
+Not covered: Llama-3.2 pythonic calls (``[f(a=1)]``), DeepSeek-V3.1's ``N<｜tool▁sep｜>{...}`` form,
+checking names against the request's ``tools`` (the caller's job), and a reasoning block that starts
+in the prompt (``</think>`` without ``<think>`` in the output is plain text).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+
+TOOL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "llama3", "mistral", "deepseekv3")
+REASONING_PARSERS: tuple[str, ...] = ("think",)  # <think>...</think> (Qwen3/DeepSeek-R1 style)
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+QWEN_OPEN, QWEN_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+LLAMA_OPEN = "<|python_tag|>"
+# DeepSeek's markers use FULLWIDTH VERTICAL LINE (U+FF5C) and LOWER ONE EIGHTH BLOCK (U+2581).
+DS_CALLS_OPEN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+DS_CALLS_CLOSE = "<\uff5ctool\u2581calls\u2581end\uff5c>"
+DS_CALL_OPEN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
+DS_CALL_CLOSE = "<\uff5ctool\u2581call\u2581end\uff5c>"
+DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    id: str  # "call_" + 24 random hex chars
+    name: str
+    arguments: str  # JSON object text (compact json.dumps of the parsed object)
+
+
+class ParsedOutput(msgspec.Struct):
+    content: str  # text outside tool calls and reasoning, tags removed
+    reasoning: str | None = None  # text inside <think>...</think>; None when absent
+    tool_calls: list[ToolCall] = []
+
+
+class StreamEvent(msgspec.Struct):
+    kind: str  # "content" | "reasoning"
+    text: str
+
+
+def new_call_id() -> str:
+    """A fresh tool-call id in OpenAI's shape: ``call_`` + 24 hex chars."""
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_output(text: str, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> ParsedOutput:
+    """Split a finished model output into content, reasoning and tool calls (never raises on text)."""
+    parser = StreamParser(tool_parser, reasoning_parser)
+    parser.feed(text)
+    return parser.finish()[1]
+
+
+# ---- JSON helpers: strict enough that whatever they accept re-serialises as valid JSON -----------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite JSON constant {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf, which json.dumps writes as "Infinity"
+        raise ValueError(f"non-finite number {text}")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone "\\ud800" escape cannot be encoded as UTF-8
+_WS = re.compile(r"\s*")
+
+
+def _decode_at(text: str, pos: int) -> tuple[Any, int] | None:
+    """One JSON value starting at ``text[pos]`` (whitespace skipped) and the index after it."""
+    pos = _WS.match(text, pos).end()
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except (ValueError, RecursionError):  # deliberate: bad model JSON is plain text, not an error
+        return None
+
+
+def _decode_all(text: str) -> Any | None:
+    """A JSON value that is the whole of ``text`` (surrounding whitespace allowed), else None."""
+    got = _decode_at(text, 0)
+    if got is None or text[got[1]:].strip():
+        return None
+    return got[0]
+
+
+def _make_call(name: Any, args: Any) -> ToolCall | None:
+    if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
+        return None
+    arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    if _SURROGATE.search(arguments) or _SURROGATE.search(name):
+        return None
+    return ToolCall(id=new_call_id(), name=name.strip(), arguments=arguments)
+
+
+def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ToolCall | None:
+    """``{"name": N, <args key>: {...}}`` -> ToolCall; a missing arguments key means ``{}``."""
+    if not isinstance(obj, dict):
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), {})
+    return _make_call(obj.get("name"), args)
+
+
+def _all_or_none(calls: list[ToolCall | None]) -> list[ToolCall] | None:
+    if not calls or any(c is None for c in calls):
+        return None
+    return calls  # type: ignore[return-value]
+
+
+# ---- one parser per format: the text of a span or tail -> calls, or None when malformed ----------
+
+
+def _parse_qwen(inner: str) -> list[ToolCall] | None:
+    return _all_or_none([_call_from_object(_decode_all(inner), ("arguments",))])
+
+
+_DS_CALL = re.compile(
+    rf"\s*{re.escape(DS_CALL_OPEN)}(?P<kind>[^\n]*?){re.escape(DS_SEP)}(?P<name>[^\n]*?)"
+    rf"\s*```(?:json)?\s*(?P<args>.*?)\s*```\s*{re.escape(DS_CALL_CLOSE)}",
+    re.DOTALL,
+)
+
+
+def _parse_deepseek(inner: str) -> list[ToolCall] | None:
+    calls: list[ToolCall | None] = []
+    pos = 0
+    while inner[pos:].strip():
+        m = _DS_CALL.match(inner, pos)
+        if m is None or m.group("kind").strip() != "function":
+            return None
+        calls.append(_make_call(m.group("name"), _decode_all(m.group("args"))))
+        pos = m.end()
+    return _all_or_none(calls)
+
+
+def _parse_llama(body: str) -> list[ToolCall] | None:
+    calls: list[ToolCall | None] = []
+    pos = 0
+    while True:
+        got = _decode_at(body, pos)
+        if got is None:
+            return None
+        calls.append(_call_from_object(got[0], ("parameters", "arguments")))
+        pos = _WS.match(body, got[1]).end()
+        if pos < len(body):
+            if body[pos] != ";":  # two calls must be separated by ';'
+                return None
+            pos = _WS.match(body, pos + 1).end()
+        if pos == len(body):  # a trailing ';' is allowed
+            return _all_or_none(calls)
+
+
+def _parse_mistral(body: str) -> list[ToolCall] | None:
+    if body.lstrip().startswith("["):
+        items = _decode_all(body)
+        if not isinstance(items, list):
+            return None
+        return _all_or_none([_call_from_object(item, ("arguments",)) for item in items])
+    calls: list[ToolCall | None] = []
+    for segment in body.split(MISTRAL_OPEN):  # newer form: N[ARGS]{...} per marker
+        name, sep, args = segment.partition(MISTRAL_ARGS)
+        if not sep:
+            return None
+        calls.append(_make_call(name.partition(MISTRAL_CALL_ID)[0], _decode_all(args)))
+    return _all_or_none(calls)
+
+
+# ---- the scanner ----------------------------------------------------------------------------------
+
+_CONTENT, _REASONING, _SPAN, _TAIL = "content", "reasoning", "span", "tail"
+_SPAN_CLOSER = {QWEN_OPEN: QWEN_CLOSE, DS_CALLS_OPEN: DS_CALLS_CLOSE}
+_TOOL_OPENERS = {
+    "qwen25": (QWEN_OPEN,),
+    "hermes": (QWEN_OPEN,),
+    "llama3": (LLAMA_OPEN,),
+    "mistral": (MISTRAL_OPEN,),
+    "deepseekv3": (DS_CALLS_OPEN,),
+}
+
+
+def _check_names(tool_parser: str | None, reasoning_parser: str | None) -> None:
+    if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+        raise ValueError(f"unknown tool_parser {tool_parser!r}; choose one of {', '.join(TOOL_PARSERS)} or None")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning_parser {reasoning_parser!r}; choose one of {', '.join(REASONING_PARSERS)} or None"
+        )
+
+
+@lru_cache(maxsize=None)
+def _prefix_pattern(markers: tuple[str, ...]) -> tuple[re.Pattern[str], int]:
+    """A regex matching, at the end of a text, any proper prefix of a marker; and the longest one."""
+    prefixes = sorted({m[:k] for m in markers for k in range(1, len(m))}, key=len, reverse=True)
+    if not prefixes:
+        return re.compile(r"(?!)"), 0
+    return re.compile("(?:" + "|".join(map(re.escape, prefixes)) + r")\Z"), max(map(len, prefixes))
+
+
+def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some marker."""
+    pattern, longest = _prefix_pattern(markers)
+    m = pattern.search(text, max(0, len(text) - longest))  # leftmost match = longest suffix
+    return len(text) - m.start() if m else 0
+
+
+class StreamParser:
+    """Incremental parser: ``feed`` deltas as they are sampled, then ``finish`` once."""
+
+    def __init__(self, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> None:
+        _check_names(tool_parser, reasoning_parser)
+        self._tool = tool_parser
+        self._think = reasoning_parser is not None
+        self._buf = ""  # text not yet consumed: held back, or inside a span/tail
+        self._state = _CONTENT
+        self._skip_ws = False  # drop leading whitespace (after a closer, inside reasoning)
+        self._think_done = False  # only the first <think> block is reasoning
+        self._at_start = True  # llama3: no content yet, so a leading "{" opens a tail
+        self._raw = ""  # whitespace + opener of the current span/tail, restored if it is malformed
+        self._closer = ""  # closer of the current span
+        self._scan_from = 0  # where the span's closer search resumes
+        self._content: list[str] = []
+        self._reasoning: list[str] | None = None
+        self._calls: list[ToolCall] = []
+        self._events: list[StreamEvent] = []
+        self._finished = False
+
+    def feed(self, delta: str) -> list[StreamEvent]:
+        """Consume ``delta``; return the content/reasoning text that is safe to emit now."""
+        if self._finished:
+            raise RuntimeError("StreamParser.feed after finish")
+        self._buf += delta
+        while self._step(final=False):
+            pass
+        return self._take_events()
+
+    def finish(self) -> tuple[list[StreamEvent], ParsedOutput]:
+        """Flush held-back text, parse any open span/tail; the result equals ``parse_output``."""
+        if not self._finished:
+            while self._step(final=True):
+                pass
+            self._finished = True
+        reasoning = None if self._reasoning is None else "".join(self._reasoning)
+        return self._take_events(), ParsedOutput("".join(self._content), reasoning, list(self._calls))
+
+    # ---- internals ----
+
+    def _take_events(self) -> list[StreamEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _emit(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        (self._content if kind == _CONTENT else self._reasoning).append(text)  # type: ignore[union-attr]
+        if self._events and self._events[-1].kind == kind:
+            self._events[-1].text += text
+        else:
+            self._events.append(StreamEvent(kind, text))
+
+    def _markers(self) -> tuple[str, ...]:
+        if self._state == _REASONING:
+            return (THINK_CLOSE,)
+        markers = _TOOL_OPENERS[self._tool] if self._tool else ()
+        if self._think and not self._think_done:
+            markers += (THINK_OPEN,)
+        return markers
+
+    def _step(self, final: bool) -> bool:
+        """Advance once; True when a transition happened and the loop should run again."""
+        if self._skip_ws:
+            stripped = self._buf.lstrip()
+            if not stripped and not final:
+                self._buf = ""
+                return False  # still inside the whitespace run: keep skipping next time
+            self._buf, self._skip_ws = stripped, False
+        if self._state == _SPAN:
+            return self._step_span(final)
+        if self._state == _TAIL:
+            if final:
+                self._close_tail()
+            return False
+        if self._state == _CONTENT and self._tool == "llama3" and self._at_start:
+            head = self._buf.lstrip()
+            if not head and not final:
+                return False  # only whitespace so far: cannot tell yet
+            self._at_start = False
+            if head.startswith("{"):
+                self._raw, self._buf, self._state = "", self._buf, _TAIL
+                return True
+        return self._step_text(final)
+
+    def _step_text(self, final: bool) -> bool:
+        kind = self._state
+        markers = self._markers()
+        found = [(i, m) for m in markers if (i := self._buf.find(m)) >= 0]
+        if found:
+            i, marker = min(found)
+            before = self._buf[:i]
+            kept = before.rstrip()
+            self._emit(kind, kept)
+            self._buf = self._buf[i + len(marker):]
+            if marker == THINK_CLOSE:
+                self._state, self._think_done, self._skip_ws = _CONTENT, True, True
+                self._at_start = not self._content
+            elif marker == THINK_OPEN:
+                self._state, self._skip_ws, self._reasoning = _REASONING, True, []
+            else:
+                self._raw = before[len(kept):] + marker
+                self._state = _SPAN if marker in _SPAN_CLOSER else _TAIL
+                self._closer = _SPAN_CLOSER.get(marker, "")
+                self._scan_from = 0
+            return True
+        if final:
+            self._emit(kind, self._buf)
+            self._buf = ""
+            return False
+        head = self._buf[: len(self._buf) - _held_suffix(self._buf, markers)]
+        kept = head.rstrip()  # trailing whitespace may still turn out to touch a tag
+        self._emit(kind, kept)
+        self._buf = self._buf[len(kept):]
+        return False
+
+    def _step_span(self, final: bool) -> bool:
+        closer = self._closer
+        i = self._buf.find(closer, self._scan_from)
+        if i < 0:
+            if final:
+                self._emit(_CONTENT, self._raw + self._buf)  # unclosed: plain text
+                self._buf, self._state = "", _CONTENT
+            else:
+                self._scan_from = max(0, len(self._buf) - len(closer) + 1)
+            return False
+        inner, self._buf = self._buf[:i], self._buf[i + len(closer):]
+        calls = _parse_qwen(inner) if closer == QWEN_CLOSE else _parse_deepseek(inner)
+        if calls is None:
+            self._emit(_CONTENT, self._raw + inner + closer)
+        else:
+            self._calls.extend(calls)
+            self._skip_ws = True
+        self._state = _CONTENT
+        return True
+
+    def _close_tail(self) -> None:
+        body, self._buf = self._buf, ""
+        calls = _parse_mistral(body) if self._tool == "mistral" else _parse_llama(body)
+        if calls is None:
+            self._emit(_CONTENT, self._raw + body)
+        else:
+            self._calls.extend(calls)
+        self._state = _CONTENT
