@@ -50,7 +50,7 @@ from areal.engine.client import EngineClient, launch_embedded_engine
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.plots import plot_reward_curve
-from areal.process import log_tail, stop_group
+from areal.process import die_with_parent, log_tail, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
 from areal.trainer import TrainerConfig
 from sandbox.zygote import Zygote
@@ -258,7 +258,7 @@ class Controller:
         log = open(self.run_dir / "trainer.log", "ab")
         return subprocess.Popen(
             [sys.executable, "-m", "areal.trainer", "--config", str(path)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
 
     # ---- rollouts -------------------------------------------------------------------------
@@ -269,24 +269,29 @@ class Controller:
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
         next_prompt = 0
         tasks: set[asyncio.Task] = set()
-        while self.accepted_groups < total:
-            if self.failure:
-                break
-            while (
-                self.accepted_groups + self.inflight_groups < min(total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step)
-                and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples)
-            ):
-                idx = order[next_prompt % len(order)]
-                group_id = f"g{next_prompt}-p{idx}"
-                next_prompt += 1
-                self.inflight_groups += 1
-                task = asyncio.create_task(self._run_group(runner, gateway, ring, group_id, problems[idx]))
-                tasks.add(task)
-                task.add_done_callback(self._group_done)
-                task.add_done_callback(tasks.discard)
-            await self._wait()
-        for t in tasks:
-            t.cancel()
+        try:
+            while self.accepted_groups < total:
+                if self.failure:
+                    break
+                while (
+                    self.accepted_groups + self.inflight_groups < min(total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step)
+                    and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples)
+                ):
+                    idx = order[next_prompt % len(order)]
+                    group_id = f"g{next_prompt}-p{idx}"
+                    next_prompt += 1
+                    self.inflight_groups += 1
+                    task = asyncio.create_task(self._run_group(runner, gateway, ring, group_id, problems[idx]))
+                    tasks.add(task)
+                    task.add_done_callback(self._group_done)
+                    task.add_done_callback(tasks.discard)
+                await self._wait()
+        finally:
+            # Also on Ctrl-C / SIGTERM (cancellation): no episode may outlive the loop and keep
+            # the gateway and engine busy while the run shuts down.
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _group_done(self, task: asyncio.Task) -> None:
         self.inflight_groups -= 1

@@ -1,14 +1,29 @@
 """Helpers for the child processes this project starts (engine, trainer, zygote).
 
 Every child is started as the leader of its own process group (``start_new_session=True``), so
-it and anything it forked are stopped together, by process group, never by name.
+it and anything it forked are stopped together, by process group, never by name. Every child
+also asks the kernel for SIGTERM when its parent dies (``die_with_parent``), so a controller
+killed with SIGKILL leaves no engine or trainer behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for ``subprocess.Popen``: SIGTERM this child when the parent exits.
+
+    The kernel tracks the parent *thread*: start children from the thread that outlives them
+    (the main thread here), not from a short-lived worker thread.
+    """
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def stop_group(popen: subprocess.Popen, grace_s: float = 10.0) -> None:

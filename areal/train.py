@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -26,9 +30,21 @@ def main(cfg: DictConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    summary = asyncio.run(train(config, run_dir))
+    try:
+        summary = asyncio.run(_until_signalled(train(config, run_dir)))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # Every child (engine, trainer, sandboxes) was stopped on the way out; say where things are.
+        print(f"\nrun interrupted; partial results in {run_dir}", file=sys.stderr)
+        raise SystemExit(130) from None
     _print_summary(summary)
     return summary
+
+
+async def _until_signalled(run: Coroutine[Any, Any, dict]) -> dict:
+    """Run ``run``; SIGTERM cancels it like Ctrl-C does, so every child is stopped on the way out."""
+    task = asyncio.ensure_future(run)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await task
 
 
 def _print_summary(s: dict) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from areal.process import log_tail, stop_group
+from areal.process import die_with_parent, log_tail, stop_group
 
 
 class EngineError(Exception):
@@ -375,7 +375,7 @@ def launch_embedded_engine(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=env, start_new_session=True)
+                                 env=env, start_new_session=True, preexec_fn=die_with_parent)
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(ready):
         failure = None

@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult
-from areal.process import log_tail
+from areal.process import die_with_parent, log_tail
 
 MAX_STICKY_KEYS = 100_000
 
@@ -203,7 +203,8 @@ def launch_sglang_server(model_path: str, port: int, *, host: str = "127.0.0.1",
     log_path = log_path or os.path.join(run_dir, "sglang.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(sglang_command(model_path, port, host, **flags), stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=die_with_parent)
     url = f"http://{host}:{port}"
     proc = EngineProcess(popen, url, log_path, scratch_dir=None)
     deadline = time.monotonic() + timeout_s
