@@ -8,15 +8,22 @@ path (``agents/openai_math.py``). File paths exist because the OpenAI Agents SDK
 top-level package name ``agents``: our example folder of that name is therefore not importable as
 a package, and is loaded by path under a private module name instead. ATTR names a class
 (instantiated with no arguments), an object with an async ``run`` method, or an async function.
+
+``exec:PATH`` names a program instead (any language, e.g. agents/shell_agent.sh): the row as
+JSON on stdin, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` (and the Anthropic pair, in the sandbox)
+in its environment, its result as the last line of stdout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import math
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -25,11 +32,14 @@ from typing import Any, Awaitable, Callable
 from areal.protocol import EpisodeOutcome
 
 AgentRun = Callable[..., Awaitable[Any]]
+EXEC_PREFIX = "exec:"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_agent(spec: str) -> AgentRun:
     """Resolve an agent spec to its async ``run(data, **extra_kwargs)`` callable."""
+    if spec.startswith(EXEC_PREFIX):
+        return executable_agent(spec[len(EXEC_PREFIX):])
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ValueError(f"agent spec must be TARGET:ATTR (a module or .py file, then a name), got {spec!r}")
@@ -46,13 +56,48 @@ def load_agent(spec: str) -> AgentRun:
     return run
 
 
+def _resolve(target: str) -> Path:
+    path = Path(target).resolve()
+    if not path.is_file() and not Path(target).is_absolute():
+        path = (PROJECT_ROOT / target).resolve()  # the bundled examples, from any working dir
+    if not path.is_file():
+        raise ValueError(f"agent file {target!r} does not exist (looked in {Path.cwd()} and {PROJECT_ROOT})")
+    return path
+
+
+def executable_agent(target: str) -> AgentRun:
+    """An agent that is a program: each episode runs it with the dataset row as JSON on stdin;
+    the last non-empty line of its stdout is the result (a JSON number or object). Its stderr is
+    passed through (the episode log in the sandbox). A non-zero exit raises, naming the code."""
+    path = _resolve(target)
+    if not os.access(path, os.X_OK):
+        raise ValueError(f"agent spec {EXEC_PREFIX}{target}: {path} is not executable")
+
+    async def run(data: dict, *, base_url: str | None = None, api_key: str | None = None, **_: Any) -> Any:
+        env = dict(os.environ)
+        if base_url and api_key and "OPENAI_BASE_URL" not in env:  # inline mode: no relay, no variables
+            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key)
+        proc = await asyncio.create_subprocess_exec(str(path), stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, env=env)
+        try:
+            out, _ = await proc.communicate(json.dumps(data).encode())
+        finally:  # cancelled (deadline, inline timeout): do not leave the program behind
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{path.name} exited with code {proc.returncode}")
+        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+        if not lines:
+            raise RuntimeError(f"{path.name} printed no result on stdout")
+        return json.loads(lines[-1])
+
+    return run
+
+
 def _load_module(target: str) -> Any:
     if target.endswith(".py") or "/" in target:
-        path = Path(target).resolve()
-        if not path.is_file() and not Path(target).is_absolute():
-            path = (PROJECT_ROOT / target).resolve()  # the bundled examples, from any working dir
-        if not path.is_file():
-            raise ValueError(f"agent file {target!r} does not exist (looked in {Path.cwd()} and {PROJECT_ROOT})")
+        path = _resolve(target)
         name = f"areal_user_agent_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         if name in sys.modules:
             return sys.modules[name]

@@ -3,37 +3,51 @@
     zygote (host namespaces)
       │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<episode>, fallback temp dir
       └─fork─► episode process (new session = own process group)
-                 enter(): join cgroups · unshare net (lo up) · unshare mount (private /tmp
-                 tmpfs, gateway socket bound back in) · rlimits · no_new_privs · scrubbed env
-                 └─fork─► agent, PID 1 of a new PID namespace (fresh /proc, capabilities
-                          dropped); the episode process waits and forwards its exit status
+                 enter(): join cgroups · unshare net (lo up) · unshare mount (every mount made
+                 read-only, private /tmp tmpfs, empty /dev/shm tmpfs, gateway socket bound back
+                 in) · rlimits · no_new_privs · scrubbed env
+                 └─fork─► agent, PID 1 of a new PID namespace (fresh read-only /proc,
+                          capabilities dropped, then the seccomp filter of sandbox/seccomp.py);
+                          the episode process waits and forwards its exit status
       release(): SIGKILL whatever is left in the cgroup, rmdir it (zygote, after the reap)
 
 Each layer is probed once at zygote start (``probe`` tries it in a throwaway child); a layer
 the kernel refuses is skipped for every episode and reported as a warning naming it, never
 silently. A layer that probed fine but fails for an episode raises: the episode errors.
 
-What is covered:
+What is covered (each line has an attack in tests/test_sandbox_attacks.py):
 - network: no interface but its own loopback; the host's loopback ports (gateway HTTP, engine)
-  are unreachable. The only way out is the gateway's ipc:// socket *file* (a filesystem path;
-  the abstract namespace is per network namespace, so ``ipc://@name`` would not work).
-- processes: own session/process group, PID namespace (everything dies with the agent, so a
-  deadline kill leaves nothing behind even when a child calls setsid), pids cgroup.
-- memory: cgroup v1 memory limit (OOM kills are reported as "oom"), RLIMIT_AS.
-- CPU time, open files, file size (also caps the per-episode log), no core dumps.
-- files: a private tmpfs on /tmp (HOME and TMPDIR point there); secrets in the controller's
-  environment are not inherited (allow-list below).
+  and outside addresses are unreachable. The only way out is the gateway's ipc:// socket *file*
+  (a filesystem path; the abstract namespace is per network namespace), where the agent's
+  session key is the only key it holds.
+- processes: own session/process group, PID namespace (no other process is visible, so none
+  can be signalled, ptraced or have its /proc/<pid>/environ read; everything dies with the
+  agent, so a daemonised grandchild or a deadline kill leaves nothing behind), pids cgroup
+  (fork bombs stop at ``max_pids``).
+- memory: cgroup v1 memory limit (OOM kills are reported as "oom"; tmpfs pages count too),
+  RLIMIT_AS.
+- CPU time (RLIMIT_CPU and the wall-clock deadline), open files, file size (also caps the
+  per-episode log, so a stdout flood ends with EFBIG), no core dumps.
+- files: every mount is read-only (mount_setattr AT_RECURSIVE) except a private size-capped
+  tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on /dev/shm, so the trainer's
+  shared-memory rings are invisible; /proc is the namespace's own, read-only. Secrets in the
+  controller's environment are not inherited (allow-list below).
 - privileges: no_new_privs; all capabilities dropped in the agent (bounding set included), so
-  root inside cannot remount, raise rlimits or leave its cgroup.
+  root inside cannot remount, raise rlimits or leave its cgroup; a seccomp deny-list (ptrace,
+  mount, namespaces, kernel modules, bpf, keyrings, io_uring, ...; see sandbox/seccomp.py).
 
 What is not covered:
-- the agent still runs as uid 0 without a user namespace: files owned by root outside /tmp are
-  writable (no read-only root filesystem, no seccomp filter, no chroot).
+- the agent runs as uid 0 without a user namespace: the read-only mounts, dropped capabilities
+  and seccomp are what keep it from root's powers; a kernel bug in an allowed syscall is not
+  contained (no VM, no gVisor).
 - RLIMIT_NPROC is not enforced for root; the pids cgroup is the effective process limit.
-- CPU shares/quotas (no cpu cgroup); the deadline bounds wall time instead.
+- CPU shares/quotas (no cpu cgroup): a spinning agent takes a core until its deadline.
+- disk bandwidth; the per-episode log on the host disk is bounded only by RLIMIT_FSIZE.
 - the cgroup v2 hierarchy (only v1 controllers are used; v2-only hosts skip the cgroup layer).
+- readable files: everything world-readable on the host's filesystem (outside /tmp) can be
+  read, e.g. the project's code and model files; only writing is prevented.
 - anything under /tmp that the agent module imports lazily after the fork is hidden by the
-  private /tmp (the module itself is imported by the zygote before).
+  private /tmp unless it is on sys.path (the module itself is imported by the zygote before).
 """
 
 from __future__ import annotations
@@ -51,9 +65,15 @@ import struct
 import tempfile
 from dataclasses import dataclass, field
 
+from sandbox import seccomp
+
 log = logging.getLogger("sandbox.isolation")
 
-LAYERS = ("session", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "no_new_privs", "caps")
+# Probed in this order, all in one throwaway child: readonly_root after cgroup (which needs a
+# writable /sys/fs/cgroup), and before caps (which removes the right to remount).
+LAYERS = ("session", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root", "no_new_privs",
+          "caps", "seccomp")
+LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied only on top of those
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
 # Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
@@ -66,6 +86,7 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64, Linux >= 5.12
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -82,6 +103,7 @@ class SandboxConfig:
     memory_limit_bytes: int | None = 2 << 30  # cgroup memory.limit_in_bytes per episode
     max_pids: int | None = 256  # cgroup pids.max per episode (threads count)
     tmp_size_bytes: int = 256 << 20  # size of the private tmpfs mounted on /tmp
+    shm_size_bytes: int = 64 << 20  # size of the empty tmpfs that replaces /dev/shm
     temp_root: str = field(default_factory=tempfile.gettempdir)  # host dir for temp dirs without mountns
     log_tail_bytes: int = 4096  # how much of the episode log a failed outcome carries
     skip_layers: list[str] = field(default_factory=list)  # layers not to apply, from LAYERS
@@ -94,8 +116,11 @@ class SandboxConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"sandbox.{name} must be a positive int or None, got {value!r}")
-        if self.tmp_size_bytes <= 0 or self.log_tail_bytes < 0:
-            raise ValueError("sandbox.tmp_size_bytes must be > 0 and sandbox.log_tail_bytes >= 0")
+        for name in ("tmp_size_bytes", "shm_size_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
+        if self.log_tail_bytes < 0:
+            raise ValueError(f"sandbox.log_tail_bytes must be >= 0, got {self.log_tail_bytes}")
         if not os.path.isdir(self.temp_root):
             raise ValueError(f"sandbox.temp_root {self.temp_root!r} is not a directory")
         unknown = sorted(set(self.skip_layers) - set(LAYERS))
@@ -159,10 +184,21 @@ def _code_dirs_under_tmp() -> list[str]:
     return kept
 
 
-def _private_tmp(size: int, keep_path: str) -> None:
-    """New mount namespace with a tmpfs on /tmp. Kept visible: ``keep_path`` (the gateway socket),
-    and, read-only, the code the agent imports lazily if it lives under /tmp (without this, a
-    project cloned into /tmp would lose its own virtualenv inside the sandbox)."""
+def _readonly_everything() -> None:
+    """Make every mount of this (private) mount namespace read-only, recursively, in one call.
+    Mounts made afterwards (the tmpfs on /tmp and /dev/shm, /proc) are writable as asked."""
+    attr = struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clr, propagation, userns
+    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/",
+                       ctypes.c_uint(_AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
+    _check(rc, "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
+
+
+def _private_tmp(size: int, keep_path: str, readonly_root: bool = False, shm_size: int = 1 << 20) -> None:
+    """New mount namespace with a tmpfs on /tmp and an empty one on /dev/shm (the trainer's
+    rings and other processes' segments live there). Kept visible: ``keep_path`` (the gateway
+    socket), and, read-only, the code the agent imports lazily if it lives under /tmp (without
+    this, a project cloned into /tmp would lose its own virtualenv inside the sandbox). With
+    ``readonly_root`` everything else is read-only too."""
     keep = os.path.realpath(keep_path) if keep_path else ""
     _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # keep our mounts from propagating to the host
@@ -171,7 +207,11 @@ def _private_tmp(size: int, keep_path: str) -> None:
     binds = [(d, os.open(d, os.O_PATH), True) for d in _code_dirs_under_tmp()]
     if keep.startswith("/tmp/"):
         binds.append((keep, os.open(keep, os.O_PATH), False))
+    if readonly_root:
+        _readonly_everything()
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=1777")
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, f"size={shm_size},mode=1777")
     for path, fd, is_dir in binds:
         if is_dir:
             os.makedirs(path, exist_ok=True)
@@ -232,6 +272,9 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
     available, warnings = [], []
     for line in report.splitlines():
         layer, _, error = line.partition("=")
+        need = LAYER_NEEDS.get(layer)
+        if need and not error and (need in config.skip_layers or need not in available):
+            error = f"needs the {need} layer"
         if layer in config.skip_layers:
             warnings.append(f"{layer}: skipped by sandbox.skip_layers")
         elif error:
@@ -240,6 +283,8 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
             available.append(layer)
     for warning in warnings:
         log.warning("isolation layer %s", warning)
+    if "seccomp" in available:
+        seccomp.compile_filter()  # once here, in the zygote: episodes only load the program
     return available, warnings
 
 
@@ -251,6 +296,10 @@ def _probe_layer(layer: str, config: SandboxConfig) -> None:
         _loopback_up()
     elif layer == "mountns":
         _private_tmp(1 << 20, "")
+    elif layer == "readonly_root":  # a namespace of its own: never touch the host's mount table
+        _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        _readonly_everything()
     elif layer == "pidns":
         _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
         pid = os.fork()
@@ -269,6 +318,8 @@ def _probe_layer(layer: str, config: SandboxConfig) -> None:
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     elif layer == "caps":
         _drop_capabilities()
+    elif layer == "seccomp":
+        seccomp.install_filter()
     # "env" needs no kernel support
 
 
@@ -320,7 +371,8 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
         _loopback_up()
     home = res.host_tmp
     if "mountns" in layers:
-        _private_tmp(config.tmp_size_bytes, gateway_path)
+        _private_tmp(config.tmp_size_bytes, gateway_path, readonly_root="readonly_root" in layers,
+                     shm_size=config.shm_size_bytes)
         home = "/tmp"
     if "rlimits" in layers:
         _rlimits(config)
@@ -332,14 +384,15 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     return home
 
 
-def fork_into_pid_namespace(mount_proc: bool) -> None:
+def fork_into_pid_namespace(mount_proc: bool, readonly_proc: bool = False) -> None:
     """Returns only in the new namespace's PID 1; the caller's process waits and mirrors its end."""
     _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
     pid = os.fork()
     if pid == 0:
         set_parent_death_signal()
         if mount_proc:  # a /proc that shows only this namespace (needs our private mounts)
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            # Read-only: uid 0 without capabilities may still write root-owned /proc/sys files.
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if readonly_proc else 0))
         return
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
@@ -352,9 +405,13 @@ def fork_into_pid_namespace(mount_proc: bool) -> None:
 
 
 def finish_agent_setup(layers: list[str]) -> None:
-    """In the agent process, last step before user code: drop every capability."""
+    """In the agent process, last steps before user code: drop every capability, then load the
+    seccomp filter (needs no_new_privs, set in ``enter``; the process is still single-threaded,
+    so the filter covers every thread the agent starts)."""
     if "caps" in layers:
         _drop_capabilities()
+    if "seccomp" in layers:
+        seccomp.install_filter()
 
 
 def oom_killed(res: EpisodeResources) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import threading
 from collections.abc import AsyncIterator
 
@@ -141,23 +142,33 @@ class ZmqTransport(httpx.AsyncBaseTransport):
 
 
 class Relay:
-    """HTTP/1.1 server on 127.0.0.1:<free port> relaying every request to the gateway."""
+    """HTTP/1.1 server on 127.0.0.1:<free port> relaying every request to the gateway.
+
+    The listening socket is bound in the caller's thread, so the port is known and connections
+    queue in the backlog at once; the serving thread sets up aiohttp without holding up the
+    agent (that set-up costs tens of milliseconds, on the spawn-to-running path otherwise).
+    """
 
     def __init__(self, gateway_addr: str) -> None:
         self.gateway_addr = gateway_addr
-        self.port = 0
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(1024)
+        self.port = self._sock.getsockname()[1]
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="sandbox-relay", daemon=True)
 
     @classmethod
-    def start(cls, gateway_addr: str) -> Relay:
-        """Start the relay thread; returns once it listens."""
+    def start(cls, gateway_addr: str, wait: bool = True) -> Relay:
+        """Start the relay thread; with ``wait``, return once it serves (else at once: requests
+        wait in the listen backlog until it does)."""
         relay = cls(gateway_addr)
         relay._thread.start()
-        relay._started.wait()
-        if relay._error is not None:
-            raise RuntimeError(f"relay failed to start: {relay._error!r}") from relay._error
+        if wait:
+            relay._started.wait()
+            if relay._error is not None:
+                raise RuntimeError(f"relay failed to start: {relay._error!r}") from relay._error
         return relay
 
     @property
@@ -168,10 +179,11 @@ class Relay:
         loop = asyncio.new_event_loop()
         try:
             runner = loop.run_until_complete(self._listen())
-        except BaseException as e:  # thread boundary: hand the failure to start()
+        except BaseException as e:  # thread boundary: hand the failure to start(), and say it
             self._error = e
             self._started.set()
-            return
+            self._sock.close()  # clients get "connection refused" rather than a hang
+            raise
         self._started.set()
         try:
             loop.run_forever()
@@ -203,7 +215,5 @@ class Relay:
         app.router.add_route("*", "/{tail:.*}", handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = runner.addresses[0][1]
+        await web.SockSite(runner, self._sock).start()
         return runner

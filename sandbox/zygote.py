@@ -19,6 +19,8 @@ Invariants:
   stderr go to ``<log-dir>/<episode>.log`` (capped by RLIMIT_FSIZE), kept only when it failed;
   its tail is attached to a failed outcome's error.
 - the deadline kills the episode's process group and cgroup; the PID namespace takes the rest.
+- an episode's memory holds no session key but its own (sandbox/keys.py), and the zygote's
+  environment is already the agents' allow-listed one (a fork inherits the exec-time block).
 
 The controller side (``Zygote``) lives here too: one module per process boundary. That is why
 this module runs past 400 lines.
@@ -48,8 +50,8 @@ import msgspec
 from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode, ZygoteInbound,
                             ZygoteOutbound, ZygoteReady, frame)
 from areal.agent import AgentRun, load_agent, outcome_from_result
-from areal.process import log_tail
-from sandbox import isolation
+from areal.process import die_with_parent, log_tail
+from sandbox import isolation, keys
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
 log = logging.getLogger("sandbox.zygote")
@@ -64,7 +66,7 @@ def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str) -> Episode
     from sandbox.relay import Relay, ZmqTransport
 
     data = json.loads(spawn.data)
-    relay = Relay.start(gateway_addr)
+    relay = Relay.start(gateway_addr, wait=False)  # the port is bound; it serves once its thread is up
     base_url = f"{relay.base_url}/v1"
     os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key,
                       ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key)
@@ -139,7 +141,8 @@ class ZygoteServer:
         self.draining: list[_Episode] = []
         self.seq = 0
         self.controller_gone = False
-        self.inbuf = bytearray()
+        self.inbuf = keys.ControlBuffer()
+        self.unspawned: list[SpawnEpisode] = []  # decoded, not yet forked (their keys live here)
         self.decoder = msgspec.msgpack.Decoder(ZygoteInbound)
         self.outcome_decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
         self.sel = selectors.DefaultSelector()
@@ -184,19 +187,20 @@ class ZygoteServer:
         return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _read_control(self) -> bool:
-        chunk = os.read(0, 1 << 16)
-        if not chunk:
+        if not self.inbuf.read_from(0):
             return False  # controller went away
-        self.inbuf += chunk
-        while len(self.inbuf) >= 4:
-            (n,) = FRAME_HEADER.unpack_from(self.inbuf)
-            if len(self.inbuf) < 4 + n:
-                break
-            msg = self.decoder.decode(bytes(self.inbuf[4:4 + n]))
-            del self.inbuf[:4 + n]
+        views = self.inbuf.frames()
+        messages = [self.decoder.decode(v) for v in views]  # from the buffer itself: no copies
+        for v in views:
+            v.release()
+        self.inbuf.consume()
+        self.unspawned = [m for m in messages if isinstance(m, SpawnEpisode)]
+        for msg in messages:
             match msg:
                 case SpawnEpisode():
+                    self.unspawned.remove(msg)
                     self._spawn(msg)
+                    keys.wipe_str(msg.api_key)  # the episode has its copy; no later fork gets one
                 case Shutdown():
                     return False
         return True
@@ -233,6 +237,9 @@ class ZygoteServer:
             isolation.set_parent_death_signal()
             if os.getppid() != zygote_pid:  # the zygote died before the death signal was armed
                 os._exit(1)
+            self.inbuf.wipe()  # other episodes' keys: frames not yet read, spawns not yet forked
+            for other in self.unspawned:
+                keys.wipe_str(other.api_key)
             self.sel.close()
             for fd in [self.ctrl_out, self.wake_r, self.wake_w] + [e.result_fd for e in self.episodes.values()]:
                 os.close(fd)
@@ -245,7 +252,8 @@ class ZygoteServer:
             os.close(logfd)
             isolation.enter(self.config, self.layers, res, self.gateway_path)
             if "pidns" in self.layers:
-                isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers)
+                isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers,
+                                                  readonly_proc="readonly_root" in self.layers)
             isolation.finish_agent_setup(self.layers)
             outcome = _run_agent(self.run, spawn, self.gateway_addr)
         except BaseException:  # process boundary: whatever happened becomes the outcome
@@ -403,7 +411,10 @@ class Zygote:
 
     async def _spawn(self) -> None:
         os.makedirs(self.log_dir, exist_ok=True)
-        env = dict(os.environ)
+        # The zygote gets the agents' allow-listed environment already: an episode inherits the
+        # zygote's memory, including the environment block it was exec'd with.
+        env = dict(os.environ) if "env" in self.config.skip_layers else \
+            {k: v for k, v in os.environ.items() if k in isolation.ENV_ALLOW}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # so `sandbox` imports
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         with open(self.stderr_path, "ab") as stderr:
@@ -411,7 +422,7 @@ class Zygote:
                 sys.executable, "-m", "sandbox.zygote", "--agent", self.agent, "--gateway", self.gateway_addr,
                 "--config", json.dumps(dataclasses.asdict(self.config)), "--log-dir", self.log_dir,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                start_new_session=True, env=env)
+                start_new_session=True, env=env, preexec_fn=die_with_parent)
         try:
             first = await asyncio.wait_for(self._read_message(), self.ready_timeout_s)
         except asyncio.TimeoutError:
@@ -477,6 +488,8 @@ class Zygote:
             return EpisodeOutcome(episode_id, "crashed", error=f"zygote not running: {self._dead}")
         if episode_id in self._pending:
             raise ValueError(f"episode {episode_id!r} is already running")
+        if not api_key.isascii():  # HTTP headers are ASCII; the zygote wipes keys as ASCII bytes
+            raise ValueError("api_key must be ASCII")
         assert self._proc is not None and self._proc.stdin is not None
         spawn = SpawnEpisode(episode_id, json.dumps(data).encode(), api_key,
                              deadline_s if deadline_s is not None else self.config.deadline_s)

@@ -1,4 +1,4 @@
-"""Agents used by tests/test_sandbox.py. Each case is one behaviour (or one escape attempt).
+"""Agents used by tests/test_sandbox.py and tests/test_sandbox_attacks.py. Each case is one behaviour (or one escape attempt).
 
 ``ProbeAgent.run`` dispatches on ``data["case"]`` so that one zygote serves every test.
 """
@@ -9,8 +9,11 @@ import asyncio
 import importlib
 import ctypes
 import os
+import re
+import signal
 import socket
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -116,3 +119,203 @@ async def _chat(client: openai.AsyncOpenAI, data: dict) -> dict[str, float]:
 async def function_agent(data: dict, **kw: Any) -> float:
     """A plain async function as the agent."""
     return 2.5
+
+
+def _attempts(tries: dict[str, Any]) -> None:
+    """Run each escape attempt; raise naming every failure (the episode's error is the reason),
+    or return normally if any attempt succeeded (the test then sees an escape)."""
+    reasons, escaped = [], []
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            escaped.append(name)
+        except OSError as e:
+            reasons.append(f"{name}: {type(e).__name__} errno={e.errno} {e.strerror}")
+    if not escaped:
+        raise PermissionError("every attempt was blocked: " + "; ".join(reasons))
+    print("ESCAPED:", escaped, reasons)
+
+
+def _libc_call(fn: str, *args: Any) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, fn)(*args) == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _running(arg: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if arg.encode() in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0"):
+                return True
+        except OSError:  # exited while we looked
+            pass
+    return False
+
+
+def _keys_in_own_memory(prefix: bytes) -> set[bytes]:
+    """Every ``prefix`` + 32 url-safe characters in this process's writable memory (what the
+    zygote left us: session keys are ``sk-areal-`` + ``secrets.token_urlsafe(24)``)."""
+    found = set()
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            addresses, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            lo, hi = (int(a, 16) for a in addresses.split("-"))
+            try:
+                mem.seek(lo)
+                chunk = mem.read(hi - lo)
+            except OSError:  # e.g. a guard region
+                continue
+            found.update(re.findall(re.escape(prefix) + rb"[A-Za-z0-9_-]{32}", chunk))
+    return found
+
+
+def _child_sleeping() -> int:
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3600)
+        os._exit(0)
+    return pid
+
+
+class AttackAgent:
+    """One escape attempt per case; ``well_behaved`` is the concurrent control episode."""
+
+    async def run(self, data: dict, **kw: Any) -> float | dict[str, float]:
+        return await getattr(self, data["case"])(data, **kw)
+
+    async def well_behaved(self, data: dict, **kw: Any) -> float:
+        reply = await openai.AsyncOpenAI().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "what is 6*7?"}])
+        return float(reply.choices[0].message.content == data["expect"])
+
+    async def connect_ports(self, data: dict, **kw: Any) -> float:
+        _attempts({f"127.0.0.1:{p}": lambda p=p: socket.create_connection(("127.0.0.1", p), timeout=2).close()
+                   for p in data["ports"]})
+        return 1.0
+
+    async def connect_outside(self, data: dict, **kw: Any) -> float:
+        _attempts({f"{h}:{p}": lambda h=h, p=p: socket.create_connection((h, p), timeout=2).close()
+                   for h, p in (("192.0.2.1", 80), ("8.8.8.8", 53), ("10.0.0.1", 443))}
+                  | {"dns example.com": lambda: socket.getaddrinfo("example.com", 80)})
+        return 1.0
+
+    async def fork_bomb(self, data: dict, **kw: Any) -> float:
+        n = 0
+        while True:
+            pid = os.fork()  # raises BlockingIOError (EAGAIN) at the pids cgroup limit
+            if pid == 0:
+                while True:  # every child forks too, until the limit; then it idles
+                    try:
+                        os.fork()
+                    except OSError:
+                        time.sleep(3600)
+            n += 1
+            if n > 100_000:
+                return float(n)
+
+    async def spin(self, data: dict, **kw: Any) -> float:
+        if os.fork() == 0:
+            while True:
+                pass
+        while True:
+            pass
+
+    async def fill_disk(self, data: dict, **kw: Any) -> float:
+        chunk = b"x" * (1 << 20)
+        for i in range(100_000):  # many files: each stays under RLIMIT_FSIZE, the tmpfs fills up
+            with open(os.path.join(os.environ["TMPDIR"], f"fill-{i // 4}"), "ab") as f:
+                f.write(chunk)
+        return 1.0
+
+    async def write_outside(self, data: dict, **kw: Any) -> float:
+        def write(path: str) -> None:
+            with open(path, "a") as f:
+                f.write("escaped")
+
+        _attempts({p: lambda p=p: write(p) for p in data["paths"]}
+                  | {"mkdir cgroup": lambda: os.mkdir("/sys/fs/cgroup/pids/areal/escape"),
+                     "sysctl": lambda: write("/proc/sys/kernel/hostname")})
+        return 1.0
+
+    async def read_environ(self, data: dict, **kw: Any) -> float:
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # whatever is visible must not hold it
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if data["secret"].encode() in f.read():
+                    return 1.0
+        _attempts({f"/proc/{p}/environ": lambda p=p: open(f"/proc/{p}/environ", "rb").read()
+                   for p in data["pids"]})
+        return 1.0
+
+    async def signal_parent(self, data: dict, **kw: Any) -> float:
+        _attempts({f"kill {p}": lambda p=p: os.kill(p, signal.SIGKILL) for p in data["pids"]}
+                  | {f"killpg {p}": lambda p=p: os.killpg(p, signal.SIGKILL) for p in data["pids"]})
+        return 1.0
+
+    async def open_shm(self, data: dict, **kw: Any) -> float:
+        from multiprocessing import shared_memory
+
+        if os.listdir("/dev/shm"):
+            return 1.0
+        _attempts({"open": lambda: open(f"/dev/shm/{data['name']}", "rb").read(),
+                   "SharedMemory": lambda: shared_memory.SharedMemory(data["name"]).close()})
+        return 1.0
+
+    async def ptrace(self, data: dict, **kw: Any) -> float:
+        own = _child_sleeping()  # a sibling inside the sandbox: visible, but seccomp says no
+        local = ctypes.create_string_buffer(8)
+        iov = (ctypes.c_void_p * 2)(ctypes.addressof(local), 8)
+        _attempts({"see other episode": lambda: os.stat(f"/proc/{data['pid']}"),
+                   "attach other episode": lambda: _libc_call("ptrace", 16, data["pid"], 0, 0),
+                   "attach own child": lambda: _libc_call("ptrace", 16, own, 0, 0),
+                   "seize own child": lambda: _libc_call("ptrace", 0x4206, own, 0, 0),
+                   "process_vm_readv": lambda: _libc_call("process_vm_readv", own, iov, 1, iov, 1, 0)})
+        return 1.0
+
+    async def sleep_marker(self, data: dict, **kw: Any) -> float:
+        proc = await asyncio.create_subprocess_exec("sleep", data["marker"])
+        await proc.wait()
+        return 1.0
+
+    async def daemonize(self, data: dict, **kw: Any) -> float:
+        if os.fork() == 0:  # classic double fork: the grandchild is reparented, in its own session
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", data["marker"]])
+            os._exit(0)
+        deadline = time.monotonic() + 10
+        while not _running(data["marker"]):  # return only once the daemon really runs
+            if time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not start")
+            time.sleep(0.01)
+        return 1.0
+
+    async def forge_key(self, data: dict, **kw: Any) -> dict[str, float]:
+        forged = {"guessed": "sk-areal-" + "A" * 32, "mutated": kw["api_key"][:-1] + "x",
+                  "other session id": data["other_episode"]}
+        accepted = 0.0
+        for key in forged.values():
+            client = openai.AsyncOpenAI(api_key=key, max_retries=0)
+            try:
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                accepted += 1
+            except openai.AuthenticationError:
+                pass
+        own = await openai.AsyncOpenAI().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        known = {kw["api_key"].encode(), *(k.encode() for k in forged.values())}
+        found = _keys_in_own_memory(data["prefix"].encode()) - known
+        print("keys found in memory:", found)
+        return {"forged_accepted": accepted, "own_ok": float(bool(own.choices[0].message.content)),
+                "other_keys_in_memory": float(len(found))}
+
+    async def flood(self, data: dict, **kw: Any) -> float:
+        line = "flood " * 20000 + "\n"
+        while True:  # ends with OSError(EFBIG) once the episode log reaches RLIMIT_FSIZE
+            sys.stdout.write(line)
+            sys.stderr.write(line)
+
+    async def allocate(self, data: dict, **kw: Any) -> float:
+        blocks = [bytearray(1 << 20) for _ in range(data["mib"])]
+        return float(len(blocks))

@@ -166,7 +166,8 @@ def children_of(ppid: int) -> list[int]:
 
 
 def test_ready_reports_all_layers(zygote):
-    assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps"} <= set(zygote.ready.isolation)
+    assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps", "readonly_root",
+            "seccomp"} <= set(zygote.ready.isolation)
     assert zygote.ready.warnings == []
 
 
@@ -355,7 +356,7 @@ def test_skipped_layers_are_warned_and_episodes_fall_back(gateway, tmp_path):
 
     z, chat, ident, reach = asyncio.run(go())
     assert reach.reward == 1.0
-    assert sorted(w.split(":")[0] for w in z.ready.warnings) == sorted(skipped)
+    assert sorted(w.split(":")[0] for w in z.ready.warnings) == sorted(skipped + ["readonly_root"])
     assert not set(skipped) & set(z.ready.isolation)
     assert chat.rewards_by_id == {"matched": 1.0}  # the relay works on the host's loopback too
     assert ident.rewards_by_id["pid"] != 1.0 and ident.rewards_by_id["host_file_visible"] == 1.0
@@ -387,3 +388,25 @@ def test_code_under_tmp_stays_importable_in_the_private_tmp(gateway, monkeypatch
         shutil.rmtree(code_dir, ignore_errors=True)
     assert (ok.status, ok.reward) == ("ok", 7.0), ok.error
     assert write.status == "error" and "Read-only file system" in write.error
+
+
+def test_shell_script_agent_calls_curl_through_the_relay(gateway, tmp_path):
+    """A non-Python agent (exec:agents/shell_agent.sh): curl to $OPENAI_BASE_URL, reward on stdout."""
+    async def go() -> tuple[EpisodeOutcome, EpisodeOutcome]:
+        with zygote_env():
+            z = await Zygote.start("exec:agents/shell_agent.sh", gateway.addr, SandboxConfig(), str(tmp_path))
+        try:
+            right = await z.run_episode("sh1", {"question": "hi", "answer": f"key=Bearer {KEY}"}, KEY)
+            wrong = await z.run_episode("sh2", {"question": "hi", "answer": "something else"}, KEY)
+            return right, wrong
+        finally:
+            await z.close()
+
+    before = len(gateway.seen)
+    right, wrong = asyncio.run(go())
+    assert (right.status, right.reward) == ("ok", 1.0), right.error
+    assert (wrong.status, wrong.reward) == ("ok", 0.0), wrong.error
+    assert len(gateway.seen) == before + 2
+    path, headers = gateway.seen[-1]
+    assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
+    assert headers["user-agent"].startswith("curl/")
