@@ -1,5 +1,13 @@
 """Shared-memory trajectory ring: one producer (the controller), one consumer (a trainer rank).
 
+API: ``RingWriter(ring_name(run_id, rank), capacity_bytes)`` creates a ring, ``.put(bytes)`` or
+``.put_parts(encode_trajectory_parts(traj))`` appends a record and returns its sequence number,
+``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
+auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
+committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
+removes the segments of crashed runs. (About 640 lines: both ends of one shared layout stay in
+one module, per the one-module-per-boundary rule; a fifth of it is this docstring.)
+
 The segment is a plain file in ``/dev/shm`` mapped with ``mmap`` by both processes. We do not use
 ``multiprocessing.shared_memory``: on Python 3.11 its resource tracker unlinks segments that a
 process merely attached to. The writer creates the file under a temporary name, sizes it,
@@ -7,69 +15,111 @@ pre-faults every page (first writes into fresh shared memory run at ~1.8 GB/s, w
 7-11 GB/s), writes the header with the magic last, then links it to its final name, so a reader
 never sees a half-initialised segment.
 
-Layout (all integers little-endian; every header word on its own 64-byte cache line)::
+Layout (all integers little-endian u64 words; each side's words on their own cache lines)::
 
-    offset 0      magic "AREALRNG" u64 | layout version u32 | capacity u64 | writer pid u64
-    offset 64     write_pos   u64   monotonic byte offset, 8-aligned; the ONLY publish point
-    offset 128    read_pos    u64   monotonic byte offset, 8-aligned; committed by the reader
-    offset 192    next_seq    u64   sequence number of the next record (written after publish)
-    offset 256    last_start  u64   start of the newest record (written before its first byte)
-    offset 4096   data[capacity]    record i lives at data[pos % capacity]
+    offset 0     magic "AREALRNG" | layout version | capacity | (reserved)      set at creation
+    offset 64    write_pos    monotonic byte offset, 8-aligned; the writer's ONLY publish point
+    offset 128   next_seq     sequence number of the next record (hint, written after publish)
+    offset 192   last_start   start of the newest record (written before its first byte)
+    offset 256   writer_pid | writer_start   (start = /proc starttime, so pid reuse is seen)
+    offset 320   commit_pos   monotonic byte offset, 8-aligned; the reader's ONLY release point
+    offset 384   commit_seq   sequence number of the first uncommitted record (hint)
+    offset 448   reader_pid | reader_start
+    offset 4096  data[capacity]    byte position p lives at data[p % capacity]
 
-    record frame (24 bytes) + payload, padded to a multiple of 8:
-    +-----------+-----------+---------+-----------+----------+----------------------+
-    | kind u32  | length u32| seq u64 | crc32 u32 | rsvd u32 | payload ... pad to 8 |
-    +-----------+-----------+---------+-----------+----------+----------------------+
-    kind = REC1 (a record) or WRAP (rest of this lap is unused; continue at the next lap).
-    When fewer than 24 bytes remain before the end, the wrap is implicit (no marker fits).
+    record frame (32 bytes) + payload, padded to a multiple of 8:
+    +---------+-----------+---------+------------+-------------+----------+---------------+
+    | kind u32| length u32| seq u64 | sum64 u64  | crc32 u32   | rsvd u32 | payload, pad  |
+    +---------+-----------+---------+------------+-------------+----------+---------------+
+    crc32 covers the first 24 frame bytes; sum64 is the payload checksum (below).
+    kind = REC2 (a record) or WRAP (rest of this lap is unused; continue at the next lap).
+    When fewer than 32 bytes remain before the end of the lap, the wrap is implicit.
 
 Record state machine (a byte range of data, seen from both sides)::
 
-    FREE --writer: last_start, payload, then frame--> WRITTEN (invisible: beyond write_pos)
-    WRITTEN --writer: write_pos += size, then next_seq--> PUBLISHED (reader may read it)
-    PUBLISHED --reader: copy, verify crc, then read_pos += size--> FREE (writer may reuse it)
+    FREE --writer: last_start, payload, then frame--> WRITTEN   (beyond write_pos: invisible)
+    WRITTEN --writer: write_pos += size, then next_seq--> PUBLISHED  (reader may read it)
+    PUBLISHED --reader: verify, hand out--> DELIVERED    (reader-private read position moves)
+    DELIVERED --reader: commit(seq): commit_pos = end--> FREE   (writer may overwrite it)
+    A reader that dies moves DELIVERED back to PUBLISHED: a new reader starts at commit_pos.
 
-Invariants: ``read_pos <= write_pos <= read_pos + capacity``; every byte in
-``[read_pos, write_pos)`` belongs to a complete record whose checksum matches and whose sequence
-numbers are consecutive. Each side writes only its own position, so no locks are needed; waits
-sleep in bounded, growing steps and re-read the other side's position from shared memory.
+Invariants: ``commit_pos <= read <= write_pos <= commit_pos + capacity``; every byte in
+``[commit_pos, write_pos)`` belongs to a complete record whose checksums match and whose
+sequence numbers are consecutive. Each side writes only its own words, so no locks are needed.
+Stores happen in program order (payload, then frame, then the position word); on x86 (total
+store order, aligned 8-byte stores atomic) the other side therefore never sees a position
+before the bytes it covers.
+
+Delivery is exactly once into training when the consumer commits only what a checkpoint holds:
+``RingReader(name, auto_commit=False)`` hands out records, and the trainer calls
+``reader.commit(seq)`` after the checkpoint of the optimizer step that used every record up to
+``seq`` is durable (with partial groups pending, ``seq`` is one below the oldest pending
+record's). After a trainer crash, ``RingReader(name, resume=True)`` re-delivers everything after
+the last commit. The default ``auto_commit=True`` commits each record as it is handed out
+(at-least-once across reader crashes: a record copied but not yet committed comes again).
+
+Checksum choice: zlib.crc32 over a 100 KB payload costs ~25 us, more than the whole transfer.
+The payload is instead summed as little-endian u64 words with wrap-around (numpy, ~2 us per
+100 KB, the trailing partial word zero-extended), and the frame header carries a crc32 of its
+own 24 bytes. Detected: a torn write (an unwritten or stale tail differs from what was summed),
+truncation or a wrong length, a record overwritten by a later lap, any change confined to one
+8-byte word (every bit flip), a stale or garbled frame (header crc, sequence continuity).
+Not detected: permutations of 8-byte words and changes that cancel in the sum (e.g. +1 in one
+word and -1 in another); the ring defends against crashes and protocol bugs, not an adversary.
+
+Waiting: no doorbell file descriptor (eventfd cannot reach an unrelated process without fd
+passing; a ZeroMQ doorbell costs ~15 us per record, more than the record). A waiting side spins
+50 re-checks, then sleeps 20 us doubling to 1 ms, re-reading the other side's word each time,
+so a wake-up can never be lost, only delayed by at most 1 ms. Every wait has a timeout.
 
 What is covered:
   * a writer killed at any instant (SIGKILL included): nothing it published is lost, nothing
     half-written is ever returned; ``RingWriter.attach`` resumes with consecutive sequence
     numbers (``next_seq`` is recovered from the frame at ``last_start`` when the writer died
     between publishing and bumping it);
-  * a reader killed at any instant: a new ``RingReader`` resumes at the committed ``read_pos``;
-    a record copied but not yet committed is delivered again (at-least-once);
-  * corruption of a published record or of the positions: ``RingCorrupted``, never bad data.
+  * a reader killed at any instant: a new ``RingReader`` resumes at ``commit_pos``; records
+    delivered but not committed are delivered again, and the writer never overwrites them;
+  * corruption of a published record or of the positions: ``RingCorrupted``, never bad data;
+  * back-pressure: a full ring makes ``put`` wait, then raise ``RingFull``; nothing is dropped;
+  * stale segments of crashed runs: ``reclaim_stale`` removes those whose writer and reader
+    are both dead.
 What is not covered:
   * more than one writer or reader per ring (one ring per trainer rank; fan out above this);
   * weakly ordered CPUs (ARM): CPython gives no store-ordering guarantee across processes; the
     publish order relies on x86's total store order and aligned 8-byte stores being atomic;
-  * a reader that is dead forever: the writer blocks in ``put`` and raises ``RingFull``.
+  * a reader that is dead forever: the writer blocks in ``put`` and raises ``RingFull``;
+  * zero-copy views (``get_view``) kept past their commit: they may then show newer records.
 """
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import re
 import struct
 import time
 import zlib
+from collections.abc import Sequence
+
+import numpy as np
 
 SHM_DIR = "/dev/shm"
 MAGIC = int.from_bytes(b"AREALRNG", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_BYTES = 4096  # one page, so the data region is page aligned
-# Byte offsets of the header words; each on its own cache line so the two sides never share one.
-OFF_MAGIC, OFF_VERSION, OFF_CAPACITY, OFF_WRITER_PID = 0, 8, 16, 24
-OFF_WRITE_POS, OFF_READ_POS, OFF_NEXT_SEQ, OFF_LAST_START = 64, 128, 192, 256
+# Byte offsets of the header words; each side's words on its own cache lines.
+OFF_MAGIC, OFF_VERSION, OFF_CAPACITY = 0, 8, 16
+OFF_WRITE_POS, OFF_NEXT_SEQ, OFF_LAST_START, OFF_WRITER_PID, OFF_WRITER_START = 64, 128, 192, 256, 264
+OFF_COMMIT_POS, OFF_COMMIT_SEQ, OFF_READER_PID, OFF_READER_START = 320, 384, 448, 456
 
-FRAME = struct.Struct("<IIQII")  # kind, payload length, seq, crc32(payload), reserved
-KIND_RECORD = int.from_bytes(b"REC1", "little")
+FRAME = struct.Struct("<IIQQII")  # kind, payload length, seq, sum64(payload), crc32(bytes 0..24), reserved
+_FRAME_HEAD = struct.Struct("<IIQQ")  # the frame bytes its crc32 covers
+_KIND = struct.Struct("<I")
+KIND_RECORD = int.from_bytes(b"REC2", "little")
 KIND_WRAP = int.from_bytes(b"WRAP", "little")
 NO_RECORD = (1 << 64) - 1  # last_start before the first record
+_MASK64 = (1 << 64) - 1
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _SPIN_CHECKS = 50  # re-checks before the first sleep: a busy peer usually answers within µs
@@ -105,6 +155,69 @@ def unlink_ring(name: str) -> None:
         pass
 
 
+def reclaim_stale(prefix: str = "areal-") -> list[str]:
+    """Unlink the segments named ``prefix*`` whose writer and reader are both dead; call at start.
+
+    Also removes creation temp files (``.<prefix>*.<pid>.tmp``) of dead creators. Files whose
+    header is not a ring's are left alone. Returns the names removed.
+    """
+    removed = []
+    for entry in sorted(os.listdir(SHM_DIR)):
+        path = os.path.join(SHM_DIR, entry)
+        if entry.startswith("." + prefix) and entry.endswith(".tmp"):
+            pid = entry[: -len(".tmp")].rsplit(".", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid), None):
+                _remove(path, removed, entry)
+            continue
+        if not entry.startswith(prefix):
+            continue
+        try:
+            with open(path, "rb") as f:
+                head = f.read(OFF_READER_START + 8)
+        except FileNotFoundError:  # removed by its owner meanwhile
+            continue
+        if len(head) < OFF_READER_START + 8 or int.from_bytes(head[:8], "little") != MAGIC:
+            continue
+
+        def word(off: int) -> int:
+            return int.from_bytes(head[off : off + 8], "little")
+
+        if not _alive(word(OFF_WRITER_PID), word(OFF_WRITER_START)) and not _alive(
+            word(OFF_READER_PID), word(OFF_READER_START)
+        ):
+            _remove(path, removed, entry)
+    return removed
+
+
+def _remove(path: str, removed: list[str], entry: str) -> None:
+    try:
+        os.unlink(path)
+        removed.append(entry)
+    except FileNotFoundError:
+        pass
+
+
+def _proc_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot; None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces
+    if fields[0] in (b"Z", b"X"):  # a zombie can no longer touch the segment
+        return None
+    return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    """Whether ``pid`` is a live process; with ``start``, also that it is the same process."""
+    if pid == 0:
+        return False
+    now = _proc_start(pid)
+    return now is not None and (start is None or now == start)
+
+
 def _check_name(name: str) -> str:
     # Names are single path components under /dev/shm; a leading '.' is reserved for temp files.
     if not _NAME_RE.fullmatch(name) or len(name) > 200:
@@ -126,6 +239,14 @@ def _pause(attempt: int) -> None:
         time.sleep(min(_MAX_SLEEP_S, _MIN_SLEEP_S * (1 << min(attempt - _SPIN_CHECKS, 10))))
 
 
+def payload_sum(buf: bytes | memoryview | mmap.mmap, offset: int, n: int) -> int:
+    """Wrap-around sum of ``buf[offset:offset+n]`` as little-endian u64 words (tail zero-extended)."""
+    words = n >> 3
+    total = int(np.add.reduce(np.frombuffer(buf, "<u8", words, offset))) if words else 0
+    tail = offset + (words << 3)
+    return (total + int.from_bytes(buf[tail : offset + n], "little")) & _MASK64
+
+
 class _Segment:
     """A mapped ring segment: the header words and the data region, for either side."""
 
@@ -140,11 +261,12 @@ class _Segment:
         self._u64 = self._buf[:HEADER_BYTES].cast("Q")
         self._data = self._buf[HEADER_BYTES:]
         self.capacity = len(self._data)
+        self._words = np.frombuffer(self._mm, "<u8")  # (size / 8,) for payload sums, made once
 
     def _validate_header(self) -> None:
         if self._word(OFF_MAGIC) != MAGIC:
             raise RingCorrupted(f"ring {self.name}: bad magic {self._word(OFF_MAGIC):#x}")
-        version = self._word(OFF_VERSION) & 0xFFFFFFFF
+        version = self._word(OFF_VERSION)
         if version != LAYOUT_VERSION:
             raise RingCorrupted(f"ring {self.name}: layout version {version}, expected {LAYOUT_VERSION}")
         if self._word(OFF_CAPACITY) != self.capacity:
@@ -158,22 +280,48 @@ class _Segment:
     def _set_word(self, offset: int, value: int) -> None:
         self._u64[offset >> 3] = value
 
+    def _claim(self, pid_off: int, role: str) -> None:
+        """Record this process as the ring's ``role``; refuse if another live process holds it."""
+        pid, start = self._word(pid_off), self._word(pid_off + 8)
+        if pid not in (0, os.getpid()) and _alive(pid, start):
+            raise RingError(f"ring {self.name} already has a live {role} (pid {pid}); one per ring")
+        self._set_word(pid_off + 8, _proc_start(os.getpid()) or 0)
+        self._set_word(pid_off, os.getpid())
+
     def _positions(self) -> tuple[int, int]:
-        """(read_pos, write_pos) after checking the invariants that bind them."""
-        r, w = self._word(OFF_READ_POS), self._word(OFF_WRITE_POS)
-        if r > w or w - r > self.capacity or (r | w) & 7:
-            raise RingCorrupted(f"ring {self.name}: read_pos={r} write_pos={w} capacity={self.capacity}")
-        return r, w
+        """(commit_pos, write_pos) after checking the invariants that bind them."""
+        c, w = self._word(OFF_COMMIT_POS), self._word(OFF_WRITE_POS)
+        if c > w or w - c > self.capacity or (c | w) & 7:
+            raise RingCorrupted(f"ring {self.name}: commit_pos={c} write_pos={w} capacity={self.capacity}")
+        return c, w
 
     def _unmap(self) -> None:
         # Every exported view must be released before the mmap can close.
         for view in (self._u64, self._data, self._buf):
             view.release()
-        self._mm.close()
+        del self._words
+        try:
+            self._mm.close()
+        except BufferError:
+            raise RingError(
+                f"ring {self.name}: closed while zero-copy views into it are alive; drop records "
+                "decoded from get_view() first"
+            ) from None
 
     @property
     def writer_pid(self) -> int:
         return self._word(OFF_WRITER_PID)
+
+    def _sum_in_place(self, start: int, n: int) -> int:
+        """``payload_sum`` of mapping bytes ``[start, start + n)``; ``start`` is 8-aligned."""
+        first, words = start >> 3, n >> 3
+        tail = start + (words << 3)
+        total = int(np.add.reduce(self._words[first : first + words])) + int.from_bytes(self._mm[tail : start + n], "little")
+        return total & _MASK64
+
+    def writer_alive(self) -> bool:
+        """Whether the process recorded as the writer still runs (a zombie counts as dead)."""
+        return _alive(self.writer_pid, self._word(OFF_WRITER_START))
 
 
 class RingWriter(_Segment):
@@ -196,7 +344,7 @@ class RingWriter(_Segment):
             self._set_word(OFF_VERSION, LAYOUT_VERSION)
             self._set_word(OFF_CAPACITY, capacity_bytes)
             self._set_word(OFF_LAST_START, NO_RECORD)
-            self._set_word(OFF_WRITER_PID, os.getpid())
+            self._claim(OFF_WRITER_PID, "writer")
             self._set_word(OFF_MAGIC, MAGIC)  # last: a segment with magic is fully initialised
             os.link(tmp, final)  # atomic publish of the name; raises FileExistsError if taken
             published = True
@@ -218,10 +366,10 @@ class RingWriter(_Segment):
         finally:
             os.close(fd)
         self._validate_header()
+        self._claim(OFF_WRITER_PID, "writer")
         self._write_pos = self._positions()[1]
         self._next_seq = self._recover_next_seq()
         self._set_word(OFF_NEXT_SEQ, self._next_seq)
-        self._set_word(OFF_WRITER_PID, os.getpid())
         return self
 
     def _recover_next_seq(self) -> int:
@@ -231,7 +379,7 @@ class RingWriter(_Segment):
         last = self._word(OFF_LAST_START)
         if last == NO_RECORD or last >= self._write_pos:
             return self._word(OFF_NEXT_SEQ)
-        kind, _, seq, _, _ = FRAME.unpack_from(self._data, last % self.capacity)
+        kind, _, seq, _, _, _ = FRAME.unpack_from(self._data, last % self.capacity)
         if kind != KIND_RECORD:
             raise RingCorrupted(f"ring {self.name}: last_start={last} does not point at a record")
         return seq + 1
@@ -252,17 +400,31 @@ class RingWriter(_Segment):
         """
         return min((self.capacity // 2) & ~7, 0xFFFFFFF8) - FRAME.size
 
+    @property
+    def next_seq(self) -> int:
+        """Sequence number the next ``put`` will return."""
+        return self._next_seq
+
     def free_bytes(self) -> int:
-        """Bytes not holding unread records (a record may also need the rest of the lap)."""
-        return self.capacity - (self._write_pos - self._word(OFF_READ_POS))
+        """Bytes not holding uncommitted records (a record may also need the rest of the lap).
+
+        The controller admits new episodes only while this exceeds a few records' worth."""
+        return self.capacity - (self._write_pos - self._word(OFF_COMMIT_POS))
 
     def put(self, payload: bytes | memoryview, timeout_s: float | None = None) -> int:
         """Append one record and return its sequence number; wait for space up to ``timeout_s``."""
-        view = memoryview(payload)
-        if not view.c_contiguous:
-            raise ValueError("payload must be a C-contiguous buffer")
-        view = view.cast("B")
-        n = len(view)
+        return self.put_parts((payload,), timeout_s)
+
+    def put_parts(self, parts: Sequence[bytes | memoryview], timeout_s: float | None = None) -> int:
+        """Append the concatenation of ``parts`` as one record (scatter-gather, one copy each).
+
+        Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
+        raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
+        """
+        sizes = []
+        for p in parts:  # bytes lengths; any C-contiguous buffer (non-contiguous fails on copy)
+            sizes.append(len(p) if type(p) is bytes else memoryview(p).nbytes)
+        n = sum(sizes)
         if n > self.max_payload:
             raise RecordTooLarge(
                 f"record of {n} bytes does not fit ring {self.name}: at most {self.max_payload} "
@@ -270,41 +432,53 @@ class RingWriter(_Segment):
                 f"{FRAME.size}-byte frame)"
             )
         size = FRAME.size + _pad8(n)
-        crc = zlib.crc32(view)  # before waiting: overlaps the checksum with the reader's progress
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        attempt = 0
-        while True:
-            w = self._write_pos
-            room = self.capacity - w % self.capacity
-            skip = room if room < size else 0  # the record goes to the start of the next lap
-            read_pos = self._word(OFF_READ_POS)  # re-read every time: the reader moves it
-            if w + skip + size - read_pos <= self.capacity:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RingFull(
-                    f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
-                    f"({self.capacity - (w - read_pos)} of {self.capacity} free)"
-                )
-            _pause(attempt)
-            attempt += 1
+        u64, cap = self._u64, self.capacity
+        w = self._write_pos
+        room = cap - w % cap
+        skip = room if room < size else 0  # the record goes to the start of the next lap
+        if w + skip + size - u64[OFF_COMMIT_POS >> 3] > cap:
+            self._wait_for_room(w + skip + size - cap, size, timeout_s)
         seq = self._next_seq
         # last_start moves before any byte is written: while it is >= write_pos, attach() knows
         # the record there is unpublished and may already overwrite the previous one.
-        self._set_word(OFF_LAST_START, w + skip)
+        u64[OFF_LAST_START >> 3] = w + skip
         if skip >= FRAME.size:
-            FRAME.pack_into(self._data, w % self.capacity, KIND_WRAP, 0, seq, 0, 0)
+            self._write_frame(HEADER_BYTES + w % cap, KIND_WRAP, 0, seq, 0)
         w += skip
-        off = w % self.capacity
-        self._data[off + FRAME.size : off + FRAME.size + n] = view
-        FRAME.pack_into(self._data, off, KIND_RECORD, n, seq, crc, 0)
+        start = HEADER_BYTES + w % cap  # frame offset in the mmap
+        pos = start + FRAME.size
+        mm = self._mm
+        for p, k in zip(parts, sizes):
+            mm[pos : pos + k] = p
+            pos += k
+        # The checksum is taken over what the ring now holds, not over the caller's parts.
+        self._write_frame(start, KIND_RECORD, n, seq, self._sum_in_place(start + FRAME.size, n))
         self._write_pos = w + size
-        self._set_word(OFF_WRITE_POS, self._write_pos)  # publish: the reader may now read it
+        u64[OFF_WRITE_POS >> 3] = self._write_pos  # publish: the reader may now read it
         self._next_seq = seq + 1
-        self._set_word(OFF_NEXT_SEQ, self._next_seq)
+        u64[OFF_NEXT_SEQ >> 3] = self._next_seq
         return seq
+
+    def _wait_for_room(self, commit_needed: int, size: int, timeout_s: float | None) -> None:
+        """Back-pressure: wait until the reader has committed up to ``commit_needed``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        attempt = 0
+        while self._word(OFF_COMMIT_POS) < commit_needed:  # re-read: the reader moves it
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RingFull(
+                    f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
+                    f"({self.free_bytes()} of {self.capacity} free; is the reader alive?)"
+                )
+            _pause(attempt)
+            attempt += 1
+
+    def _write_frame(self, start: int, kind: int, n: int, seq: int, checksum: int) -> None:
+        head = _FRAME_HEAD.pack(kind, n, seq, checksum)
+        FRAME.pack_into(self._mm, start, kind, n, seq, checksum, zlib.crc32(head), 0)
 
     def close(self, unlink: bool = False) -> None:
         """Unmap; with ``unlink`` also remove the segment (unread records are then lost)."""
+        self._set_word(OFF_WRITER_PID, 0)  # a clean exit: reclaim_stale need not wait for us
         self._unmap()
         if unlink:
             unlink_ring(self.name)
@@ -319,9 +493,15 @@ class RingWriter(_Segment):
 
 
 class RingReader(_Segment):
-    """The single consumer: attaches to a ring (waiting for it to appear) and reads records."""
+    """The single consumer: attaches to a ring (waiting for it to appear) and reads records.
 
-    def __init__(self, name: str, timeout_s: float = 30) -> None:
+    ``resume=True`` starts at the ring's committed position (everything after the last commit
+    is delivered again); ``resume=False`` insists on a ring nothing was ever committed from,
+    which catches a fresh trainer pointed at an old run's ring. ``auto_commit=True`` commits
+    each record as it is handed out; with ``False`` the caller commits with ``commit(seq)``.
+    """
+
+    def __init__(self, name: str, timeout_s: float = 30, *, resume: bool = True, auto_commit: bool = True) -> None:
         path = _path(name)
         deadline = time.monotonic() + timeout_s
         attempt = 0
@@ -339,52 +519,124 @@ class RingReader(_Segment):
         finally:
             os.close(fd)
         self._validate_header()
-        self._read_pos = self._positions()[0]
+        self._claim(OFF_READER_PID, "reader")
+        self._read_pos = self._commit_pos = self._positions()[0]
+        if not resume and (self._commit_pos or self._word(OFF_COMMIT_SEQ)):
+            raise RingError(
+                f"ring {self.name}: resume=False but records up to seq "
+                f"{self._word(OFF_COMMIT_SEQ) - 1} were already committed by an earlier reader"
+            )
+        self.auto_commit = auto_commit
+        # The first record must not precede the committed sequence (it may follow it: a reader
+        # that died between moving commit_pos and commit_seq left commit_seq behind).
+        self._min_seq = self._word(OFF_COMMIT_SEQ)
         self.last_seq: int | None = None  # sequence number of the record most recently returned
+        self._delivered: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end), uncommitted
+
+    @property
+    def committed_seq(self) -> int:
+        """Sequence number of the first record not yet committed (0 on a fresh ring)."""
+        return self._word(OFF_COMMIT_SEQ)
 
     def get(self, timeout_s: float | None = None) -> bytes | None:
         """Copy of the next record's payload, or None if none is published within ``timeout_s``."""
+        found = self._next(timeout_s)
+        if found is None:
+            return None
+        seq, start, n, checksum, end = found
+        payload = self._mm[start : start + n]
+        if payload_sum(payload, 0, n) != checksum:  # checked on the copy: exactly what we return
+            raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at {start}")
+        self._deliver(seq, end)
+        if self.auto_commit:
+            self.commit(seq)
+        return payload
+
+    def get_view(self, timeout_s: float | None = None) -> memoryview | None:
+        """Zero-copy view of the next record's payload, or None on timeout.
+
+        The view (and anything decoded from it) is valid until the record is committed: with
+        ``auto_commit`` that is the next ``get``/``get_view``/``close``, otherwise ``commit``.
+        """
+        found = self._next(timeout_s)
+        if found is None:
+            return None
+        seq, start, n, checksum, end = found
+        if self._sum_in_place(start, n) != checksum:
+            raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at {start}")
+        self._deliver(seq, end)
+        return self._buf[start : start + n]
+
+    def _deliver(self, seq: int, end: int) -> None:
+        self._read_pos = end
+        self.last_seq = seq
+        self._delivered.append((seq, end))
+
+    def _next(self, timeout_s: float | None) -> tuple[int, int, int, int, int] | None:
+        """Wait for the next published record and check its frame.
+
+        Returns (seq, payload offset in the mapping, length, sum64, end position)."""
+        if self.auto_commit and self._delivered:  # the view handed out last time is now consumed
+            self.commit(self._delivered[-1][0])
+        u64, cap, r = self._u64, self.capacity, self._read_pos
+        w = u64[OFF_WRITE_POS >> 3]
+        if w == r:
+            w = self._wait_for_record(timeout_s)
+            if w is None:
+                return None
+        if w < r or w - self._commit_pos > cap or w & 7:
+            raise RingCorrupted(f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}")
+        room = cap - r % cap
+        if room < FRAME.size or _KIND.unpack_from(self._mm, HEADER_BYTES + r % cap)[0] == KIND_WRAP:
+            r += room
+        start = HEADER_BYTES + r % cap
+        kind, n, seq, checksum, crc, _ = FRAME.unpack_from(self._mm, start) if r < w else (0,) * 6
+        end = r + FRAME.size + _pad8(n)
+        if kind != KIND_RECORD or end > w or start + end - r > HEADER_BYTES + cap or crc != zlib.crc32(self._mm[start : start + 24]):
+            raise RingCorrupted(
+                f"ring {self.name}: no valid record at position {r} (kind={kind:#x} length={n} "
+                f"write_pos={w} capacity={cap})"
+            )
+        expected = self._min_seq if self.last_seq is None else self.last_seq + 1
+        if seq != expected and (self.last_seq is not None or seq < expected):
+            raise RingCorrupted(f"ring {self.name}: sequence {seq} where {expected} was expected")
+        return seq, start + FRAME.size, n, checksum, end
+
+    def _wait_for_record(self, timeout_s: float | None) -> int | None:
+        """Wait until write_pos moves past the read position; the new write_pos, or None."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         attempt = 0
-        while self._word(OFF_WRITE_POS) == self._read_pos:  # re-read: the writer moves it
+        while (w := self._word(OFF_WRITE_POS)) == self._read_pos:  # re-read: the writer moves it
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             _pause(attempt)
             attempt += 1
-        _, w = self._positions()
-        r = self._read_pos
-        room = self.capacity - r % self.capacity
-        if room < FRAME.size or FRAME.unpack_from(self._data, r % self.capacity)[0] == KIND_WRAP:
-            r += room
-        off = r % self.capacity
-        kind, n, seq, crc, _ = FRAME.unpack_from(self._data, off) if r < w else (0, 0, 0, 0, 0)
-        size = FRAME.size + _pad8(n)
-        if kind != KIND_RECORD or off + size > self.capacity or r + size > w:
-            raise RingCorrupted(
-                f"ring {self.name}: no valid record at position {r} (kind={kind:#x} length={n} "
-                f"write_pos={w} capacity={self.capacity})"
-            )
-        if self.last_seq is not None and seq != self.last_seq + 1:
-            raise RingCorrupted(f"ring {self.name}: sequence {seq} follows {self.last_seq}")
-        payload = bytes(self._data[off + FRAME.size : off + FRAME.size + n])
-        if zlib.crc32(payload) != crc:  # checked on the copy: exactly what the caller receives
-            raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at position {r}")
-        self._read_pos = r + size
-        self._set_word(OFF_READ_POS, self._read_pos)  # release: the writer may reuse the space
-        self.last_seq = seq
-        return payload
+        return w
 
-    def writer_alive(self) -> bool:
-        """Whether the process recorded as the writer still exists (a zombie counts as alive)."""
-        try:
-            os.kill(self.writer_pid, 0)  # signal 0: existence check only (EPERM still means alive)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+    def commit(self, seq: int) -> None:
+        """Release every delivered record up to and including ``seq`` to the writer.
+
+        Call it once the records are durably used (the trainer: after the checkpoint of the
+        step that consumed them); views from ``get_view`` of these records become invalid.
+        Committing an already committed ``seq`` is a no-op; one not yet delivered is an error.
+        """
+        if self.last_seq is None or seq > self.last_seq:
+            raise ValueError(f"ring {self.name}: commit({seq}) beyond the last delivered record {self.last_seq}")
+        end = None
+        while self._delivered and self._delivered[0][0] <= seq:
+            end = self._delivered.popleft()[1]
+        if end is None:
+            return
+        self._commit_pos = end
+        self._set_word(OFF_COMMIT_POS, end)  # release: the writer may now reuse the space
+        self._set_word(OFF_COMMIT_SEQ, seq + 1)
 
     def close(self) -> None:
+        """Unmap (with ``auto_commit``, the last view handed out counts as consumed)."""
+        if self.auto_commit and self._delivered:
+            self.commit(self._delivered[-1][0])
+        if self._word(OFF_READER_PID) == os.getpid():
+            self._set_word(OFF_READER_PID, 0)
         self._unmap()
 
     def __enter__(self) -> RingReader:

@@ -21,6 +21,7 @@ Boundaries and what crosses them:
 from __future__ import annotations
 
 import struct
+import time
 from typing import Union
 
 import msgspec
@@ -138,9 +139,14 @@ TrainerMessage = Union[TrainerReport, TrainerFailed, TrainerDone]
 
 # --------------------------------------------------------------------------------------------
 # Trajectory: the bulk record, one per finished episode, written into a shared-memory ring.
+#
+# Schema history (fields are only ever appended, with defaults, so every older record decodes):
+#   1: schema_version .. row_rewards, timings, error
+#   2: drift, failure_kind, policy_version_start/end, created, interaction_ids, row_turns
 # --------------------------------------------------------------------------------------------
 
-TRAJECTORY_SCHEMA = 1
+TRAJECTORY_SCHEMA = 2
+_EMPTY = memoryview(b"")
 
 
 class Trajectory(msgspec.Struct, array_like=True, gc=False):
@@ -150,7 +156,9 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     ``input_ids`` int32, ``loss_mask`` uint8 (1 = sampled by the policy, trained on),
     ``logprobs`` float32 (the engine's behaviour logprob where loss_mask is 1, else 0),
     ``versions`` int32 (policy version that sampled the token, -1 for prompt tokens).
-    Per row: ``row_rewards`` float32. All little-endian.
+    Per row: ``row_rewards`` float32, ``row_turns`` int32 (LLM calls folded into the row).
+    All little-endian. The lowest/highest sampling version is derived (``version_span``), not
+    stored, so it can never disagree with ``versions``.
     """
 
     schema_version: int
@@ -165,8 +173,16 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     versions: memoryview
     row_lens: memoryview
     row_rewards: memoryview
-    timings: dict[str, float] = {}
-    error: str = ""
+    timings: dict[str, float] = {}  # seconds per phase, e.g. {"wall_s": 2.1, "reward_s": 0.01}
+    error: str = ""  # human-readable failure reason (traceback tail); "" when the episode is ok
+    # ---- schema 2 ----
+    drift: int = 0  # times the agent rewrote history, so a call started a new branch
+    failure_kind: str = ""  # machine-readable failure class ("timeout", "crashed", ...); "" = ok
+    policy_version_start: int = -1  # version the engine served when the episode started; -1 unknown
+    policy_version_end: int = -1  # version it served when the episode ended; -1 unknown
+    created: float = 0.0  # unix time the record was built; 0.0 = unknown (schema 1)
+    interaction_ids: list[str] = []  # per row: the gateway interaction id of the row's last call
+    row_turns: memoryview = _EMPTY  # (rows,) int32; empty when unknown (schema 1)
 
     def array(self, field: str) -> np.ndarray:
         """Zero-copy numpy view of one buffer field."""
@@ -175,6 +191,11 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids) // 4
+
+    def version_span(self) -> tuple[int, int]:
+        """(lowest, highest) policy version over sampled tokens; (-1, -1) when none was sampled."""
+        sampled = self.array("versions")[self.array("loss_mask") == 1]
+        return (int(sampled.min()), int(sampled.max())) if sampled.size else (-1, -1)
 
     @classmethod
     def from_rows(
@@ -188,14 +209,27 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
         rows: list[TokenRow],
         timings: dict[str, float] | None = None,
         error: str = "",
+        drift: int = 0,
+        failure_kind: str = "",
+        policy_version_start: int = -1,
+        policy_version_end: int = -1,
+        created: float | None = None,
+        interaction_ids: list[str] | None = None,
+        row_turns: list[int] | None = None,
     ) -> Trajectory:
+        """Build a record from numpy (or list) rows; ``created`` defaults to now."""
         def cat(name: str) -> memoryview:
             parts = [np.asarray(getattr(r, name), dtype=_DTYPES[name]) for r in rows]
             joined = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[name])
             return memoryview(joined.tobytes())
 
+        if interaction_ids is not None and len(interaction_ids) != len(rows):
+            raise ValueError(f"interaction_ids has {len(interaction_ids)} entries for {len(rows)} rows")
+        if row_turns is not None and len(row_turns) != len(rows):
+            raise ValueError(f"row_turns has {len(row_turns)} entries for {len(rows)} rows")
         lens = np.array([len(r.input_ids) for r in rows], dtype="<i4")
         rewards = np.array([r.reward for r in rows], dtype="<f4")
+        turns = np.array(row_turns if row_turns is not None else [], dtype="<i4")
         return cls(
             schema_version=TRAJECTORY_SCHEMA,
             episode_id=episode_id,
@@ -211,6 +245,13 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             row_rewards=memoryview(rewards.tobytes()),
             timings=timings or {},
             error=error,
+            drift=drift,
+            failure_kind=failure_kind,
+            policy_version_start=policy_version_start,
+            policy_version_end=policy_version_end,
+            created=time.time() if created is None else created,
+            interaction_ids=list(interaction_ids or []),
+            row_turns=memoryview(turns.tobytes()),
         )
 
     def rows(self) -> list[TokenRow]:
@@ -241,18 +282,52 @@ _DTYPES = {
     "versions": np.dtype("<i4"),
     "row_lens": np.dtype("<i4"),
     "row_rewards": np.dtype("<f4"),
+    "row_turns": np.dtype("<i4"),
 }
 
 _trajectory_encoder = msgspec.msgpack.Encoder()
 _trajectory_decoder = msgspec.msgpack.Decoder(Trajectory)
+_FIELDS = Trajectory.__struct_fields__
+_HEAD = _FIELDS.index("input_ids")  # fields before the first bulk buffer
+_BULK = _FIELDS.index("timings")  # fields from here on are small metadata again
+assert 0 < _HEAD < _BULK < len(_FIELDS) and len(_FIELDS) - _BULK < 16 and _HEAD < 16
+_ARRAY_HEADER = bytes([0x90 | len(_FIELDS)]) if len(_FIELDS) < 16 else b"\xdc" + len(_FIELDS).to_bytes(2, "big")
 
 
 def encode_trajectory(traj: Trajectory) -> bytes:
     return _trajectory_encoder.encode(traj)
 
 
+def encode_trajectory_parts(traj: Trajectory) -> list[bytes | memoryview]:
+    """The bytes of ``encode_trajectory(traj)`` as a list of parts, the token buffers uncopied.
+
+    For scatter-gather writers (``RingWriter.put_parts``): the big buffers go straight from the
+    caller's arrays into shared memory, saving one full copy of the record. It relies on two
+    facts of msgpack: an array is its header followed by its elements' encodings, and ``bin``
+    is a header followed by the raw bytes; msgspec writes the smallest header for each, as here
+    (a test pins ``b"".join(parts) == encode_trajectory(traj)``).
+    """
+    values = msgspec.structs.astuple(traj)
+    head = _trajectory_encoder.encode(values[:_HEAD])
+    tail = _trajectory_encoder.encode(values[_BULK:])
+    parts: list[bytes | memoryview] = []
+    small = _ARRAY_HEADER + head[1:]  # bytes not yet emitted: headers and small buffers, merged
+    for buf in values[_HEAD:_BULK]:
+        size = memoryview(buf).nbytes
+        if size < 1 << 8:
+            small += b"\xc4" + size.to_bytes(1, "big") + buf  # a short copy beats another part
+            continue
+        small += b"\xc5" + size.to_bytes(2, "big") if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big")
+        parts.append(small)
+        parts.append(buf)
+        small = b""
+    parts.append(small + tail[1:])  # fixarray header: both tuples have fewer than 16 elements
+    return parts
+
+
 def decode_trajectory(buf: bytes | memoryview) -> Trajectory:
-    """Decode a record; buffer fields are views into ``buf``, which must outlive them."""
+    """Decode a record of any schema up to ``TRAJECTORY_SCHEMA``; fields a record predates take
+    their defaults. Buffer fields are views into ``buf``'s memory, which must outlive them."""
     traj = _trajectory_decoder.decode(buf)
     if traj.schema_version > TRAJECTORY_SCHEMA:
         raise ValueError(

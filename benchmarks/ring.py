@@ -1,11 +1,19 @@
-"""Trajectory transport throughput: shared-memory ring vs ``multiprocessing.Queue``, same run.
+"""Trajectory transport throughput: shared-memory ring vs ``multiprocessing.Queue`` vs ZeroMQ.
 
-One producer process builds an 8k-token ``Trajectory`` and repeatedly encodes it and hands the
-bytes over (``RingWriter.put`` or ``Queue.put``); this process receives and decodes each one
-(``RingReader.get`` + ``decode_trajectory`` or ``Queue.get`` + ``decode_trajectory``). The clock
-runs on the consumer from the end of a warm-up to the last record, so process start-up and
-first-touch costs are excluded. Both paths move identical bytes; the ring additionally computes
-and verifies a crc32 on each side.
+For 1k-, 8k- and 32k-token trajectories, one producer process builds a ``Trajectory`` once and
+then, per record, encodes it and hands it over; this process receives and decodes each one.
+Every path includes encode and decode:
+
+  * ring:  ``encode_trajectory_parts`` + ``RingWriter.put_parts`` (the token buffers are copied
+           once, straight into shared memory, and summed) -> ``RingReader.get_view`` (checksum
+           verified in place) + ``decode_trajectory`` (zero-copy views into the ring);
+  * queue: ``encode_trajectory`` + ``multiprocessing.Queue.put`` -> ``get`` + decode;
+  * zmq:   ``encode_trajectory`` + PUSH ``send(copy=False)`` over ``ipc://`` -> PULL
+           ``recv(copy=False)`` + decode of the frame's buffer.
+
+The clock runs on the consumer from the end of a warm-up to the last record, so process start-up
+and first-touch costs are excluded. The baselines run in the same invocation, interleaved with
+the ring, so background load on this shared 2-core machine hits all paths alike.
 
     python -m benchmarks.ring [--quick]
 """
@@ -16,20 +24,22 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
+import zmq
 
 from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
-from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts
 
-TOKENS = 8192
+SIZES = (1024, 8192, 32768)
 RING_BYTES = 16 << 20
 WARMUP = 200
 
 
-def make_trajectory(tokens: int = TOKENS) -> Trajectory:
+def make_trajectory(tokens: int = 8192) -> Trajectory:
     """Two rows (prompt + completion each) totalling ``tokens`` tokens, realistic dtypes."""
     rng = np.random.default_rng(0)
     rows = []
@@ -47,89 +57,120 @@ def make_trajectory(tokens: int = TOKENS) -> Trajectory:
         )
     return Trajectory.from_rows(
         episode_id="bench-episode-0", group_id="bench-group", group_size=8, reward=1.0,
-        status="ok", rows=rows, timings={"agent_s": 1.0},
+        status="ok", rows=rows, timings={"agent_s": 1.0}, interaction_ids=["i0", "i1"], row_turns=[1, 1],
     )
 
 
-def _produce_ring(name: str, count: int) -> None:
-    traj = make_trajectory()
+def _produce_ring(name: str, tokens: int, count: int) -> None:
+    traj = make_trajectory(tokens)
     with RingWriter(name, RING_BYTES) as writer:
         for _ in range(count):
-            writer.put(encode_trajectory(traj), timeout_s=60)
-        while writer.free_bytes() < writer.capacity:  # keep the segment until it is drained
-            time.sleep(0.001)
+            writer.put_parts(encode_trajectory_parts(traj), timeout_s=60)
+        deadline = time.monotonic() + 60
+        while writer.free_bytes() < writer.capacity and time.monotonic() < deadline:
+            time.sleep(0.001)  # keep the segment until the reader has committed everything
 
 
-def _produce_queue(queue: mp.Queue, count: int) -> None:
-    traj = make_trajectory()
+def _produce_queue(queue: mp.Queue, tokens: int, count: int) -> None:
+    traj = make_trajectory(tokens)
     for _ in range(count):
         queue.put(encode_trajectory(traj))
     queue.close()
     queue.join_thread()
 
 
-def _consume(receive: Callable[[], bytes | None], count: int) -> float:
-    """Receive ``WARMUP + count`` records; return records/s over the last ``count``."""
+def _produce_zmq(addr: str, tokens: int, count: int) -> None:
+    traj = make_trajectory(tokens)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(addr)
+    for _ in range(count):
+        sock.send(encode_trajectory(traj), copy=False)
+    sock.close(linger=60_000)  # linger: deliver everything queued before exiting
+    ctx.term()
+
+
+def _consume(receive: Callable[[], object], tokens: int, count: int) -> float:
+    """Receive and decode ``WARMUP + count`` records; return records/s over the last ``count``."""
     for _ in range(WARMUP):
         decode_trajectory(receive())
     start = time.perf_counter()
-    tokens = 0
+    total = 0
     for _ in range(count):
-        tokens += decode_trajectory(receive()).num_tokens
+        total += decode_trajectory(receive()).num_tokens
     elapsed = time.perf_counter() - start
-    assert tokens == count * TOKENS
+    assert total == count * tokens, f"received {total} tokens, expected {count * tokens}"
     return count / elapsed
 
 
-def run_ring(count: int) -> float:
-    ctx = mp.get_context("spawn")  # no fork: the harness process may hold threads
-    name = ring_name(f"bench{os.getpid()}", 0)
-    proc = ctx.Process(target=_produce_ring, args=(name, WARMUP + count))
+def _run(target: Callable[..., None], args: tuple, consume: Callable[[], float]) -> float:
+    proc = mp.get_context("spawn").Process(target=target, args=args)  # no fork: harness may hold threads
     proc.start()
     try:
-        with RingReader(name, timeout_s=60) as reader:
-            rate = _consume(lambda: reader.get(timeout_s=60), count)
+        rate = consume()
         proc.join(timeout=60)
-        assert proc.exitcode == 0, f"ring producer exited with {proc.exitcode}"
+        assert proc.exitcode == 0, f"{target.__name__} exited with {proc.exitcode}"
         return rate
     finally:
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def run_ring(tokens: int, count: int) -> float:
+    name = ring_name(f"bench{os.getpid()}", 0)
+
+    def consume() -> float:
+        with RingReader(name, timeout_s=60) as reader:
+            return _consume(lambda: reader.get_view(timeout_s=60), tokens, count)
+
+    try:
+        return _run(_produce_ring, (name, tokens, WARMUP + count), consume)
+    finally:
         unlink_ring(name)
 
 
-def run_queue(count: int) -> float:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_produce_queue, args=(queue, WARMUP + count))
-    proc.start()
-    try:
-        rate = _consume(lambda: queue.get(timeout=60), count)
-        proc.join(timeout=60)
-        assert proc.exitcode == 0, f"queue producer exited with {proc.exitcode}"
-        return rate
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+def run_queue(tokens: int, count: int) -> float:
+    queue = mp.get_context("spawn").Queue()
+    return _run(_produce_queue, (queue, tokens, WARMUP + count),
+                lambda: _consume(lambda: queue.get(timeout=60), tokens, count))
+
+
+def run_zmq(tokens: int, count: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
+        addr = f"ipc://{tmp}/ring-bench.sock"
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PULL)
+        sock.bind(addr)
+        sock.setsockopt(zmq.RCVTIMEO, 60_000)
+        try:
+            return _run(_produce_zmq, (addr, tokens, WARMUP + count),
+                        lambda: _consume(lambda: sock.recv(copy=False).buffer, tokens, count))
+        finally:
+            sock.close(linger=0)
+            ctx.term()
 
 
 def main(quick: bool) -> list[dict]:
-    count, repeats = (3000, 1) if quick else (20000, 3)
-    record_bytes = len(encode_trajectory(make_trajectory()))
-    ring_rates, queue_rates = [], []
-    for _ in range(repeats):  # interleaved so that background load hits both alike
-        ring_rates.append(run_ring(count))
-        queue_rates.append(run_queue(count))
-    ring, queue = statistics.median(ring_rates), statistics.median(queue_rates)
-    common = {"benchmark": "ring", "baseline": "multiprocessing.Queue"}
-    return [
-        {**common, "metric": f"trajectories_per_s_{TOKENS // 1024}k_tokens", "value": ring,
-         "unit": "traj/s", "baseline_value": queue},
-        {**common, "metric": f"payload_bandwidth_{TOKENS // 1024}k_tokens",
-         "value": ring * record_bytes / 1e9, "unit": "GB/s", "baseline_value": queue * record_bytes / 1e9},
-    ]
+    repeats = 1 if quick else 3
+    rows = []
+    for tokens in SIZES:
+        count = max(500, (8 if quick else 40) * 2**20 * 8 // (tokens * 13))  # ~same bytes per size
+        record_bytes = len(encode_trajectory(make_trajectory(tokens)))
+        rates: dict[str, list[float]] = {"ring": [], "queue": [], "zmq": []}
+        for _ in range(repeats):  # interleaved so that background load hits every path alike
+            rates["ring"].append(run_ring(tokens, count))
+            rates["queue"].append(run_queue(tokens, count // 4))  # the baselines are ~4x slower
+            rates["zmq"].append(run_zmq(tokens, count // 2))
+        ring, queue, zq = (statistics.median(rates[k]) for k in ("ring", "queue", "zmq"))
+        size = f"{tokens // 1024}k_tokens"
+        for baseline, value in (("multiprocessing.Queue", queue), ("zmq ipc PUSH/PULL", zq)):
+            common = {"benchmark": "ring", "baseline": baseline}
+            rows.append({**common, "metric": f"trajectories_per_s_{size}", "value": ring, "unit": "traj/s",
+                         "baseline_value": value})
+            rows.append({**common, "metric": f"payload_GBps_{size}", "value": ring * record_bytes / 1e9,
+                         "unit": "GB/s", "baseline_value": value * record_bytes / 1e9})
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared-memory ring: ordering, wrap-around, back-pressure, cross-process use, writer crashes.
+"""Shared-memory ring: ordering, wrap-around, back-pressure, commits and resume, zero-copy views,
+checksums, stale-segment reclaim, cross-process use. (Repeated SIGKILLs: test_ring_crash.py.)
 
 Run as a script (``python tests/test_buffer.py write NAME COUNT CAPACITY``) this file is the
 writer subprocess the cross-process tests start; COUNT < 0 means write until killed.
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,12 +30,15 @@ from areal.buffer import (  # noqa: E402
     SHM_DIR,
     RecordTooLarge,
     RingCorrupted,
+    RingError,
     RingFull,
     RingReader,
     RingWriter,
+    reclaim_stale,
     ring_name,
     unlink_ring,
 )
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts  # noqa: E402
 
 _counter = itertools.count()
 
@@ -239,6 +244,94 @@ def test_corrupted_payload_is_never_returned(name):
             f.write(b"!")
         with pytest.raises(RingCorrupted, match="checksum"):
             r.get(timeout_s=0)
+
+
+def test_manual_commit_holds_space_and_redelivers_after_reader_restart(name):
+    with RingWriter(name, 4096) as w:
+        r = RingReader(name, auto_commit=False)
+        puts = 0
+        while True:  # fill the ring
+            try:
+                w.put(b"r" * 500 + bytes([puts]), timeout_s=0)
+                puts += 1
+            except RingFull:
+                break
+        got = [r.get(timeout_s=0) for _ in range(puts)]
+        assert [g[-1] for g in got] == list(range(puts))
+        # Everything was read but nothing committed: the writer still may not overwrite it.
+        with pytest.raises(RingFull, match="is the reader alive"):
+            w.put(b"x" * 500, timeout_s=0.02)
+        r.commit(1)
+        assert r.committed_seq == 2
+        r.commit(0)  # already committed: a no-op
+        with pytest.raises(ValueError, match="beyond the last delivered"):
+            r.commit(puts)
+        r.close()  # a "crash" after reading everything: only seqs 0 and 1 were committed
+        with RingReader(name, auto_commit=False, resume=True) as again:
+            assert again.committed_seq == 2
+            assert again.get(timeout_s=0)[-1] == 2 and again.last_seq == 2  # re-delivered
+        with pytest.raises(RingError, match="resume=False but records up to seq 1"):
+            RingReader(name, resume=False)
+        with RingReader(name) as auto:  # auto-commit drains the rest
+            while auto.get(timeout_s=0) is not None:
+                pass
+        assert w.free_bytes() == w.capacity
+
+
+def test_get_view_is_zero_copy_and_commits_on_the_next_call(name):
+    traj = Trajectory.from_rows(
+        episode_id="e", group_id="g", group_size=1, reward=1.0, status="ok",
+        rows=[TokenRow(np.arange(1000, dtype=np.int32), np.ones(1000, np.uint8), np.zeros(1000, np.float32),
+                       np.zeros(1000, np.int32), 1.0)],
+    )
+    with RingWriter(name, 1 << 16) as w, RingReader(name) as r:
+        assert w.put_parts(encode_trajectory_parts(traj)) == 0
+        assert w.put(encode_trajectory(traj)) == 1
+        view = r.get_view(timeout_s=0)
+        out = decode_trajectory(view)
+        assert out == traj
+        assert np.shares_memory(out.array("input_ids"), np.frombuffer(r._mm, np.uint8))  # in the ring
+        assert r.committed_seq == 0  # still held: the view is in use
+        del out, view
+        assert r.get(timeout_s=0) == encode_trajectory(traj)  # commits record 0, then record 1
+        assert r.committed_seq == 2 and w.free_bytes() == w.capacity
+        assert r.get_view(timeout_s=0) is None
+
+
+def test_second_live_reader_is_refused(name):
+    with RingWriter(name, 4096), RingReader(name):
+        proc = subprocess.run(
+            [sys.executable, "-c", f"from areal.buffer import RingReader; RingReader({name!r}, timeout_s=1)"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode != 0 and "already has a live reader" in proc.stderr
+
+
+def test_corrupted_frame_header_is_never_trusted(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        w.put(b"payload")
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            f.seek(HEADER_BYTES + 4)  # the length field: a torn or garbled frame
+            f.write((6).to_bytes(4, "little"))
+        with pytest.raises(RingCorrupted, match="no valid record"):
+            r.get(timeout_s=0)
+
+
+def test_reclaim_stale_removes_dead_segments_only(name):
+    dead = ring_name(f"t{os.getpid()}dead{next(_counter)}", 0)
+    code = f"from areal.buffer import RingWriter; RingWriter({dead!r}, 4096)"  # dies without unlinking
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+    tmp = os.path.join(SHM_DIR, f".{dead}.999999999.tmp")  # a creator that died mid-creation
+    open(tmp, "wb").close()
+    try:
+        with RingWriter(name, 4096):  # alive: must survive
+            removed = reclaim_stale(f"areal-t{os.getpid()}")
+            assert sorted(removed) == sorted([dead, os.path.basename(tmp)])
+            assert os.path.exists(os.path.join(SHM_DIR, name))
+    finally:
+        unlink_ring(dead)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def test_reader_times_out_waiting_for_missing_segment(name):

@@ -3,6 +3,8 @@
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from areal.protocol import (
     FRAME_HEADER,
@@ -24,6 +26,7 @@ from areal.protocol import (
     ZygoteReady,
     decode_trajectory,
     encode_trajectory,
+    encode_trajectory_parts,
     frame,
 )
 
@@ -80,6 +83,88 @@ def test_trajectory_round_trip_every_field():
         assert a.reward == b.reward
     np.testing.assert_array_equal(out.array("row_lens"), [7, 0, 300])
     assert out == traj
+
+
+def test_schema_2_fields_round_trip():
+    traj = make_trajectory(
+        status="timeout", error="deadline 30s passed", drift=2, failure_kind="timeout",
+        policy_version_start=3, policy_version_end=5, created=1_700_000_000.25,
+        interaction_ids=["c-1", "c-2", "c-3"], row_turns=[1, 1, 4],
+    )
+    out = decode_trajectory(encode_trajectory(traj))
+    assert out.schema_version == TRAJECTORY_SCHEMA == 2
+    assert (out.drift, out.failure_kind, out.error) == (2, "timeout", "deadline 30s passed")
+    assert (out.policy_version_start, out.policy_version_end) == (3, 5)
+    assert out.created == 1_700_000_000.25
+    assert out.interaction_ids == ["c-1", "c-2", "c-3"]
+    np.testing.assert_array_equal(out.array("row_turns"), [1, 1, 4])
+    assert out.array("row_turns").dtype == np.dtype("<i4")
+    assert out.version_span() == (3, 5)  # rows sample at versions 3, 4 and 5; derived, not stored
+    assert out == traj
+
+
+def test_defaults_of_a_fresh_record():
+    before = __import__("time").time()
+    traj = make_trajectory()
+    assert before <= traj.created
+    assert (traj.drift, traj.failure_kind, traj.interaction_ids) == (0, "", [])
+    assert (traj.policy_version_start, traj.policy_version_end) == (-1, -1)
+    assert len(traj.row_turns) == 0
+    assert make_trajectory(rows=[]).version_span() == (-1, -1)
+    with pytest.raises(ValueError, match="interaction_ids has 1 entries for 3 rows"):
+        make_trajectory(interaction_ids=["x"])
+    with pytest.raises(ValueError, match="row_turns has 2 entries for 3 rows"):
+        make_trajectory(row_turns=[1, 2])
+
+
+class TrajectoryV1(msgspec.Struct, array_like=True, gc=False):
+    """Frozen copy of the schema-1 layout (as shipped before schema 2); never edit."""
+
+    schema_version: int
+    episode_id: str
+    group_id: str
+    group_size: int
+    reward: float
+    status: str
+    input_ids: memoryview
+    loss_mask: memoryview
+    logprobs: memoryview
+    versions: memoryview
+    row_lens: memoryview
+    row_rewards: memoryview
+    timings: dict[str, float] = {}
+    error: str = ""
+
+
+def test_schema_1_record_decodes_with_defaults():
+    new = make_trajectory()
+    v1 = TrajectoryV1(1, "ep-old", "g-old", 2, 0.5, "ok", new.input_ids, new.loss_mask, new.logprobs,
+                      new.versions, new.row_lens, new.row_rewards, {"wall_s": 3.0}, "")
+    buf = msgspec.msgpack.encode(v1)
+    out = decode_trajectory(buf)
+    assert out.schema_version == 1
+    assert (out.episode_id, out.group_id, out.group_size, out.reward) == ("ep-old", "g-old", 2, 0.5)
+    assert out.timings == {"wall_s": 3.0}
+    for field in BUFFER_FIELDS:
+        assert bytes(getattr(out, field)) == bytes(getattr(new, field)), field
+    assert (out.drift, out.failure_kind, out.created, out.interaction_ids) == (0, "", 0.0, [])
+    assert (out.policy_version_start, out.policy_version_end, len(out.row_turns)) == (-1, -1, 0)
+    assert out.version_span() == new.version_span()
+    # And a schema-1 reader still reads the leading fields of a schema-2 record.
+    old = msgspec.msgpack.decode(encode_trajectory(new), type=TrajectoryV1)
+    assert (old.episode_id, bytes(old.input_ids)) == ("ep-1", bytes(new.input_ids))
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(0, 20_000), max_size=4), turns=st.booleans())
+def test_parts_concatenate_to_the_encoding(lens, turns):
+    """Scatter-gather parts are byte-identical to encode_trajectory (bin headers 8/16/32-bit)."""
+    traj = make_trajectory(rows=make_rows(1, tuple(lens)), row_turns=[1] * len(lens) if turns else None)
+    parts = encode_trajectory_parts(traj)
+    assert b"".join(parts) == encode_trajectory(traj)
+    big = [p for p in parts if isinstance(p, memoryview)]
+    assert all(p.nbytes >= 256 for p in big)  # small buffers are merged, big ones never copied
+    assert any(p is traj.input_ids for p in big) == (len(traj.input_ids) >= 256)
 
 
 def test_trajectory_buffers_are_little_endian_zero_copy_views():
