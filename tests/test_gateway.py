@@ -114,7 +114,11 @@ def test_openai_sdk_over_http_and_zmq_front_doors(engine_url, model_dir):
         (_chat([{"role": "user", "content": "hi"}], temperature="hot"), 400, "temperature"),
         (_chat([{"role": "user", "content": "hi"}], max_tokens=10**6), 400, "max_tokens"),
         (_chat([{"role": "wizard", "content": "hi"}]), 400, "role"),
-        (_chat([{"role": "user", "content": "hi"}], stream=True), 400, "stream"),
+        (_chat([{"role": "user", "content": "hi"}], stream="yes"), 400, "stream"),
+        (_chat([{"role": "user", "content": "hi"}], top_logprobs=3), 400, "logprobs"),
+        (_chat([{"role": "user", "content": "hi"}], tool_choice="required", tools=[]), 400, "tool_choice"),
+        (_chat([{"role": "user", "content": "hi"}], logit_bias={"1": 2}), 400, "logit_bias"),
+        (_chat([{"role": "user", "content": "hi"}], n=0), 400, "n must be"),
     ],
 )
 def test_bad_requests_get_openai_shaped_4xx(engine_url, model_dir, body, status, needle):
@@ -164,6 +168,147 @@ def test_engine_down_is_503_and_gateway_keeps_serving(model_dir):
             assert reply.status == 503
             assert json.loads(reply.body)["error"]["type"] == "engine_unavailable"
         assert (await gw.handle(_req(None, b"", path="/health", method="GET"))).status == 200
+        await gw.engine.close()
+
+    asyncio.run(go())
+
+
+def test_streaming_over_http_matches_recorded_tokens(engine_url, model_dir):
+    """SSE chunks in OpenAI's shape; their text is exactly the recorded interaction's text."""
+
+    async def go():
+        gw = _gateway(engine_url, model_dir)
+        runner, url = await serve_http(gw)
+        key = gw.open_session("s1")
+        client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=24, stream=True,
+            stream_options={"include_usage": True}, temperature=0.0)
+        pieces, finish, usage, ids = [], None, None, set()
+        async for chunk in stream:
+            ids.add(chunk.id)
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                pieces.append(c.delta.content or "")
+                finish = c.finish_reason or finish
+        (inter,) = gw.sessions[key].interactions.values()
+        assert ids == {inter.id}
+        assert "".join(pieces) == gw.tokenizer.decode(inter.output_ids, skip_special_tokens=True)
+        assert finish in ("stop", "length") and usage.completion_tokens == len(inter.output_ids)
+        assert len(pieces) >= 3  # role chunk, then content as it is produced, then finish
+        await runner.cleanup()
+        await gw.engine.close()
+
+    asyncio.run(go())
+
+
+def test_streaming_over_zmq_sends_several_frames(engine_url, model_dir):
+    async def go():
+        gw = _gateway(engine_url, model_dir)
+        addr = f"ipc://{tempfile.mkdtemp()}/gw.sock"
+        server = asyncio.create_task(serve_zmq(gw, addr))
+        key = gw.open_session("s2")
+        dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        dealer.connect(addr)
+        body = _chat([{"role": "user", "content": "What is 5 + 1?"}], max_tokens=12, stream=True, temperature=0.0)
+        await dealer.send(msgspec.msgpack.encode(_req(key, body)))
+        dec = msgspec.msgpack.Decoder(GatewayMessage)
+        frames = [dec.decode(await asyncio.wait_for(dealer.recv(), 60))]
+        while frames[-1].more:
+            frames.append(dec.decode(await asyncio.wait_for(dealer.recv(), 60)))
+        assert frames[0].status == 200 and frames[0].headers["content-type"] == "text/event-stream"
+        data = b"".join(f.body for f in frames)
+        assert len(frames) > 4 and data.endswith(b"data: [DONE]\n\n")
+        assert len(gw.sessions[key].interactions) == 1
+        dealer.close(0)
+        server.cancel()
+        await gw.engine.close()
+
+    asyncio.run(go())
+
+
+def test_n_choices_logprobs_seed_and_stop(engine_url, model_dir):
+    async def go():
+        gw = _gateway(engine_url, model_dir)
+        key = gw.open_session("s3")
+        msgs = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
+        body = _chat(msgs, n=3, max_tokens=16, seed=7, logprobs=True, top_logprobs=2)
+        out = json.loads((await gw.handle(_req(key, body))).body)
+        assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+        inters = list(gw.sessions[key].interactions.values())
+        assert len(inters) == 3 and inters[0].id == out["id"]
+        assert out["usage"]["completion_tokens"] == sum(len(i.output_ids) for i in inters)
+        for c, inter in zip(out["choices"], inters):
+            lp = c["logprobs"]["content"]
+            content_ids = [t for t in inter.output_ids if t not in gw.stop_token_ids]
+            assert [x["logprob"] for x in lp] == pytest.approx(inter.output_logprobs[: len(content_ids)], abs=1e-6)
+            assert all(len(x["top_logprobs"]) == 2 for x in lp)
+        again = json.loads((await gw.handle(_req(key, body))).body)
+        assert [c["message"]["content"] for c in again["choices"]] == [c["message"]["content"] for c in out["choices"]]
+
+        # stop: the answer ends before the stop string; recorded ids end with the token completing it
+        text = out["choices"][0]["message"]["content"]
+        assert len(text) > 2
+        stop = text[1:3]
+        cut = json.loads((await gw.handle(_req(key, _chat(msgs, n=1, max_tokens=16, seed=7, stop=[stop])))).body)
+        choice = cut["choices"][0]
+        assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
+        inter = gw.sessions[key].interactions[cut["id"]]
+        decoded = gw.tokenizer.decode(inter.output_ids, skip_special_tokens=True)
+        assert stop in decoded and stop not in gw.tokenizer.decode(inter.output_ids[:-1], skip_special_tokens=True)
+        assert len(inter.output_logprobs) == len(inter.output_ids)
+        await gw.engine.close()
+
+    asyncio.run(go())
+
+
+def test_rewards_and_session_isolation_over_http_routes(engine_url, model_dir):
+    async def go():
+        gw = _gateway(engine_url, model_dir)
+        a, b = gw.open_session("a"), gw.open_session("b")
+        ok = _chat([{"role": "user", "content": "hi"}], max_tokens=4)
+        ida = json.loads((await gw.handle(_req(a, ok))).body)["id"]
+        idb = json.loads((await gw.handle(_req(b, ok))).body)["id"]
+        reward = lambda key, **kw: gw.handle(_req(key, json.dumps(kw).encode(), path="/v1/rewards"))  # noqa: E731
+        assert (await reward(b, interaction_id=ida, reward=1.0)).status == 404  # cannot reward another's
+        get = lambda key, iid: gw.handle(_req(key, b"", path=f"/v1/interactions/{iid}", method="GET"))  # noqa: E731
+        assert (await get(b, ida)).status == 404  # cannot read another's
+        assert json.loads((await get(a, ida)).body)["output_ids"] == gw.sessions[a].interactions[ida].output_ids
+        assert (await reward(a, interaction_id=ida, reward=0.5)).status == 200
+        assert (await reward(b, reward=2)).status == 200  # final reward
+        assert (await reward(a, reward="x")).status == 400
+        assert gw.sessions[a].interactions[ida].reward == 0.5 and gw.sessions[b].interactions[idb].reward == 2.0
+        assert (await gw.handle(_req(a, b"", path="/admin/metrics", method="GET"))).status == 401
+
+        adm = gw.admin_key
+        opened = await gw.handle(_req(adm, json.dumps({"episode_id": "x"}).encode(), path="/admin/sessions"))
+        new_key = json.loads(opened.body)["key"]
+        assert (await gw.handle(_req(new_key, ok))).status == 200
+        closed = json.loads((await gw.handle(_req(adm, json.dumps({"key": a}).encode(), path="/admin/sessions/close"))).body)
+        assert closed["episode_id"] == "a" and closed["interactions"][0]["reward"] == 0.5
+        assert (await gw.handle(_req(a, ok))).status == 401
+        metrics = json.loads((await gw.handle(_req(adm, b"", path="/admin/metrics", method="GET"))).body)
+        assert metrics["sessions"] == 2 and metrics["drift"] == 0
+        await gw.engine.close()
+
+    asyncio.run(go())
+
+
+def test_idle_sessions_expire_and_are_reported(engine_url, model_dir):
+    async def go():
+        gw = _gateway(engine_url, model_dir, session_idle_s=30)
+        key = gw.open_session("idle")
+        ok = _chat([{"role": "user", "content": "hi"}], max_tokens=4)
+        assert (await gw.handle(_req(key, ok))).status == 200
+        gone = gw.expire_idle(now=gw.sessions[key].last_used + 31)
+        assert [s.episode_id for s in gone] == ["idle"]
+        reply = await gw.handle(_req(key, ok))
+        assert reply.status == 401 and "expired" in json.loads(reply.body)["error"]["message"]
+        listing = json.loads((await gw.handle(_req(gw.admin_key, b"", path="/admin/sessions", method="GET"))).body)
+        assert [s["episode_id"] for s in listing["expired"]] == ["idle"]
+        session = gw.close_session(key)  # the controller still collects what it recorded
+        assert session.expired and len(session.interactions) == 1
         await gw.engine.close()
 
     asyncio.run(go())

@@ -1,6 +1,10 @@
 """The token-tracking gateway: see ``core`` for the request core and its invariants.
 
-Modules: ``core`` (sessions, routing, the request core, ZeroMQ and HTTP front doors).
+Modules: ``contract`` (types the front-ends and the core exchange), ``core`` (config, sessions,
+the request core), ``render`` (incremental prompt ids), ``generation`` (engine calls, stop
+strings, streaming, recording), ``tree`` (conversation tree, rewards, export), ``chat`` /
+``responses`` / ``anthropic`` (API front-ends), ``parsers`` / ``qwen`` (tool-call and reasoning
+formats), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP front doors).
 """
 
 from areal.gateway.core import (
@@ -9,8 +13,9 @@ from areal.gateway.core import (
     Interaction,
     RequestError,
     Session,
-    serve_http,
-    serve_zmq,
 )
+from areal.gateway.server import serve_http, serve_zmq
+from areal.gateway.tree import InteractionWithTokenLogpReward
 
-__all__ = ["Gateway", "GatewayConfig", "Interaction", "RequestError", "Session", "serve_http", "serve_zmq"]
+__all__ = ["Gateway", "GatewayConfig", "Interaction", "InteractionWithTokenLogpReward", "RequestError", "Session",
+           "serve_http", "serve_zmq"]

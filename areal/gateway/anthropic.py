@@ -1,11 +1,392 @@
-"""Placeholder so the gateway core can route to this front-end while it is being written."""
+"""Anthropic Messages API front-end (``POST /v1/messages``): translation to and from the core.
+
+    body ──request_to_turn──► Turn ──Gateway.complete / complete_stream──► Choice | ChoiceDelta*
+                                         message_body(Choice) ◄──┘             │
+                                         MessageEvents (SSE events) ◄──────────┘
+
+``system`` (a string or text blocks) becomes the system message; user content blocks become a
+user message, with each ``tool_result`` block a ``tool`` message placed before the user's text
+(Anthropic puts results first in the turn that answers the calls); assistant ``text``,
+``thinking`` and ``tool_use`` blocks fold into one assistant chat message. ``tools``
+(``name``/``description``/``input_schema``) become chat function tools and parsed tool calls come
+back as ``tool_use`` blocks whose ``input`` is the model's JSON arguments.
+
+Invariants:
+- The message id is the interaction id, so ``set_reward(message.id, r)`` rewards this call.
+- ``max_tokens`` is required, as in Anthropic's API. ``top_k`` and anything else the gateway
+  cannot honour is a 400 naming it; ``metadata``, ``service_tier``, ``cache_control``,
+  ``inference_geo`` and ``speed`` are accepted without effect. (anthropic 2.11's ``create`` has no
+  ``temperature``/``top_p``/``top_k`` arguments; clients send them with ``extra_body``.)
+- ``stop_reason``: tool calls → ``tool_use``; the length limit → ``max_tokens``; a stop sequence
+  → ``stop_sequence`` with the sequence; otherwise ``end_turn``.
+- Errors on this route use Anthropic's shape, built by ``error_body`` (the core calls it).
+- Streaming sends the events the anthropic 2.11 SDK accumulates: message_start, then per block
+  content_block_start / content_block_delta (text_delta, thinking_delta, input_json_delta) /
+  content_block_stop, then message_delta (stop reason, usage) and message_stop.
+
+Not covered: images, documents, citations, server tools (bash, web search, code execution),
+prompt caching (``cache_control`` is accepted on blocks and has no effect), extended thinking
+budgets (``thinking`` other than disabled is a 400).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
-from areal.gateway.core import RequestError
+from areal.engine.client import EngineError
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+
+if TYPE_CHECKING:  # the core imports this module to route to it
+    from areal.gateway.core import Gateway, Session
+
+_HONOURED = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "stream", "tools", "tool_choice"}
+# Accepted without effect on what is sampled; thinking is checked below.
+_NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
+_ERROR_KINDS = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}
 
 
-async def handle(gateway: Any, session: Any, body: dict) -> Any:
-    raise RequestError(404, "this API is not served yet", kind="not_found_error")
+def error_body(status: int, message: str, kind: str) -> dict:
+    """Anthropic's error shape; ``kind`` outside Anthropic's vocabulary is mapped by status."""
+    if kind not in _ERROR_KINDS.values() and kind != "api_error":
+        kind = _ERROR_KINDS.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# ---- request -> Turn -------------------------------------------------------------------------
+
+
+def request_to_turn(body: dict) -> Turn:
+    """Validate a Messages request body and normalise it to a chat ``Turn``."""
+    unknown = sorted(set(body) - _HONOURED - _NEUTRAL)
+    if unknown:
+        raise RequestError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
+    thinking = body.get("thinking")
+    if thinking is not None and thinking != {"type": "disabled"}:
+        raise RequestError(400, "thinking budgets are not supported; the model thinks as it was trained to", param="thinking")
+    if "max_tokens" not in body:
+        raise RequestError(400, "max_tokens: field required", param="max_tokens")
+    _check_number("max_tokens", body["max_tokens"], 1, 1 << 31, integer=True)
+    temperature = 1.0 if body.get("temperature") is None else body["temperature"]
+    top_p = 1.0 if body.get("top_p") is None else body["top_p"]
+    _check_number("temperature", temperature, 0.0, 1.0)
+    _check_number("top_p", top_p, 1e-9, 1.0)
+    stops = body.get("stop_sequences") or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 32:
+        raise RequestError(400, "stop_sequences must be a list of at most 32 non-empty strings", param="stop_sequences")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise RequestError(400, "stream must be a boolean", param="stream")
+
+    messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
+    tools = _convert_tools(body.get("tools"))
+    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops))
+    return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
+
+
+def _system_messages(system: Any) -> list[dict]:
+    if system is None:
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}] if system else []
+    return [{"role": "system", "content": _block_text(system, "system", allowed=("text",))}]
+
+
+def _chat_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages: a non-empty list is required", param="messages")
+    out: list[dict] = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            raise RequestError(400, f"{where}.role must be 'user' or 'assistant'", param=f"{where}.role")
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append({"role": msg["role"], "content": content})
+        elif isinstance(content, list):
+            out += _user_blocks(content, where) if msg["role"] == "user" else [_assistant_blocks(content, where)]
+        else:
+            raise RequestError(400, f"{where}.content must be a string or a list of content blocks", param=f"{where}.content")
+    return out
+
+
+def _user_blocks(blocks: list, where: str) -> list[dict]:
+    tool_results, texts = [], []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_text_of(block, at))
+        elif kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise RequestError(400, f"{at}.tool_use_id must be a string", param=f"{at}.tool_use_id")
+            content = block.get("content", "")
+            text = content if isinstance(content, str) else _block_text(content, f"{at}.content", allowed=("text",))
+            tool_results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+        else:
+            raise RequestError(400, f"{at}: block type {kind!r} is not supported in a user message", param=at)
+    return tool_results + ([{"role": "user", "content": "".join(texts)}] if texts or not tool_results else [])
+
+
+def _assistant_blocks(blocks: list, where: str) -> dict:
+    msg: dict[str, Any] = {"role": "assistant", "content": None}
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_text_of(block, at))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise RequestError(400, f"{at}.thinking must be a string", param=f"{at}.thinking")
+            msg["reasoning_content"] = block["thinking"]
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
+                raise RequestError(400, f"{at}: tool_use needs string id and name and an object input", param=at)
+            arguments = json.dumps(block["input"], ensure_ascii=False)
+            msg.setdefault("tool_calls", []).append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+        else:
+            raise RequestError(400, f"{at}: block type {kind!r} is not supported in an assistant message", param=at)
+    if texts or "tool_calls" not in msg:
+        msg["content"] = "".join(texts)
+    return msg
+
+
+def _text_of(block: dict, at: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise RequestError(400, f"{at}.text must be a string", param=f"{at}.text")
+    return block["text"]
+
+
+def _block_text(blocks: Any, where: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(blocks, list):
+        raise RequestError(400, f"{where} must be a string or a list of text blocks", param=where)
+    texts = []
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") not in allowed:
+            raise RequestError(400, f"{where}[{j}] must be a text block", param=f"{where}[{j}]")
+        texts.append(_text_of(block, f"{where}[{j}]"))
+    return "".join(texts)
+
+
+def _convert_tools(tools: Any) -> list[dict] | None:
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise RequestError(400, "tools must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise RequestError(400, f"{at}: only client tools are supported, got type {kind!r}", param=at)
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise RequestError(400, f"{at}.name must be a non-empty string", param=f"{at}.name")
+        if not isinstance(tool.get("input_schema"), dict):
+            raise RequestError(400, f"{at}.input_schema: an object is required", param=f"{at}.input_schema")
+        if tool.get("description") is not None and not isinstance(tool["description"], str):
+            raise RequestError(400, f"{at}.description must be a string", param=f"{at}.description")
+        function = {"name": tool["name"], "description": tool.get("description") or "", "parameters": tool["input_schema"]}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _convert_tool_choice(choice: Any, tools: list[dict] | None) -> str | dict | None:
+    if choice is None:
+        return None
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise RequestError(400, "tool_choice.type must be auto, any, tool or none", param="tool_choice")
+    if choice.get("disable_parallel_tool_use"):
+        raise RequestError(400, "disable_parallel_tool_use is not supported: the model may emit several calls", param="tool_choice")
+    match choice["type"]:
+        case "auto":
+            return "auto"
+        case "any":
+            return "required"
+        case "none":
+            return "none"
+    name = choice.get("name")
+    if not isinstance(name, str) or not any(t["function"]["name"] == name for t in tools or []):
+        raise RequestError(400, f"tool_choice.name {name!r} is not one of tools", param="tool_choice.name")
+    return {"type": "function", "function": {"name": name}}
+
+
+def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
+
+
+# ---- Choice -> message body ------------------------------------------------------------------
+
+
+def stop_reason(choice: Choice, matched_stop: str | None) -> str:
+    if choice.parsed.tool_calls:
+        return "tool_use"
+    if choice.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if matched_stop is not None else "end_turn"
+
+
+def content_blocks(choice: Choice) -> list[dict]:
+    parsed = choice.parsed
+    blocks: list[dict] = []
+    if parsed.reasoning:
+        blocks.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+    if parsed.content or not parsed.tool_calls:
+        blocks.append({"type": "text", "text": parsed.content})
+    for tc in parsed.tool_calls:
+        blocks.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc.arguments)})
+    return blocks
+
+
+def _tool_input(arguments: str) -> dict:
+    # The parser only emits calls whose arguments are JSON; an object is what the API promises.
+    value = json.loads(arguments) if arguments else {}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def message_body(body: dict, choice: Choice, matched_stop: str | None) -> dict:
+    reason = stop_reason(choice, matched_stop)
+    return {
+        "id": choice.interaction_id,
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or "areal",
+        "content": content_blocks(choice),
+        "stop_reason": reason,
+        "stop_sequence": matched_stop if reason == "stop_sequence" else None,
+        "usage": {"input_tokens": choice.prompt_tokens, "output_tokens": choice.completion_tokens},
+    }
+
+
+def matched_stop_sequence(gateway: Gateway, session: Session, choice: Choice, stops: list[str]) -> str | None:
+    """Which stop sequence ended the generation, if any.
+
+    The engine trims a matched stop string from its text but keeps its tokens, so the full
+    decode of the recorded output shows which sequence matched (earliest occurrence wins).
+    """
+    if not stops or choice.finish_reason != "stop":
+        return None
+    interaction = session.interactions.get(choice.interaction_id)
+    if interaction is None:
+        return None
+    text = gateway.tokenizer.decode(interaction.output_ids, skip_special_tokens=False)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    return min(hits)[1] if hits else None
+
+
+# ---- handler -------------------------------------------------------------------------------
+
+
+async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
+    """``POST /v1/messages``: one message, streamed as SSE events when ``stream`` is true."""
+    turn = request_to_turn(body)
+    message_id = "msg_" + secrets.token_hex(12)  # the interaction id too (so message_start carries it)
+    if body.get("stream"):
+        deltas = gateway.complete_stream(session, turn, response_id=message_id).__aiter__()
+        first = await deltas.__anext__()  # bad input raises here, before any byte is sent
+        stream = _stream(body, message_id, first, deltas, lambda c: matched_stop_sequence(gateway, session, c, turn.sampling.stop))
+        return Reply(status=200, stream=stream, headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+    (choice,) = await gateway.complete(session, turn, response_id=message_id)
+    return Reply(status=200, body=message_body(body, choice, matched_stop_sequence(gateway, session, choice, turn.sampling.stop)))
+
+
+def sse(event: dict) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+async def _stream(body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta],
+                  matched: Any) -> AsyncIterator[bytes]:
+    events = MessageEvents(body, message_id)
+    yield events.start()
+    delta: ChoiceDelta | None = first
+    try:
+        while delta is not None:
+            if delta.kind == "done":
+                assert delta.choice is not None, "a done delta carries its choice"
+                for frame in events.finish(delta.choice, matched(delta.choice)):
+                    yield frame
+                return
+            for frame in events.delta(delta.kind, delta.text):
+                yield frame
+            delta = await anext(rest, None)
+    except EngineError as e:  # the engine failed mid-stream: tell the client in the API's own shape
+        yield sse(error_body(503 if e.status is None else 502, str(e), "api_error"))
+
+
+class MessageEvents:
+    """The event sequence of one streamed message."""
+
+    def __init__(self, body: dict, message_id: str) -> None:
+        self.body, self.message_id = body, message_id  # = the interaction id the core records
+        self.index = -1  # index of the open content block
+        self.open: str | None = None  # "text" | "thinking" | None
+        self.text = ""
+        self.saw_text = False  # a text block was opened (so the message needs no empty one)
+
+    def start(self) -> bytes:
+        message = {
+            "id": self.message_id, "type": "message", "role": "assistant", "model": self.body.get("model") or "areal",
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        return sse({"type": "message_start", "message": message})
+
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        if not text:
+            return []
+        block = "thinking" if kind == "reasoning" else "text"
+        frames: list[bytes] = []
+        if self.open != block:
+            frames += self._close()
+            frames.append(self._open(block))
+        self.text += text
+        payload = {"type": "thinking_delta", "thinking": text} if block == "thinking" else {"type": "text_delta", "text": text}
+        frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": payload}))
+        return frames
+
+    def _open(self, block: str) -> bytes:
+        self.index += 1
+        self.open, self.text = block, ""
+        self.saw_text |= block == "text"
+        start = {"type": "thinking", "thinking": "", "signature": ""} if block == "thinking" else {"type": "text", "text": ""}
+        return sse({"type": "content_block_start", "index": self.index, "content_block": start})
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        frames = []
+        if self.open == "thinking":  # the SDK expects a signature before a thinking block ends
+            frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
+        frames.append(sse({"type": "content_block_stop", "index": self.index}))
+        self.open = None
+        return frames
+
+    def finish(self, choice: Choice, matched_stop: str | None) -> list[bytes]:
+        parsed, frames = choice.parsed, []
+        if self.open == "thinking":
+            frames += self._close()
+        if not self.saw_text and (parsed.content or not parsed.tool_calls):
+            frames.append(self._open("text"))  # a message always has a text block or a tool_use
+            if parsed.content:
+                frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": parsed.content}}))
+        frames += self._close()
+        for tc in parsed.tool_calls:
+            self.index += 1
+            start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
+            frames.append(sse({"type": "content_block_start", "index": self.index, "content_block": start}))
+            frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": tc.arguments}}))
+            frames.append(sse({"type": "content_block_stop", "index": self.index}))
+        reason = stop_reason(choice, matched_stop)
+        frames.append(sse({
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": matched_stop if reason == "stop_sequence" else None},
+            "usage": {"input_tokens": choice.prompt_tokens, "output_tokens": choice.completion_tokens},
+        }))
+        frames.append(sse({"type": "message_stop"}))
+        return frames

@@ -1,42 +1,48 @@
-"""The token-tracking gateway: one request core behind ZeroMQ and HTTP front doors.
+"""The token-tracking gateway's request core: sessions, routing, completions, rewards.
 
-    agent (sandbox relay, httpx ZmqTransport) --GatewayRequest--> ROUTER ipc:// ─┐
-    anything else (inline agents, curl)       --HTTP----------->  aiohttp      ─┤
-                                                                                ▼
-                                     Gateway.handle(GatewayRequest) -> GatewayReply
-                                       auth (session key) → route → chat template → input_ids
-                                       → EngineClient.generate (SGLang /generate) → Interaction
+    agent (sandbox relay, httpx ZmqTransport) --GatewayRequest--> ROUTER ipc:// ─┐  (server.py)
+    anything else (inline agents, curl, ArealOpenAI in-process) --HTTP/httpx----─┤
+                                                                                 ▼
+      Gateway.dispatch(GatewayRequest) -> Reply (JSON body, or an SSE byte stream)
+        auth (session key | admin key) → route → front-end (chat.py, responses.py, anthropic.py)
+        → Turn → Gateway.complete / complete_stream → PromptBuilder (render.py) → input_ids
+        → engine.generate / generate_stream (SGLang /generate) → parse → Interaction (tree.py)
 
 Invariants:
-- Every completion the gateway returns is recorded in its session as an ``Interaction`` holding
-  the exact prompt ids sent to the engine, the exact output ids it sampled (stop token included,
-  as SGLang returns them), the engine's logprob of each, and the policy version that sampled
-  them. The trainer trains on these ids, never on re-tokenised text.
-- A session is opened by the controller (in-process) and is the only thing a key unlocks; an
-  unknown or closed key gets 401. Closing a session returns its interactions exactly once.
-- Bad input is answered with a 4xx in the OpenAI error shape; an unreachable engine is a 503.
-  Nothing raised while serving one request reaches the server loops.
+- Every choice the gateway returns is recorded in its session as an ``Interaction`` holding the
+  exact prompt ids sent to the engine, the exact output ids it sampled (stop token included, as
+  SGLang returns them; cut after a stop string when the gateway applies one), the engine's
+  logprob of each, the policy version, and the parent interaction whose tokens it extends.
+- A session key unlocks that session only: one session can neither read nor reward another's
+  interactions. Controller operations over HTTP need the admin key. A closed key gets 401; an
+  idle session expires after ``session_idle_s`` and is kept in ``expired`` until the controller
+  collects it with ``close_session`` (reported, never silently dropped).
+- Bad input is a 4xx in the API's own error shape (Anthropic's on /v1/messages, OpenAI's
+  elsewhere); an unreachable engine is a 503. Nothing raised while serving one request reaches
+  the server loops, and a refused request records nothing.
 
-Covered here: OpenAI Chat Completions without streaming or tools. Later work adds streaming,
-tool-call parsing, the Responses and Anthropic APIs, and incremental multi-turn prompts.
+Deliberately not honoured (400 naming the parameter): ``tool_choice`` "required" or a named
+function (no constrained decoding). Streaming needs an engine with ``generate_stream``; without one, ``stream`` is a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import zmq
-import zmq.asyncio
-from aiohttp import web
 
-from areal.engine.client import EngineClient, EngineError, EngineUnavailable
-from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
+from areal.gateway import tree
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, TokenLogprob, Turn
+from areal.gateway.generation import choice_ids, engine_kwargs, engine_params, finish_choice, parse_version, stream_choices, validate_turn
+from areal.gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
+from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
+from areal.gateway.tree import Interaction
+from areal.protocol import GatewayRequest
 
 
 @dataclass
@@ -49,26 +55,26 @@ class GatewayConfig:
     default_max_tokens: int = 256  # used when a request names no max_tokens
     max_body_bytes: int = 4 << 20
     max_messages: int = 512
+    max_n: int = 16  # largest n (choices per request)
+    admin_key: str = ""  # controller operations over HTTP; "" draws a random one (Gateway.admin_key)
+    session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
+    tool_parser: str | None = "qwen25"  # tool-call format of the model (parsers.TOOL_PARSERS); None: no tool calls
+    reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS); None: all text is content
 
     def __post_init__(self) -> None:
-        for name in ("context_length", "max_tokens_cap", "default_max_tokens", "max_body_bytes", "max_messages"):
+        for name in ("context_length", "max_tokens_cap", "default_max_tokens", "max_body_bytes", "max_messages", "max_n"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"gateway.{name} must be positive, got {getattr(self, name)}")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("gateway.default_max_tokens must not exceed gateway.max_tokens_cap")
-
-
-class Interaction(msgspec.Struct):
-    """One completion, token by token, as the engine produced it."""
-
-    id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    output_logprobs: list[float]
-    version: int  # policy version (the engine's weight_version) that sampled output_ids
-    finish_reason: str
-    created: float
-    reward: float | None = None
+        if self.session_idle_s < 0:
+            raise ValueError(f"gateway.session_idle_s must be >= 0, got {self.session_idle_s}")
+        if self.tool_parser is not None and self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"gateway.tool_parser must be one of {TOOL_PARSERS} or None, got {self.tool_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"gateway.reasoning_parser must be one of {REASONING_PARSERS} or None, got {self.reasoning_parser!r}")
+        if self.admin_key and len(self.admin_key) < 16:
+            raise ValueError("gateway.admin_key must be at least 16 characters (or empty for a random one)")
 
 
 @dataclass
@@ -76,39 +82,47 @@ class Session:
     key: str
     episode_id: str
     interactions: dict[str, Interaction] = field(default_factory=dict)  # insertion = call order
+    store: dict[str, Any] = field(default_factory=dict)  # scratch space for front-ends
+    index: PromptIndex = field(default_factory=PromptIndex)
+    last_used: float = field(default_factory=time.monotonic)
+    expired: bool = False
 
+    @property
+    def drift(self) -> int:
+        """Follow-up calls whose history matched no recorded reply (each started a new branch)."""
+        return self.index.drift
 
-class RequestError(Exception):
-    """A request the gateway refuses; becomes an error reply in the API's own shape."""
+    def set_reward(self, interaction_id: str, reward: float) -> None:
+        tree.set_reward(self.interactions, interaction_id, reward)
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+    def set_final_reward(self, reward: float) -> str:
+        return tree.set_final_reward(self.interactions, reward)
 
+    set_last_reward = set_final_reward
 
-# Chat Completions parameters: the ones honoured, and the ones accepted because they change
-# nothing for a single non-streamed choice. Anything else is a 400 rather than a silent ignore.
-_HONOURED = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p"}
-_NEUTRAL = {"user", "metadata", "store", "n", "stream"}
+    def apply_reward_discount(self, turn_discount: float = 1.0) -> None:
+        tree.apply_reward_discount(self.interactions, turn_discount)
 
-
-def parse_version(weight_version: str) -> int:
-    """SGLang reports weight_version as a string ('default' before any update)."""
-    return int(weight_version) if weight_version.isdigit() else 0
+    def export_interactions(self, style: str = "individual") -> dict[str, tree.InteractionWithTokenLogpReward]:
+        return tree.export_interactions(self.interactions, style)
 
 
 class Gateway:
     """The request core. Not thread-safe: use it from one event loop."""
 
-    def __init__(self, engine: EngineClient, tokenizer: Any, config: GatewayConfig | None = None):
-        self.engine = engine
+    def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig | None = None):
+        self.engine = engine  # an EngineClient, or anything with its generate (and generate_stream)
         self.tokenizer = tokenizer
         self.config = config or GatewayConfig()
+        self.admin_key = self.config.admin_key or "sk-admin-" + secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
+        self.expired: dict[str, Session] = {}  # expired, not yet collected by close_session
         self.stop_token_ids = sorted(
             {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int) and t >= 0}
         )
+        self.prompts = PromptBuilder(tokenizer, self.stop_token_ids)
         self._n_calls = 0
+        self._next_sweep = 0.0
 
     # ---- sessions (controller side, in-process) -------------------------------------------
 
@@ -118,218 +132,93 @@ class Gateway:
         return key
 
     def close_session(self, key: str) -> Session:
-        return self.sessions.pop(key)
-
-    # ---- the request core -----------------------------------------------------------------
-
-    async def handle(self, req: GatewayRequest) -> GatewayReply:
-        try:
-            status, payload = await self._route(req)
-        except RequestError as e:
-            status, payload = e.status, _openai_error(e.message, e.kind, e.param)
-        except EngineUnavailable as e:
-            status, payload = 503, _openai_error(f"inference engine unavailable: {e}", "engine_unavailable")
-        except EngineError as e:
-            status, payload = 502, _openai_error(f"inference engine error: {e}", "engine_error")
-        return GatewayReply(
-            request_id=req.request_id,
-            status=status,
-            headers={"content-type": "application/json"},
-            body=json.dumps(payload).encode(),
-        )
-
-    async def _route(self, req: GatewayRequest) -> tuple[int, dict]:
-        path = req.path.split("?", 1)[0].rstrip("/")
-        if len(req.body) > self.config.max_body_bytes:
-            raise RequestError(413, f"request body of {len(req.body)} bytes exceeds the limit of {self.config.max_body_bytes}")
-        match (req.method, path):
-            case ("POST", "/v1/chat/completions"):
-                session = self._authenticate(req)
-                return 200, await self._chat_completions(session, _json_object(req.body))
-            case ("GET", "/v1/models"):
-                self._authenticate(req)
-                return 200, {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "owned_by": "areal"}]}
-            case ("GET", "/health"):
-                return 200, {"status": "ok"}
-            case _:
-                raise RequestError(404, f"no route for {req.method} {path}", kind="not_found_error")
-
-    def _authenticate(self, req: GatewayRequest) -> Session:
-        auth = req.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else req.headers.get("x-api-key", "")
-        session = self.sessions.get(key)
-        if session is None:
-            raise RequestError(401, "unknown or expired API key", kind="authentication_error")
+        """Remove and return a session, live or expired; KeyError if neither."""
+        session = self.sessions.pop(key, None) or self.expired.pop(key)
         return session
 
-    async def _chat_completions(self, session: Session, body: dict) -> dict:
-        unknown = sorted(set(body) - _HONOURED - _NEUTRAL)
-        if unknown:
-            raise RequestError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
-        if body.get("stream"):
-            raise RequestError(400, "stream=true is not supported by this gateway yet", param="stream")
-        if body.get("n", 1) != 1:
-            raise RequestError(400, "only n=1 is supported", param="n")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise RequestError(400, "messages must be a non-empty list of message objects", param="messages")
-        if len(messages) > self.config.max_messages:
-            raise RequestError(400, f"{len(messages)} messages exceed the limit of {self.config.max_messages}", param="messages")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or self.config.default_max_tokens
-        temperature = body.get("temperature", 1.0)
-        top_p = body.get("top_p", 1.0)
-        _check_number("max_tokens", max_tokens, 1, self.config.max_tokens_cap, integer=True)
-        _check_number("temperature", temperature, 0.0, 2.0)
-        _check_number("top_p", top_p, 1e-9, 1.0)
+    def expire_idle(self, now: float | None = None) -> list[Session]:
+        """Move sessions idle for longer than ``session_idle_s`` to ``expired``; returns them."""
+        if self.config.session_idle_s <= 0:
+            return []
+        now = time.monotonic() if now is None else now
+        gone = [s for s in self.sessions.values() if now - s.last_used > self.config.session_idle_s]
+        for s in gone:
+            s.expired = True
+            self.expired[s.key] = self.sessions.pop(s.key)
+        return gone
 
-        prompt_ids = self._render(messages)
-        if len(prompt_ids) + max_tokens > self.config.context_length:
+    def metrics(self) -> dict[str, float]:
+        live = list(self.sessions.values())
+        return {
+            "sessions": len(live),
+            "expired_sessions": len(self.expired),
+            "calls": self._n_calls,
+            "drift": sum(s.index.drift for s in live),
+            "incremental_prompts": sum(s.index.incremental for s in live),
+            "full_prompts": sum(s.index.full for s in live),
+        }
+
+    def session_for(self, key: str) -> Session:
+        now = time.monotonic()
+        if now >= self._next_sweep:  # sweeping is O(sessions): at most once a second
+            self.expire_idle(now)
+            self._next_sweep = now + 1.0
+        session = self.sessions.get(key)
+        if session is None:
+            expired = key in self.expired
+            raise RequestError(401, "session expired (idle too long)" if expired else "unknown or expired API key",
+                               kind="authentication_error")
+        session.last_used = now
+        return session
+
+    # ---- completions (what the front-ends call) ---------------------------------------------
+
+    def _prepare(self, session: Session, turn: Turn) -> tuple[Prompt, dict]:
+        validate_turn(turn, self.config)
+        prompt = self.prompts.build(session.index, session.interactions, turn.messages, turn.tools)
+        s = turn.sampling
+        if len(prompt.ids) + s.max_tokens > self.config.context_length:
             raise RequestError(
                 400,
-                f"prompt of {len(prompt_ids)} tokens plus max_tokens {max_tokens} exceeds the context length "
+                f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length "
                 f"of {self.config.context_length}",
                 param="messages",
             )
+        params: dict[str, Any] = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                                  "stop_token_ids": self.stop_token_ids}
+        if s.stop:  # the engine stops early; the gateway still cuts (generation.py), idempotently
+            params["stop"] = list(s.stop)
+        return prompt, params
+
+    async def complete(self, session: Session, turn: Turn, *, response_id: str | None = None) -> list[Choice]:
+        """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
+        prompt, params = self._prepare(session, turn)
+        s = turn.sampling
         self._n_calls += 1
-        result = await self.engine.generate(
-            prompt_ids,
-            {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop_token_ids": self.stop_token_ids},
-            return_logprob=True,
-        )
-        interaction = Interaction(
-            id=f"chatcmpl-{secrets.token_hex(12)}",
-            prompt_ids=prompt_ids,
-            output_ids=list(result.output_ids),
-            output_logprobs=list(result.output_logprobs),
-            version=parse_version(result.weight_version),
-            finish_reason=result.finish_reason,
-            created=time.time(),
-        )
-        session.interactions[interaction.id] = interaction
-        text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        return {
-            "id": interaction.id,
-            "object": "chat.completion",
-            "created": int(interaction.created),
-            "model": body.get("model") or self.config.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "length" if result.finish_reason == "length" else "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(result.output_ids),
-                "total_tokens": len(prompt_ids) + len(result.output_ids),
-            },
-        }
+        results = await asyncio.gather(*(self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True,
+                                                              **engine_kwargs(turn)) for i in range(s.n)))
+        ids = choice_ids(s.n, response_id)
+        return [finish_choice(self, session, turn, prompt, i, ids[i], r) for i, r in enumerate(results)]
 
-    def _render(self, messages: list[dict]) -> list[int]:
-        for i, m in enumerate(messages):
-            if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-                raise RequestError(400, f"messages[{i}].role must be system, user, assistant or tool", param=f"messages[{i}].role")
-            if not isinstance(m.get("content", ""), (str, list, type(None))):
-                raise RequestError(400, f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def complete_stream(self, session: Session, turn: Turn, *, response_id: str | None = None) -> AsyncIterator[ChoiceDelta]:
+        """Deltas as the engine produces tokens; each choice's "done" delta is its last."""
+        if not hasattr(self.engine, "generate_stream"):
+            raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
+        prompt, params = self._prepare(session, turn)
+        self._n_calls += 1
+        return stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id))
 
+    # ---- routing --------------------------------------------------------------------------
 
-def _json_object(body: bytes) -> dict:
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise RequestError(400, "request body must be a JSON object")
-    return obj
+    async def dispatch(self, req: GatewayRequest) -> Reply:
+        """Answer one HTTP exchange; never raises for anything a client can send."""
+        from areal.gateway.routes import route  # deferred: routes imports the front-ends, which import this module
 
+        return await route(self, req)
 
-def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
+    async def handle(self, req: GatewayRequest) -> Any:
+        """One ``GatewayReply`` with the whole body (a stream is collected): for callers that want one."""
+        from areal.gateway.server import reply_frames
 
-
-def _openai_error(message: str, kind: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
-# ---- front doors ---------------------------------------------------------------------------
-
-_decoder = msgspec.msgpack.Decoder(GatewayMessage)
-_encoder = msgspec.msgpack.Encoder()
-
-
-async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None = None) -> None:
-    """Serve GatewayRequests on a ROUTER socket until cancelled.
-
-    Receives are drained non-blocking after each poll (several times faster than one awaited
-    recv per message); every request is handled in its own task so a slow engine call never
-    blocks the socket.
-    """
-    ctx = zmq.asyncio.Context.instance()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(address)
-    tasks: set[asyncio.Task] = set()
-
-    async def answer(identity: bytes, payload: bytes) -> None:
-        try:
-            req = _decoder.decode(payload)
-        except msgspec.DecodeError as e:
-            reply = GatewayReply(request_id=-1, status=400, headers={}, body=json.dumps(_openai_error(f"bad frame: {e}", "invalid_request_error")).encode())
-        else:
-            if not isinstance(req, GatewayRequest):
-                return
-            reply = await gateway.handle(req)
-        await sock.send_multipart([identity, _encoder.encode(reply)])
-
-    if ready is not None:
-        ready.set()
-    try:
-        while True:
-            await sock.poll(zmq.POLLIN)
-            while True:
-                try:  # an asyncio socket's non-blocking recv resolves at once or raises Again
-                    frames = await sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if len(frames) != 2:
-                    continue  # not a DEALER with one payload frame; nothing to answer
-                task = asyncio.ensure_future(answer(frames[0], frames[1]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-    finally:
-        for t in tasks:
-            t.cancel()
-        sock.close(0)
-
-
-async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Start the HTTP front door; returns the runner (call ``cleanup()``) and its base URL."""
-    counter = iter(range(1 << 62))
-
-    async def any_route(request: web.Request) -> web.Response:
-        body = await request.read()
-        req = GatewayRequest(
-            request_id=next(counter),
-            method=request.method,
-            path=request.path_qs,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=body,
-        )
-        reply = await gateway.handle(req)
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
-
-    app = web.Application(client_max_size=gateway.config.max_body_bytes + 1024)
-    app.router.add_route("*", "/{tail:.*}", any_route)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
-    return runner, f"http://{host}:{bound}"
+        frames = [f async for f in reply_frames(self, req)]
+        return msgspec.structs.replace(frames[0], body=b"".join(f.body for f in frames), more=False)

@@ -1,0 +1,1 @@
+"""AReaL's experimental import paths, kept as thin re-exports of the single implementation."""

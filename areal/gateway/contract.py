@@ -1,0 +1,75 @@
+"""The types the gateway's front-ends and its core exchange (the gateway contract).
+
+A front-end (chat.py, responses.py, anthropic.py) turns its API's request body into a ``Turn``,
+calls ``Gateway.complete`` (-> list[Choice]) or ``Gateway.complete_stream`` (-> ChoiceDelta
+stream), and answers with a ``Reply``. Bad input raises ``RequestError``; the core turns it into
+the API's own error shape. ``core`` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+
+class RequestError(Exception):
+    """A request the gateway refuses; becomes an error reply in the API's own shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+class Sampling(msgspec.Struct):
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+class Turn(msgspec.Struct):
+    """One request, normalised to Chat Completions form (see the contract in the package doc)."""
+
+    messages: list[dict]
+    sampling: Sampling
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float]] = []
+
+
+class Choice(msgspec.Struct):
+    index: int
+    interaction_id: str
+    parsed: Any  # parsers.ParsedOutput
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
+class ChoiceDelta(msgspec.Struct):
+    index: int
+    kind: str  # "content" | "reasoning" | "done"
+    text: str = ""
+    choice: Choice | None = None  # set when kind == "done"
+
+
+class Reply(msgspec.Struct):
+    """What a front-end handler returns: a JSON body, or SSE bytes already framed."""
+
+    status: int
+    body: dict | None = None
+    stream: AsyncIterator[bytes] | None = None
+    headers: dict[str, str] = {}

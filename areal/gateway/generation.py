@@ -1,0 +1,249 @@
+"""From a validated Turn and its prompt ids to recorded choices: engine calls, stop strings,
+parsing, streaming, and the Interaction of each choice.
+
+    Turn ─ validate_turn ─► PromptBuilder.build ─► n × engine.generate / generate_stream
+         ─► cut at the first stop string ─► parse (tools, reasoning) ─► Interaction ─► Choice
+
+Invariants:
+- A choice's Interaction holds exactly the tokens the client was answered with: with a stop
+  string, the ids up to and including the token that completed it (SGLang's own convention),
+  with their engine logprobs; nothing after. A stream the client abandons records nothing.
+- Streaming forwards each engine update as it arrives; text is held back only while it ends in
+  an incomplete UTF-8 sequence or could be the start of a stop string.
+- n choices are n engine requests (a seeded request gives choice i the seed + i), each its own
+  Interaction with the same parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn
+from areal.gateway.parsers import ParsedOutput, StreamParser, parse_output
+from areal.gateway.render import Prompt
+from areal.gateway.tree import Interaction
+
+if TYPE_CHECKING:
+    from areal.gateway.core import Gateway, GatewayConfig, Session
+
+_ROLES = ("system", "user", "assistant", "tool", "developer")
+_MAX_STOPS = 4
+_MAX_TOP_LOGPROBS = 20
+
+
+def validate_turn(turn: Turn, config: GatewayConfig) -> None:
+    """Raise RequestError (naming the parameter) for anything the core cannot honour."""
+    msgs = turn.messages
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise RequestError(400, "messages must be a non-empty list of message objects", param="messages")
+    if len(msgs) > config.max_messages:
+        raise RequestError(400, f"{len(msgs)} messages exceed the limit of {config.max_messages}", param="messages")
+    for i, m in enumerate(msgs):
+        if m.get("role") not in _ROLES:
+            raise RequestError(400, f"messages[{i}].role must be system, user, assistant or tool", param=f"messages[{i}].role")
+        if not isinstance(m.get("content"), (str, list, type(None))):
+            raise RequestError(400, f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+                for c in calls)):
+            raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls", param=f"messages[{i}].tool_calls")
+    s = turn.sampling
+    _check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
+    _check_number("temperature", s.temperature, 0.0, 2.0)
+    _check_number("top_p", s.top_p, 1e-9, 1.0)
+    _check_number("n", s.n, 1, config.max_n, integer=True)
+    if s.seed is not None:
+        _check_number("seed", s.seed, -(2**63), 2**63 - 1, integer=True)
+    if not isinstance(s.stop, list) or len(s.stop) > _MAX_STOPS or not all(isinstance(x, str) and x for x in s.stop):
+        raise RequestError(400, f"stop must be a string or a list of at most {_MAX_STOPS} non-empty strings", param="stop")
+    _check_number("top_logprobs", s.top_logprobs, 0, _MAX_TOP_LOGPROBS, integer=True)
+    if s.top_logprobs and not s.logprobs:
+        raise RequestError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    _validate_tools(turn)
+
+
+def _validate_tools(turn: Turn) -> None:
+    tools = turn.tools
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) for t in tools):
+            raise RequestError(400, "tools must be a list of {type: function, function: {name, parameters}}", param="tools")
+    choice = turn.tool_choice
+    if choice in (None, "auto", "none"):
+        return
+    if choice == "required" or isinstance(choice, dict):
+        raise RequestError(400, "tool_choice 'required' or a named function cannot be enforced (no constrained decoding); "
+                                "use 'auto' or 'none'", param="tool_choice")
+    raise RequestError(400, f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r}", param="tool_choice")
+
+
+def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
+
+
+def _parsers(turn: Turn, config: GatewayConfig) -> tuple[str | None, str]:
+    """Tool calls are parsed only when the request offered tools and did not forbid them."""
+    tools_on = bool(turn.tools) and turn.tool_choice != "none"
+    return (config.tool_parser if tools_on else None), config.reasoning_parser
+
+
+def find_stop(text: str, stops: list[str], start: int = 0) -> int:
+    """Index of the earliest stop string in ``text[start:]`` (absolute), or -1."""
+    hits = [p for p in (text.find(s, start) for s in stops) if p >= 0]
+    return min(hits) if hits else -1
+
+
+def _tokens_through(tokenizer: Any, ids: list[int], end: int) -> int:
+    """Fewest leading ids whose decoded text reaches ``end`` characters (binary search)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def engine_kwargs(turn: Turn) -> dict:
+    """Keyword arguments beyond ``generate``'s basic ones, only when asked for (so that any
+    object with a plain ``generate`` serves requests that do not need them)."""
+    return {"top_logprobs_num": turn.sampling.top_logprobs} if turn.sampling.top_logprobs else {}
+
+
+def _token_logprobs(gateway: Gateway, ids: list[int], lps: list[float], tops: list) -> list[TokenLogprob]:
+    decode = gateway.tokenizer.decode
+    out = []
+    for i, (tok, lp) in enumerate(zip(ids, lps)):
+        if tok in gateway.stop_token_ids:
+            continue  # OpenAI lists the content's tokens; the end-of-turn token is no content
+        text = decode([tok], skip_special_tokens=False)
+        top = [(decode([t], skip_special_tokens=False), float(v)) for v, t in (tops[i] if i < len(tops) else ())]
+        out.append(TokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top=top))
+    return out
+
+
+def parse_version(weight_version: str) -> int:
+    """SGLang reports weight_version as a string ('default' before any update)."""
+    return int(weight_version) if weight_version.isdigit() else 0
+
+
+def engine_params(params: dict, seed: int | None, i: int) -> dict:
+    """Choice i's sampling params: a seeded request gives it the seed + i."""
+    return params if seed is None else {**params, "sampling_seed": seed + i}
+
+
+def choice_ids(n: int, response_id: str | None) -> list[str]:
+    """Interaction ids of n choices; the first is the response id, so ``{id: reward}`` works."""
+    return [response_id if i == 0 and response_id else f"chatcmpl-{secrets.token_hex(12)}" for i in range(n)]
+
+
+def record_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str,
+                  result: Any, keep: int, finish: str, parsed: ParsedOutput) -> Choice:
+    """``keep``: how many of the result's tokens the client was answered with."""
+    ids, lps = list(result.output_ids[:keep]), list(result.output_logprobs[:keep])
+    versions = [parse_version(v) for v in getattr(result, "output_versions", [])[:keep]]
+    """Record one finished choice as an Interaction and make it findable as a parent."""
+    inter = Interaction(
+        id=interaction_id, prompt_ids=prompt.ids, output_ids=ids, output_logprobs=lps,
+        version=parse_version(result.weight_version), finish_reason=finish, created=time.time(), parent_id=prompt.parent_id,
+        output_versions=versions,
+    )
+    session.interactions[inter.id] = inter
+    reply = {"role": "assistant", "content": parsed.content,
+             "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]}
+    gateway.prompts.record(session.index, prompt, inter, reply)
+    reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
+    return Choice(index=index, interaction_id=inter.id, parsed=parsed, finish_reason=reason, prompt_tokens=len(prompt.ids),
+                  completion_tokens=len(ids), logprobs=_token_logprobs(gateway, ids, lps, getattr(result, "output_top_logprobs", []))
+                  if turn.sampling.logprobs else None)
+
+
+def finish_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str,
+                  result: Any) -> Choice:
+    """A finished (non-streamed) engine result -> its recorded Choice."""
+    ids, keep, finish = result.output_ids, len(result.output_ids), result.finish_reason
+    text = gateway.tokenizer.decode(ids, skip_special_tokens=True)
+    stops = turn.sampling.stop
+    at = find_stop(text, stops) if stops else -1
+    if at >= 0:
+        matched = min((s for s in stops if text.startswith(s, at)), key=len)
+        keep, finish, text = _tokens_through(gateway.tokenizer, ids, at + len(matched)), "stop", text[:at]
+    tool_parser, reasoning_parser = _parsers(turn, gateway.config)
+    parsed = parse_output(text, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+    return record_choice(gateway, session, turn, prompt, index, interaction_id, result, keep, finish, parsed)
+
+
+async def stream_choices(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict,
+                         interaction_ids: list[str]) -> AsyncIterator[ChoiceDelta]:
+    """Merge the n engine streams into ChoiceDeltas; cancels the engine streams when abandoned."""
+    n, stops = turn.sampling.n, turn.sampling.stop
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            sp = engine_params(params, turn.sampling.seed, i)
+            async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn)):
+                await queue.put((i, result))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # handed to the consumer, which raises it inside the request
+            await queue.put((i, e))
+            return
+        await queue.put((i, None))
+
+    tool_parser, reasoning_parser = _parsers(turn, gateway.config)
+    parsers = [StreamParser(tool_parser=tool_parser, reasoning_parser=reasoning_parser) for _ in range(n)]
+    emitted = [0] * n  # characters of decoded text already fed to the parser
+    last: list[Any] = [None] * n
+    hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
+    tasks = [asyncio.ensure_future(pump(i)) for i in range(n)]
+    open_ = n
+    try:
+        while open_:
+            i, item = await queue.get()
+            if parsers[i] is None:
+                continue  # this choice already ended at a stop string
+            if isinstance(item, Exception):
+                raise item
+            final = item is None or item.finish_reason != ""
+            result = last[i] if item is None else item
+            last[i] = result
+            if result is None:
+                raise RequestError(502, "the engine stream ended without a result", kind="engine_error")
+            text = gateway.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+            keep, finish = len(result.output_ids), result.finish_reason
+            at = find_stop(text, stops, max(0, emitted[i] - hold)) if stops else -1
+            if at >= 0:
+                matched = min((s for s in stops if text.startswith(s, at)), key=len)
+                keep = _tokens_through(gateway.tokenizer, result.output_ids, at + len(matched))
+                finish, text, final = "stop", text[:at], True
+                tasks[i].cancel()  # the engine need not sample past the stop string
+            visible = len(text) if final else len(text) - hold
+            if not final and text.endswith("\ufffd"):
+                visible = min(visible, len(text) - 1)  # an incomplete UTF-8 sequence
+            if visible > emitted[i]:
+                for ev in parsers[i].feed(text[emitted[i]:visible]):
+                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
+                emitted[i] = visible
+            if final:
+                events, parsed = parsers[i].finish()
+                for ev in events:
+                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
+                choice = record_choice(gateway, session, turn, prompt, i, interaction_ids[i], result, keep,
+                                       finish or "abort", parsed)
+                parsers[i] = None
+                open_ -= 1
+                yield ChoiceDelta(index=i, kind="done", choice=choice)
+    finally:
+        for t in tasks:
+            t.cancel()

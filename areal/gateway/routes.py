@@ -1,0 +1,164 @@
+"""Routing of one HTTP exchange: authentication, the front-ends, rewards, admin, error shapes.
+
+    POST /v1/chat/completions   session key   chat.handle
+    POST /v1/responses          session key   responses.handle
+    POST /v1/messages           session key   anthropic.handle (errors in Anthropic's shape)
+    GET  /v1/models             session key
+    POST /v1/rewards            session key   {"interaction_id"?: str, "reward": number}
+                                              (no id: the session's last interaction)
+    GET  /v1/interactions/{id}  session key   that interaction's ids, logprobs, reward, parent
+    GET  /health                none
+    POST /admin/sessions        admin key     {"episode_id"} -> {"key"}
+    POST /admin/sessions/close  admin key     {"key"} -> the session with its interactions
+    GET  /admin/sessions        admin key     live and expired sessions (expired are reported)
+    GET  /admin/metrics         admin key     counters, drift included
+
+Invariants: a session key resolves to its own session only, so another session's interaction
+ids are simply not found (404) — never read or rewarded. Keys are compared in constant time.
+Every exception a client can cause becomes a Reply here; the server loops never see one.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from areal.engine.client import EngineError, EngineUnavailable
+from areal.gateway import anthropic, chat, responses
+from areal.gateway.contract import Reply, RequestError
+from areal.protocol import GatewayRequest
+
+if TYPE_CHECKING:
+    from areal.gateway.core import Gateway, Session
+
+_FRONT_ENDS = {"/v1/chat/completions": chat.handle, "/v1/responses": responses.handle, "/v1/messages": anthropic.handle}
+_ENGINE_CLIENT_ERRORS = range(400, 500)
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
+    path = req.path.split("?", 1)[0].rstrip("/")
+    try:
+        return await _route(gateway, req, path)
+    except RequestError as e:
+        return _error(path, e.status, e.message, e.kind, e.param)
+    except EngineUnavailable as e:
+        return _error(path, 503, f"inference engine unavailable: {e}", "engine_unavailable")
+    except EngineError as e:
+        if e.status in _ENGINE_CLIENT_ERRORS:  # the engine refused what the request asked for
+            return _error(path, 400, f"inference engine refused the request: {e.message}", "invalid_request_error")
+        return _error(path, 502, f"inference engine error: {e}", "engine_error")
+
+
+def _error(path: str, status: int, message: str, kind: str, param: str | None = None) -> Reply:
+    if path == "/v1/messages":
+        body = anthropic.error_body(status, message, _ANTHROPIC_KINDS.get(kind, kind))
+    else:
+        body = openai_error(status, message, kind, param)
+    return Reply(status=status, body=body)
+
+
+_ANTHROPIC_KINDS = {"engine_unavailable": "overloaded_error", "engine_error": "api_error"}
+
+
+async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
+    if len(req.body) > gateway.config.max_body_bytes:
+        raise RequestError(413, f"request body of {len(req.body)} bytes exceeds the limit of "
+                                f"{gateway.config.max_body_bytes}", kind="request_too_large")
+    handler = _FRONT_ENDS.get(path)
+    if handler is not None:
+        if req.method != "POST":
+            raise RequestError(405, f"{path} takes POST, not {req.method}", kind="invalid_request_error")
+        session = _session(gateway, req)
+        return await handler(gateway, session, json_object(req.body))
+    match (req.method, path):
+        case ("GET", "/health"):
+            return Reply(status=200, body={"status": "ok"})
+        case ("GET", "/v1/models"):
+            _session(gateway, req)
+            return Reply(status=200, body={"object": "list", "data": [
+                {"id": gateway.config.model_name, "object": "model", "created": 0, "owned_by": "areal"}]})
+        case ("POST", "/v1/rewards"):
+            return _reward(_session(gateway, req), json_object(req.body))
+        case ("GET", _) if path.startswith("/v1/interactions/"):
+            session = _session(gateway, req)
+            inter = session.interactions.get(path.removeprefix("/v1/interactions/"))
+            if inter is None:
+                raise RequestError(404, "no such interaction in this session", kind="not_found_error")
+            return Reply(status=200, body=msgspec.to_builtins(inter))
+        case (_, _) if path.startswith("/admin/"):
+            _admin(gateway, req)
+            return _admin_route(gateway, req.method, path, req.body)
+    raise RequestError(404, f"no route for {req.method} {path}", kind="not_found_error")
+
+
+def json_object(body: bytes) -> dict:
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise RequestError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    return obj
+
+
+def _key(req: GatewayRequest) -> str:
+    auth = req.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else req.headers.get("x-api-key", "")
+
+
+def _session(gateway: Gateway, req: GatewayRequest) -> Session:
+    return gateway.session_for(_key(req))
+
+
+def _admin(gateway: Gateway, req: GatewayRequest) -> None:
+    if not hmac.compare_digest(_key(req).encode(), gateway.admin_key.encode()):
+        raise RequestError(401, "admin routes need the admin key", kind="authentication_error")
+
+
+def _reward(session: Session, body: dict) -> Reply:
+    reward, iid = body.get("reward"), body.get("interaction_id")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise RequestError(400, "reward must be a number", param="reward")
+    if iid is None:
+        if not session.interactions:
+            raise RequestError(404, "this session has no interaction to reward yet", kind="not_found_error")
+        iid = session.set_final_reward(reward)
+    elif not isinstance(iid, str) or iid not in session.interactions:
+        raise RequestError(404, "no such interaction in this session", param="interaction_id", kind="not_found_error")
+    else:
+        session.set_reward(iid, reward)
+    return Reply(status=200, body={"interaction_id": iid, "reward": float(reward)})
+
+
+def _admin_route(gateway: Gateway, method: str, path: str, raw: bytes) -> Reply:
+    match (method, path):
+        case ("POST", "/admin/sessions"):
+            episode = json_object(raw).get("episode_id")
+            if not isinstance(episode, str):
+                raise RequestError(400, "episode_id must be a string", param="episode_id")
+            return Reply(status=200, body={"key": gateway.open_session(episode)})
+        case ("POST", "/admin/sessions/close"):
+            key = json_object(raw).get("key")
+            if not isinstance(key, str) or (key not in gateway.sessions and key not in gateway.expired):
+                raise RequestError(404, "no such session", param="key", kind="not_found_error")
+            return Reply(status=200, body=session_body(gateway.close_session(key)))
+        case ("GET", "/admin/sessions"):
+            return Reply(status=200, body={
+                "live": [{"episode_id": s.episode_id, "interactions": len(s.interactions)} for s in gateway.sessions.values()],
+                "expired": [{"key": s.key, "episode_id": s.episode_id, "interactions": len(s.interactions)}
+                            for s in gateway.expired.values()],
+            })
+        case ("GET", "/admin/metrics"):
+            return Reply(status=200, body=gateway.metrics())
+    raise RequestError(404, f"no route for {method} {path}", kind="not_found_error")
+
+
+def session_body(session: Any) -> dict:
+    return {"episode_id": session.episode_id, "drift": session.drift, "expired": session.expired,
+            "interactions": [msgspec.to_builtins(i) for i in session.interactions.values()]}

@@ -1,0 +1,146 @@
+"""Exact multi-turn tokens: incremental prompts on the parent's sampled ids, == a full render when
+nothing drifted (embedded tokenizer and the Qwen2.5 vocabulary), drift starts a new branch.
+
+The engine here is a scripted stand-in with EngineClient's ``generate`` signature: it answers
+with the canonical tokens of a chosen reply, because the equivalence needs known replies (tool
+calls in the Qwen2.5 vocabulary) that no model on this machine can be made to sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from areal.embedded import ensure_embedded_model
+from areal.engine.client import GenerateResult
+from areal.gateway import Gateway, GatewayConfig
+from areal.gateway.qwen import build_qwen25_tokenizer
+from areal.protocol import GatewayRequest
+
+
+class ScriptedEngine:
+    """Answers each call with the next scripted reply text, tokenised canonically + <|im_end|>."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw) -> GenerateResult:
+        self.prompts.append(list(input_ids))
+        ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False) + [self.eot]
+        return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids), finish_reason="stop",
+                              weight_version="3", prompt_tokens=len(input_ids), completion_tokens=len(ids))
+
+
+@pytest.fixture(scope="module", params=["embedded", "qwen25"])
+def tokenizer(request):
+    if request.param == "embedded":
+        return AutoTokenizer.from_pretrained(ensure_embedded_model())
+    return build_qwen25_tokenizer()
+
+
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
+                                          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+
+
+def _post(gw: Gateway, key: str, body: dict) -> dict:
+    req = GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
+                         headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode())
+    reply = asyncio.run(gw.handle(req))
+    assert reply.status == 200, reply.body
+    return json.loads(reply.body)
+
+
+def _full_render(tok, messages, tools) -> list[int]:
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_incremental_prompt_equals_full_render_over_a_tool_episode(tokenizer):
+    # Arguments sampled in the parser's compact JSON: a full render writes them back that way, so
+    # the two can be equal (with other spacing only the incremental ids keep the sampled tokens).
+    replies = [
+        'Let me compute.\n<tool_call>\n{"name": "calc", "arguments": {"expr":"3+4"}}\n</tool_call>',
+        '<tool_call>\n{"name": "calc", "arguments": {"expr":"7*2"}}\n</tool_call>\n<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>',
+        "The answer is \\boxed{14}.",
+    ]
+    engine = ScriptedEngine(tokenizer, replies)
+    gw = Gateway(engine, tokenizer, GatewayConfig(context_length=8192))
+    key = gw.open_session("ep")
+    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is (3+4)*2?"}]
+    for turn in range(3):
+        out = _post(gw, key, {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64})
+        msg = out["choices"][0]["message"]
+        # the SDK way of sending the reply back: the message as returned, plus the SDK's extras
+        messages = messages + [{**msg, "refusal": None}]
+        if turn == 0:
+            assert out["choices"][0]["finish_reason"] == "tool_calls" and msg["content"] == "Let me compute."
+        if turn == 1:
+            assert [c["function"]["name"] for c in msg["tool_calls"]] == ["calc", "calc"]  # parallel calls
+        for call in msg.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "14"})
+        if not msg.get("tool_calls"):
+            messages.append({"role": "user", "content": "Thanks. And 2+2?"})
+    session = gw.sessions[key]
+    inters = list(session.interactions.values())
+    assert len(engine.prompts) == 3 and session.drift == 0 and session.index.incremental == 2
+    for parent, child in zip(inters, inters[1:]):
+        assert child.parent_id == parent.id
+        assert child.prompt_ids[: len(parent.prompt_ids) + len(parent.output_ids)] == parent.prompt_ids + parent.output_ids
+    # the third prompt, built incrementally, equals a full render of the same history
+    history = [m for m in messages[:-1]]
+    upto = max(i for i, m in enumerate(history) if m["role"] == "assistant")
+    clean = [{k: v for k, v in m.items() if k != "refusal"} for m in history[:upto]]
+    assert inters[2].prompt_ids == _full_render(tokenizer, clean, TOOLS)
+    assert engine.prompts[2] == inters[2].prompt_ids  # what the engine was sent is what was recorded
+
+
+def test_follow_up_after_plain_answer_equals_full_render(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["It is 7.", "It is 9."])
+    gw = Gateway(engine, tokenizer, GatewayConfig())
+    key = gw.open_session("ep")
+    messages = [{"role": "user", "content": "3+4?"}]
+    out = _post(gw, key, {"model": "m", "messages": messages})
+    messages += [out["choices"][0]["message"], {"role": "user", "content": "and 4+5?"}]
+    _post(gw, key, {"model": "m", "messages": messages})
+    first, second = gw.sessions[key].interactions.values()
+    assert second.parent_id == first.id
+    assert second.prompt_ids == _full_render(tokenizer, messages, None)
+    assert engine.prompts[1] == second.prompt_ids
+
+
+def test_rewritten_history_starts_a_new_branch_and_counts_drift(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["It is 7.", "It is 9.", "It is 10."])
+    gw = Gateway(engine, tokenizer, GatewayConfig())
+    key = gw.open_session("ep")
+    base = [{"role": "user", "content": "3+4?"}]
+    out = _post(gw, key, {"model": "m", "messages": base})
+    reply = out["choices"][0]["message"]
+    edited = {"role": "assistant", "content": "It is seven."}  # the agent rewrote the reply
+    messages = base + [edited, {"role": "user", "content": "and 4+5?"}]
+    _post(gw, key, {"model": "m", "messages": messages})
+    session = gw.sessions[key]
+    first, second = session.interactions.values()
+    assert second.parent_id is None and session.drift == 1
+    assert second.prompt_ids == _full_render(tokenizer, messages, None)
+    assert gw.metrics()["drift"] == 1
+    # a branch from the unedited reply still finds its parent: two children of one root
+    _post(gw, key, {"model": "m", "messages": base + [reply, {"role": "user", "content": "and 5+5?"}]})
+    third = list(session.interactions.values())[2]
+    assert third.parent_id == first.id and session.drift == 1
+
+
+def test_changed_tools_are_not_a_parent(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["It is 7.", "It is 9."])
+    gw = Gateway(engine, tokenizer, GatewayConfig())
+    key = gw.open_session("ep")
+    messages = [{"role": "user", "content": "3+4?"}]
+    out = _post(gw, key, {"model": "m", "messages": messages})
+    messages += [out["choices"][0]["message"], {"role": "user", "content": "and 4+5?"}]
+    _post(gw, key, {"model": "m", "messages": messages, "tools": TOOLS})
+    second = list(gw.sessions[key].interactions.values())[1]
+    assert second.parent_id is None
+    assert second.prompt_ids == _full_render(tokenizer, messages, TOOLS)
