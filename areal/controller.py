@@ -44,7 +44,7 @@ import zmq.asyncio
 from tqdm import tqdm
 
 from areal.agent import load_agent, outcome_from_exception, outcome_from_result
-from areal.buffer import RingWriter, ring_name
+from areal.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.engine.client import EngineClient, launch_embedded_engine
 from areal.evaluation import evaluate, paired_test, reward_trend
@@ -116,22 +116,23 @@ def stratified_order(levels: list[int], block: int, seed: int) -> list[int]:
 
 
 def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
-    """One row per interaction (prompt + sampled tokens). A float reward applies to every row;
-    a {completion_id: reward} dict rewards the named rows and leaves the others at 0."""
-    rows = []
-    for inter in session.interactions.values():
-        reward = outcome.rewards_by_id.get(inter.id, 0.0) if outcome.reward is None else outcome.reward
-        p, o = len(inter.prompt_ids), len(inter.output_ids)
-        rows.append(
-            TokenRow(
-                input_ids=inter.prompt_ids + inter.output_ids,
-                loss_mask=[0] * p + [1] * o,
-                logprobs=[0.0] * p + inter.output_logprobs,
-                versions=[-1] * p + [inter.version] * o,
-                reward=reward,
-            )
-        )
-    episode_reward = outcome.reward if outcome.reward is not None else sum(outcome.rewards_by_id.values())
+    """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids.
+
+    Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
+    rewards the named rows; rows it does not name keep a reward set through the gateway
+    (``set_reward``), else 0.
+    """
+    for inter_id, r in outcome.rewards_by_id.items():
+        if inter_id in session.interactions:
+            session.set_reward(inter_id, r)
+    exported = session.export_interactions("individual")
+    rows, versions = [], []
+    for row in exported.values():
+        reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
+        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs,
+                             versions=row.versions, reward=reward))
+        versions.extend(v for v in row.versions if v >= 0)
+    episode_reward = outcome.reward if outcome.reward is not None else sum(r.reward for r in rows)
     return Trajectory.from_rows(
         episode_id=outcome.episode_id,
         group_id=group_id,
@@ -140,6 +141,12 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
         status=outcome.status,
         rows=rows,
         timings={"wall_s": outcome.wall_s},
+        error=outcome.error[-2000:],
+        drift=session.drift,
+        failure_kind="" if outcome.status == "ok" else outcome.status,
+        policy_version_start=min(versions, default=-1),
+        policy_version_end=max(versions, default=-1),
+        interaction_ids=list(exported),
     )
 
 
@@ -190,6 +197,8 @@ class Controller:
             http_runner, http_url = await serve_http(gateway)
             stack.push_async_callback(http_runner.cleanup)
 
+            for name in reclaim_stale("areal-"):  # segments of runs that crashed before unlinking
+                tqdm.write(f"[ring] removed stale shared-memory segment {name}")
             ring = RingWriter(ring_name(self.run_id, 0), cfg.ring_capacity_mb << 20)
             stack.callback(ring.close, unlink=True)
             pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
