@@ -1,20 +1,25 @@
-"""GRPO advantages, token logprobs and the clipped policy loss, as pure tensor functions.
+"""Advantages, token logprobs, policy losses and KL estimates, as pure tensor functions.
 
 Everything here is free of I/O, of models and of process state, so each function is unit-tested
-against hand-computed values (tests/test_loss.py). The trainer (areal/trainer.py) composes them.
+against hand-computed values (tests/test_loss.py). The trainer (areal/trainer.py) composes them
+and picks one policy loss once from its config (``grpo_loss`` or ``decoupled_ppo_loss``).
 
 Invariants:
 - Advantages are normalised per group (all samples of one prompt) with the population standard
-  deviation; a group whose rewards are all equal gets advantage 0 for every member (no signal,
-  no noise), and a group of one gets 0 as well.
-- ``token_logprobs`` never materialises a (tokens, vocab) tensor beyond one chunk of rows besides
-  the logits themselves: the forward keeps only the per-token log-sum-exp, the backward recomputes
-  the softmax chunk by chunk. Peak extra memory is ``chunk_tokens * vocab`` floats whatever the
-  number of tokens.
+  deviation; a group whose returns are all equal gets advantage 0 for every member (no signal,
+  no noise), and a group of one gets 0 as well. In ``episode_advantages`` every episode weighs
+  the same in its group's mean and std whatever its number of rows (turns), and all rows of an
+  episode are normalised with their group's statistics.
+- Per-turn returns (``turn_returns``) discount later rewards by ``gamma`` per row, in row order.
+- ``token_logprobs`` / ``head_logprobs`` never materialise a (tokens, vocab) tensor beyond one
+  chunk: the forward keeps only the per-token log-sum-exp, the backward recomputes the softmax
+  chunk by chunk (``head_logprobs`` also recomputes the lm head, so not even the logits exist).
 - Loss functions return ``(loss, stats)``: ``loss`` is a scalar averaged over masked tokens,
   ``stats`` holds detached Python floats, including ``tokens`` (the masked-token count) so that
-  callers can combine micro-batches with token weights. One algorithm per function; PPO variants
-  get their own functions next to ``grpo_loss``.
+  callers can combine micro-batches and ranks with token weights. One algorithm per function.
+
+Not covered: a learned critic (GAE); PPO here is the decoupled clipped objective on
+group-normalised returns, as in AReaL's GRPO/PPO actors.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 
 DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_ELEMS = 1 << 24  # (rows x vocab) floats per head chunk: 64 MiB in fp32
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: list[str], eps: float = 1e-6) -> torch.Tensor:
@@ -46,6 +52,51 @@ def group_advantages(rewards: torch.Tensor, group_ids: list[str], eps: float = 1
     lo = torch.full((n_groups,), torch.inf).scatter_reduce_(0, gid, rewards, "amin")
     centred = torch.where((hi == lo)[gid], torch.zeros_like(centred), centred)
     return centred / (std[gid] + eps)
+
+
+def turn_returns(row_rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted return of each row (turn): ``G_k = sum_{j >= k} gamma^(j - k) r_j``.
+
+    row_rewards: (K,) rewards of one episode's rows in order. Returns (K,) float32.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    out = torch.empty(row_rewards.shape[0], dtype=torch.float32)
+    acc = 0.0
+    for k in range(row_rewards.shape[0] - 1, -1, -1):
+        acc = float(row_rewards[k]) + gamma * acc
+        out[k] = acc
+    return out
+
+
+def episode_advantages(returns: list[torch.Tensor], group_ids: list[str], eps: float = 1e-6) -> list[torch.Tensor]:
+    """Per-row advantages ``(G - mean_group) / (std_group + eps)`` for multi-row episodes.
+
+    returns: one (K_i,) tensor of row returns per episode; group_ids: one group per episode. The
+    group's mean and population std weigh each row 1 / K_i, so every episode counts once however
+    many turns it has; with one return per episode this is exactly ``group_advantages``.
+    """
+    if len(returns) != len(group_ids):
+        raise ValueError(f"{len(returns)} episodes but {len(group_ids)} group_ids")
+    if any(r.ndim != 1 or r.shape[0] == 0 for r in returns):
+        raise ValueError("every episode needs a non-empty (K,) tensor of row returns")
+    index: dict[str, int] = {}
+    gid = torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
+    rows = torch.cat([r.to(torch.float32) for r in returns])  # (R,)
+    sizes = torch.tensor([r.shape[0] for r in returns])
+    row_gid = gid.repeat_interleave(sizes)
+    w = (1.0 / sizes.to(torch.float32)).repeat_interleave(sizes)  # each episode weighs 1
+    n_groups = len(index)
+    wsum = torch.zeros(n_groups).index_add_(0, row_gid, w)
+    mean = torch.zeros(n_groups).index_add_(0, row_gid, w * rows) / wsum
+    centred = rows - mean[row_gid]
+    std = (torch.zeros(n_groups).index_add_(0, row_gid, w * centred * centred) / wsum).sqrt()
+    # As in group_advantages: constant groups are exactly 0, not round-off divided by eps.
+    hi = torch.full((n_groups,), -torch.inf).scatter_reduce_(0, row_gid, rows, "amax")
+    lo = torch.full((n_groups,), torch.inf).scatter_reduce_(0, row_gid, rows, "amin")
+    const = (hi == lo)[row_gid]
+    adv = torch.where(const, torch.zeros_like(centred), centred / torch.where(const, 1.0, std[row_gid] + eps))
+    return list(torch.split(adv, sizes.tolist()))
 
 
 class _ChunkedTokenLogprob(torch.autograd.Function):
@@ -114,40 +165,188 @@ def token_entropy(logits: torch.Tensor, temperature: float, chunk_tokens: int = 
     return out
 
 
+class _ChunkedHeadLogprob(torch.autograd.Function):
+    """log_softmax((hidden @ weight.T) / T)[i, targets[i]] without ever holding (N, V) logits.
+
+    The lm head runs ``chunk`` rows at a time in the forward (keeping only the log-sum-exp and
+    the entropy per row) and again in the backward, where ``G = g * (onehot - softmax) / T`` of
+    one chunk gives ``dH = G @ W`` and ``dW += G.T @ H``. Peak extra memory: one (chunk, V) block.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, chunk):
+            z = (hidden[s : s + chunk] @ weight.T).float() / temperature  # (C, V)
+            lse_c = torch.logsumexp(z, dim=-1)
+            lse[s : s + chunk] = lse_c
+            out[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse_c
+            ent[s : s + chunk] = lse_c - (torch.exp(z - lse_c[:, None]) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor, _grad_ent: torch.Tensor) -> tuple:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            z = (h @ weight.T).float() / t  # (C, V)
+            g = grad_out[s : s + chunk, None].float()
+            gz = torch.exp(z - lse[s : s + chunk, None]).mul_(-g)
+            gz.scatter_add_(-1, targets[s : s + chunk, None], g)
+            gz.div_(t)  # d/dlogits = d/dz / T
+            if grad_h is not None:
+                grad_h[s : s + chunk] = (gz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += gz.T @ h.float()
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs (differentiable) and entropies (detached) of ``targets`` under the lm head.
+
+    hidden: (N, H) final hidden states at the scoring positions; weight: (V, H) the lm head (no
+    bias); targets: (N,). Returns two (N,) float32 tensors. Rows are processed in chunks of
+    ``chunk_elems // V`` so that memory stays flat in the vocabulary size.
+    """
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1] or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)} "
+                         "must be (N, H), (V, H), (N,)")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    chunk = max(1, int(chunk_elems) // weight.shape[0])
+    return _ChunkedHeadLogprob.apply(hidden, weight, targets.long(), float(temperature), chunk)
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float,
+                       dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``-min(r A, clip(r) A)``, bounded by ``-c A`` for A < 0 when dual clipping.
+
+    Returns (per-token loss, bool mask of tokens where a clip is active, i.e. no gradient).
+    """
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    clipped_on = clipped < unclipped
+    if dual_clip is not None:
+        # Dual clip (Ye et al. 2020): with A < 0 a huge ratio would make -rA unbounded; cap it at -cA.
+        bound = -dual_clip * advantages
+        dual_on = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(dual_on, bound, per_token)
+        clipped_on = clipped_on | dual_on
+    return per_token, clipped_on
+
+
+def _ratio_stats(ratio: torch.Tensor, clipped_on: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor,
+                 n: torch.Tensor) -> dict[str, float]:
+    on = mask > 0
+    r = ratio.detach()
+    return {
+        "tokens": float(n),
+        "clip_frac": float((clipped_on & on).float().sum() / denom),
+        "ratio_mean": float((r * mask).sum() / denom),
+        "ratio_max": float(r[on].max()) if bool(on.any()) else 1.0,
+        "ratio_min": float(r[on].min()) if bool(on.any()) else 1.0,
+    }
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     clip_eps: float,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate with the engine's behaviour logprobs as the old policy.
+    """Clipped surrogate with the engine's behaviour logprobs as the old policy (coupled).
 
     All inputs (N,) per token. Per token ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``
-    with ``ratio = exp(logprobs - behaviour_logprobs)``, averaged over tokens where loss_mask is
-    nonzero. stats: tokens, clip_frac (share of masked tokens where the clipped term is active and
-    so carries no gradient), ratio_mean, ratio_max, ratio_min, approx_kl (mean of
-    behaviour - current logprob), adv_mean.
+    with ``ratio = exp(logprobs - behaviour_logprobs)``, optionally dual-clipped at ``-c A`` for
+    negative advantages, averaged over tokens where loss_mask is nonzero. stats: tokens,
+    clip_frac (share of masked tokens where a clip is active and so carries no gradient),
+    ratio_mean, ratio_max, ratio_min, approx_kl (mean of behaviour - current logprob), adv_mean.
     """
     mask = loss_mask.to(torch.float32)
     n = mask.sum()
     denom = n.clamp(min=1.0)  # an all-masked batch gives loss 0, not NaN
     ratio = torch.exp(logprobs - behaviour_logprobs)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip)
     loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        stats = _ratio_stats(ratio, clipped_on, mask, denom, n)
+        stats["approx_kl"] = float(((behaviour_logprobs - logprobs.detach()) * mask).sum() / denom)
+        stats["adv_mean"] = float((advantages * mask).sum() / denom)
+    return loss, stats
 
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float,
+    dual_clip: float | None = None,
+    behav_weight_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO (Hilton et al. 2021; AReaL): clip against the proximal policy, correct for
+    the behaviour policy that sampled the tokens with an importance weight.
+
+    Per token ``w * surrogate(exp(logprobs - proximal), A)`` with the behaviour weight
+    ``w = exp(proximal - behaviour)`` (no gradient), truncated at ``behav_weight_cap`` when given
+    (truncated importance sampling: tokens far off-policy still count, with bounded weight).
+    The surrogate is the clipped (optionally dual-clipped) one of ``grpo_loss``. Averaged over
+    masked tokens. stats: those of ``grpo_loss`` (approx_kl against the proximal policy) plus
+    behav_weight_mean, behav_weight_max, behav_capped_frac.
+    """
+    mask = loss_mask.to(torch.float32)
+    n = mask.sum()
+    denom = n.clamp(min=1.0)
+    proximal = proximal_logprobs.detach()
+    ratio = torch.exp(logprobs - proximal)
+    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip)
+    weight = torch.exp(proximal - behaviour_logprobs.detach())
+    capped = torch.zeros_like(weight, dtype=torch.bool)
+    if behav_weight_cap is not None:
+        capped = weight > behav_weight_cap
+        weight = weight.clamp(max=behav_weight_cap)
+    loss = (weight * per_token * mask).sum() / denom
     with torch.no_grad():
         on = mask > 0
-        r = ratio.detach()
-        stats = {
-            "tokens": float(n),
-            "clip_frac": float(((clipped < unclipped) & on).float().sum() / denom),
-            "ratio_mean": float((r * mask).sum() / denom),
-            "ratio_max": float(r[on].max()) if bool(on.any()) else 1.0,
-            "ratio_min": float(r[on].min()) if bool(on.any()) else 1.0,
-            "approx_kl": float(((behaviour_logprobs - logprobs.detach()) * mask).sum() / denom),
-            "adv_mean": float((advantages * mask).sum() / denom),
-        }
+        stats = _ratio_stats(ratio, clipped_on, mask, denom, n)
+        stats["approx_kl"] = float(((proximal - logprobs.detach()) * mask).sum() / denom)
+        stats["adv_mean"] = float((advantages * mask).sum() / denom)
+        stats["behav_weight_mean"] = float((weight * mask).sum() / denom)
+        stats["behav_weight_max"] = float(weight[on].max()) if bool(on.any()) else 1.0
+        stats["behav_capped_frac"] = float((capped & on).float().sum() / denom)
     return loss, stats
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from samples of the policy (Schulman 2020).
+
+    k1 = log p - log q (unbiased, high variance, can be negative); k3 = q/p - log(q/p) - 1 with
+    q/p = exp(log q - log p) (unbiased, always >= 0). Differentiable in ``logprobs``.
+    """
+    delta = ref_logprobs.detach() - logprobs  # log(q / p)
+    if estimator == "k1":
+        return -delta
+    elif estimator == "k3":
+        return torch.exp(delta) - delta - 1.0
+    else:
+        raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {estimator!r}")

@@ -302,3 +302,145 @@ def test_copy_tokenizer_files_tolerates_a_model_dir_without_them(tmp_path):
     assert copy_tokenizer_files(tmp_path / "src", tmp_path / "dst") == []
     (tmp_path / "src" / "tokenizer.json").write_text("{}")
     assert copy_tokenizer_files(tmp_path / "src", tmp_path / "dst") == ["tokenizer.json"]
+
+
+# ---- packing and memory -----------------------------------------------------------------------
+
+def _sgd_delta(model_dir: Path, trajs: list[Trajectory], micro_batch_tokens: int, **overrides) -> dict[str, torch.Tensor]:
+    """Parameter change of one train_step with SGD(lr=1) and no clipping: minus the gradient."""
+    from areal.trainer import PolicyScorer, train_step
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    config = TrainerConfig(model_path=str(model_dir), ring_name="unused", engine_urls=[], report_addr="tcp://x:1",
+                           run_dir="unused", steps=1, groups_per_step=2, temperature=TEMPERATURE, max_grad_norm=1e9,
+                           micro_batch_tokens=micro_batch_tokens, **overrides)
+    train_step(PolicyScorer(model, TEMPERATURE), torch.optim.SGD(model.parameters(), lr=1.0), trajs, config, version=0)
+    return {n: p.detach() - before[n] for n, p in model.named_parameters()}
+
+
+def _padded_grad(model_dir: Path, trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
+    """The same GRPO gradient from a plain right-padded (B, T) batch with an attention mask."""
+    from areal.loss import group_advantages
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.group_id for t in trajs])
+    rows = [(r, a) for t, a in zip(trajs, adv.tolist()) for r in t.rows()]
+    T = max(len(r.input_ids) for r, _ in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    att = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T)
+    beh = torch.zeros(len(rows), T)
+    advs = torch.zeros(len(rows), T)
+    for i, (r, a) in enumerate(rows):
+        n = len(r.input_ids)
+        ids[i, :n] = torch.from_numpy(r.input_ids.astype(np.int64))
+        att[i, :n] = 1
+        mask[i, :n] = torch.from_numpy(r.loss_mask.astype(np.float32))
+        beh[i, :n] = torch.from_numpy(r.logprobs.copy())
+        advs[i, :n] = a
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1] / TEMPERATURE, -1)  # (B, T-1, V)
+    lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ratio = torch.exp(lp - beh[:, 1:])
+    a = advs[:, 1:]
+    per_token = -torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)
+    ((per_token * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_packed_equals_padded_and_micro_batches_1x8_equal_8x1(tmp_path):
+    model_dir = tmp_path / "m"
+    model = make_model(model_dir, with_tokenizer=False)
+    rng = np.random.default_rng(5)
+    trajs = make_group(model, "a", rng) + make_group(model, "b", rng)  # 8 episodes, 10 rows
+    one_by_eight = _sgd_delta(model_dir, trajs, micro_batch_tokens=10_000)
+    eight_by_one = _sgd_delta(model_dir, trajs, micro_batch_tokens=1)
+    padded = _padded_grad(model_dir, trajs)
+    assert any(float(d.abs().max()) > 1e-4 for d in one_by_eight.values())  # a real gradient, not zeros
+    for name, d in one_by_eight.items():
+        torch.testing.assert_close(d, eight_by_one[name], atol=1e-6, rtol=1e-4, msg=name)
+        torch.testing.assert_close(-d, padded[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+MEMORY_SCRIPT = r"""  # argv: micro_batch_tokens, prompt tokens per 512-token row
+import resource, sys, torch, numpy as np
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from areal.packing import PolicyScorer, pack_rows
+from areal.loss import grpo_loss
+from areal.protocol import TokenRow, Trajectory
+torch.set_num_threads(1)
+V, ROWS, T, PROMPT = 151936, 16, 512, int(sys.argv[2])
+cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=T, tie_word_embeddings=True)
+model = Qwen2ForCausalLM(cfg).eval()
+rng = np.random.default_rng(0)
+trajs = []
+for i in range(ROWS):
+    ids = rng.integers(0, V, T).astype(np.int32)
+    mask = np.r_[np.zeros(PROMPT), np.ones(T - PROMPT)].astype(np.uint8)
+    row = TokenRow(ids, mask, np.full(T, -12.0, np.float32) * mask, np.where(mask == 1, 0, -1).astype(np.int32), 0.0)
+    trajs.append(Trajectory.from_rows(episode_id=str(i), group_id="g", group_size=ROWS, reward=float(i % 2),
+                                      status="ok", rows=[row]))
+scorer = PolicyScorer(model, 1.0)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+total = ROWS * (T - PROMPT)
+for mb in pack_rows(trajs, torch.tensor([1.0, -1.0] * (ROWS // 2)), micro_batch_tokens=int(sys.argv[1])):
+    lp, ent = scorer(mb)
+    loss, st = grpo_loss(lp, mb.behaviour, mb.advantages, torch.ones_like(lp), 0.2)
+    (loss * st["tokens"] / total).backward()
+assert all(p.grad is not None for p in model.parameters())
+print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_memory_is_flat_in_vocabulary_16x512_tokens_151936_vocab(tmp_path):
+    """Peak RSS of forward+backward over 16 x 512 tokens with Qwen2.5's vocabulary, 128 tokens of
+    each row scored to keep the test fast (the lm head's cost, not its memory, grows with the
+    scored tokens; ``python MEMORY_SCRIPT 1024 1`` scores all 511). Full (tokens, vocab) logits would be 16 * 127 * 151936 * 4 B =
+    1.2 GB, doubled by their gradient; the chunked head must stay far below that."""
+    script = tmp_path / "mem.py"
+    script.write_text(MEMORY_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), "1024", "384"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    base_kib, peak_kib = map(int, out.stdout.split()[-2:])
+    assert peak_kib < 3 * 1024 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
+    assert peak_kib - base_kib < 600 * 1024, f"training added {(peak_kib - base_kib) / 1024:.0f} MiB over the model"
+
+
+# ---- golden loss trace --------------------------------------------------------------------------
+
+GOLDEN = ROOT / "tests" / "golden" / "trainer_loss_trace.json"
+
+
+def test_golden_loss_trace(tmp_path):
+    """A fixed tiny model and fixed trajectories, 4 steps of each loss: losses and grad norms must
+    match the checked-in trace. Regenerate (after an intended change) with AREAL_REGEN_GOLDEN=1."""
+    from areal.trainer import PolicyScorer, train_step
+
+    model_dir = tmp_path / "m"
+    model = make_model(model_dir, with_tokenizer=False)
+    rng = np.random.default_rng(123)
+    steps = [make_group(model, f"s{i}a", rng) + make_group(model, f"s{i}b", rng) for i in range(4)]
+    trace = {}
+    for loss in ("grpo", "ppo"):
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = TrainerConfig(model_path=str(model_dir), ring_name="unused", engine_urls=[], report_addr="tcp://x:1",
+                               run_dir="unused", steps=4, groups_per_step=2, lr=3e-3, temperature=TEMPERATURE,
+                               micro_batch_tokens=32, loss=loss, minibatches=2 if loss == "ppo" else 1,
+                               dual_clip=3.0, behav_weight_cap=4.0 if loss == "ppo" else None, kl_coef=0.05)
+        reference = PolicyScorer(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), TEMPERATURE)
+        opt = torch.optim.AdamW(m.parameters(), lr=config.lr)
+        rows = [train_step(PolicyScorer(m, TEMPERATURE), opt, trajs, config, version=0, reference=reference)
+                for trajs in steps]
+        trace[loss] = [{k: r[k] for k in ("loss", "grad_norm", "clip_frac", "entropy", "ref_kl")} for r in rows]
+    if os.environ.get("AREAL_REGEN_GOLDEN"):
+        GOLDEN.write_text(json.dumps(trace, indent=1) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    assert golden.keys() == trace.keys()
+    for loss in golden:
+        assert trace[loss][-1]["loss"] < trace[loss][0]["loss"]  # it learns on these groups
+        for i, (want, got) in enumerate(zip(golden[loss], trace[loss], strict=True)):
+            for k in want:
+                assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), (loss, i, k, got, want)
