@@ -47,6 +47,8 @@ def validate_turn(turn: Turn, config: GatewayConfig) -> None:
             raise RequestError(400, f"messages[{i}].role must be system, user, assistant or tool", param=f"messages[{i}].role")
         if not isinstance(m.get("content"), (str, list, type(None))):
             raise RequestError(400, f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+        if isinstance(m.get("content"), list):  # text parts are joined; the template takes strings
+            m["content"] = _join_text_parts(m["content"], f"messages[{i}].content")
         calls = m.get("tool_calls")
         if calls is not None and not (isinstance(calls, list) and all(
                 isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
@@ -65,6 +67,19 @@ def validate_turn(turn: Turn, config: GatewayConfig) -> None:
     if s.top_logprobs and not s.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     _validate_tools(turn)
+
+
+def _join_text_parts(parts: list, where: str) -> str:
+    """``[{"type": "text", "text": ...}, ...]`` -> one string; any other part is a 400 naming it."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
+                and isinstance(part.get("text"), str)):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RequestError(400, f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}); "
+                                    f"got {kind!r}: this gateway serves text-only models", param=f"{where}[{j}]")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _validate_tools(turn: Turn) -> None:

@@ -100,7 +100,7 @@ async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
 def json_object(body: bytes) -> dict:
     try:
         obj = msgspec.json.decode(body)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # invalid UTF-8 surfaces as the latter
         raise RequestError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise RequestError(400, "request body must be a JSON object")

@@ -1,0 +1,484 @@
+"""Gateway overhead: added latency per call against calling the engine directly, requests/s per
+core, and the CPU cost of building prompts for a 200-turn episode. Every figure has a same-run
+baseline.
+
+    client ──ZeroMQ DEALER / HTTP──► gateway process ──HTTP /generate──► engine process
+    client ──────────────────────────HTTP /generate──────────────────────► engine process  (baseline)
+
+- Latency: sequential calls, p50 and p99, through the gateway (ZeroMQ and HTTP front doors)
+  and straight to the engine with the same prompt; "added" is gateway minus direct. Run against
+  the instant engine (below) and against the embedded CPU engine (greedy, 8 tokens).
+- Requests/s on one core: several client processes keep the gateway busy; the figure is calls
+  answered per CPU-second of the gateway process (read from /proc), so other load on this shared
+  2-core machine does not count against it. Baseline: the instant engine's own calls per
+  CPU-second serving the same load directly.
+- Prompt building: 200 turns of one episode, each turn's prompt built incrementally on the
+  parent's recorded tokens (``PromptBuilder.build``) vs rendering and tokenising the whole
+  history every turn, as AReaL does. CPU time in total per episode.
+
+The instant engine is a stand-in that speaks SGLang's ``/generate`` (non-streamed and cumulative
+SSE streams, ``output_token_logprobs``, finish reasons) with a fixed reply and no model, written
+on raw asyncio so that it costs far less per call than the gateway it measures. Tests use it too
+(``launch_instant_engine``).
+
+    python -m benchmarks.run gateway [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# ---- the instant engine ----------------------------------------------------------------------
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+
+
+class _InstantEngine(asyncio.Protocol):
+    """HTTP/1.1 keep-alive server answering SGLang's ``/generate`` at once with ``reply_ids``."""
+
+    def __init__(self, reply_ids: list[int]) -> None:
+        self.reply_ids = reply_ids
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1").split("\r\n")
+            length = 0
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            if len(self.buf) < head_end + 4 + length:
+                return
+            body = self.buf[head_end + 4 : head_end + 4 + length]
+            self.buf = self.buf[head_end + 4 + length :]
+            method, path, _ = head[0].split(" ", 2)
+            self._answer(method, path.split("?", 1)[0], body)
+
+    def _answer(self, method: str, path: str, body: bytes) -> None:
+        assert self.transport is not None
+        if path == "/generate" and method in ("POST", "PUT"):
+            req = json.loads(body)
+            params = req.get("sampling_params") or {}
+            max_new = params.get("max_new_tokens", 128)
+            ids = self.reply_ids[:max_new]
+            finish = {"type": "stop", "matched": ids[-1]} if len(ids) == len(self.reply_ids) else {"type": "length", "length": max_new}
+            if req.get("stream"):
+                self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                for n in range(1, len(ids) + 1):
+                    chunk = _generate_body(req, ids[:n], finish if n == len(ids) else None)
+                    self._chunk(b"data: " + chunk + b"\n\n")
+                self._chunk(b"data: [DONE]\n\n")
+                self.transport.write(b"0\r\n\r\n")
+                return
+            self._reply(200, _generate_body(req, ids, finish))
+        elif path in ("/health", "/health_generate", "/ready"):
+            self._reply(200, b"{}")
+        elif path in ("/get_model_info", "/model_info"):
+            self._reply(200, json.dumps({"model_path": "instant", "weight_version": "default", "is_generation": True}).encode())
+        elif path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache"):
+            self._reply(200, b'{"success": true}')
+        else:
+            self._reply(404, b'{"error": "not found"}')
+
+    def _chunk(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _reply(self, status: int, body: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+        )
+
+
+def _generate_body(req: dict, ids: list[int], finish: dict | None) -> bytes:
+    prompt = req.get("input_ids") or []
+    meta: dict[str, Any] = {
+        "id": req.get("rid") or "instant", "finish_reason": finish, "prompt_tokens": len(prompt),
+        "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": "default",
+    }
+    if req.get("return_logprob"):
+        meta["output_token_logprobs"] = [[-0.25, t, None] for t in ids]
+    return json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
+
+
+async def _serve_instant(reply_ids: list[int], port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _InstantEngine(reply_ids), "127.0.0.1", port)
+    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    await server.serve_forever()
+
+
+class InstantEngineProcess:
+    """The instant engine in its own process group; ``stop`` signals that group only."""
+
+    def __init__(self, reply_ids: list[int], cpu: int | None = None) -> None:
+        cmd = [sys.executable, "-m", "benchmarks.gateway", "instant-engine", ",".join(map(str, reply_ids))]
+        if cpu is not None:
+            cmd += ["--cpu", str(cpu)]
+        root = Path(__file__).resolve().parent.parent
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=root, start_new_session=True, text=True)
+        assert self.popen.stdout is not None
+        self.url = self.popen.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"instant engine did not start (exit {self.popen.poll()})")
+
+    def stop(self) -> None:
+        from areal.process import stop_group
+
+        stop_group(self.popen, grace_s=5)
+
+    def __enter__(self) -> InstantEngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch_instant_engine(reply_ids: list[int], cpu: int | None = None) -> InstantEngineProcess:
+    return InstantEngineProcess(reply_ids, cpu)
+
+
+# ---- the gateway under test, in its own process -------------------------------------------
+
+
+async def _serve_gateway(engine_url: str, ipc_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    from areal.embedded import ensure_embedded_model
+    from areal.engine.client import EngineClient
+    from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    gateway = Gateway(EngineClient(engine_url), tokenizer, GatewayConfig(session_idle_s=0))
+    runner, http_url = await serve_http(gateway)
+    address = f"ipc://{ipc_dir}/gateway.sock"
+    ready = asyncio.Event()
+    server = asyncio.ensure_future(serve_zmq(gateway, address, ready))
+    await ready.wait()
+    print(json.dumps({"http": http_url, "zmq": address, "key": gateway.open_session("bench")}), flush=True)
+    try:
+        await server
+    finally:
+        await runner.cleanup()
+
+
+class GatewayProcess:
+    """A gateway serving ZeroMQ and HTTP in its own process group, with one open session."""
+
+    def __init__(self, engine_url: str, cpu: int | None = None) -> None:
+        self.ipc_dir = tempfile.mkdtemp(prefix="gwbench-")
+        cmd = [sys.executable, "-m", "benchmarks.gateway", "gateway", engine_url, self.ipc_dir]
+        if cpu is not None:
+            cmd += ["--cpu", str(cpu)]
+        root = Path(__file__).resolve().parent.parent
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=root, start_new_session=True, text=True)
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
+        if not line.startswith("{"):
+            self.stop()
+            raise RuntimeError(f"gateway did not start (exit {self.popen.poll()})")
+        info = json.loads(line)
+        self.http, self.zmq, self.key = info["http"], info["zmq"], info["key"]
+
+    def stop(self) -> None:
+        from areal.process import stop_group
+
+        stop_group(self.popen, grace_s=5)
+        for name in os.listdir(self.ipc_dir):
+            os.unlink(os.path.join(self.ipc_dir, name))
+        os.rmdir(self.ipc_dir)
+
+
+# ---- clients ---------------------------------------------------------------------------------
+
+MESSAGES = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
+
+
+def _chat_body(max_tokens: int) -> bytes:
+    return json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.0}).encode()
+
+
+class ZmqClient:
+    def __init__(self, address: str, key: str, body: bytes) -> None:
+        import msgspec
+        import zmq
+        import zmq.asyncio
+
+        from areal.protocol import GatewayMessage, GatewayRequest
+
+        self.sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.decoder = msgspec.msgpack.Decoder(GatewayMessage)
+        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        self.payload = msgspec.msgpack.encode(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions", headers=headers, body=body))
+
+    async def call(self) -> None:
+        await self.sock.send(self.payload)
+        while True:
+            reply = self.decoder.decode(await self.sock.recv())
+            assert reply.status == 200, reply.body[:300]
+            if not reply.more:
+                return
+
+    async def aclose(self) -> None:
+        self.sock.close(0)
+
+
+class HttpClient:
+    def __init__(self, url: str, body: bytes, key: str | None = None) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession()
+        self.url, self.body = url, body
+        self.headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {key}"} if key else {})
+
+    async def call(self) -> None:
+        async with self.session.post(self.url, data=self.body, headers=self.headers) as resp:
+            data = await resp.read()
+            assert resp.status == 200, data[:300]
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def _engine_body(prompt_ids: list[int], max_tokens: int) -> bytes:
+    params = {"max_new_tokens": max_tokens, "temperature": 0.0}
+    return json.dumps({"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}).encode()
+
+
+async def _latencies(client: Any, n: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        await client.call()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await client.call()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _p(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int) -> list[dict]:
+    """p50/p99 added per call over ZeroMQ and HTTP vs direct engine calls, interleaved in rounds."""
+
+    async def go() -> dict[str, list[float]]:
+        clients = {
+            "direct": HttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
+            "zmq": ZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
+            "http": HttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
+        }
+        lat: dict[str, list[float]] = {k: [] for k in clients}
+        rounds = 5  # interleave so drifting background load hits all three alike
+        for r in range(rounds):
+            for name, client in clients.items():
+                lat[name] += await _latencies(client, n // rounds, warmup=10 if r == 0 else 2)
+        for client in clients.values():
+            await client.aclose()
+        return lat
+
+    lat = asyncio.run(go())
+    rows = []
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        direct = _p(lat["direct"], q) * 1e6
+        for door in ("zmq", "http"):
+            rows.append({"benchmark": "gateway", "metric": f"added {label} {door}, {engine} engine",
+                         "value": _p(lat[door], q) * 1e6 - direct, "unit": "us",
+                         "baseline": f"direct {engine} {label}", "baseline_value": direct})
+    return rows
+
+
+def _load_client(door: str, url: str, key: str | None, body: bytes, concurrency: int, start_at: float, stop_at: float,
+                 queue: Any) -> None:
+    """Closed-loop load from ``start_at`` to ``stop_at`` (wall clock); puts the calls answered."""
+
+    async def go() -> int:
+        # one DEALER carries one request at a time in ZmqClient: one client per worker
+        clients = [ZmqClient(url, key or "", body) if door == "zmq" else HttpClient(url, body, key) for _ in range(concurrency)]
+        await clients[0].call()  # connect before the clock starts
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        done = 0
+
+        async def worker(client: Any) -> None:
+            nonlocal done
+            while time.time() < stop_at:
+                await client.call()
+                done += 1
+
+        await asyncio.gather(*(worker(c) for c in clients))
+        for c in clients:
+            await c.aclose()
+        return done
+
+    queue.put(asyncio.run(go()))
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(door: str, url: str, key: str | None, body: bytes, server_pid: int, seconds: float, clients: int = 3) -> tuple[float, float]:
+    """(calls per CPU-second of the server process, calls per wall second) under a closed-loop load."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    start_at = time.time() + 4.0  # after the clients' spawn and imports
+    procs = [ctx.Process(target=_load_client, args=(door, url, key, body, 16, start_at, start_at + seconds, queue))
+             for _ in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = _proc_cpu(server_pid)
+    time.sleep(seconds)
+    cpu1 = _proc_cpu(server_pid)
+    total = sum(queue.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return total / max(cpu1 - cpu0, 1e-9), total / seconds
+
+
+# ---- prompt building for a long episode --------------------------------------------------------
+
+
+def prompt_building_rows(turns: int) -> list[dict]:
+    """CPU seconds to build every prompt of a ``turns``-turn episode: incremental vs full re-render."""
+    from transformers import AutoTokenizer
+
+    from areal.embedded import ensure_embedded_model
+    from areal.gateway.render import PromptBuilder, PromptIndex
+    from areal.gateway.tree import Interaction
+
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    builder = PromptBuilder(tok, [im_end])
+    reply_text = "The calculator says 42, so the answer is \\boxed{42}."
+    reply_ids = tok.encode(reply_text, add_special_tokens=False) + [im_end]
+
+    def episode(incremental: bool) -> tuple[float, int]:
+        index, interactions = PromptIndex(), {}
+        messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant."}]
+        total_ids = 0
+        t0 = time.process_time()
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"Step {t}: what is {t} * 7 plus 3?"})
+            if incremental:
+                prompt = builder.build(index, interactions, messages, None)
+                ids = prompt.ids
+                inter = Interaction(id=f"i{t}", prompt_ids=ids, output_ids=reply_ids, output_logprobs=[0.0] * len(reply_ids),
+                                    version=0, finish_reason="stop", created=0.0, parent_id=prompt.parent_id)
+                interactions[inter.id] = inter
+                reply = {"role": "assistant", "content": reply_text}
+                builder.record(index, prompt, inter, reply)
+            else:
+                ids = builder.full(messages, None)
+                reply = {"role": "assistant", "content": reply_text}
+            total_ids += len(ids)
+            messages.append(reply)
+        elapsed = time.process_time() - t0
+        if incremental:
+            assert index.incremental == turns - 1, (index.incremental, index.drift)
+        return elapsed, total_ids
+
+    inc, inc_ids = episode(True)
+    full, full_ids = episode(False)
+    assert inc_ids == full_ids  # same prompts, token for token in length (equality is tested in tests/)
+    return [{"benchmark": "gateway", "metric": f"prompt building, {turns}-turn episode", "value": inc * 1e3, "unit": "ms CPU",
+             "baseline": "full re-render every turn", "baseline_value": full * 1e3}]
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+
+def _reply_ids() -> list[int]:
+    from transformers import AutoTokenizer
+
+    from areal.embedded import ensure_embedded_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    return tok.encode("He has 7 apples. The answer is \\boxed{7}.", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def _prompt_ids() -> list[int]:
+    from transformers import AutoTokenizer
+
+    from areal.embedded import ensure_embedded_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    return tok.encode(tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+
+
+def main(quick: bool) -> list[dict]:
+    from areal.embedded import ensure_embedded_model
+    from areal.engine.client import launch_embedded_engine
+
+    rows: list[dict] = []
+    prompt_ids = _prompt_ids()
+    n = 200 if quick else 2000
+    with launch_instant_engine(_reply_ids()) as engine:
+        gateway = GatewayProcess(engine.url)
+        try:
+            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64)
+            seconds = 3.0 if quick else 10.0
+            gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
+            eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)
+            rows.append({"benchmark": "gateway", "metric": "requests/s per gateway core, zmq, instant", "value": gw_rate,
+                         "unit": "req/s", "baseline": "instant engine, direct", "baseline_value": eng_rate})
+            rows.append({"benchmark": "gateway", "metric": "requests/s wall, zmq, 3 clients, instant", "value": gw_wall,
+                         "unit": "req/s", "baseline": "instant engine wall, direct", "baseline_value": eng_wall})
+        finally:
+            gateway.stop()
+    embedded = launch_embedded_engine(str(ensure_embedded_model()))
+    try:
+        gateway = GatewayProcess(embedded.url)
+        try:
+            rows += latency_rows("embedded", embedded.url, gateway, prompt_ids, 20 if quick else 100, max_tokens=8)
+        finally:
+            gateway.stop()
+    finally:
+        embedded.stop()
+    rows += prompt_building_rows(200)
+    return rows
+
+
+def _pin(argv: list[str]) -> list[str]:
+    if "--cpu" in argv:
+        i = argv.index("--cpu")
+        os.sched_setaffinity(0, {int(argv[i + 1])})
+        argv = argv[:i] + argv[i + 2 :]
+    return argv
+
+
+if __name__ == "__main__":
+    args = _pin(sys.argv[1:])
+    if args[:1] == ["instant-engine"]:
+        asyncio.run(_serve_instant([int(x) for x in args[1].split(",")], 0))
+    elif args[:1] == ["gateway"]:
+        asyncio.run(_serve_gateway(args[1], args[2]))
+    else:
+        for row in main(quick="--quick" in args):
+            print(row)
