@@ -1,0 +1,314 @@
+"""AReaL's experiment configuration surface: ``GRPOConfig`` & co. and ``load_expr_config``.
+
+    python3 train.py --config x.yaml key=value ...
+        └─ load_expr_config(argv, GRPOConfig) ─► YAML ⊕ overrides (OmegaConf: ${...} resolved)
+               ─► plain dict ─► typed dataclasses (unknown keys: ValueError naming each one)
+
+These dataclasses carry the keys of AReaL's guides that this system implements, with AReaL's
+names (``gconfig.n_samples``, ``actor.optimizer.lr``, ``train_dataset.batch_size``,
+``rollout.openai.mode`` ...). ``areal.experimental.trainer.PPOTrainer`` maps them onto the one
+run configuration, ``areal.config.TrainConfig``; there is no second training loop behind them.
+AReaL keys with no meaning here (``cluster.n_gpus_per_node``, ``sglang.*``, ``saver.*`` ...) are
+rejected rather than silently ignored. Guides extend the configs by subclassing
+(``@dataclass class AgentRLConfig(GRPOConfig): ...``), which ``load_expr_config`` supports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+
+from sandbox.isolation import SandboxConfig
+
+T = TypeVar("T")
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling settings of rollouts (``gconfig``)."""
+
+    n_samples: int = 4  # trajectories per prompt (one GRPO group)
+    max_new_tokens: int = 256  # tokens one LLM call may sample
+    max_tokens: int = 2048  # prompt + sampled tokens of one call (the context limit)
+    min_new_tokens: int = 0
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples", "max_new_tokens", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"gconfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"gconfig.min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"gconfig.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"gconfig.top_p must be in (0, 1], got {self.top_p}")
+
+    def new(self, **kwargs: Any) -> GenerationHyperparameters:
+        """A copy with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **kwargs)
+
+    def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationHyperparameters:
+        """A copy whose ``stop_token_ids`` also hold the tokenizer's EOS and PAD ids."""
+        ids = list(self.stop_token_ids)
+        for tid in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)):
+            if tid is not None and tid not in ids:
+                ids.append(int(tid))
+        return self.new(stop_token_ids=ids)
+
+    def to_openai_args_dict(self) -> dict[str, Any]:
+        """Keyword arguments for ``chat.completions.create`` with these settings."""
+        args: dict[str, Any] = {"temperature": 0.0 if self.greedy else self.temperature, "top_p": self.top_p,
+                                "max_tokens": self.max_new_tokens}
+        if self.stop:
+            args["stop"] = list(self.stop)
+        return args
+
+
+@dataclass
+class DatasetConfig:
+    """A dataset (``train_dataset`` / ``valid_dataset``); see ``areal.dataset.get_custom_dataset``."""
+
+    path: str = "embedded"  # "embedded" (the built-in arithmetic task), a .jsonl/.json file, or a dir of <split>.jsonl
+    type: str = "rl"
+    batch_size: int = 8  # prompts per training step
+    shuffle: bool = True
+    max_length: int | None = None  # drop prompts longer than this many tokens
+    size: int | None = None  # rows to take (the embedded task: rows to generate; default 4000 train / 500 test)
+
+    def __post_init__(self) -> None:
+        if self.type != "rl":
+            raise ValueError(f"dataset type must be 'rl' (the only kind this system trains on), got {self.type!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"dataset batch_size must be >= 1, got {self.batch_size}")
+        if self.size is not None and self.size < 0:
+            raise ValueError(f"dataset size must be >= 0, got {self.size}")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-5
+    gradient_clipping: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"actor.optimizer.lr must be positive, got {self.lr}")
+        if not self.gradient_clipping > 0:
+            raise ValueError(f"actor.optimizer.gradient_clipping must be positive, got {self.gradient_clipping}")
+
+
+@dataclass
+class MicroBatchSpec:
+    max_tokens_per_mb: int = 1024  # tokens packed into one forward pass
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_mb < 1:
+            raise ValueError(f"actor.mb_spec.max_tokens_per_mb must be >= 1, got {self.max_tokens_per_mb}")
+
+
+@dataclass
+class ActorConfig:
+    """The policy being trained."""
+
+    path: str = "embedded"  # "embedded" (built offline on first use) or an HF model directory
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    eps_clip: float = 0.2
+    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    threads: int = 1  # torch threads of the trainer process
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("actor.path must be 'embedded' or a model directory")
+        if not self.eps_clip > 0:
+            raise ValueError(f"actor.eps_clip must be positive, got {self.eps_clip}")
+
+
+@dataclass
+class OpenAIProxyConfig:
+    """``rollout.openai``: where agents run and how the gateway parses their model's output."""
+
+    mode: str = "subproc"  # "subproc": sandboxed agent processes; "inline": the controller's event loop
+    tool_call_parser: str | None = "qwen25"
+    reasoning_parser: str | None = "think"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("subproc", "inline"):
+            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r}")
+
+
+@dataclass
+class InferenceEngineConfig:
+    """``rollout``: the inference servers and the asynchronous rollout loop."""
+
+    backend: str = "embedded"  # "embedded": our CPU engine; "sglang": running servers at server_urls
+    server_urls: list[str] = field(default_factory=list)
+    max_concurrent_rollouts: int = 64
+    max_head_offpolicyness: int = 1
+    request_timeout: float = 60.0  # wall-clock limit of one episode, seconds
+    context_length: int = 2048
+    openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("embedded", "sglang"):
+            raise ValueError(f"rollout.backend must be 'embedded' or 'sglang', got {self.backend!r}")
+        if self.backend == "sglang" and not self.server_urls:
+            raise ValueError("rollout.server_urls must list the SGLang servers when rollout.backend=sglang")
+        if self.max_concurrent_rollouts < 1 or self.max_head_offpolicyness < 0 or not self.request_timeout > 0:
+            raise ValueError("rollout.max_concurrent_rollouts >= 1, rollout.max_head_offpolicyness >= 0 and "
+                             "rollout.request_timeout > 0 are required")
+
+
+@dataclass
+class SchedulerConfig:
+    type: str | None = None  # None or "local": every process on this machine
+
+    def __post_init__(self) -> None:
+        if self.type not in (None, "local"):
+            raise ValueError(f"scheduler.type must be 'local' (or null), got {self.type!r}; no cluster scheduler is built in")
+
+
+@dataclass
+class ClusterConfig:
+    fileroot: str = "runs"  # runs go to <fileroot>/<experiment_name>/<trial_name>/
+
+    def __post_init__(self) -> None:
+        if not self.fileroot:
+            raise ValueError("cluster.fileroot must be a directory")
+
+
+@dataclass
+class PPOConfig:
+    """One experiment: model, data, sampling, rollout and optimisation."""
+
+    experiment_name: str = "areal"
+    trial_name: str = "trial0"
+    seed: int = 1
+    total_train_epochs: int = 1
+    total_train_steps: int | None = None  # overrides epochs when set
+    tokenizer_path: str = "embedded"
+    eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    valid_dataset: DatasetConfig | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def __post_init__(self) -> None:
+        if self.total_train_epochs < 1:
+            raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
+        if self.total_train_steps is not None and self.total_train_steps < 1:
+            raise ValueError(f"total_train_steps must be >= 1, got {self.total_train_steps}")
+        for name in ("experiment_name", "trial_name"):
+            value = getattr(self, name)
+            if not value or "/" in value or value.startswith("."):
+                raise ValueError(f"{name} must be a plain name (no '/'), got {value!r}")
+
+
+@dataclass
+class GRPOConfig(PPOConfig):
+    """GRPO is this system's algorithm: group-normalised advantages over ``gconfig.n_samples``."""
+
+
+@dataclass
+class AgentRLConfig(GRPOConfig):
+    """The OpenAI Agents guide's config: agents and rewards named by import path."""
+
+    agent_builder_path: str = "areal.workflow.openai_agent.math_agent.build_math_agent"
+    agent_builder_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_fn_path: str = "areal.reward.gsm8k.gsm8k_reward_fn"
+    agent_type: str = "math"
+    n_trajs: int = 1
+    max_turns: int = 8
+    max_tokens_per_trajectory: int = 8192
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def load_expr_config(argv: list[str], config_cls: type[T]) -> tuple[T, str | None]:
+    """``(config, config_file)`` from ``--config FILE`` (optional) and ``key=value`` overrides.
+
+    ``${...}`` interpolations are resolved; values are YAML-typed (``1e-5`` is a float). A key
+    that ``config_cls`` does not have raises ``ValueError`` naming its full dotted path.
+    """
+    config_file, overrides = _split_argv(list(argv))
+    base = OmegaConf.load(config_file) if config_file else OmegaConf.create({})
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must be key=value")
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+    data = OmegaConf.to_container(merged, resolve=True)
+    return build_config(config_cls, data or {}), config_file
+
+
+def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    config_file = None
+    rest = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ValueError("--config needs a file path")
+            config_file, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config_file = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            raise ValueError(f"unknown option {arg!r}; use --config FILE and key=value overrides")
+        else:
+            rest.append(arg)
+        i += 1
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config file {config_file} does not exist")
+    return config_file, rest
+
+
+def build_config(cls: type[T], data: dict[str, Any], path: str = "") -> T:
+    """Dataclass ``cls`` from plain data, recursing into (optional) dataclass fields."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config section {path.rstrip('.') or '<root>'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)  # resolves each field in the module of the class that declares it
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(path + k for k in unknown)} for {cls.__name__}; "
+                         f"valid: {', '.join(sorted(names))}")
+    return cls(**{name: _coerce(hints[name], value, f"{path}{name}") for name, value in data.items()})
+
+
+def _coerce(hint: Any, value: Any, path: str) -> Any:
+    if value is None:
+        return None
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return build_config(hint, value, path + ".")
+    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{path} must be a number, got {value!r}") from None
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # trial_name=2 on the command line is YAML's int 2
+    if hint in (int, str, bool) and not isinstance(value, hint):
+        raise ValueError(f"{path} must be {hint.__name__}, got {value!r}")
+    return value

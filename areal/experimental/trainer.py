@@ -1,0 +1,176 @@
+"""``PPOTrainer``: AReaL's trainer entry, a thin layer over ``areal.controller.train``.
+
+    with PPOTrainer(config, train_dataset=, valid_dataset=) as trainer:
+        trainer.train(workflow, eval_workflow)
+            │  to_train_config(config, ...)  AReaL keys ─► areal.config.TrainConfig
+            │  workflow ─► an agent spec "MODULE:ATTR" or ".py:ATTR" (runs sandboxed or inline)
+            │            └► an object (AgentWorkflow / RolloutWorkflow) handed over as ``agent=``
+            ▼
+        asyncio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
+
+Workflows, and where they run:
+- a string path (``"areal.workflow.openai.math_agent.MathAgent"``) or a class: becomes the agent
+  spec ``rollout.agent``; the zygote (``subproc``) or the controller (``inline``) builds it.
+- an ``AgentWorkflow`` object: if its class is importable (a module, or the running script by
+  file path) and takes no constructor arguments, it becomes that class's spec, so it runs in
+  either mode; otherwise it is passed as ``agent=`` and needs ``rollout.openai.mode=inline``.
+- a ``RolloutWorkflow`` object (``arun_episode(engine, data)``): passed as ``agent=``; it needs
+  the engine object, so it runs in the controller's event loop whatever the mode.
+
+Datasets: the embedded task (``EmbeddedDataset``) maps onto ``data.train_size`` / ``eval_size``;
+any other rows go to the controller as ``dataset=`` / ``eval_dataset=``.
+
+Not covered: ``eval_workflow`` is accepted for AReaL compatibility but held-out evaluation is the
+controller's own (``areal.evaluation``: greedy and sampled accuracy before and after training).
+The run directory is ``<cluster.fileroot>/<experiment_name>/<trial_name>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from areal.api.cli_args import PPOConfig
+from areal.api.workflow_api import workflow_kind
+from areal.config import TrainConfig, from_dict, to_dict
+from areal.dataset import EmbeddedDataset
+from areal.utils.dynamic_import import import_from_string
+
+GATEWAY_MAX_TOKENS_CAP = 1024  # the gateway's default cap; raised when gconfig asks for more
+
+
+@dataclasses.dataclass
+class WorkflowPlan:
+    """How a workflow reaches the controller: an agent spec, or an object (needs ``agent=``)."""
+
+    spec: str | None
+    obj: Any | None
+    kind: str  # "agent" | "rollout"
+
+
+def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> WorkflowPlan:
+    """Decide how ``workflow`` (a path, a class or an object) is handed to the controller."""
+    kwargs = dict(workflow_kwargs or {})
+    if isinstance(workflow, str):
+        target = import_from_string(workflow)
+        if inspect.isclass(target) and not kwargs:
+            return WorkflowPlan(_class_spec(target), None, workflow_kind(target))
+        workflow = target
+    if inspect.isclass(workflow):
+        if not kwargs and _class_spec(workflow) is not None:
+            return WorkflowPlan(_class_spec(workflow), None, workflow_kind(workflow))
+        workflow = workflow(**kwargs)
+    elif kwargs:
+        raise ValueError("workflow_kwargs apply only when the workflow is given as a class or an import path")
+    kind = workflow_kind(workflow)
+    if kind == "agent" and not inspect.isfunction(workflow) and _class_spec(type(workflow)) is not None:
+        return WorkflowPlan(_class_spec(type(workflow)), None, kind)
+    return WorkflowPlan(None, workflow, kind)
+
+
+def _class_spec(cls: type) -> str | None:
+    """``module:Class`` (or ``script.py:Class``) when the class can be rebuilt with no arguments."""
+    required = [p for p in inspect.signature(cls).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required or "<locals>" in cls.__qualname__:
+        return None
+    if cls.__module__ == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        return f"{Path(main_file).resolve()}:{cls.__qualname__}" if main_file else None
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def train_steps(config: PPOConfig, n_rows: int) -> int:
+    """``total_train_steps``, else epochs × ceil(rows / batch_size)."""
+    if config.total_train_steps is not None:
+        return config.total_train_steps
+    return config.total_train_epochs * max(1, math.ceil(n_rows / config.train_dataset.batch_size))
+
+
+def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool) -> TrainConfig:
+    """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
+    g, r = config.gconfig, config.rollout
+    data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0,
+            "eval_samples": config.eval_samples}
+    rollout = {"n_samples": g.n_samples, "groups_per_step": config.train_dataset.batch_size,
+               "max_head_offpolicyness": r.max_head_offpolicyness, "max_concurrent_episodes": r.max_concurrent_rollouts,
+               "deadline_s": r.request_timeout, "temperature": g.temperature, "openai": {"mode": r.openai.mode}}
+    if agent_spec is not None:
+        rollout["agent"] = agent_spec
+    return from_dict(TrainConfig, {
+        "experiment_name": config.experiment_name,
+        "seed": config.seed,
+        "model": {"path": config.actor.path},
+        "engine": {"kind": r.backend, "urls": list(r.server_urls)},
+        "gateway": {"context_length": r.context_length, "default_max_tokens": g.max_new_tokens,
+                    "max_tokens_cap": max(GATEWAY_MAX_TOKENS_CAP, g.max_new_tokens),
+                    "tool_parser": r.openai.tool_call_parser, "reasoning_parser": r.openai.reasoning_parser},
+        "rollout": rollout,
+        "sandbox": dataclasses.asdict(config.sandbox),
+        "trainer": {"steps": train_steps(config, n_train), "lr": config.actor.optimizer.lr, "clip_eps": config.actor.eps_clip,
+                    "max_grad_norm": config.actor.optimizer.gradient_clipping, "threads": config.actor.threads,
+                    "micro_batch_tokens": config.actor.mb_spec.max_tokens_per_mb},
+        "data": data,
+    })
+
+
+class PPOTrainer:
+    """Context manager; ``train(workflow, eval_workflow)`` runs one training run to its end."""
+
+    def __init__(self, config: PPOConfig, train_dataset: list[dict[str, Any]] | None = None,
+                 valid_dataset: list[dict[str, Any]] | None = None) -> None:
+        if not isinstance(config, PPOConfig):
+            raise TypeError(f"config must be a PPOConfig/GRPOConfig (from load_expr_config), got {type(config).__name__}")
+        self.config = config
+        self.train_dataset = train_dataset
+        self.valid_dataset = valid_dataset
+        self.run_dir = Path(config.cluster.fileroot) / config.experiment_name / config.trial_name
+        self.summary: dict[str, Any] | None = None
+
+    def __enter__(self) -> PPOTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        # Every process of a run (engine, trainer, zygote) is started and stopped inside train().
+        return None
+
+    def train(self, workflow: Any, eval_workflow: Any = None, workflow_kwargs: dict[str, Any] | None = None,
+              eval_workflow_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
+        from areal.controller import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
+
+        plan = plan_workflow(workflow, workflow_kwargs)
+        embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)
+        if not embedded and isinstance(self.valid_dataset, EmbeddedDataset):
+            raise ValueError("a custom train_dataset with the embedded valid_dataset is not supported; give both as files")
+        n_train = len(self.train_dataset) if self.train_dataset is not None else 4000
+        n_eval = len(self.valid_dataset) if isinstance(self.valid_dataset, EmbeddedDataset) else 0
+        tcfg = to_train_config(self.config, plan.spec, n_train, n_eval, embedded)
+        extra: dict[str, Any] = {}
+        if plan.obj is not None:
+            extra["agent"] = plan.obj
+        if not embedded:
+            extra["dataset"] = list(self.train_dataset or [])
+            if self.valid_dataset:
+                extra["eval_dataset"] = list(self.valid_dataset)
+        missing = sorted(set(extra) - set(inspect.signature(controller_train).parameters))
+        if missing:
+            raise NotImplementedError(
+                f"this workflow/dataset needs areal.controller.train(config, run_dir, *, {', '.join(f'{m}=...' for m in missing)}), "
+                f"which the controller does not accept yet; use an import-path workflow and the embedded dataset meanwhile")
+        if embedded and isinstance(self.train_dataset, EmbeddedDataset) and self.train_dataset.seed != self.config.seed:
+            logging.getLogger(__name__).warning("train_dataset was made with seed %d; the run uses seed %d",
+                                                self.train_dataset.seed, self.config.seed)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "areal_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(tcfg), indent=2))
+        self.summary = asyncio.run(controller_train(tcfg, self.run_dir, **extra))
+        return self.summary

@@ -1,0 +1,112 @@
+"""Math-answer verification: is a model's final answer the reference answer, as a number or expression?
+
+    completion ──extract_answer──► "\\frac{1}{2}" ──to_sympy──► Rational(1, 2) ─┐
+    reference  ──extract_answer──► "0.5"          ──to_sympy──► Float(0.5)     ─┴─► equal?
+
+Extraction, in order: the last ``\\boxed{...}`` (braces nest), GSM8K's ``#### N``, "the answer
+is X", then the last number in the text. Normalisation removes what does not change a value:
+``$``, ``\\!``, ``\\,``, ``\\left``/``\\right``, ``\\text{...}`` units, ``^\\circ``, a trailing
+period, and thousands separators ("1,000" is 1000; "1,5" is not a number). Equality: exact
+after normalisation, else numeric (relative 1e-6) when both sides evaluate to numbers, else
+``sympy.simplify(a - b) == 0`` for expressions with symbols.
+
+Covered: integers, decimals, signs, scientific notation, percentages (``50\\%`` == ``50``),
+``a/b``, ``\\frac``/``\\dfrac``/``\\tfrac`` (also ``\\frac12``), ``\\sqrt``, ``\\pi``,
+``\\cdot``/``\\times``, ``^``, implicit multiplication (``2x``), simple symbolic expressions.
+Not covered: sets, intervals, tuples, matrices, equations (``x = 3`` compares the right side
+only), units conversion. sympy can be slow on adversarial input: run this through
+``AsyncRewardWrapper`` (a process pool with a timeout) inside a rollout loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from tokenize import TokenError
+
+import sympy
+from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
+
+from areal.embedded.corpus import extract_boxed
+
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s|\.?$)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?|-?\.\d+")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+_TRANSFORMS = standard_transformations + (implicit_multiplication_application,)
+_MAX_LEN = 200  # longer "answers" are not short final answers; refuse to feed them to sympy
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer a completion states, or None when it states none."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    m = _ANSWER_IS.findall(text)
+    if m:
+        return m[-1].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def normalize(ans: str) -> str:
+    """Strip formatting that never changes the value (see the module docstring)."""
+    s = ans.strip()
+    s = re.sub(r"\\text\{[^}]*\}", "", s)  # units: "5 \text{ apples}"
+    s = re.sub(r"\\(?:mathrm|mathbf|textbf)\{([^}]*)\}", r"\1", s)
+    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "^\\circ", "^{\\circ}", "\\%", "%"):
+        s = s.replace(token, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    if "=" in s:  # "x = 3": the value is the right-hand side
+        s = s.rsplit("=", 1)[1]
+    s = s.strip().rstrip(".").strip()
+    if _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s.replace(" ", "")
+
+
+def to_sympy(ans: str) -> sympy.Expr | None:
+    """A normalised answer as a sympy expression, or None if it does not parse as one."""
+    if not ans or len(ans) > _MAX_LEN or "," in ans:
+        return None
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", ans)  # \frac12
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
+    for _ in range(8):  # \frac{a}{b} nests: rewrite innermost-first until none is left
+        new = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", s)
+        new = re.sub(r"\\sqrt\{([^{}]*)\}", r"sqrt(\1)", new)
+        if new == s:
+            break
+        s = new
+    s = s.replace("\\cdot", "*").replace("\\times", "*").replace("\\pi", "pi").replace("^", "**")
+    s = s.replace("{", "(").replace("}", ")")
+    if "\\" in s or not re.fullmatch(r"[\w\s.+\-*/()]*", s):
+        return None
+    try:
+        return parse_expr(s, transformations=_TRANSFORMS, evaluate=True)
+    except (SyntaxError, TypeError, ValueError, ZeroDivisionError, sympy.SympifyError, TokenError):
+        return None
+
+
+def answers_equal(pred: str, ref: str) -> bool:
+    """True when two final answers denote the same value (see the module docstring)."""
+    a, b = normalize(pred), normalize(ref)
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    x, y = to_sympy(a), to_sympy(b)
+    if x is None or y is None:
+        return False
+    if x.is_number and y.is_number:
+        xv, yv = complex(x.evalf()), complex(y.evalf())
+        return math.isclose(xv.real, yv.real, rel_tol=1e-6, abs_tol=1e-9) and math.isclose(xv.imag, yv.imag, abs_tol=1e-9)
+    return sympy.simplify(x - y) == 0
+
+
+def math_equal(completion: str, reference: str) -> bool:
+    """Does ``completion``'s final answer equal ``reference``'s (itself extracted if it is a
+    worked solution, e.g. GSM8K's ``... #### 72``)?"""
+    pred = extract_answer(completion)
+    ref = extract_answer(reference) if ("####" in reference or "\\boxed" in reference) else reference
+    return pred is not None and ref is not None and answers_equal(pred, ref)

@@ -1,0 +1,26 @@
+"""``load_hf_tokenizer(path)``: AReaL's tokenizer loader; ``"embedded"`` means the built-in model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def resolve_model_path(path: str) -> str:
+    """An HF model directory for ``path``: the embedded model's (built on first use) or ``path``."""
+    if path == "embedded":
+        from areal.embedded import ensure_embedded_model
+
+        return str(ensure_embedded_model())
+    return path
+
+
+def load_hf_tokenizer(path: str, fast_tokenizer: bool = True, padding_side: str | None = None) -> Any:
+    """The HF tokenizer of a model directory (or of the embedded model for ``"embedded"``)."""
+    from transformers import AutoTokenizer  # deferred: importing transformers costs ~0.7 s
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path), use_fast=fast_tokenizer)
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,1 @@
+"""Math agents written with the langchain SDK (see math_agent.py)."""

@@ -1,0 +1,57 @@
+"""Math agents on LangChain (``langchain-openai``'s ``ChatOpenAI`` pointed at the gateway).
+
+``MathAgent``: one ``ainvoke``. ``MathToolAgent``: the model bound to the embedded model's
+calculator tool; every tool call it makes is executed and answered with a ``ToolMessage`` until
+it gives a final answer or ``max_turns`` calls are spent. Rewards as in the OpenAI-SDK agents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+from langchain_openai import ChatOpenAI
+
+from areal.api.workflow_api import AgentWorkflow
+from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, math_reward, question
+
+
+def _llm(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> ChatOpenAI:
+    gw = gateway_kwargs(extra_kwargs)
+    # Without a client of ours, langchain-openai reuses one process-wide httpx client, which is
+    # bound to the first event loop that used it: give each episode its own instead.
+    if gw["http_client"] is None:
+        gw["http_client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0))
+    return ChatOpenAI(model="default", base_url=gw["base_url"], api_key=gw["api_key"], http_async_client=gw["http_client"],
+                      temperature=temperature, max_tokens=max_tokens, max_retries=0)
+
+
+class MathAgent(AgentWorkflow):
+    def __init__(self, temperature: float = 1.0, max_tokens: int = 64) -> None:
+        self.temperature, self.max_tokens = temperature, max_tokens
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        reply = await _llm(extra_kwargs, self.temperature, self.max_tokens).ainvoke([HumanMessage(question(data))])
+        return await math_reward(completions=str(reply.content), answer=data["answer"])
+
+
+class MathToolAgent(AgentWorkflow):
+    def __init__(self, temperature: float = 1.0, max_tokens: int = 64, max_turns: int = 4) -> None:
+        self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        llm = _llm(extra_kwargs, self.temperature, self.max_tokens).bind_tools([CALCULATOR_TOOL])
+        messages: list[Any] = [SystemMessage(TOOL_SYSTEM_PROMPT), HumanMessage(question(data))]
+        answer = ""
+        for _ in range(self.max_turns):
+            reply = await llm.ainvoke(messages)
+            answer = str(reply.content)
+            if not reply.tool_calls:
+                break
+            messages.append(reply)
+            for call in reply.tool_calls:
+                result = calculator(call["args"].get("expression", "")) if call["name"] == "calculator" else f"error: unknown tool {call['name']!r}"
+                messages.append(ToolMessage(result, tool_call_id=call["id"]))
+        return await math_reward(completions=answer, answer=data["answer"])
