@@ -85,12 +85,25 @@ class TrainerSection:
     # Tokens packed into one forward pass. Packed attention is masked, not varlen, on CPU, so its
     # cost grows with the square of this: small micro-batches are much faster here.
     micro_batch_tokens: int = 1024
+    loss: str = "grpo"  # grpo (clip against the engine's logprobs) | ppo (decoupled, proximal recomputed)
+    minibatches: int = 1  # optimizer updates per batch; must divide groups_per_step / ranks
+    dual_clip: float | None = None  # dual-clip constant c (> 1) for negative advantages
+    behav_weight_cap: float | None = None  # ppo: cap on exp(proximal - behaviour)
+    kl_coef: float = 0.0  # KL to the initial weights (0 = no reference model)
+    kl_estimator: str = "k3"  # k1 | k3
+    turn_discount: float = 1.0  # discount of per-turn returns when rows carry their own rewards
+    checkpoint_every: int = 0  # steps between atomic trainer checkpoints (0 = none)
+    ranks: int = 1  # trainer processes (torchrun, DDP over gloo on CPU); each reads its own ring
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"trainer.steps must be >= 1, got {self.steps}")
         if not self.lr > 0:
             raise ValueError(f"trainer.lr must be positive, got {self.lr}")
+        if self.loss not in ("grpo", "ppo"):
+            raise ValueError(f"trainer.loss must be grpo or ppo, got {self.loss!r}")
+        if self.ranks < 1 or self.minibatches < 1 or self.checkpoint_every < 0:
+            raise ValueError("trainer.ranks and trainer.minibatches must be >= 1, trainer.checkpoint_every >= 0")
 
 
 @dataclass

@@ -29,6 +29,7 @@ import json
 import os
 import random
 import secrets
+import socket
 import shutil
 import subprocess
 import sys
@@ -163,6 +164,7 @@ class Controller:
         self.failure: str | None = None
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
+        self.groups_written = 0
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
         self.metrics_log = open(run_dir / "metrics.jsonl", "a")
@@ -199,12 +201,14 @@ class Controller:
 
             for name in reclaim_stale("areal-"):  # segments of runs that crashed before unlinking
                 tqdm.write(f"[ring] removed stale shared-memory segment {name}")
-            ring = RingWriter(ring_name(self.run_id, 0), cfg.ring_capacity_mb << 20)
-            stack.callback(ring.close, unlink=True)
+            rings = []  # one per trainer rank; whole groups go round-robin, so each rank gets its share
+            for rank in range(cfg.trainer.ranks):
+                rings.append(RingWriter(ring_name(self.run_id, rank), cfg.ring_capacity_mb << 20))
+                stack.callback(rings[-1].close, unlink=True)
             pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
             pull.bind(f"ipc://{sock_dir}/trainer.sock")
             stack.callback(pull.close, 0)
-            trainer_proc = self._start_trainer(model_dir, ring.name, urls, f"ipc://{sock_dir}/trainer.sock")
+            trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
             stack.callback(stop_group, trainer_proc, 5.0)
 
             if cfg.rollout.openai.mode == "subproc":
@@ -225,7 +229,7 @@ class Controller:
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
             train_set = make_leveled_problems("train", cfg.data.train_size, seed=cfg.seed)
-            await self._rollout_loop(runner, gateway, ring, [{"question": p.question, "answer": p.answer} for p in train_set],
+            await self._rollout_loop(runner, gateway, rings, [{"question": p.question, "answer": p.answer} for p in train_set],
                                      [p.level for p in train_set])
             while self.done is None and self.failure is None:
                 await self._wait()
@@ -244,11 +248,12 @@ class Controller:
             raise RunFailed(f"model.path {path} is not an HF model directory (no config.json)")
         return path
 
-    def _start_trainer(self, model_dir: Path, ring: str, urls: list[str], report_addr: str) -> subprocess.Popen:
+    def _start_trainer(self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str) -> subprocess.Popen:
         cfg = self.config
         tcfg = TrainerConfig(
             model_path=str(model_dir),
-            ring_name=ring,
+            ring_name=rings[0],
+            ring_names=rings if len(rings) > 1 else [],
             engine_urls=urls,
             report_addr=report_addr,
             run_dir=str(self.run_dir),
@@ -261,18 +266,33 @@ class Controller:
             seed=cfg.seed,
             threads=cfg.trainer.threads,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+            loss=cfg.trainer.loss,
+            minibatches=cfg.trainer.minibatches,
+            dual_clip=cfg.trainer.dual_clip,
+            behav_weight_cap=cfg.trainer.behav_weight_cap,
+            kl_coef=cfg.trainer.kl_coef,
+            kl_estimator=cfg.trainer.kl_estimator,
+            turn_discount=cfg.trainer.turn_discount,
+            checkpoint_every=cfg.trainer.checkpoint_every,
         )
         path = self.run_dir / "trainer_config.json"
         path.write_text(tcfg.to_json())
         log = open(self.run_dir / "trainer.log", "ab")
+        launcher = [sys.executable, "-m", "areal.trainer"]
+        if len(rings) > 1:  # torchrun: one process per rank, DDP over gloo on CPU
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(len(rings)),
+                        "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "areal.trainer"]
         return subprocess.Popen(
-            [sys.executable, "-m", "areal.trainer", "--config", str(path)],
+            [*launcher, "--config", str(path)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
 
     # ---- rollouts -------------------------------------------------------------------------
 
-    async def _rollout_loop(self, runner: Any, gateway: Gateway, ring: RingWriter, problems: list[dict], levels: list[int]) -> None:
+    async def _rollout_loop(self, runner: Any, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int]) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
@@ -290,7 +310,7 @@ class Controller:
                     group_id = f"g{next_prompt}-p{idx}"
                     next_prompt += 1
                     self.inflight_groups += 1
-                    task = asyncio.create_task(self._run_group(runner, gateway, ring, group_id, problems[idx]))
+                    task = asyncio.create_task(self._run_group(runner, gateway, rings, group_id, problems[idx]))
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
                     task.add_done_callback(tasks.discard)
@@ -308,7 +328,7 @@ class Controller:
             self.failure = f"rollout group failed: {task.exception()!r}"
         self.wake.set()
 
-    async def _run_group(self, runner: Any, gateway: Gateway, ring: RingWriter, group_id: str, problem: dict) -> None:
+    async def _run_group(self, runner: Any, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         n = self.config.rollout.n_samples
         results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{group_id}-e{i}", problem) for i in range(n)))
         good = [(o, s) for o, s in results if o.status == "ok" and s.interactions]
@@ -322,6 +342,8 @@ class Controller:
             return
         payloads = [encode_trajectory(trajectory_from_episode(o, s, group_id, len(good))) for o, s in good]
         async with self.ring_lock:
+            ring = rings[self.groups_written % len(rings)]
+            self.groups_written += 1
             for p in payloads:
                 await asyncio.to_thread(ring.put, p, 600.0)  # waits while the ring is full (back-pressure)
                 if self.saved is not None:

@@ -94,3 +94,17 @@ def test_bad_override_is_named(tmp_path):
     proc = _train(tmp_path / "run", "trainer.stpes=3")
     assert proc.returncode != 0
     assert "trainer.stpes" in proc.stderr
+
+
+def test_two_trainer_ranks_with_ppo_and_checkpoints(tmp_path):
+    """The main entry launches torchrun with one ring per rank; both ranks train every step."""
+    run_dir = tmp_path / "run"
+    proc = _train(run_dir, "rollout.openai.mode=inline", "trainer.ranks=2", "trainer.loss=ppo",
+                  "trainer.behav_weight_cap=5.0", "trainer.checkpoint_every=1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in steps] == [1, 2, 3]
+    for rank in (0, 1):  # each rank trained its half of every step's groups
+        trained = [json.loads(line) for line in (run_dir / f"trained_episodes-r{rank}.jsonl").read_text().splitlines()]
+        assert sorted({t["step"] for t in trained}) == [1, 2, 3], trained[:2]
+    assert any((run_dir / "checkpoints").iterdir())
