@@ -21,6 +21,7 @@ $(STAMP): requirements.lock constraints.txt
 	  $(VPY) -m pip install -q torch==2.13.0 -c $(VENV)/constraints.txt; \
 	fi
 	$(VPY) -m pip install -q -r requirements.lock -c $(VENV)/constraints.txt
+	$(VPY) -m pip install -q --no-deps -e .   # so `python3 examples/.../train.py` imports areal
 	$(VPY) -m pip check
 	touch $(STAMP)
 
