@@ -1,0 +1,139 @@
+"""End to end: episodes/s of a real training run, sandboxed (`subproc`) against `inline`.
+
+Each call runs `python -m areal.train` twice with the same small configuration (embedded model,
+the default `agents/openai_math.py:MathAgent`, staleness bound 1, no held-out evaluation), once
+with `rollout.openai.mode=subproc` and once with `inline` as the baseline, and reads the figures
+from the run directories. It also reports, for the sandboxed run, the run statistics that the
+controller and trainer do not record as such, computed here from the run directory (`run_stats`):
+
+  * episodes/s: trajectories whose record was built (`Trajectory.created`, from
+    `trajectories.bin`, written with `save_trajectories=true`) after the first optimizer step and
+    up to the last, divided by that span (`time` of metrics.jsonl rows): start-up (engine load,
+    trainer import, zygote) is excluded, so the figure is the steady-state rate;
+  * steps/s: (steps - 1) over the same span;
+  * staleness per trained episode: the step that trained it (`trained_episodes-r*.jsonl`) minus
+    one (the trainer's version) minus the lowest policy version that sampled its tokens;
+  * drift rate: trained trajectories whose agent rewrote history (`Trajectory.drift > 0`);
+  * trainer idle time: for step i >= 2, the time between the report of step i-1 and the moment
+    the last trajectory of step i's batch was built, clamped to [0, interval - step_s]: time the
+    trainer sat waiting for data. Idle fraction = the sum over the span. (Step 1 waits for start-up
+    and is left out.) Weight saving and pushing count as busy.
+
+Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
+    python -m benchmarks.run e2e [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from areal.controller import read_saved_trajectories
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_run(quick: bool) -> list[str]:
+    """Hydra overrides of a short run: few steps, small groups, no evaluation, trajectories kept."""
+    return [f"trainer.steps={6 if quick else 16}", "rollout.groups_per_step=2", "rollout.n_samples=4",
+            "data.eval_size=0", "data.train_size=200", "save_trajectories=true"]
+
+
+def train_run(overrides: list[str], run_dir: Path, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> float:
+    """Run ``python -m areal.train`` into ``run_dir``; returns its wall time; raises with the log tail on failure."""
+    log = run_dir.with_suffix(".log")
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.run([sys.executable, "-m", "areal.train", *overrides, f"hydra.run.dir={run_dir}"],
+                              cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                              env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"areal.train {' '.join(overrides)} exited {proc.returncode}; log tail:\n{log.read_text()[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_stats(run_dir: Path) -> dict[str, Any]:
+    """Throughput, staleness, drift and trainer idle time of a finished run (see module docstring)."""
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    if len(metrics) < 2:
+        raise ValueError(f"{run_dir}: {len(metrics)} steps recorded; run_stats needs at least 2")
+    trajs = {t.episode_id: t for t in read_saved_trajectories(run_dir / "trajectories.bin")}
+    trained: dict[int, list[str]] = {}
+    for path in sorted(run_dir.glob("trained_episodes-r*.jsonl")):
+        for row in _jsonl(path):
+            trained.setdefault(row["step"], []).extend(row["episodes"])
+    times = {m["step"]: m["time"] for m in metrics}
+    t_first, t_last = metrics[0]["time"], metrics[-1]["time"]
+    span = t_last - t_first
+    staleness: dict[int, int] = {}
+    drifted = total = 0
+    idle = 0.0
+    for m in metrics:
+        step = m["step"]
+        batch = [trajs[e] for e in trained.get(step, []) if e in trajs]
+        for t in batch:
+            lowest, _ = t.version_span()
+            s = (step - 1) - lowest
+            staleness[s] = staleness.get(s, 0) + 1
+            drifted += t.drift > 0
+            total += 1
+        if step - 1 in times and batch:
+            interval = times[step] - times[step - 1]
+            waited = max(t.created for t in batch) - times[step - 1]
+            idle += min(max(0.0, waited), max(0.0, interval - m.get("step_s", 0.0)))
+    produced = sum(1 for t in trajs.values() if t_first < t.created <= t_last)
+    return {
+        "steps": len(metrics), "span_s": span, "steps_per_s": (len(metrics) - 1) / span,
+        "episodes_per_s": produced / span, "staleness_hist": dict(sorted(staleness.items())),
+        "staleness_mean": sum(k * n for k, n in staleness.items()) / max(1, total),
+        "staleness_max": max(staleness, default=0), "drift_rate": drifted / max(1, total), "trained": total,
+        "idle_s": idle, "idle_fraction": idle / span, "step_s_mean": statistics.mean(m.get("step_s", 0.0) for m in metrics),
+    }
+
+
+def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
+    return {"benchmark": "e2e", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
+            "baseline_value": baseline_value, **extra}
+
+
+def main(quick: bool) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="areal-bench-e2e-") as tmp:
+        walls, stats = {}, {}
+        for mode in ("subproc", "inline"):
+            run_dir = Path(tmp) / mode
+            walls[mode] = train_run([*small_run(quick), f"rollout.openai.mode={mode}", f"experiment_name=bench-e2e-{mode}"], run_dir)
+            stats[mode] = run_stats(run_dir)
+    sub, inl = stats["subproc"], stats["inline"]
+    bound = 1  # rollout.max_head_offpolicyness of the default config, kept by small_run
+    how = "from the run directory (benchmarks/e2e.py:run_stats)"
+    return [
+        _row("episodes/s, subproc (sandboxed)", sub["episodes_per_s"], "ep/s", "inline (controller's event loop)",
+             inl["episodes_per_s"], note=f"steady state: trajectories built between the first and last step / that span, {how}"),
+        _row("steps/s, subproc", sub["steps_per_s"], "steps/s", "inline", inl["steps_per_s"]),
+        _row("run wall time incl. start-up, subproc", walls["subproc"], "s", "inline", walls["inline"]),
+        _row("trainer idle fraction, subproc run", sub["idle_fraction"], "fraction", "inline run", inl["idle_fraction"],
+             note="time the trainer waited for the last trajectory of each batch after its previous step, / span; "
+                  "from Trajectory.created and metrics.jsonl times"),
+        _row("staleness mean per trained episode, subproc run", sub["staleness_mean"], "versions",
+             "bound max_head_offpolicyness", bound, histogram={str(k): n for k, n in sub["staleness_hist"].items()},
+             note="trainer version at the step that trained it minus the lowest version that sampled its tokens"),
+        _row("staleness max, subproc run", sub["staleness_max"], "versions", "bound max_head_offpolicyness", bound),
+        _row("drift rate, subproc run (single-turn agent)", sub["drift_rate"], "fraction", "inline run", inl["drift_rate"],
+             note="trained trajectories with Trajectory.drift > 0; the single-turn math agent never rewrites history, so 0 is expected"),
+    ]
+
+
+if __name__ == "__main__":
+    for row in main(quick="--quick" in sys.argv[1:]):
+        print(row)

@@ -1,0 +1,271 @@
+"""Benchmark report: aggregate repeated runs, write ``results.json``, ``report.md`` and plots.
+
+The harness (``benchmarks/run.py``) calls every module's ``main(quick)`` ``repeats`` times; each
+call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "baseline",
+"baseline_value"}``. This module turns those rows into one result directory:
+
+    results.json   machine, command, per-module status, and per figure: every repeat's value,
+                   baseline value and ratio, their median, min and max (SCHEMA_VERSION below)
+    report.md      one table per path (figure, baseline, ratio, median [min-max] over repeats,
+                   unit), then the machine it ran on
+    ratios.png     one bar chart of median ratios per path (log scale: ratios span 0.01-100x)
+    <path>_*.png   per-path plots where a shape says more than a number: latency percentiles
+                   (gateway), prompt building cost per turn against history length (gateway),
+                   any histogram a row carries (e.g. the staleness distribution of a run)
+
+A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
+``"histogram"`` ({label: count}, summed over repeats and plotted).
+
+Invariants: a figure is identified by (benchmark, metric, baseline), because one measured value
+may be shown against several baselines; the ratio is always value / baseline_value (the unit of
+each row says whether higher or lower is better, e.g. ms vs tok/s), and the median ratio is the
+median of per-repeat ratios, so a baseline measured in the same repeat is what each value is
+divided by. Nothing here measures anything: this is pure data -> files, so it is unit-testable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+ROW_FIELDS = ("benchmark", "metric", "value", "unit", "baseline", "baseline_value")
+FIGURE_FIELDS = ("benchmark", "metric", "unit", "baseline", "repeats", "values", "baseline_values", "ratios",
+                 "median", "min", "max", "baseline_median", "ratio", "ratio_min", "ratio_max")
+
+
+def check_row(row: dict[str, Any], module: str) -> None:
+    """Reject a malformed row early, naming the module and the field (a typo must not vanish)."""
+    for field in ROW_FIELDS:
+        if field not in row:
+            raise ValueError(f"benchmark module {module!r} returned a row without {field!r}: {row}")
+    for field in ("value", "baseline_value"):
+        if not isinstance(row[field], (int, float)):
+            raise ValueError(f"benchmark module {module!r}: {field} must be a number, got {row[field]!r}")
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base else math.nan
+
+
+def _median(xs: list[float]) -> float:
+    finite = [x for x in xs if not math.isnan(x)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Merge the rows of several repeats into one figure per (benchmark, metric, baseline).
+
+    Keeps the order in which figures first appear; a figure missing from some repeat (a module
+    that reports conditionally) just has fewer values.
+    """
+    figures: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for rows in repeats:
+        for r in rows:
+            key = (r["benchmark"], r["metric"], r["baseline"])
+            f = figures.setdefault(key, {"benchmark": r["benchmark"], "metric": r["metric"], "unit": r["unit"],
+                                         "baseline": r["baseline"], "values": [], "baseline_values": [], "ratios": []})
+            f["values"].append(float(r["value"]))
+            f["baseline_values"].append(float(r["baseline_value"]))
+            f["ratios"].append(_ratio(float(r["value"]), float(r["baseline_value"])))
+            if "note" in r:  # optional: how a figure was derived (shown under the path's table)
+                f["note"] = r["note"]
+            for k, n in r.get("histogram", {}).items():  # optional: counts, summed over repeats
+                f.setdefault("histogram", {})
+                f["histogram"][str(k)] = f["histogram"].get(str(k), 0) + int(n)
+    out = []
+    for f in figures.values():
+        finite_ratios = [x for x in f["ratios"] if not math.isnan(x)]
+        out.append({**f, "repeats": len(f["values"]), "median": statistics.median(f["values"]),
+                    "min": min(f["values"]), "max": max(f["values"]),
+                    "baseline_median": statistics.median(f["baseline_values"]), "ratio": _median(f["ratios"]),
+                    "ratio_min": min(finite_ratios) if finite_ratios else math.nan,
+                    "ratio_max": max(finite_ratios) if finite_ratios else math.nan})
+    return out
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN is not JSON: write null instead so that any JSON reader accepts the file."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def fmt_ratio(f: dict[str, Any]) -> str:
+    """``1.23x [1.1–1.4]``, or ``n/a`` when there was no baseline to divide by."""
+    if f["ratio"] is None or (isinstance(f["ratio"], float) and math.isnan(f["ratio"])):
+        return "n/a"
+    return f"{_fmt(f['ratio'])}x [{_fmt(f['ratio_min'])}–{_fmt(f['ratio_max'])}]"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The human report: one table per path, module failures, notes, the machine."""
+    lines = [f"# Systems benchmark ({'quick' if results['quick'] else 'full'} mode)", "",
+             f"Started {results['started']}, {results['elapsed_s']:.0f} s in all; "
+             f"{results['repeats']} repeat(s) per module; command `{results['command']}`.", "",
+             "Ratio = value / baseline, both measured in the same repeat (median of per-repeat ratios; "
+             "for latencies and CPU times lower is better, for rates higher is better).", ""]
+    by_path: dict[str, list[dict]] = {}
+    for f in results["figures"]:
+        by_path.setdefault(f["benchmark"], []).append(f)
+    for path, figs in by_path.items():
+        lines += [f"## {path}", "", "| figure | value: median [min–max] | unit | baseline | baseline median | ratio [min–max] |",
+                  "|---|---|---|---|---|---|"]
+        for f in figs:
+            lines.append(f"| {f['metric']} | {_fmt(f['median'])} [{_fmt(f['min'])}–{_fmt(f['max'])}] | {f['unit']} "
+                         f"| {f['baseline']} | {_fmt(f['baseline_median'])} "
+                         f"| {fmt_ratio(f)} |")
+        lines.append("")
+        notes = list(dict.fromkeys(f"{f['metric']}: {f['note']}" for f in figs if f.get("note")))
+        lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+        for f in figs:
+            if f.get("histogram"):
+                lines.append(f"- {f['metric']}, counts over all repeats: "
+                             + ", ".join(f"{k}: {n}" for k, n in f["histogram"].items()))
+                lines.append("")
+    failed = {m: s for m, s in results["modules"].items() if s["status"] != "ok"}
+    if failed:
+        lines += ["## Modules that failed", ""]
+        for m, s in failed.items():
+            lines += [f"### {m}", "", "```", s["error"].strip()[-3000:], "```", ""]
+    lines += ["## Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in results["machine"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _plot_ratios(figures: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = list(dict.fromkeys(f["benchmark"] for f in figures))
+    fig, axes = plt.subplots(len(paths), 1, figsize=(12, 1.2 + 0.38 * len(figures) + 0.6 * len(paths)), squeeze=False)
+    for ax, name in zip(axes[:, 0], paths):
+        figs = [f for f in figures if f["benchmark"] == name and f["ratio"] is not None and not math.isnan(f["ratio"]) and f["ratio"] > 0]
+        labels = [f"{f['metric']} vs {f['baseline']}"[:52] for f in figs]
+        ratios = [f["ratio"] for f in figs]
+        lo = [r - f["ratio_min"] for r, f in zip(ratios, figs)]
+        hi = [f["ratio_max"] - r for r, f in zip(ratios, figs)]
+        ax.barh(range(len(figs)), ratios, xerr=[lo, hi], color=["tab:green" if r >= 1 else "tab:orange" for r in ratios])
+        ax.set_yticks(range(len(figs)), labels, fontsize=7)
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{name}: value / baseline (median, bars = min–max over repeats)", fontsize=9)
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long y labels: keep them whole
+    plt.close(fig)
+
+
+def _plot_gateway(figures: list[dict], out_dir: Path) -> list[Path]:
+    """Latency percentiles (added by the gateway, per door) and prompt building per turn vs turns."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    lat = [f for f in figures if f["benchmark"] == "gateway" and f["metric"].startswith("added ")]
+    if lat:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        labels = [f["metric"].removeprefix("added ") for f in lat]
+        ax.bar(range(len(lat)), [f["median"] for f in lat], yerr=[[f["median"] - f["min"] for f in lat], [f["max"] - f["median"] for f in lat]])
+        ax.set_xticks(range(len(lat)), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(lat[0]["unit"])
+        ax.set_title("latency added by the gateway over a direct engine call", fontsize=9)
+        fig.tight_layout()
+        written.append(out_dir / "gateway_latency.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    pts = []
+    for f in figures:
+        m = re.fullmatch(r"prompt building, (\d+)-turn episode", f["metric"]) if f["benchmark"] == "gateway" else None
+        if m:
+            pts.append((int(m.group(1)), f["median"] / int(m.group(1)), f["baseline_median"] / int(m.group(1))))
+    if pts:
+        pts.sort()
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="incremental (ours)")
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], "s--", label="full re-render (baseline)")
+        ax.set_xlabel("turns in the episode (history length)")
+        ax.set_ylabel("ms CPU per turn (mean over the episode)")
+        ax.set_title("multi-turn prompt building", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / "gateway_prompt_building.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    return written
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40]
+
+
+def _plot_histograms(figures: list[dict], out_dir: Path) -> list[Path]:
+    """One bar chart per figure that carries a histogram (e.g. the staleness distribution)."""
+    hists = [f for f in figures if f.get("histogram")]
+    if not hists:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for f in hists:
+        keys = sorted(f["histogram"], key=lambda k: (len(k), k))  # "2" before "10"
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.bar(range(len(keys)), [f["histogram"][k] for k in keys])
+        ax.set_xticks(range(len(keys)), keys)
+        ax.set_ylabel("count")
+        ax.set_title(f"{f['benchmark']}: {f['metric']}"[:80], fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / f"{f['benchmark']}_{_slug(f['metric'])}.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    return written
+
+
+def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write results.json, report.md and the plots into ``out_dir``; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {"schema_version": SCHEMA_VERSION, **results}
+    paths = [out_dir / "results.json", out_dir / "report.md"]
+    # Temp name + rename: a reader (benchmarks.readme, CI) never sees a half-written file.
+    for path, text in ((paths[0], json.dumps(_json_safe(results), indent=2)), (paths[1], markdown(_json_safe(results)))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    figures = _json_safe(results["figures"])
+    if figures:
+        paths.append(out_dir / "ratios.png")
+        _plot_ratios(figures, paths[-1])
+    paths += _plot_gateway(figures, out_dir)
+    paths += _plot_histograms(figures, out_dir)
+    return paths
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a results.json (a file, or a results directory holding one)."""
+    path = path / "results.json" if path.is_dir() else path
+    data = json.loads(path.read_text())
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    return data
