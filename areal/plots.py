@@ -12,23 +12,34 @@ import matplotlib.pyplot as plt
 
 
 def plot_reward_curve(steps: list[dict[str, Any]], path: Path, eval_before: dict | None = None, eval_after: dict | None = None) -> None:
-    """Per-step batch reward with a moving average, and held-out accuracy before/after."""
+    """Per-step batch reward, its moving average and fitted trend (with the trend's p-value), and
+    held-out accuracy before/after. The y-axis zooms on the data: the rises RL makes on the tiny
+    embedded model are a few points, invisible on a 0..1 axis."""
+    from areal.evaluation import reward_trend  # numpy only; kept local so plots stays importable alone
+
     xs = [m["step"] for m in steps]
     ys = [m["reward_mean"] for m in steps]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(xs, ys, "o-", ms=3, lw=1, alpha=0.5, label="batch reward (mean)")
+    ax.plot(xs, ys, "o-", ms=3, lw=1, alpha=0.35, label="batch reward (mean)")
     w = max(1, len(ys) // 8)
-    if len(ys) >= w:
-        smooth = [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
-        ax.plot(xs, smooth, lw=2.5, label=f"moving average ({w} steps)")
+    if len(ys) >= w:  # trailing average, drawn only where its window is full
+        smooth = [sum(ys[i - w + 1 : i + 1]) / w for i in range(w - 1, len(ys))]
+        ax.plot(xs[w - 1 :], smooth, lw=2.5, label=f"moving average ({w} steps)")
+    trend = reward_trend(ys)
+    if trend["steps"] >= 4:
+        ax.plot([xs[0], xs[-1]], [trend["fit_start"], trend["fit_end"]], lw=2, color="tab:red",
+                label=f"linear trend {trend['fit_start']:.3f} → {trend['fit_end']:.3f} (permutation p={trend['p_value']:.3g})")
+    lo, hi = min(ys, default=0.0), max(ys, default=1.0)
     if eval_before and eval_after and xs:
         ax.plot([0, xs[-1]], [eval_before["sampled_acc"], eval_after["sampled_acc"]], "s--", color="black",
-                label=f"held-out accuracy ({eval_before['n']} problems)")
+                label=f"held-out accuracy ({eval_before['n']} problems): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}")
+        lo, hi = min(lo, eval_before["sampled_acc"]), max(hi, eval_after["sampled_acc"])
     ax.set_xlabel("training step (policy version)")
     ax.set_ylabel("reward")
-    ax.set_ylim(-0.02, 1.02)
+    pad = max(0.02, (hi - lo) * 0.1)
+    ax.set_ylim(max(-0.02, lo - pad), min(1.02, hi + 3 * pad))  # room at the top for the legend
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", fontsize=7)
     ax.set_title("GRPO on the embedded math task")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
