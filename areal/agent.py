@@ -50,10 +50,29 @@ def load_agent(spec: str) -> AgentRun:
         raise ValueError(f"agent spec {spec!r}: {target} has no attribute {attr!r}") from None
     if inspect.isclass(obj):
         obj = obj()
+    return agent_run(obj, f"agent spec {spec!r}")
+
+
+def agent_run(obj: Any, what: str = "agent") -> AgentRun:
+    """The async ``run`` of an agent object (or the async function itself), called with only the
+    keyword arguments it declares.
+
+    The guides write ``async def run(self, data)`` as often as ``run(self, data, **extra_kwargs)``;
+    the runners always offer ``base_url``/``api_key``/``http_client``, so an agent that does not
+    name them (it reads ``OPENAI_BASE_URL`` instead) must not get a ``TypeError`` for them.
+    """
     run = getattr(obj, "run", obj)
     if not inspect.iscoroutinefunction(run):
-        raise ValueError(f"agent spec {spec!r} must name an async function or an object with `async def run(data, **extra_kwargs)`")
-    return run
+        raise ValueError(f"{what} must be an async function or an object with `async def run(data, **extra_kwargs)`")
+    params = list(inspect.signature(run).parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return run
+    accepted = {p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    async def filtered(data: dict, **extra_kwargs: Any) -> Any:
+        return await run(data, **{k: v for k, v in extra_kwargs.items() if k in accepted})
+
+    return filtered
 
 
 def _resolve(target: str) -> Path:

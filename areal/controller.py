@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import random
@@ -44,12 +45,15 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import load_agent, outcome_from_exception, outcome_from_result
+from areal.agent import agent_run, load_agent, outcome_from_exception, outcome_from_result
 from areal.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
+from areal.dataset import normalize_row
 from areal.engine.client import EngineClient, launch_embedded_engine
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
+from areal.api.workflow_api import workflow_kind
+from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.plots import plot_reward_curve
 from areal.process import die_with_parent, log_tail, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
@@ -62,10 +66,11 @@ class RunFailed(RuntimeError):
 
 
 class InlineRunner:
-    """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``)."""
+    """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``).
+    ``agent`` is a spec (``TARGET:ATTR``) or an object with ``async run(data, **extra_kwargs)``."""
 
-    def __init__(self, agent: str, base_url: str):
-        self.run_agent = load_agent(agent)
+    def __init__(self, agent: str | Any, base_url: str):
+        self.run_agent = load_agent(agent) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
         self.base_url = base_url + "/v1"
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256))
 
@@ -151,11 +156,50 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     )
 
 
+def agent_object_spec(agent: Any) -> str | None:
+    """``module:Class`` (or ``file.py:Class``) rebuilding an agent object in another process, or
+    None when its class needs constructor arguments or is not importable (defined in a function)."""
+    from areal.experimental.trainer import _class_spec  # deferred: the AReaL layer imports this module
+
+    return None if inspect.isfunction(agent) or inspect.isclass(agent) else _class_spec(type(agent))
+
+
+def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int) -> Trajectory:
+    """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward)."""
+    versions = [v for v in row.versions if v >= 0]
+    return Trajectory.from_rows(
+        episode_id=episode_id, group_id=group_id, group_size=group_size, reward=row.reward, status="ok",
+        rows=[TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=row.reward)],
+        policy_version_start=min(versions, default=-1), policy_version_end=max(versions, default=-1),
+        interaction_ids=[row.interaction.id],
+    )
+
+
 class Controller:
-    def __init__(self, config: TrainConfig, run_dir: Path):
+    """One training run. ``agent`` (an object) replaces ``rollout.agent``: an ``AgentWorkflow``
+    (``async run``) runs like a spec'd agent; a ``RolloutWorkflow`` (``async arun_episode(engine,
+    data)``) is called once per group with the controller's engine client. ``dataset`` replaces
+    the embedded train rows, ``eval_dataset`` the embedded held-out rows."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, agent: Any | None = None,
+                 dataset: list[dict] | None = None, eval_dataset: list[dict] | None = None):
         self.config = config
         self.run_dir = run_dir
+        self.agent = agent
+        self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
+        if dataset is not None and not dataset:
+            raise ValueError("dataset is empty: give at least one {question|messages, answer} row")
+        self.dataset = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
+        self.eval_dataset = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
+        self.agent_spec = config.rollout.agent  # what the zygote imports in subproc mode
+        if self.workflow_kind == "agent" and config.rollout.openai.mode == "subproc":
+            self.agent_spec = agent_object_spec(agent)
+            if self.agent_spec is None:
+                raise ValueError(f"rollout.openai.mode=subproc needs an agent the sandbox can import by path, and {agent!r} is not "
+                                 "(its class takes constructor arguments or is defined inside a function); "
+                                 "name it with rollout.agent=MODULE:ATTR or use rollout.openai.mode=inline")
         self.run_id = f"{os.getpid()}{secrets.token_hex(3)}"
+        self.t0 = time.monotonic()
         self.version = 0
         self.accepted_groups = 0
         self.inflight_groups = 0
@@ -211,32 +255,49 @@ class Controller:
             trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
             stack.callback(stop_group, trainer_proc, 5.0)
 
-            if cfg.rollout.openai.mode == "subproc":
-                runner = await Zygote.start(cfg.rollout.agent, gateway_addr, cfg.sandbox, str(self.run_dir / "sandbox"))
-                for w in runner.ready.warnings:
-                    tqdm.write(f"[sandbox] warning: {w}")
-            else:
-                runner = InlineRunner(cfg.rollout.agent, http_url)
-            stack.push_async_callback(runner.close)
+            runner = await self._start_runner(gateway_addr, http_url)
+            if runner is not None:
+                stack.push_async_callback(runner.close)
 
             from areal.embedded.corpus import make_leveled_problems, make_problems
 
-            eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
+            if self.eval_dataset is not None:
+                eval_set = self.eval_dataset
+            else:
+                eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
             eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             if eval_before:
                 tqdm.write(f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)")
 
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
-            train_set = make_leveled_problems("train", cfg.data.train_size, seed=cfg.seed)
-            await self._rollout_loop(runner, gateway, rings, [{"question": p.question, "answer": p.answer} for p in train_set],
-                                     [p.level for p in train_set])
+            if self.dataset is not None:  # no difficulty levels: one level, so the order is a shuffle
+                problems, levels = self.dataset, [0] * len(self.dataset)
+            else:
+                train_set = make_leveled_problems("train", cfg.data.train_size, seed=cfg.seed)
+                # ``messages`` too: AReaL-style workflows read data["messages"], ours data["question"].
+                problems = [normalize_row({"question": p.question, "answer": p.answer}, i) for i, p in enumerate(train_set)]
+                levels = [p.level for p in train_set]
+            await self._rollout_loop(runner, gateway, rings, problems, levels, engine)
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
                 raise RunFailed(self.failure)
             eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             return self._finish(eval_before, eval_after)
+
+    async def _start_runner(self, gateway_addr: str, http_url: str) -> Any:
+        """The agent runner: the sandbox zygote (subproc), the inline runner, or None for a
+        RolloutWorkflow object, which the rollout loop calls itself with ``engine``."""
+        cfg = self.config
+        if self.workflow_kind == "rollout":
+            return None
+        if cfg.rollout.openai.mode == "subproc":
+            runner = await Zygote.start(self.agent_spec, gateway_addr, cfg.sandbox, str(self.run_dir / "sandbox"))
+            for w in runner.ready.warnings:
+                tqdm.write(f"[sandbox] warning: {w}")
+            return runner
+        return InlineRunner(self.agent if self.agent is not None else cfg.rollout.agent, http_url)
 
     def _model_dir(self) -> Path:
         if self.config.model.path == "embedded":
@@ -292,7 +353,8 @@ class Controller:
 
     # ---- rollouts -------------------------------------------------------------------------
 
-    async def _rollout_loop(self, runner: Any, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int]) -> None:
+    async def _rollout_loop(self, runner: Any, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int],
+                            engine: EngineClient | None = None) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
@@ -310,7 +372,11 @@ class Controller:
                     group_id = f"g{next_prompt}-p{idx}"
                     next_prompt += 1
                     self.inflight_groups += 1
-                    task = asyncio.create_task(self._run_group(runner, gateway, rings, group_id, problems[idx]))
+                    if self.workflow_kind == "rollout":
+                        group = self._run_workflow_group(engine, rings, group_id, problems[idx])
+                    else:
+                        group = self._run_group(runner, gateway, rings, group_id, problems[idx])
+                    task = asyncio.create_task(group)
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
                     task.add_done_callback(tasks.discard)
@@ -335,12 +401,51 @@ class Controller:
         for o, s in results:
             self._log_episode(o, s, group_id)
         if not good:
-            self.failed_groups += 1
-            if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
-                first = results[0][0]
-                self.failure = f"the first {self.failed_groups} groups all failed; first episode: status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
+            self._group_failed(results[0][0])
             return
         payloads = [encode_trajectory(trajectory_from_episode(o, s, group_id, len(good))) for o, s in good]
+        await self._publish(rings, payloads)
+
+    async def _run_workflow_group(self, engine: EngineClient, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+        """One ``arun_episode(engine, data)`` call is one group: each exported row is one
+        Trajectory, normalised together (group_size = rows); None or {} fails the group."""
+        t0 = time.monotonic()
+        episode_id = f"{group_id}-w"
+        deadline = self.config.rollout.deadline_s
+        rows: dict[str, InteractionWithTokenLogpReward] | None = None
+        try:
+            rows = await asyncio.wait_for(self.agent.arun_episode(engine, dict(problem)), deadline)
+        except asyncio.TimeoutError:
+            outcome = EpisodeOutcome(episode_id, "timeout", error=f"arun_episode exceeded its deadline of {deadline} s", wall_s=time.monotonic() - t0)
+        except Exception as e:  # the workflow's own failure: the group fails, the run goes on
+            outcome = outcome_from_exception(episode_id, e, time.monotonic() - t0)
+        else:
+            if rows is not None and not isinstance(rows, dict):  # a programming error, not a bad episode: stop the run
+                raise TypeError(f"arun_episode must return dict[str, InteractionWithTokenLogpReward] or None, got {type(rows).__name__}")
+            outcome = EpisodeOutcome(episode_id, "ok" if rows else "error", error="" if rows else f"arun_episode returned {rows!r}",
+                                     wall_s=time.monotonic() - t0)
+        rows = rows or {}
+        self.window.append(outcome)
+        record = {"episode_id": episode_id, "group_id": group_id, "status": outcome.status,
+                  "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
+                  "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}), "interactions": len(rows),
+                  "output_tokens": sum(sum(r.loss_mask) for r in rows.values()), "wall_s": round(outcome.wall_s, 4),
+                  "exit_signal": 0, "error": outcome.error[-2000:]}
+        self.episode_log.write(json.dumps(record) + "\n")
+        if not rows:
+            self._group_failed(outcome)
+            return
+        payloads = [encode_trajectory(trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)))
+                    for i, row in enumerate(rows.values())]
+        await self._publish(rings, payloads)
+
+    def _group_failed(self, first: EpisodeOutcome) -> None:
+        self.failed_groups += 1
+        if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
+            self.failure = f"the first {self.failed_groups} groups all failed; first episode: status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
+
+    async def _publish(self, rings: list[RingWriter], payloads: list[bytes]) -> None:
+        """A whole group into one ring (round-robin over ranks), in order; then it counts."""
         async with self.ring_lock:
             ring = rings[self.groups_written % len(rings)]
             self.groups_written += 1
@@ -423,7 +528,8 @@ class Controller:
             self.saved.close()
         trend = reward_trend([m["reward_mean"] for m in self.step_metrics])
         summary = {"run_dir": str(self.run_dir), "steps": len(self.step_metrics), "final_model": self.done.model_dir,
-                   "eval_before": eval_before, "eval_after": eval_after, "reward_trend": trend}
+                   "eval_before": eval_before, "eval_after": eval_after, "reward_trend": trend,
+                   "wall_s": round(time.monotonic() - self.t0, 2)}
         if eval_before and eval_after:
             summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
         plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
@@ -441,6 +547,13 @@ def read_saved_trajectories(path: Path) -> list[Trajectory]:
     return out
 
 
-async def train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
+async def train(config: TrainConfig, run_dir: Path, *, agent: Any | None = None, dataset: list[dict] | None = None,
+                eval_dataset: list[dict] | None = None) -> dict[str, Any]:
+    """Run one training run in ``run_dir``; returns its summary (also ``summary.json``).
+
+    ``agent``: an object replacing ``rollout.agent`` (``async run(data, **extra_kwargs)``, or a
+    RolloutWorkflow's ``async arun_episode(engine, data)``). ``dataset`` / ``eval_dataset``: rows
+    ({question|messages, answer}) replacing the embedded train / held-out problems.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    return await Controller(config, run_dir).run()
+    return await Controller(config, run_dir, agent=agent, dataset=dataset, eval_dataset=eval_dataset).run()

@@ -1,7 +1,10 @@
 """Entry point: `python -m areal.train [key=value ...]` (Hydra; `-m` for sweeps).
 
 Composes `conf/config.yaml`, converts it at once into the typed `TrainConfig`, saves the resolved
-config as JSON in the run directory, and runs the loop of `areal.controller`.
+config as JSON in the run directory, and runs the loop of `areal.controller`. In a multirun
+(`-m`), each run then rebuilds the sweep summary (`areal.sweep`) in the sweep directory. Runs are
+isolated by construction: the controller names sockets and shared memory by a per-run id and
+takes its ports from bind(0).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from areal.config import TrainConfig, from_dict, to_dict
@@ -37,6 +41,15 @@ def main(cfg: DictConfig) -> dict:
         print(f"\nrun interrupted; partial results in {run_dir}", file=sys.stderr)
         raise SystemExit(130) from None
     _print_summary(summary)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # every run rebuilds the sweep's table and plot from disk
+        from areal.sweep import write_sweep_summary
+
+        # The run dir is <sweep dir>/<subdir>; going up from it (not re-reading sweep.dir, which
+        # may interpolate ${now:...}) names the directory this run really lives in.
+        sweep_dir = run_dir.parents[len(Path(str(hydra_cfg.sweep.subdir)).parts) - 1]
+        rows = write_sweep_summary(sweep_dir)
+        print(f"sweep summary: {sweep_dir / 'sweep_summary.md'} ({len(rows)} finished runs)")
     return summary
 
 

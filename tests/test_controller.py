@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
 import numpy as np
 import pytest
 
 from areal.agent import load_agent, outcome_from_result
-from areal.controller import trajectory_from_episode
+from areal.api.workflow_api import RolloutWorkflow
+from areal.config import TrainConfig, from_dict
+from areal.controller import Controller, train, trajectory_from_episode, trajectory_from_row
+from areal.experimental.openai import ArealOpenAI
+from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.evaluation import paired_test, reward_trend
 from areal.gateway import Interaction, Session
 from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
@@ -94,3 +100,67 @@ def test_stratified_order_gives_every_step_the_same_level_mix() -> None:
     # The first pass over each level visits every problem of it once before repeating any.
     assert set(order[:8 * 12]) >= {i for i, lv in enumerate(levels) if lv == 4}
     assert stratified_order(levels, 8, 3) == order != stratified_order(levels, 8, 4)
+
+
+def test_agents_get_only_the_keyword_arguments_their_run_declares(tmp_path):
+    f = tmp_path / "plain_agent.py"
+    f.write_text("class Plain:\n    async def run(self, data):\n        return float(data['x'])\n"
+                 "class Some:\n    async def run(self, data, *, api_key=None):\n        return {'k': float(api_key == 'key')}\n")
+    extra = {"base_url": "http://127.0.0.1:1/v1", "api_key": "key", "http_client": None}
+    assert asyncio.run(load_agent(f"{f}:Plain")({"x": 3}, **extra)) == 3.0
+    assert asyncio.run(load_agent(f"{f}:Some")({}, **extra)) == {"k": 1.0}
+
+
+def test_rollout_workflow_rows_become_one_row_trajectories():
+    inter = Interaction("a", [1, 2], [5, 6, 7], [-0.1, -0.2, -0.3], 2, "stop", 0.5)
+    row = InteractionWithTokenLogpReward(interaction=inter, input_ids=[1, 2, 5, 6, 7], loss_mask=[0, 0, 1, 1, 1],
+                                         logprobs=[0, 0, -0.1, -0.2, -0.3], versions=[-1, -1, 2, 2, 3], reward=0.5)
+    t = decode_trajectory(encode_trajectory(trajectory_from_row(row, "g-r0", "g", 4)))
+    (r,) = t.rows()
+    assert r.input_ids.tolist() == [1, 2, 5, 6, 7] and r.loss_mask.tolist() == [0, 0, 1, 1, 1]
+    assert (t.group_size, t.reward, t.policy_version_start, t.policy_version_end) == (4, 0.5, 2, 3)
+
+
+def test_subproc_mode_refuses_an_agent_object_it_cannot_import(tmp_path):
+    class Local:  # defined in a function: the sandbox cannot rebuild it
+        async def run(self, data, **kw):
+            return 1.0
+
+    cfg = from_dict(TrainConfig, {"rollout": {"openai": {"mode": "subproc"}}})
+    with pytest.raises(ValueError, match="rollout.openai.mode=subproc needs an agent"):
+        Controller(cfg, tmp_path, agent=Local())
+    with pytest.raises(ValueError, match="dataset is empty"):
+        Controller(cfg, tmp_path, dataset=[])
+
+
+class EchoWorkflow(RolloutWorkflow):
+    """Two ArealOpenAI clients per group, one call each; reward 1 for the first, 0.25 for the second."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.seen: list[dict] = []
+
+    async def arun_episode(self, engine, data):
+        self.seen.append(data)
+        out = {}
+        for reward in (1.0, 0.25):
+            client = ArealOpenAI(engine=engine, tokenizer=self.tokenizer)
+            await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=8)
+            client.set_final_reward(reward)
+            out.update(client.export_interactions("individual"))
+        return out
+
+
+def test_rollout_workflow_object_with_a_custom_dataset_trains(tmp_path):
+    """Real engine and trainer: a RolloutWorkflow object, custom train rows and held-out rows."""
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    workflow = EchoWorkflow(load_hf_tokenizer("embedded"))
+    rows = [{"question": f"What is {a} plus {a}?", "answer": str(2 * a), "tag": a} for a in (2, 3, 4)]
+    cfg = from_dict(TrainConfig, {"trainer": {"steps": 2}, "rollout": {"groups_per_step": 1, "openai": {"mode": "inline"}},
+                                  "data": {"eval_size": 0, "eval_samples": 1}})
+    summary = asyncio.run(train(cfg, tmp_path, agent=workflow, dataset=rows, eval_dataset=rows[:2]))
+    assert summary["steps"] == 2 and summary["eval_before"]["n"] == 2 and summary["eval_after"]["n"] == 2
+    assert {d["tag"] for d in workflow.seen} <= {2, 3, 4} and all(d["messages"][-1]["content"] == d["question"] for d in workflow.seen)
+    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert episodes and all(e["status"] == "ok" and e["interactions"] == 2 and e["reward"] == 0.625 for e in episodes)

@@ -160,11 +160,6 @@ class PPOTrainer:
             extra["dataset"] = list(self.train_dataset or [])
             if self.valid_dataset:
                 extra["eval_dataset"] = list(self.valid_dataset)
-        missing = sorted(set(extra) - set(inspect.signature(controller_train).parameters))
-        if missing:
-            raise NotImplementedError(
-                f"this workflow/dataset needs areal.controller.train(config, run_dir, *, {', '.join(f'{m}=...' for m in missing)}), "
-                f"which the controller does not accept yet; use an import-path workflow and the embedded dataset meanwhile")
         if embedded and isinstance(self.train_dataset, EmbeddedDataset) and self.train_dataset.seed != self.config.seed:
             logging.getLogger(__name__).warning("train_dataset was made with seed %d; the run uses seed %d",
                                                 self.train_dataset.seed, self.config.seed)
