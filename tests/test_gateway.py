@@ -312,3 +312,52 @@ def test_idle_sessions_expire_and_are_reported(engine_url, model_dir):
         await gw.engine.close()
 
     asyncio.run(go())
+
+
+def test_engine_client_keeps_alive_and_survives_a_server_closing_idle_connections():
+    """EngineClient's HTTP/1.1 pool: one connection serves sequential calls; when the server
+    closes it while idle (as keep-alive timeouts do), the next call is retried on a fresh one;
+    chunked bodies are read whole; a refused connection is EngineUnavailable."""
+    from areal.engine.client import EngineUnavailable
+
+    async def go() -> None:
+        conns: list[asyncio.StreamWriter] = []
+        answer = json.dumps({"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": 2,
+                                                                  "prompt_tokens": 3, "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]]}}).encode()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conns.append(writer)
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")).split(b":")[1])
+                await reader.readexactly(length)
+                if len(conns) % 2:  # odd connections answer with Content-Length, even ones chunked
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+                else:
+                    half = len(answer) // 2
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n"
+                                 % (half, answer[:half], len(answer) - half, answer[half:]))
+                await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = EngineClient(f"http://127.0.0.1:{port}")
+        try:
+            for _ in range(3):
+                r = await client.generate([1, 2, 3], {"max_new_tokens": 4})
+                assert r.output_ids == [5, 6] and r.output_logprobs == [-0.1, -0.2] and r.finish_reason == "stop"
+            assert len(conns) == 1  # kept alive
+            conns[0].close()  # the server drops the idle connection
+            await asyncio.sleep(0.05)
+            r = await client.generate([1, 2, 3], {"max_new_tokens": 4})  # retried on a fresh (chunked) one
+            assert r.output_ids == [5, 6] and len(conns) == 2
+            results = await asyncio.gather(*(client.generate([1], {"max_new_tokens": 4}) for _ in range(5)))
+            assert all(x.output_ids == [5, 6] for x in results)
+        finally:
+            await client.close()
+            server.close()
+            await server.wait_closed()
+        with pytest.raises(EngineUnavailable):
+            await EngineClient(f"http://127.0.0.1:{port}").generate([1], {"max_new_tokens": 1})
+
+    asyncio.run(go())

@@ -144,3 +144,41 @@ def test_changed_tools_are_not_a_parent(tokenizer):
     second = list(gw.sessions[key].interactions.values())[1]
     assert second.parent_id is None
     assert second.prompt_ids == _full_render(tokenizer, messages, TOOLS)
+
+
+def test_one_pass_digests_equal_separate_digests():
+    """The parent lookup hashes the history once; its digest of messages[:k] must be the one a
+    separate encoding gives (else every follow-up would miss its parent and count as drift)."""
+    from areal.gateway.render import _digests, prefix_digest
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "s"}]
+    for t in range(12):
+        messages += [{"role": "user", "content": f"q{t} ü \u2028 \"x\""},
+                     {"role": "assistant", "content": None if t % 3 else f"a{t}",
+                      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}] if t % 3 else None}]
+    for n in range(2, len(messages) + 1):
+        for k in range(1, n):
+            for tl in (None, tools):
+                whole, head = _digests(tl, messages[:n], k)
+                assert whole == prefix_digest(tl, messages[:n])
+                assert head == prefix_digest(tl, messages[:k])
+
+
+def test_direct_template_render_equals_apply_chat_template(tokenizer):
+    """PromptBuilder renders with the compiled template directly; the text must be the wrapper's."""
+    from areal.gateway.render import PromptBuilder
+
+    builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    assert builder._templates  # the probe passed: the fast path is in use
+    tools = [{"type": "function", "function": {"name": "calc", "description": "d",
+                                               "parameters": {"type": "object", "properties": {"e": {"type": "string"}}}}}]
+    chat = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+2?", "name": None},
+            {"role": "assistant", "content": "", "reasoning_content": "think",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"e\": \"2+2\"}"}}]},
+            {"role": "tool", "content": "4", "tool_call_id": "c1"}, {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "thanks"}]
+    for tl in (None, tools):
+        for n in range(1, len(chat) + 1):
+            for gen in (False, True):
+                assert builder.render_text(chat[:n], tl, gen) == builder._wrapper_text(chat[:n], tl, gen)

@@ -195,8 +195,10 @@ class Gateway:
         prompt, params = self._prepare(session, turn)
         s = turn.sampling
         self._n_calls += 1
-        results = await asyncio.gather(*(self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True,
-                                                              **engine_kwargs(turn)) for i in range(s.n)))
+        calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn))
+                 for i in range(s.n)]
+        # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
+        results = [await calls[0]] if s.n == 1 else await asyncio.gather(*calls)
         ids = choice_ids(s.n, response_id)
         return [finish_choice(self, session, turn, prompt, i, ids[i], r) for i, r in enumerate(results)]
 

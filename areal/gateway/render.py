@@ -12,7 +12,15 @@ The parent is found in O(1) by hashing: each recorded interaction is keyed by
 ``H(tools, raw prompt messages) ⊕ norm(reply)``; a request is looked up at its last few assistant
 messages. Only a tiny context (first message, the reply, the new messages) is rendered per turn,
 so the cost of a turn does not grow with the history (hashing the raw history is one C-speed
-msgspec encode).
+msgspec encode, and one pass of the hash over it: the encoding of ``messages[:k]`` is a prefix of
+the encoding of ``messages``, so the newest candidate's digest is a copy of the running hash).
+
+Rendering calls the tokenizer's compiled Jinja template directly with what
+``apply_chat_template`` would pass it (None-valued keys dropped, reasoning aliases, plain data,
+the special-tokens map), skipping its per-call wrapper; a probe conversation is rendered both
+ways at construction, and any difference (another transformers version) falls back to
+``apply_chat_template`` for good. Full renders (first turns, which repeat across the samples of
+one prompt) are cached by their digest in a small LRU shared by all sessions.
 
 Invariants:
 - Sampled tokens are never re-rendered: a child's prompt starts with the parent's exact
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +53,13 @@ from areal.gateway.tree import Interaction
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 _MAX_CANDIDATES = 4  # assistant messages tried as the parent's reply, newest first
+_FULL_CACHE = 1024  # full renders kept (ids by digest), across sessions
+_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None},
+          {"role": "assistant", "content": "a", "reasoning_content": "r"},
+          {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "id": "c",
+                                                                  "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+          {"role": "tool", "content": "t", "tool_call_id": "c"}, {"role": "user", "content": "v"}]
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
 
 
 @dataclass
@@ -101,6 +117,41 @@ def prefix_digest(tools: list[dict] | None, messages: list[dict]) -> bytes:
     return h.digest()
 
 
+def _newest_assistants(messages: list[dict]) -> list[int]:
+    """Indices (> 0) of the newest ``_MAX_CANDIDATES`` assistant messages, newest first; the scan
+    stops there, so a turn does not walk the whole history."""
+    found = []
+    for i in range(len(messages) - 1, 0, -1):
+        m = messages[i]
+        if m.get("role") == "assistant":
+            found.append(i)
+            if len(found) == _MAX_CANDIDATES:
+                break
+    return found
+
+
+def _digests(tools: list[dict] | None, messages: list[dict], k: int | None) -> tuple[bytes, bytes | None]:
+    """(prefix_digest(tools, messages), prefix_digest(tools, messages[:k]) or None), hashing once.
+
+    ``encode(messages)`` is ``[`` + e0,...,e(k-1) + ``,`` + ek,... + ``]`` and ``encode(messages[:k])``
+    is the same up to e(k-1) and then ``]``: the tail's own encoding gives the cut.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_encoder.encode(tools))
+    h.update(b"\x00")
+    whole = _encoder.encode(messages)
+    if not k:
+        h.update(whole)
+        return h.digest(), None
+    cut = len(whole) - len(_encoder.encode(messages[k:]))  # the tail's "[" stands where the comma was
+    view = memoryview(whole)
+    h.update(view[:cut])
+    head = h.copy()
+    head.update(b"]")
+    h.update(view[cut:])
+    return h.digest(), head.digest()
+
+
 def reply_key(prefix: bytes, reply: dict) -> str:
     return hashlib.blake2b(prefix + normalise_reply(reply), digest_size=16).hexdigest()
 
@@ -117,10 +168,51 @@ class PromptBuilder:
         self.end_of_turn = tokenizer.convert_ids_to_tokens(eos)  # text the template closes a turn with
         # The Rust tokenizer directly: transformers' encode/decode wrappers cost ~10x more per call.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._full_cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._templates: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
+        self._template_kwargs: dict[str, Any] = {}
+        self._compile_templates()
 
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+    def _compile_templates(self) -> None:
+        """Compiled templates for direct rendering, kept only if they render the probe exactly as
+        ``apply_chat_template`` does, with tools and without."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+            compiled = {has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
+                        for has in (False, True)}
+        except (ImportError, AttributeError, ValueError, TypeError):  # no template, or another transformers
+            return
+        self._plain = _plain_template_data
+        self._template_kwargs = _plain_template_data(dict(self.tokenizer.special_tokens_map))
+        self._templates = compiled
+        for tools in (None, _PROBE_TOOLS):
+            for n, gen in ((len(_PROBE), True), (3, False)):
+                try:
+                    ok = self.render_text(_PROBE[:n], tools, gen) == self._wrapper_text(_PROBE[:n], tools, gen)
+                except Exception:  # a template that rejects the probe: no evidence, so no fast path
+                    ok = False
+                if not ok:
+                    self._templates = {}
+                    return
+
+    def _wrapper_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                   add_generation_prompt=generation)
+
+    def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+        if not self._templates:
+            return self._wrapper_text(messages, tools, generation)
+        chat = []
+        for m in messages:  # what apply_chat_template hands the template (see the module docstring)
+            m = {k: v for k, v in m.items() if v is not None}
+            reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m), None)
+            if reasoning is not None:
+                m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+            chat.append(m)
+        tools = tools or None
+        return self._templates[tools is not None].render(
+            messages=self._plain(chat), tools=self._plain(tools), documents=None, add_generation_prompt=generation,
+            **self._template_kwargs)
 
     def encode(self, text: str) -> list[int]:
         if self._backend is not None:
@@ -135,13 +227,26 @@ class PromptBuilder:
     def full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, True))
 
+    def _full_cached(self, digest: bytes, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """``full`` by the digest of (tools, messages); a copy, so callers may keep it as their own."""
+        ids = self._full_cache.get(digest)
+        if ids is None:
+            ids = self._full_cache[digest] = self.full(messages, tools)
+            if len(self._full_cache) > _FULL_CACHE:
+                self._full_cache.popitem(last=False)
+        else:
+            self._full_cache.move_to_end(digest)
+        return list(ids)
+
     def build(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict],
               tools: list[dict] | None) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
-        digest = prefix_digest(tools, messages)
-        assistant_at = [i for i in range(len(messages) - 1, 0, -1) if messages[i].get("role") == "assistant"]
-        for k in assistant_at[:_MAX_CANDIDATES]:
-            parent_id = index.by_key.get(reply_key(prefix_digest(tools, messages[:k]), messages[k]))
+        assistant_at = _newest_assistants(messages)
+        digest, newest = _digests(tools, messages, assistant_at[0] if assistant_at else None)
+        for j, k in enumerate(assistant_at):
+            head = newest if j == 0 else prefix_digest(tools, messages[:k])
+            assert head is not None
+            parent_id = index.by_key.get(reply_key(head, messages[k]))
             parent = interactions.get(parent_id) if parent_id is not None else None
             if parent is None:
                 continue
@@ -152,7 +257,7 @@ class PromptBuilder:
         index.full += 1
         drift = bool(assistant_at)
         index.drift += drift
-        return Prompt(ids=self.full(messages, tools), prefix_digest=digest, drift=drift)
+        return Prompt(ids=self._full_cached(digest, messages, tools), prefix_digest=digest, drift=drift)
 
     def record(self, index: PromptIndex, prompt: Prompt, interaction: Interaction, reply: dict) -> None:
         """Make ``interaction`` findable as the parent of calls that extend ``reply``."""
