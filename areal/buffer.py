@@ -5,7 +5,7 @@ API: ``RingWriter(ring_name(run_id, rank), capacity_bytes)`` creates a ring, ``.
 ``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
-removes the segments of crashed runs. (About 640 lines: both ends of one shared layout stay in
+removes the segments of crashed runs. (About 690 lines: both ends of one shared layout stay in
 one module, per the one-module-per-boundary rule; a fifth of it is this docstring.)
 
 The segment is a plain file in ``/dev/shm`` mapped with ``mmap`` by both processes. We do not use
@@ -66,6 +66,15 @@ truncation or a wrong length, a record overwritten by a later lap, any change co
 8-byte word (every bit flip), a stale or garbled frame (header crc, sequence continuity).
 Not detected: permutations of 8-byte words and changes that cancel in the sum (e.g. +1 in one
 word and -1 in another); the ring defends against crashes and protocol bugs, not an adversary.
+
+Hot path: each side caches the other side's position word (``_seen_commit`` in the writer,
+``_seen_write`` in the reader) and re-reads the shared word only when the cached value no
+longer shows room or a record. Positions only grow, so a cached value is merely behind, never
+wrong, and every decision that could block re-reads the authoritative word; this saves a
+cross-core cache miss per record. Parts are copied with one ``mmap.write`` each. Measured CPU
+per 8k-token record (106 KB, incl. encode/decode; loaded 2-core EPYC): writer ~11 us into a
+cache-resident 2 MiB ring, ~17 us into a 16 MiB one (the copy into cold shared memory is
+~10 us of that: memory-bound); reader ~5.5-6.6 us, of which the checksum is ~2-4 us.
 
 Waiting: no doorbell file descriptor (eventfd cannot reach an unrelated process without fd
 passing; a ZeroMQ doorbell costs ~15 us per record, more than the record). A waiting side spins
@@ -355,6 +364,7 @@ class RingWriter(_Segment):
                 self._unmap()
         self._write_pos = 0
         self._next_seq = 0
+        self._seen_commit = 0  # the last commit_pos read; only ever behind the shared word
 
     @classmethod
     def attach(cls, name: str) -> RingWriter:
@@ -367,7 +377,7 @@ class RingWriter(_Segment):
             os.close(fd)
         self._validate_header()
         self._claim(OFF_WRITER_PID, "writer")
-        self._write_pos = self._positions()[1]
+        self._seen_commit, self._write_pos = self._positions()
         self._next_seq = self._recover_next_seq()
         self._set_word(OFF_NEXT_SEQ, self._next_seq)
         return self
@@ -421,23 +431,27 @@ class RingWriter(_Segment):
         Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
         """
-        sizes = []
-        for p in parts:  # bytes lengths; any C-contiguous buffer (non-contiguous fails on copy)
-            sizes.append(len(p) if type(p) is bytes else memoryview(p).nbytes)
-        n = sum(sizes)
+        # Hot path (~100k calls/s): locals instead of attribute lookups, one mmap.write per part.
+        n = 0
+        for p in parts:  # byte lengths; any C-contiguous buffer (non-contiguous fails on copy)
+            n += p.nbytes if type(p) is memoryview else len(p) if type(p) is bytes else memoryview(p).nbytes
         if n > self.max_payload:
             raise RecordTooLarge(
                 f"record of {n} bytes does not fit ring {self.name}: at most {self.max_payload} "
                 f"bytes per record (half the capacity of {self.capacity} bytes, less a "
                 f"{FRAME.size}-byte frame)"
             )
-        size = FRAME.size + _pad8(n)
-        u64, cap = self._u64, self.capacity
+        size = FRAME.size + ((n + 7) & ~7)
+        u64, cap, mm = self._u64, self.capacity, self._mm
         w = self._write_pos
         room = cap - w % cap
         skip = room if room < size else 0  # the record goes to the start of the next lap
-        if w + skip + size - u64[OFF_COMMIT_POS >> 3] > cap:
-            self._wait_for_room(w + skip + size - cap, size, timeout_s)
+        # commit_pos only grows, so a cached value that already shows room is still true; the
+        # shared word (a cache line the reader writes) is re-read only when it might not be.
+        if w + skip + size - self._seen_commit > cap:
+            self._seen_commit = u64[OFF_COMMIT_POS >> 3]
+            if w + skip + size - self._seen_commit > cap:
+                self._wait_for_room(w + skip + size - cap, size, timeout_s)
         seq = self._next_seq
         # last_start moves before any byte is written: while it is >= write_pos, attach() knows
         # the record there is unpublished and may already overwrite the previous one.
@@ -446,24 +460,24 @@ class RingWriter(_Segment):
             self._write_frame(HEADER_BYTES + w % cap, KIND_WRAP, 0, seq, 0)
         w += skip
         start = HEADER_BYTES + w % cap  # frame offset in the mmap
-        pos = start + FRAME.size
-        mm = self._mm
-        for p, k in zip(parts, sizes):
-            mm[pos : pos + k] = p
-            pos += k
-        # The checksum is taken over what the ring now holds, not over the caller's parts.
+        mm.seek(start + FRAME.size)
+        write = mm.write
+        for p in parts:
+            write(p)
+        # The checksum is taken over what the ring now holds (hot in this core's cache), so a
+        # copy that went wrong is caught too, not only later damage.
         self._write_frame(start, KIND_RECORD, n, seq, self._sum_in_place(start + FRAME.size, n))
-        self._write_pos = w + size
-        u64[OFF_WRITE_POS >> 3] = self._write_pos  # publish: the reader may now read it
+        self._write_pos = w = w + size
+        u64[OFF_WRITE_POS >> 3] = w  # publish: the reader may now read it
         self._next_seq = seq + 1
-        u64[OFF_NEXT_SEQ >> 3] = self._next_seq
+        u64[OFF_NEXT_SEQ >> 3] = seq + 1
         return seq
 
     def _wait_for_room(self, commit_needed: int, size: int, timeout_s: float | None) -> None:
         """Back-pressure: wait until the reader has committed up to ``commit_needed``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         attempt = 0
-        while self._word(OFF_COMMIT_POS) < commit_needed:  # re-read: the reader moves it
+        while (seen := self._word(OFF_COMMIT_POS)) < commit_needed:  # re-read: the reader moves it
             if deadline is not None and time.monotonic() >= deadline:
                 raise RingFull(
                     f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
@@ -471,6 +485,7 @@ class RingWriter(_Segment):
                 )
             _pause(attempt)
             attempt += 1
+        self._seen_commit = seen
 
     def _write_frame(self, start: int, kind: int, n: int, seq: int, checksum: int) -> None:
         head = _FRAME_HEAD.pack(kind, n, seq, checksum)
@@ -532,6 +547,7 @@ class RingReader(_Segment):
         self._min_seq = self._word(OFF_COMMIT_SEQ)
         self.last_seq: int | None = None  # sequence number of the record most recently returned
         self._delivered: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end), uncommitted
+        self._seen_write = self._read_pos  # the last write_pos read; only ever behind the shared word
 
     @property
     def committed_seq(self) -> int:
@@ -576,30 +592,44 @@ class RingReader(_Segment):
         """Wait for the next published record and check its frame.
 
         Returns (seq, payload offset in the mapping, length, sum64, end position)."""
-        if self.auto_commit and self._delivered:  # the view handed out last time is now consumed
-            self.commit(self._delivered[-1][0])
-        u64, cap, r = self._u64, self.capacity, self._read_pos
-        w = u64[OFF_WRITE_POS >> 3]
+        delivered = self._delivered
+        if self.auto_commit and delivered:  # the view handed out last time is now consumed
+            newest = delivered[-1]
+            delivered.clear()
+            self._commit_through(newest)
+        cap, r = self.capacity, self._read_pos
+        # write_pos only grows, so records below the last value read are still published; the
+        # shared word (a cache line the writer keeps writing) is re-read only once they are used.
+        w = self._seen_write
         if w == r:
-            w = self._wait_for_record(timeout_s)
-            if w is None:
-                return None
-        if w < r or w - self._commit_pos > cap or w & 7:
-            raise RingCorrupted(f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}")
+            w = self._u64[OFF_WRITE_POS >> 3]
+            if w == r:
+                w = self._wait_for_record(timeout_s)
+                if w is None:
+                    return None
+            if w < r or w - self._commit_pos > cap or w & 7:
+                raise RingCorrupted(
+                    f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}"
+                )
+            self._seen_write = w
+        mm = self._mm
         room = cap - r % cap
-        if room < FRAME.size or _KIND.unpack_from(self._mm, HEADER_BYTES + r % cap)[0] == KIND_WRAP:
+        if room < FRAME.size or _KIND.unpack_from(mm, HEADER_BYTES + r % cap)[0] == KIND_WRAP:
             r += room
         start = HEADER_BYTES + r % cap
-        kind, n, seq, checksum, crc, _ = FRAME.unpack_from(self._mm, start) if r < w else (0,) * 6
-        end = r + FRAME.size + _pad8(n)
-        if kind != KIND_RECORD or end > w or start + end - r > HEADER_BYTES + cap or crc != zlib.crc32(self._mm[start : start + 24]):
+        kind, n, seq, checksum, crc, _ = FRAME.unpack_from(mm, start) if r < w else (0,) * 6
+        end = r + FRAME.size + ((n + 7) & ~7)
+        if kind != KIND_RECORD or end > w or start + end - r > HEADER_BYTES + cap or crc != zlib.crc32(mm[start : start + 24]):
             raise RingCorrupted(
                 f"ring {self.name}: no valid record at position {r} (kind={kind:#x} length={n} "
                 f"write_pos={w} capacity={cap})"
             )
-        expected = self._min_seq if self.last_seq is None else self.last_seq + 1
-        if seq != expected and (self.last_seq is not None or seq < expected):
-            raise RingCorrupted(f"ring {self.name}: sequence {seq} where {expected} was expected")
+        last = self.last_seq
+        if last is None:
+            if seq < self._min_seq:
+                raise RingCorrupted(f"ring {self.name}: sequence {seq} where {self._min_seq} was expected")
+        elif seq != last + 1:
+            raise RingCorrupted(f"ring {self.name}: sequence {seq} where {last + 1} was expected")
         return seq, start + FRAME.size, n, checksum, end
 
     def _wait_for_record(self, timeout_s: float | None) -> int | None:
@@ -622,19 +652,28 @@ class RingReader(_Segment):
         """
         if self.last_seq is None or seq > self.last_seq:
             raise ValueError(f"ring {self.name}: commit({seq}) beyond the last delivered record {self.last_seq}")
-        end = None
-        while self._delivered and self._delivered[0][0] <= seq:
-            end = self._delivered.popleft()[1]
-        if end is None:
-            return
+        delivered = self._delivered
+        newest = None
+        while delivered and delivered[0][0] <= seq:
+            newest = delivered.popleft()
+        if newest is not None:
+            self._commit_through(newest)
+
+    def _commit_through(self, newest: tuple[int, int]) -> None:
+        """Publish the release of every record up to ``newest`` = (seq, end); the caller has
+        already dropped them from ``_delivered``."""
+        seq, end = newest
         self._commit_pos = end
-        self._set_word(OFF_COMMIT_POS, end)  # release: the writer may now reuse the space
-        self._set_word(OFF_COMMIT_SEQ, seq + 1)
+        u64 = self._u64
+        u64[OFF_COMMIT_POS >> 3] = end  # release: the writer may now reuse the space
+        u64[OFF_COMMIT_SEQ >> 3] = seq + 1
 
     def close(self) -> None:
         """Unmap (with ``auto_commit``, the last view handed out counts as consumed)."""
         if self.auto_commit and self._delivered:
-            self.commit(self._delivered[-1][0])
+            newest = self._delivered[-1]
+            self._delivered.clear()
+            self._commit_through(newest)
         if self._word(OFF_READER_PID) == os.getpid():
             self._set_word(OFF_READER_PID, 0)
         self._unmap()

@@ -291,6 +291,7 @@ _FIELDS = Trajectory.__struct_fields__
 _HEAD = _FIELDS.index("input_ids")  # fields before the first bulk buffer
 _BULK = _FIELDS.index("timings")  # fields from here on are small metadata again
 assert 0 < _HEAD < _BULK < len(_FIELDS) and len(_FIELDS) - _BULK < 16 and _HEAD < 16
+_BIN16, _BIN32 = struct.Struct(">BH"), struct.Struct(">BI")  # msgpack bin 16 / bin 32 headers
 _ARRAY_HEADER = bytes([0x90 | len(_FIELDS)]) if len(_FIELDS) < 16 else b"\xdc" + len(_FIELDS).to_bytes(2, "big")
 
 
@@ -308,20 +309,21 @@ def encode_trajectory_parts(traj: Trajectory) -> list[bytes | memoryview]:
     (a test pins ``b"".join(parts) == encode_trajectory(traj)``).
     """
     values = msgspec.structs.astuple(traj)
-    head = _trajectory_encoder.encode(values[:_HEAD])
-    tail = _trajectory_encoder.encode(values[_BULK:])
+    encode = _trajectory_encoder.encode
+    # Bytes not yet emitted (headers and small buffers, merged): the struct's array header, then
+    # the leading fields (their own fixarray header dropped).
+    small = _ARRAY_HEADER + encode(values[:_HEAD])[1:]
     parts: list[bytes | memoryview] = []
-    small = _ARRAY_HEADER + head[1:]  # bytes not yet emitted: headers and small buffers, merged
+    append = parts.append
     for buf in values[_HEAD:_BULK]:
-        size = memoryview(buf).nbytes
+        size = buf.nbytes if type(buf) is memoryview else memoryview(buf).nbytes
         if size < 1 << 8:
             small += b"\xc4" + size.to_bytes(1, "big") + buf  # a short copy beats another part
             continue
-        small += b"\xc5" + size.to_bytes(2, "big") if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big")
-        parts.append(small)
-        parts.append(buf)
+        append(small + (_BIN16.pack(0xC5, size) if size < 1 << 16 else _BIN32.pack(0xC6, size)))
+        append(buf)
         small = b""
-    parts.append(small + tail[1:])  # fixarray header: both tuples have fewer than 16 elements
+    append(small + encode(values[_BULK:])[1:])  # fixarray header: both tuples have < 16 elements
     return parts
 
 

@@ -12,7 +12,10 @@ Every path includes encode and decode:
            ``recv(copy=False)`` + decode of the frame's buffer.
 
 The clock runs on the consumer from the end of a warm-up to the last record, so process start-up
-and first-touch costs are excluded. The baselines run in the same invocation, interleaved with
+and first-touch costs are excluded. Each side also measures its own CPU time per record
+(``time.process_time`` over the same records, waits included): on this loaded shared machine
+wall-clock rates swing with other tenants, while CPU time per side says what each end costs
+(with a core per side, the rate is bounded by ``1 / max(writer, reader)``). The baselines run in the same invocation, interleaved with
 the ring, so background load on this shared 2-core machine hits all paths alike.
 
     python -m benchmarks.ring [--quick]
@@ -27,6 +30,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing.sharedctypes import Synchronized
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -61,66 +66,83 @@ def make_trajectory(tokens: int = 8192) -> Trajectory:
     )
 
 
-def _produce_ring(name: str, tokens: int, count: int) -> None:
+def _produce_ring(name: str, tokens: int, count: int, cpu: Synchronized) -> None:
     traj = make_trajectory(tokens)
     with RingWriter(name, RING_BYTES) as writer:
-        for _ in range(count):
+        for i in range(count):
+            if i == WARMUP:
+                started = time.process_time()
             writer.put_parts(encode_trajectory_parts(traj), timeout_s=60)
+        cpu.value = (time.process_time() - started) / (count - WARMUP)
         deadline = time.monotonic() + 60
         while writer.free_bytes() < writer.capacity and time.monotonic() < deadline:
             time.sleep(0.001)  # keep the segment until the reader has committed everything
 
 
-def _produce_queue(queue: mp.Queue, tokens: int, count: int) -> None:
+def _produce_queue(queue: mp.Queue, tokens: int, count: int, cpu: Synchronized) -> None:
     traj = make_trajectory(tokens)
-    for _ in range(count):
+    for i in range(count):
+        if i == WARMUP:
+            started = time.process_time()
         queue.put(encode_trajectory(traj))
     queue.close()
-    queue.join_thread()
+    queue.join_thread()  # the feeder thread's pickling and writes are this side's cost too
+    cpu.value = (time.process_time() - started) / (count - WARMUP)
 
 
-def _produce_zmq(addr: str, tokens: int, count: int) -> None:
+def _produce_zmq(addr: str, tokens: int, count: int, cpu: Synchronized) -> None:
     traj = make_trajectory(tokens)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.connect(addr)
-    for _ in range(count):
+    for i in range(count):
+        if i == WARMUP:
+            started = time.process_time()
         sock.send(encode_trajectory(traj), copy=False)
     sock.close(linger=60_000)  # linger: deliver everything queued before exiting
-    ctx.term()
+    ctx.term()  # includes the I/O thread's sends
+    cpu.value = (time.process_time() - started) / (count - WARMUP)
 
 
-def _consume(receive: Callable[[], object], tokens: int, count: int) -> float:
-    """Receive and decode ``WARMUP + count`` records; return records/s over the last ``count``."""
+class Result(NamedTuple):
+    rate: float  # records/s, wall clock on the consumer
+    writer_cpu_s: float  # producer CPU seconds per record
+    reader_cpu_s: float  # consumer CPU seconds per record
+
+
+def _consume(receive: Callable[[], object], tokens: int, count: int) -> tuple[float, float]:
+    """Receive and decode ``WARMUP + count`` records; (records/s, CPU s per record) over the last ``count``."""
     for _ in range(WARMUP):
         decode_trajectory(receive())
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     total = 0
     for _ in range(count):
         total += decode_trajectory(receive()).num_tokens
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert total == count * tokens, f"received {total} tokens, expected {count * tokens}"
-    return count / elapsed
+    return count / elapsed, cpu / count
 
 
-def _run(target: Callable[..., None], args: tuple, consume: Callable[[], float]) -> float:
-    proc = mp.get_context("spawn").Process(target=target, args=args)  # no fork: harness may hold threads
+def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float]]) -> Result:
+    ctx = mp.get_context("spawn")  # no fork: the harness may hold threads
+    cpu = ctx.Value("d", float("nan"))
+    proc = ctx.Process(target=target, args=(*args, cpu))
     proc.start()
     try:
-        rate = consume()
+        rate, reader_cpu = consume()
         proc.join(timeout=60)
         assert proc.exitcode == 0, f"{target.__name__} exited with {proc.exitcode}"
-        return rate
+        return Result(rate, cpu.value, reader_cpu)
     finally:
         if proc.is_alive():
             proc.kill()
             proc.join()
 
 
-def run_ring(tokens: int, count: int) -> float:
+def run_ring(tokens: int, count: int) -> Result:
     name = ring_name(f"bench{os.getpid()}", 0)
 
-    def consume() -> float:
+    def consume() -> tuple[float, float]:
         with RingReader(name, timeout_s=60) as reader:
             return _consume(lambda: reader.get_view(timeout_s=60), tokens, count)
 
@@ -130,13 +152,13 @@ def run_ring(tokens: int, count: int) -> float:
         unlink_ring(name)
 
 
-def run_queue(tokens: int, count: int) -> float:
+def run_queue(tokens: int, count: int) -> Result:
     queue = mp.get_context("spawn").Queue()
     return _run(_produce_queue, (queue, tokens, WARMUP + count),
                 lambda: _consume(lambda: queue.get(timeout=60), tokens, count))
 
 
-def run_zmq(tokens: int, count: int) -> float:
+def run_zmq(tokens: int, count: int) -> Result:
     with tempfile.TemporaryDirectory(prefix="areal-bench-") as tmp:
         addr = f"ipc://{tmp}/ring-bench.sock"
         ctx = zmq.Context()
@@ -157,19 +179,26 @@ def main(quick: bool) -> list[dict]:
     for tokens in SIZES:
         count = max(500, (8 if quick else 40) * 2**20 * 8 // (tokens * 13))  # ~same bytes per size
         record_bytes = len(encode_trajectory(make_trajectory(tokens)))
-        rates: dict[str, list[float]] = {"ring": [], "queue": [], "zmq": []}
+        runs: dict[str, list[Result]] = {"ring": [], "queue": [], "zmq": []}
         for _ in range(repeats):  # interleaved so that background load hits every path alike
-            rates["ring"].append(run_ring(tokens, count))
-            rates["queue"].append(run_queue(tokens, count // 4))  # the baselines are ~4x slower
-            rates["zmq"].append(run_zmq(tokens, count // 2))
-        ring, queue, zq = (statistics.median(rates[k]) for k in ("ring", "queue", "zmq"))
+            runs["ring"].append(run_ring(tokens, count))
+            runs["queue"].append(run_queue(tokens, count // 4))  # the baselines are ~4x slower
+            runs["zmq"].append(run_zmq(tokens, count // 2))
+        med = {k: Result(*(statistics.median(getattr(r, f) for r in v) for f in Result._fields)) for k, v in runs.items()}
+        ring = med["ring"]
         size = f"{tokens // 1024}k_tokens"
-        for baseline, value in (("multiprocessing.Queue", queue), ("zmq ipc PUSH/PULL", zq)):
+        for baseline, key in (("multiprocessing.Queue", "queue"), ("zmq ipc PUSH/PULL", "zmq")):
             common = {"benchmark": "ring", "baseline": baseline}
-            rows.append({**common, "metric": f"trajectories_per_s_{size}", "value": ring, "unit": "traj/s",
-                         "baseline_value": value})
-            rows.append({**common, "metric": f"payload_GBps_{size}", "value": ring * record_bytes / 1e9,
-                         "unit": "GB/s", "baseline_value": value * record_bytes / 1e9})
+            other = med[key]
+            rows.append({**common, "metric": f"trajectories_per_s_{size}", "value": ring.rate, "unit": "traj/s",
+                         "baseline_value": other.rate})
+            rows.append({**common, "metric": f"payload_GBps_{size}", "value": ring.rate * record_bytes / 1e9,
+                         "unit": "GB/s", "baseline_value": other.rate * record_bytes / 1e9})
+            # CPU per record of each side (unit us: lower is better, ratio < 1 means the ring is cheaper).
+            for side in ("writer", "reader"):
+                rows.append({**common, "metric": f"{side}_cpu_us_per_record_{size}",
+                             "value": getattr(ring, f"{side}_cpu_s") * 1e6, "unit": "us",
+                             "baseline_value": getattr(other, f"{side}_cpu_s") * 1e6})
     return rows
 
 

@@ -1,11 +1,14 @@
 """Wire types: Trajectory codec (zero-copy, little-endian, schema evolution) and control unions."""
 
+import os
+
 import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.protocol import (
     FRAME_HEADER,
     TRAJECTORY_SCHEMA,
@@ -165,6 +168,26 @@ def test_parts_concatenate_to_the_encoding(lens, turns):
     big = [p for p in parts if isinstance(p, memoryview)]
     assert all(p.nbytes >= 256 for p in big)  # small buffers are merged, big ones never copied
     assert any(p is traj.input_ids for p in big) == (len(traj.input_ids) >= 256)
+
+
+def test_parts_measure_typed_buffers_in_bytes():
+    """A buffer field set to an int32 memoryview or a numpy array (len = elements, not bytes)
+    still gets the right bin header, and the ring stores exactly the encoding."""
+    ids = np.arange(1000, dtype="<i4")
+    traj = msgspec.structs.replace(make_trajectory(rows=make_rows(2, (1000,))), input_ids=memoryview(ids))
+    parts = encode_trajectory_parts(traj)
+    assert b"".join(parts) == encode_trajectory(traj)
+    assert bytes(decode_trajectory(b"".join(parts)).input_ids) == ids.tobytes()
+    assert any(p is traj.input_ids for p in parts)  # the typed view itself, uncopied
+    as_array = [ids if p is traj.input_ids else p for p in parts]  # and a numpy array as a part
+    name = ring_name(f"parts{os.getpid()}", 0)
+    try:
+        with RingWriter(name, 1 << 16) as writer, RingReader(name, timeout_s=5) as reader:
+            writer.put_parts(parts)
+            writer.put_parts(as_array)
+            assert reader.get() == reader.get() == encode_trajectory(traj)
+    finally:
+        unlink_ring(name)
 
 
 def test_trajectory_buffers_are_little_endian_zero_copy_views():
