@@ -91,6 +91,7 @@ class TrainerConfig:
     keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
     record_timeout_s: float = 600.0  # fail if the ring yields no record for this long
     engine_timeout_s: float = 300.0  # HTTP timeout of one /update_weights_from_disk call
+    pause_for_update: bool = True  # pause (abort + client resubmit) generation around each weight update
     loss: str = "grpo"  # "grpo": clip against the behaviour policy; "ppo": decoupled (proximal + behaviour weight)
     dual_clip: float | None = None  # dual-clip bound c > 1 for negative advantages (None: off)
     behav_weight_cap: float | None = None  # ppo: truncate exp(proximal - behaviour) at this (None: no cap)
@@ -456,17 +457,33 @@ def save_atomically(model: torch.nn.Module, target: Path, tokenizer_src: str) ->
     return target
 
 
-def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float) -> None:
-    """POST /update_weights_from_disk to every engine; raise WeightUpdateError unless all succeed."""
-    body = json.dumps({"model_path": str(model_dir), "weight_version": str(version)}).encode()
+def _post_json(url: str, path: str, body: dict, timeout_s: float) -> dict:
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True) -> None:
+    """Load ``model_dir`` as ``version`` on every engine; raise WeightUpdateError unless all succeed.
+
+    With ``pause`` (SGLang's protocol): ``/pause_generation`` in ``abort`` mode first, so the
+    update does not wait for running generations. Each comes back to its client with the tokens it
+    has; ``EngineClient`` resubmits it (prompt + those tokens) after ``/continue_generation`` and
+    stitches the parts, so every token keeps the version that sampled it. (``retract`` would resume
+    inside the engine, but SGLang then reports one weight_version for the whole request.)
+    Without ``pause``, the engine finishes running requests before loading.
+    """
     for url in urls:
-        req = urllib.request.Request(
-            url.rstrip("/") + "/update_weights_from_disk", data=body, method="POST",
-            headers={"Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                reply = json.loads(resp.read() or b"{}")
+            if pause:
+                _post_json(url, "/pause_generation", {"mode": "abort"}, timeout_s)
+            try:
+                reply = _post_json(url, "/update_weights_from_disk",
+                                   {"model_path": str(model_dir), "weight_version": str(version)}, timeout_s)
+            finally:
+                if pause:
+                    _post_json(url, "/continue_generation", {}, timeout_s)
         except OSError as e:  # URLError, HTTPError, refused, timeout: name the engine and version
             raise WeightUpdateError(f"{url}: update to v{version} failed: {e}") from e
         if not reply.get("success"):
@@ -582,7 +599,7 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                                                float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
             if rank == 0:
                 model_dir = save_atomically(model, weights_dir / f"v{step}", config.model_path)
-                push_weights(config.engine_urls, model_dir, step, config.engine_timeout_s)
+                push_weights(config.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
                 prune_versions(weights_dir, step, config.keep_versions)
                 metrics["pending_trajectories"] = pending
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:

@@ -560,3 +560,31 @@ def test_sglang_command_construction() -> None:
     if importlib.util.find_spec("sglang") is None:
         with pytest.raises(RuntimeError, match="sglang is not installed"):
             launch_sglang_server("/models/qwen", 30000)
+
+
+def test_trainer_push_pauses_and_running_generations_resume_with_per_token_versions(engine_url: str, model_dir: Path) -> None:
+    """The trainer's weight push: pause (abort) -> update -> continue. The running generation comes
+    back partial, the client resubmits it, and each token carries the version that sampled it."""
+    from areal.trainer import push_weights
+
+    async def run() -> tuple:
+        client = EngineClient(engine_url)
+        before = (await client.server_info())["aborted"]
+
+        async def push() -> None:
+            await asyncio.to_thread(push_weights, [engine_url], model_dir, 7, 60.0, True)
+
+        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG), push)
+        after = (await client.server_info())["aborted"]
+        await client.update_weights_from_disk(str(model_dir), "default")
+        await client.close()
+        return chunks, before, after
+
+    chunks, before, after = asyncio.run(run())
+    final = chunks[-1]
+    assert final.finish_reason == "length" and final.resubmits == 1
+    assert after > before
+    assert len(final.output_versions) == LONG["max_new_tokens"]
+    cut = final.output_versions.index("7")
+    assert 0 < cut, (len(chunks[0].output_ids), final.output_versions[:5])
+    assert set(final.output_versions[:cut]) == {"default"} and set(final.output_versions[cut:]) == {"7"}

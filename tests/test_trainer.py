@@ -99,15 +99,20 @@ def rewarded_logprob(model: torch.nn.Module, prompts: list[list[int]]) -> float:
 
 
 class EngineStub(http.server.BaseHTTPRequestHandler):
-    """Answers /update_weights_from_disk as SGLang does and records each call."""
+    """Answers /update_weights_from_disk, /pause_generation and /continue_generation as SGLang
+    does and records each call."""
 
     calls: list = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        path = Path(body["model_path"])
-        self.calls.append({"path": self.path, "body": body, "had_weights": (path / "config.json").is_file()})
-        reply = json.dumps({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+        if self.path == "/update_weights_from_disk":
+            path = Path(body["model_path"])
+            self.calls.append({"path": self.path, "body": body, "had_weights": (path / "config.json").is_file()})
+            reply = json.dumps({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
+        else:
+            self.calls.append({"path": self.path, "body": body})
+            reply = json.dumps({"success": True})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(reply)))
@@ -200,10 +205,13 @@ def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     assert reports[1].metrics["staleness_mean"] == 1.0
 
     run = Path(config.run_dir)
-    assert [c["path"] for c in EngineStub.calls] == ["/update_weights_from_disk"] * 3
-    assert [c["body"]["weight_version"] for c in EngineStub.calls] == ["1", "2", "3"]
-    assert [c["body"]["model_path"] for c in EngineStub.calls] == [str(run / "weights" / f"v{v}") for v in (1, 2, 3)]
-    assert all(c["had_weights"] for c in EngineStub.calls)
+    # Each update is bracketed by pause (abort mode: clients resubmit) and continue.
+    assert [c["path"] for c in EngineStub.calls] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"] * 3
+    assert all(c["body"] == {"mode": "abort"} for c in EngineStub.calls[0::3])
+    updates = EngineStub.calls[1::3]
+    assert [c["body"]["weight_version"] for c in updates] == ["1", "2", "3"]
+    assert [c["body"]["model_path"] for c in updates] == [str(run / "weights" / f"v{v}") for v in (1, 2, 3)]
+    assert all(c["had_weights"] for c in updates)
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]  # keep_versions=2, no temp dirs
     lines = [json.loads(line) for line in (run / "trainer_metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3]
