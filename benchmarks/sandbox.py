@@ -2,7 +2,9 @@
 
 Figures (each next to a baseline measured here, now):
 - spawn-to-running p50/p99: from ``Zygote.run_episode`` being called to the first line of the
-  agent's ``run()`` (fork, every isolation layer, relay up), one episode at a time. Baselines:
+  agent's ``run()``, one episode at a time, with the default warm slots (a set-up episode
+  process takes the spawn from a pipe). Baselines: the same with ``warm_slots=0`` (fork, then
+  every isolation layer and the relay, on the spawn's path), alternated episode by episode;
   a cold ``python -c "import openai"`` subprocess (what a fresh process per episode would pay
   before any agent code), and a warm ``ProcessPoolExecutor`` running
   ``asyncio.run(agent.run(data))`` (AReaL's subprocess mode: no isolation, no deadline).
@@ -122,12 +124,14 @@ class _InstantWorld:
         await self.runner.cleanup()
 
 
-def _memory_of_running(zygote_pid: int) -> tuple[list[int], list[int]]:
-    """cgroup usage of each running episode of this zygote, and PSS of each of its processes."""
-    usage = [int(open(os.path.join(d, "memory.usage_in_bytes")).read())
-             for d in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*")]
+def _memory_of_running(zygote_pid: int, log_dir: str) -> tuple[list[int], list[int]]:
+    """cgroup usage of each running episode of this zygote, and PSS of each of its processes.
+    Idle warm slots (their log still has the bare slot name) are left out."""
+    running = [d for d in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*")
+               if not os.path.exists(os.path.join(log_dir, os.path.basename(d) + ".log"))]
+    usage = [int(open(os.path.join(d, "memory.usage_in_bytes")).read()) for d in running]
     pss = []
-    for d in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*"):
+    for d in running:
         for pid in open(os.path.join(d, "cgroup.procs")).read().split():
             for line in open(f"/proc/{pid}/smaps_rollup"):
                 if line.startswith("Pss:"):
@@ -142,19 +146,25 @@ async def _sandboxed(quick: bool, tmp: str) -> dict[str, Any]:
     world = _InstantWorld()
     await world.start(tmp)
     zygote = await Zygote.start(AGENT, world.addr, SandboxConfig(deadline_s=120), os.path.join(tmp, "log"))
+    cold = await Zygote.start(AGENT, world.addr, SandboxConfig(deadline_s=120, warm_slots=0), os.path.join(tmp, "log0"))
     out: dict[str, Any] = {"layers": zygote.ready.isolation}
     try:
-        spawn = []
+        # Alternate a warm-slot spawn and a cold one (fork, then every layer, as before warm
+        # slots), so that both see the same load on a shared machine.
+        spawn: dict[str, list[float]] = {"warm": [], "cold": []}
         for i in range(30 if quick else 200):
-            t0 = time.time()
-            o = await zygote.run_episode(f"s{i}", {}, "k")
-            assert o.status == "ok", o.error
-            spawn.append((o.reward - t0) * 1e3)
-        out["spawn_ms"] = spawn[3:]  # the first few fault in the zygote's pages
+            for kind, z in (("warm", zygote), ("cold", cold)):
+                t0 = time.time()
+                o = await z.run_episode(f"{kind}{i}", {}, "k")
+                assert o.status == "ok", o.error
+                spawn[kind].append((o.reward - t0) * 1e3)
+        out["spawn_ms"] = spawn["warm"][3:]  # the first few fault in the zygote's pages
+        out["cold_spawn_ms"] = spawn["cold"][3:]
+        await cold.close()
 
         hold = [asyncio.ensure_future(zygote.run_episode(f"m{i}", {"hold_s": 3.0}, "k")) for i in range(16)]
         await asyncio.sleep(2.0)
-        out["usage"], out["pss"] = _memory_of_running(zygote.ready.pid)
+        out["usage"], out["pss"] = _memory_of_running(zygote.ready.pid, zygote.log_dir)
         await asyncio.gather(*hold)
 
         n = 256
@@ -178,6 +188,7 @@ async def _sandboxed(quick: bool, tmp: str) -> dict[str, Any]:
             await asyncio.gather(*(run({"chat": True}, base_url="http://gw/v1", api_key=k, http_client=http) for k in keys))
         out["inline_s"] = time.perf_counter() - t0
     finally:
+        await cold.close()
         await zygote.close()
         await world.stop()
     return out
@@ -194,6 +205,10 @@ def main(quick: bool) -> list[dict]:
         _row("spawn_to_running_p99", p99, "ms", "cold python -c 'import openai'", max(cold)),
         _row("spawn_to_running_p50_vs_pool", p50, "ms", "ProcessPoolExecutor p50 (no isolation)",
              _percentile(pool, 0.5)),
+        _row("spawn_to_running_p50_vs_cold_fork", p50, "ms", "warm_slots=0: fork, then isolate, p50",
+             _percentile(sb["cold_spawn_ms"], 0.5)),
+        _row("spawn_to_running_p99_vs_cold_fork", p99, "ms", "warm_slots=0: fork, then isolate, p99",
+             _percentile(sb["cold_spawn_ms"], 0.99)),
         _row("memory_per_sandbox_cgroup", statistics.mean(sb["usage"]) / 2**20, "MiB", "cold import-openai RSS",
              cold_rss / 2**20),
         _row("pss_per_sandbox_process", statistics.mean(sb["pss"]) / 2**20, "MiB", "cold import-openai RSS",

@@ -1,8 +1,9 @@
 """Isolation layers for one agent episode, applied in the forked child before user code runs.
 
     zygote (host namespaces)
-      │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<episode>, fallback temp dir
-      └─fork─► episode process (new session = own process group)
+      │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<slot seq>, fallback temp dir
+      └─fork─► episode process (new session = own process group), ahead of its spawn (a warm
+               slot, sandbox/zygote.py): every step below runs before the spawn arrives
                  enter(): join cgroups · unshare net (lo up) · unshare mount (every mount made
                  read-only, private /tmp tmpfs, empty /dev/shm tmpfs, gateway socket bound back
                  in) · rlimits · no_new_privs · scrubbed env
@@ -107,6 +108,7 @@ class SandboxConfig:
     temp_root: str = field(default_factory=tempfile.gettempdir)  # host dir for temp dirs without mountns
     log_tail_bytes: int = 4096  # how much of the episode log a failed outcome carries
     skip_layers: list[str] = field(default_factory=list)  # layers not to apply, from LAYERS
+    warm_slots: int = 2  # episode processes kept set up (every layer applied) and waiting for a spawn
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -119,6 +121,8 @@ class SandboxConfig:
         for name in ("tmp_size_bytes", "shm_size_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.warm_slots, int) or self.warm_slots < 0:
+            raise ValueError(f"sandbox.warm_slots must be an int >= 0, got {self.warm_slots!r}")
         if self.log_tail_bytes < 0:
             raise ValueError(f"sandbox.log_tail_bytes must be >= 0, got {self.log_tail_bytes}")
         if not os.path.isdir(self.temp_root):
@@ -132,7 +136,7 @@ class SandboxConfig:
 class EpisodeResources:
     """Host-side state of one episode, created by the zygote before the fork."""
 
-    name: str  # "<zygote pid>-<sanitised episode id>"
+    name: str  # "<zygote pid>-<slot seq>"
     cgroups: list[str]  # cgroup directories the episode joins
     host_tmp: str  # private temp dir on the host; used only when the mount layer is off
 

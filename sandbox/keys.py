@@ -8,11 +8,13 @@ the agent and used to post requests into another episode's session. Therefore:
     controller ──stdin──► ControlBuffer (one fixed bytearray, never reallocated)
                             frames decoded from a memoryview, no copies
                             a consumed frame's bytes are zeroed before the space is reused
-      zygote, after fork:  wipe_str(spawn.api_key)          (its only other copy)
-      episode, after fork: ControlBuffer.wipe() + wipe_str() of every other pending key
+      zygote, at handover: the frame is copied into the slot's own bytearray and written to its
+                           spawn pipe, then zero(); wipe_str(spawn.api_key) (the decoded copy)
+      slot, after fork:    ControlBuffer.wipe() + wipe_str() of every pending key + zero() of
+                           every other slot's unwritten frame; its own key arrives by its pipe
 
 Invariant: when an episode process starts user code, its memory holds no session key but its
-own. Not covered: keys in the kernel's pipe buffer (never mapped into the child) and copies
+own. A warm slot is forked before its spawn exists, so it holds none until its frame arrives. Not covered: keys in the kernel's pipe buffer (never mapped into the child) and copies
 made by code other than the zygote's control path (there are none today).
 """
 
@@ -46,7 +48,8 @@ def _address(buf: bytearray) -> int:
     return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
-def _zero(buf: bytearray) -> None:
+def zero(buf: bytearray) -> None:
+    """Overwrite a bytearray with NULs in place (no copy, no reallocation)."""
     if buf:
         ctypes.memset(_address(buf), 0, len(buf))
 
@@ -77,7 +80,7 @@ class ControlBuffer:
         if self.start == 0:  # a frame larger than the buffer: move to a bigger one, zero the old
             bigger = bytearray(2 * len(self.buf))
             ctypes.memmove(_address(bigger), _address(self.buf), live)
-            _zero(self.buf)
+            zero(self.buf)
             self.buf = bigger
         else:  # slide the unconsumed bytes to the front, zero what they left behind
             ctypes.memmove(_address(self.buf), _address(self.buf) + self.start, live)
@@ -105,5 +108,5 @@ class ControlBuffer:
 
     def wipe(self) -> None:
         """Zero everything (in a forked episode: frames meant for later episodes)."""
-        _zero(self.buf)
+        zero(self.buf)
         self.start = self.end = 0

@@ -1,29 +1,47 @@
-"""The sandbox zygote: imports the agent SDKs once, then forks one isolated process per episode.
+"""The sandbox zygote: imports the agent SDKs once, keeps warm episode processes, runs one per episode.
 
     controller (Zygote, asyncio) ──stdin: SpawnEpisode | Shutdown──────────────► zygote process
-                                 ◄─stdout: ZygoteReady, EpisodeOutcome per spawn─┘   │ fork
-                                                                episode process ◄─────┘
-                                        (isolation.enter, PID namespace, relay, agent.run)
-                                        ──result pipe: one EpisodeOutcome frame──► zygote
+                                 ◄─stdout: ZygoteReady, EpisodeOutcome per spawn─┘   │ fork ahead
+        warm slot (episode process): isolation.enter, PID namespace, caps, seccomp, ◄┘
+        relay up; then blocks on its spawn pipe ◄── the SpawnEpisode frame, copied from the
+        control buffer at handover ── runs agent.run ──result pipe: one EpisodeOutcome──► zygote
 
 Run as ``python -m sandbox.zygote --agent MODULE:ATTR --gateway ipc:///path.sock
 [--config JSON] [--log-dir DIR]``. Frames are ``protocol.frame`` (4-byte LE length + msgpack).
 
+Warm slots: every isolation layer costs time on the spawn's path when applied after the fork
+(joining the cgroup 15-30 ms, the PID-namespace fork 25-35 ms, unshare(NET) and the mounts,
+the relay's thread). So ``config.warm_slots`` episode processes are forked ahead of time and
+apply all of it while idle; a spawn only writes its frame into an idle slot's pipe, and the
+zygote forks the replacement right after the handover, off that episode's path. A burst larger
+than the pool forks slots on the spot and hands them their frame at once (the same code path;
+``warm_slots=0`` makes every spawn take it). A slot whose setup failed still takes its spawn and
+reports the setup traceback as the episode's error. Its deadline starts at the handover.
+
 Invariants:
 - exactly one EpisodeOutcome per SpawnEpisode, always (timeout, crash, OOM, shutdown included);
   an outcome is sent only after every process of the episode is gone (its cgroup is empty).
+  An idle slot gets no outcome: nothing was asked of it; one that dies idle is reaped, drained
+  and logged, and not replaced until the next control message (no respawn loop).
+- no leftovers: at shutdown every slot, idle or busy, is killed and its cgroups removed; between
+  episodes only the ``warm_slots`` idle ones exist (their log file keeps the bare slot name,
+  ``<zygote pid>-<seq>.log``; a handover renames it to ``<zygote pid>-<seq>-<episode>.log``).
 - the zygote is single-threaded and creates no ZeroMQ context: one selector loop over stdin,
-  the result pipes and a SIGCHLD wake-up pipe; it never blocks on a child.
+  the result pipes, spawn pipes with unwritten bytes and a SIGCHLD wake-up pipe; it never
+  blocks on a child (a frame larger than the pipe is written as the slot reads it).
 - the control frames never use fd 1: the real stdout is dup'ed to a private fd at start and
   fd 1 points at stderr, so a stray print cannot corrupt the channel. An episode's stdout and
-  stderr go to ``<log-dir>/<episode>.log`` (capped by RLIMIT_FSIZE), kept only when it failed;
+  stderr go to its log in ``<log-dir>`` (capped by RLIMIT_FSIZE), kept only when it failed;
   its tail is attached to a failed outcome's error.
 - the deadline kills the episode's process group and cgroup; the PID namespace takes the rest.
-- an episode's memory holds no session key but its own (sandbox/keys.py), and the zygote's
-  environment is already the agents' allow-listed one (a fork inherits the exec-time block).
+- an episode's memory holds no session key but its own (sandbox/keys.py): a slot is forked
+  before its spawn exists and receives only its own frame; what the zygote held at fork time
+  (unread frames, spawns not yet handed over, other slots' unwritten frames) is zeroed in the
+  child before any setup; the zygote zeroes its copies once written. The zygote's environment
+  is already the agents' allow-listed one (a fork inherits the exec-time block).
 
 The controller side (``Zygote``) lives here too: one module per process boundary. That is why
-this module runs past 400 lines.
+this module runs past 600 lines.
 """
 
 from __future__ import annotations
@@ -44,6 +62,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -54,19 +73,29 @@ from areal.process import die_with_parent, log_tail
 from sandbox import isolation, keys
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
+if TYPE_CHECKING:
+    from sandbox.relay import Relay
+
 log = logging.getLogger("sandbox.zygote")
 _encoder = msgspec.msgpack.Encoder()
 DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empty
 
 
-def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str) -> EpisodeOutcome:
-    """In the agent process: start the relay, hand run() its endpoints, await it."""
+def _start_relay(gateway_addr: str) -> Relay:
+    """In a slot, before its spawn arrives: the relay's port is bound and its thread starts.
+    The relay knows no key: the agent sends its own in every request."""
+    from sandbox.relay import Relay
+
+    return Relay.start(gateway_addr, wait=False)  # requests queue in the backlog until it serves
+
+
+def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay) -> EpisodeOutcome:
+    """In the agent process, once the spawn arrived: hand run() its endpoints, await it."""
     import httpx
 
-    from sandbox.relay import Relay, ZmqTransport
+    from sandbox.relay import ZmqTransport
 
     data = json.loads(spawn.data)
-    relay = Relay.start(gateway_addr, wait=False)  # the port is bound; it serves once its thread is up
     base_url = f"{relay.base_url}/v1"
     os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key,
                       ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key)
@@ -78,6 +107,20 @@ def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str) -> Episode
             return await result if inspect.isawaitable(result) else result
 
     return outcome_from_result(spawn.episode_id, asyncio.run(main()))
+
+
+def _read_spawn(fd: int) -> SpawnEpisode | None:
+    """In a slot: block until the zygote hands over one SpawnEpisode frame; None at EOF."""
+    buf = bytearray()
+    while len(buf) < 4 or len(buf) < 4 + FRAME_HEADER.unpack_from(buf)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
+    msg = msgspec.msgpack.Decoder(ZygoteInbound).decode(memoryview(buf)[4:])
+    if not isinstance(msg, SpawnEpisode):
+        raise TypeError(f"a slot expects SpawnEpisode, got {type(msg).__name__}")
+    return msg
 
 
 _WARM_CHAT = {"id": "w", "object": "chat.completion", "created": 0, "model": "m", "choices": [
@@ -115,14 +158,21 @@ def _warm_up_sdks() -> None:
 
 
 @dataclass
-class _Episode:
-    spawn: SpawnEpisode
+class _Slot:
+    """One forked episode process: idle (warm, ``spawn`` is None) until a SpawnEpisode is handed
+    over through its spawn pipe, then busy until its outcome is sent."""
+
     pid: int  # the episode process (leader of its process group)
-    result_fd: int
+    name: str  # "<zygote pid>-<seq>": its cgroups and log file
+    result_fd: int  # read end: one EpisodeOutcome frame
+    spawn_fd: int  # write end: one SpawnEpisode frame; -1 once written and closed
     log_path: str
     res: EpisodeResources
-    started: float
-    deadline: float
+    spawn: SpawnEpisode | None = None
+    started: float = 0.0
+    deadline: float = 0.0
+    unsent: bytearray = dataclasses.field(default_factory=bytearray)  # the spawn frame, zeroed once written
+    sent: int = 0  # bytes of ``unsent`` the pipe has taken
     result: bytearray = dataclasses.field(default_factory=bytearray)
     timed_out: bool = False
     outcome: EpisodeOutcome | None = None  # decided at reap; sent once the cgroup is empty
@@ -130,19 +180,21 @@ class _Episode:
 
 
 class ZygoteServer:
-    """The zygote's single-threaded loop: spawn, reap, enforce deadlines, report."""
+    """The zygote's single-threaded loop: keep warm slots, hand spawns over, reap, enforce
+    deadlines, report."""
 
     def __init__(self, run: AgentRun, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
                  ctrl_out: int, layers: list[str]) -> None:
         self.run, self.agent, self.gateway_addr = run, agent, gateway_addr
         self.config, self.log_dir, self.ctrl_out, self.layers = config, log_dir, ctrl_out, layers
         self.gateway_path = gateway_addr.removeprefix("ipc://")
-        self.episodes: dict[int, _Episode] = {}  # by pid, until the outcome is sent
-        self.draining: list[_Episode] = []
+        self.slots: dict[int, _Slot] = {}  # by pid: idle and busy, until reaped and (if busy) reported
+        self.idle: list[_Slot] = []
+        self.draining: list[_Slot] = []
         self.seq = 0
         self.controller_gone = False
         self.inbuf = keys.ControlBuffer()
-        self.unspawned: list[SpawnEpisode] = []  # decoded, not yet forked (their keys live here)
+        self.unspawned: list[SpawnEpisode] = []  # decoded, not yet handed over (their keys live here)
         self.decoder = msgspec.msgpack.Decoder(ZygoteInbound)
         self.outcome_decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
         self.sel = selectors.DefaultSelector()
@@ -166,12 +218,15 @@ class ZygoteServer:
     def serve(self) -> None:
         """Run until Shutdown or stdin EOF."""
         while True:
-            for key, _ in self.sel.select(self._timeout()):
+            for key, events in self.sel.select(self._timeout()):
                 if key.data == "control":
                     if not self._read_control():
                         return
+                    self.refill()  # after the handovers: the new slots' setup is off their path
                 elif key.data == "wake":
                     os.read(self.wake_r, 4096)  # anything left over wakes the next select
+                elif key.fd == key.data.spawn_fd:
+                    self._write_spawn(key.data)
                 else:
                     self._read_result(key.data)
             self._reap()
@@ -180,10 +235,20 @@ class ZygoteServer:
             if self.controller_gone:
                 return
 
+    def refill(self) -> None:
+        """Fork warm slots up to ``config.warm_slots``. A slot that cannot be prepared (cgroup
+        creation refused) is not retried until the next control message."""
+        while len(self.idle) < self.config.warm_slots:
+            try:
+                self.idle.append(self._fork_slot())
+            except OSError as e:
+                log.warning("cannot prepare a warm slot: %r", e)
+                return
+
     def _timeout(self) -> float:
         if self.draining:
             return 0.02
-        deadlines = [e.deadline for e in self.episodes.values() if e.outcome is None]
+        deadlines = [s.deadline for s in self.slots.values() if s.spawn is not None and s.outcome is None]
         return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _read_control(self) -> bool:
@@ -191,61 +256,111 @@ class ZygoteServer:
             return False  # controller went away
         views = self.inbuf.frames()
         messages = [self.decoder.decode(v) for v in views]  # from the buffer itself: no copies
+        self.unspawned = [m for m in messages if isinstance(m, SpawnEpisode)]
+        running = True
+        for msg, view in zip(messages, views):
+            match msg:
+                case SpawnEpisode() if running:
+                    self.unspawned.remove(msg)
+                    self._spawn(msg, view)
+                    keys.wipe_str(msg.api_key)  # the slot has it; no later fork gets a copy
+                case Shutdown():
+                    running = False
         for v in views:
             v.release()
-        self.inbuf.consume()
-        self.unspawned = [m for m in messages if isinstance(m, SpawnEpisode)]
-        for msg in messages:
-            match msg:
-                case SpawnEpisode():
-                    self.unspawned.remove(msg)
-                    self._spawn(msg)
-                    keys.wipe_str(msg.api_key)  # the episode has its copy; no later fork gets one
-                case Shutdown():
-                    return False
-        return True
+        self.inbuf.consume()  # zeroes the frames, keys included
+        return running
 
-    def _spawn(self, spawn: SpawnEpisode) -> None:
-        self.seq += 1
+    def _spawn(self, spawn: SpawnEpisode, raw: memoryview) -> None:
+        """Hand ``raw`` (the SpawnEpisode frame's body) to an idle slot, or to a slot forked now."""
+        if self.idle:
+            slot = self.idle.pop(0)  # the oldest: the most likely to have finished its setup
+        else:
+            try:
+                slot = self._fork_slot()
+            except OSError as e:  # e.g. cgroup creation refused: this episode fails, the zygote serves on
+                self.send(EpisodeOutcome(spawn.episode_id, "error", error=f"sandbox preparation failed: {e!r}"))
+                return
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spawn.episode_id)[:64]
-        name = f"{os.getpid()}-{self.seq}-{safe}"
+        log_path = os.path.join(self.log_dir, f"{slot.name}-{safe}.log")
+        os.rename(slot.log_path, log_path)  # the slot's open fd follows the file
+        now = time.monotonic()
+        slot.spawn, slot.log_path, slot.started, slot.deadline = spawn, log_path, now, now + spawn.deadline_s
+        # One copy of the frame, written as the pipe takes it and zeroed once written: the
+        # control buffer is zeroed right after this batch, and a later fork must not find the key.
+        slot.unsent = bytearray(4 + len(raw))
+        slot.unsent[:4] = FRAME_HEADER.pack(len(raw))
+        slot.unsent[4:] = raw
+        self._write_spawn(slot)
+        if slot.spawn_fd != -1:
+            self.sel.register(slot.spawn_fd, selectors.EVENT_WRITE, slot)
+
+    def _write_spawn(self, slot: _Slot) -> None:
+        """Write what the slot's spawn pipe takes; close it once the whole frame is in."""
+        view = memoryview(slot.unsent)
         try:
-            res = isolation.prepare(self.config, self.layers, name)
-        except OSError as e:  # e.g. cgroup creation refused: this episode fails, the zygote serves on
-            self.send(EpisodeOutcome(spawn.episode_id, "error", error=f"sandbox preparation failed: {e!r}"))
+            while slot.sent < len(view):
+                slot.sent += os.write(slot.spawn_fd, view[slot.sent:])
+        except BlockingIOError:
             return
+        except BrokenPipeError:  # the slot died before reading: its reap reports the episode
+            pass
+        finally:
+            view.release()
+        keys.zero(slot.unsent)
+        if slot.spawn_fd in self.sel.get_map():
+            self.sel.unregister(slot.spawn_fd)
+        os.close(slot.spawn_fd)
+        slot.spawn_fd = -1
+
+    def _fork_slot(self) -> _Slot:
+        self.seq += 1
+        name = f"{os.getpid()}-{self.seq}"
+        res = isolation.prepare(self.config, self.layers, name)
         log_path = os.path.join(self.log_dir, f"{name}.log")
-        r, w = os.pipe()
+        # Created here, not in the child: a handover renames it, maybe before the child runs.
+        logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        result_r, result_w = os.pipe()
+        spawn_r, spawn_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            os.close(r)
-            self._child(spawn, w, log_path, res)  # never returns
-        os.close(w)
-        os.set_blocking(r, False)
-        now = time.monotonic()
-        ep = _Episode(spawn, pid, r, log_path, res, now, now + spawn.deadline_s)
-        self.episodes[pid] = ep
-        self.sel.register(r, selectors.EVENT_READ, ep)
+            os.close(result_r)
+            os.close(spawn_w)
+            self._child(spawn_r, result_w, logfd, res)  # never returns
+        os.close(logfd)
+        os.close(result_w)
+        os.close(spawn_r)
+        os.set_blocking(result_r, False)
+        os.set_blocking(spawn_w, False)
+        slot = _Slot(pid, name, result_r, spawn_w, log_path, res)
+        self.slots[pid] = slot
+        self.sel.register(result_r, selectors.EVENT_READ, slot)
+        return slot
 
-    def _child(self, spawn: SpawnEpisode, result_w: int, log_path: str, res: EpisodeResources) -> None:
+    def _child(self, spawn_r: int, result_w: int, logfd: int, res: EpisodeResources) -> None:
+        """The slot: every isolation layer and the relay first, then wait for the spawn, run it."""
         zygote_pid = os.getppid()
+        setup_error = ""
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             isolation.set_parent_death_signal()
             if os.getppid() != zygote_pid:  # the zygote died before the death signal was armed
                 os._exit(1)
-            self.inbuf.wipe()  # other episodes' keys: frames not yet read, spawns not yet forked
+            # Other episodes' keys: frames not yet read, spawns not yet handed over or written.
+            self.inbuf.wipe()
             for other in self.unspawned:
                 keys.wipe_str(other.api_key)
+            for slot in self.slots.values():
+                keys.zero(slot.unsent)
             self.sel.close()
-            for fd in [self.ctrl_out, self.wake_r, self.wake_w] + [e.result_fd for e in self.episodes.values()]:
+            inherited = [self.ctrl_out, self.wake_r, self.wake_w] + [s.result_fd for s in self.slots.values()]
+            for fd in inherited + [s.spawn_fd for s in self.slots.values() if s.spawn_fd != -1]:
                 os.close(fd)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(logfd, 1)
             os.dup2(logfd, 2)
             os.close(devnull)
@@ -255,7 +370,17 @@ class ZygoteServer:
                 isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers,
                                                   readonly_proc="readonly_root" in self.layers)
             isolation.finish_agent_setup(self.layers)
-            outcome = _run_agent(self.run, spawn, self.gateway_addr)
+            relay = _start_relay(self.gateway_addr)
+        except BaseException:  # process boundary: a failed setup becomes the episode's outcome
+            setup_error = traceback.format_exc()
+        spawn = _read_spawn(spawn_r)
+        if spawn is None:  # the zygote closed an idle slot
+            os._exit(0)
+        try:
+            if setup_error:
+                outcome = EpisodeOutcome(spawn.episode_id, "error", error=setup_error)
+            else:
+                outcome = _run_agent(self.run, spawn, self.gateway_addr, relay)
         except BaseException:  # process boundary: whatever happened becomes the outcome
             outcome = EpisodeOutcome(spawn.episode_id, "error", error=traceback.format_exc())
         payload = memoryview(frame(_encoder.encode(outcome)))
@@ -265,18 +390,18 @@ class ZygoteServer:
         sys.stderr.flush()
         os._exit(0)  # skip the zygote's atexit handlers and the relay thread
 
-    def _read_result(self, ep: _Episode) -> None:
+    def _read_result(self, slot: _Slot) -> None:
         while True:
             try:
-                chunk = os.read(ep.result_fd, 1 << 16)
+                chunk = os.read(slot.result_fd, 1 << 16)
             except BlockingIOError:
                 return
             if not chunk:
-                if ep.result_fd in self.sel.get_map():
-                    self.sel.unregister(ep.result_fd)
+                if slot.result_fd in self.sel.get_map():
+                    self.sel.unregister(slot.result_fd)
                 return
-            if len(ep.result) < 16 << 20:  # an agent cannot make the zygote buffer without bound
-                ep.result += chunk
+            if len(slot.result) < 16 << 20:  # an agent cannot make the zygote buffer without bound
+                slot.result += chunk
 
     def _reap(self) -> None:
         while True:
@@ -286,36 +411,46 @@ class ZygoteServer:
                 return
             if pid == 0:
                 return
-            ep = self.episodes.get(pid)
-            if ep is None:
+            slot = self.slots.get(pid)
+            if slot is None:
                 continue
-            self._read_result(ep)
-            if ep.result_fd in self.sel.get_map():
-                self.sel.unregister(ep.result_fd)
-            os.close(ep.result_fd)
-            ep.outcome = self._decide(ep, status)
-            ep.reaped_at = time.monotonic()
-            self.draining.append(ep)
+            self._read_result(slot)
+            for fd in (slot.result_fd, slot.spawn_fd):
+                if fd != -1 and fd in self.sel.get_map():
+                    self.sel.unregister(fd)
+            os.close(slot.result_fd)
+            if slot.spawn_fd != -1:
+                keys.zero(slot.unsent)
+                os.close(slot.spawn_fd)
+                slot.spawn_fd = -1
+            if slot.spawn is None:  # died while idle: no episode to report, only its cgroup to drain
+                log.warning("warm slot %s (pid %d) exited while idle, status %d; see %s",
+                            slot.name, pid, status, slot.log_path)
+                self.idle.remove(slot)
+            else:
+                slot.outcome = self._decide(slot, status)
+            slot.reaped_at = time.monotonic()
+            self.draining.append(slot)
 
-    def _decide(self, ep: _Episode, status: int) -> EpisodeOutcome:
-        eid, wall = ep.spawn.episode_id, time.monotonic() - ep.started
-        tail = log_tail(ep.log_path, self.config.log_tail_bytes)
-        tail_note = f"\n--- agent log tail ({ep.log_path}) ---\n{tail}" if tail else ""
-        if ep.timed_out:
-            return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {ep.spawn.deadline_s}s "
+    def _decide(self, slot: _Slot, status: int) -> EpisodeOutcome:
+        eid, wall = slot.spawn.episode_id, time.monotonic() - slot.started
+        tail = log_tail(slot.log_path, self.config.log_tail_bytes)
+        tail_note = f"\n--- agent log tail ({slot.log_path}) ---\n{tail}" if tail else ""
+        if slot.timed_out:
+            return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {slot.spawn.deadline_s}s "
                                   f"passed; the episode's processes were killed{tail_note}")
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            if sig == signal.SIGKILL and isolation.oom_killed(ep.res):
+            if sig == signal.SIGKILL and isolation.oom_killed(slot.res):
                 return EpisodeOutcome(eid, "oom", exit_signal=sig, wall_s=wall,
                                       error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes){tail_note}")
             return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall,
                                   error=f"agent died by signal {signal.Signals(sig).name}{tail_note}")
         code = os.waitstatus_to_exitcode(status)
-        if len(ep.result) > 4:
+        if len(slot.result) > 4:
             try:
-                (n,) = FRAME_HEADER.unpack_from(ep.result)
-                reported = self.outcome_decoder.decode(bytes(ep.result[4:4 + n]))
+                (n,) = FRAME_HEADER.unpack_from(slot.result)
+                reported = self.outcome_decoder.decode(bytes(slot.result[4:4 + n]))
             except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
                 return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error=f"bad result frame: {e}{tail_note}")
             error = reported.error + (tail_note if reported.status != "ok" else "")
@@ -323,51 +458,57 @@ class ZygoteServer:
         return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall,
                               error=f"agent exited with code {code} without reporting a result{tail_note}")
 
-    def _kill(self, ep: _Episode) -> None:
+    def _kill(self, slot: _Slot) -> None:
         for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid
             try:
-                kill(ep.pid, signal.SIGKILL)
+                kill(slot.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
-        for ep in self.episodes.values():
-            if ep.outcome is None and not ep.timed_out and now >= ep.deadline:
-                ep.timed_out = True
-                self._kill(ep)
-                isolation.release(ep.res)  # also kills what left the process group
+        for slot in self.slots.values():
+            if slot.spawn is not None and slot.outcome is None and not slot.timed_out and now >= slot.deadline:
+                slot.timed_out = True
+                self._kill(slot)
+                isolation.release(slot.res)  # also kills what left the process group
 
     def _send_drained(self) -> None:
-        for ep in list(self.draining):
-            done = isolation.release(ep.res)
-            if not done and time.monotonic() - ep.reaped_at < DRAIN_LIMIT_S:
+        for slot in list(self.draining):
+            done = isolation.release(slot.res)
+            if not done and time.monotonic() - slot.reaped_at < DRAIN_LIMIT_S:
                 continue
             if not done:
-                log.warning("episode %s: cgroup %s not empty after %.0fs", ep.spawn.episode_id, ep.res.cgroups, DRAIN_LIMIT_S)
-            self.draining.remove(ep)
-            del self.episodes[ep.pid]
-            assert ep.outcome is not None
-            if ep.outcome.status == "ok":
-                os.unlink(ep.log_path)  # keep logs of failed episodes only
-            self.send(ep.outcome)
+                log.warning("slot %s: cgroup %s not empty after %.0fs", slot.name, slot.res.cgroups, DRAIN_LIMIT_S)
+            self.draining.remove(slot)
+            del self.slots[slot.pid]
+            if slot.outcome is None:  # an idle slot: nothing was asked of it
+                os.unlink(slot.log_path)
+                continue
+            if slot.outcome.status == "ok":
+                os.unlink(slot.log_path)  # keep logs of failed episodes only
+            self.send(slot.outcome)
 
     def kill_all(self) -> None:
-        """Kill every episode, wait for it, and report it as crashed (the zygote is stopping)."""
-        for ep in self.episodes.values():
-            if ep.outcome is None:
-                self._kill(ep)
-        for ep in list(self.episodes.values()):
-            if ep.outcome is None:
-                try:
-                    os.waitpid(ep.pid, 0)
-                except ChildProcessError:  # reaped just before the loop stopped
-                    pass
-                os.close(ep.result_fd)
-                ep.outcome = EpisodeOutcome(ep.spawn.episode_id, "crashed", error="the zygote shut down",
-                                            wall_s=time.monotonic() - ep.started)
-                ep.reaped_at = time.monotonic()
-                self.draining.append(ep)
+        """Kill every slot and wait for it; report each busy one as crashed (the zygote stops)."""
+        live = [s for s in self.slots.values() if s.outcome is None and s not in self.draining]
+        for slot in live:
+            self._kill(slot)
+        for slot in live:
+            try:
+                os.waitpid(slot.pid, 0)
+            except ChildProcessError:  # reaped just before the loop stopped
+                pass
+            os.close(slot.result_fd)
+            if slot.spawn_fd != -1:
+                keys.zero(slot.unsent)
+                os.close(slot.spawn_fd)
+            if slot.spawn is not None:
+                slot.outcome = EpisodeOutcome(slot.spawn.episode_id, "crashed", error="the zygote shut down",
+                                              wall_s=time.monotonic() - slot.started)
+            slot.reaped_at = time.monotonic()
+            self.draining.append(slot)
+        self.idle.clear()
         while self.draining:
             self._send_drained()
             time.sleep(0.01)
@@ -564,9 +705,10 @@ def main(argv: list[str] | None = None) -> None:
             log.info("removed stale cgroup %s", d)
     gc.freeze()  # keep imported objects out of later collections: fewer copy-on-write page faults
     server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers)
-    server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings))
-    log.info("ready: agent=%s layers=%s", args.agent, layers)
     try:
+        server.refill()  # before ZygoteReady: the first episodes find their slots set up
+        server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings))
+        log.info("ready: agent=%s layers=%s warm_slots=%d", args.agent, layers, config.warm_slots)
         server.serve()
     finally:
         server.kill_all()

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import json
 import subprocess
 import sys
 import time
@@ -27,6 +28,9 @@ class ProbeAgent:
     async def reward(self, data: dict, **kw: Any) -> float:
         print("agent stdout line")  # must land in the episode log, not on the control channel
         return float(data["value"])
+
+    async def data_size(self, data: dict, **kw: Any) -> float:
+        return float(len(json.dumps(data)))  # proves the whole spawn frame arrived
 
     async def rewards(self, data: dict, **kw: Any) -> dict[str, float]:
         return {"a": 1.0, "b": 0.25}

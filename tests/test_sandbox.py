@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -165,6 +166,29 @@ def children_of(ppid: int) -> list[int]:
     return kids
 
 
+def idle_slots(zygote: Zygote) -> set[str]:
+    """Names ("<zygote pid>-<seq>") of the zygote's warm slots that no spawn was handed to: only
+    those keep their log under the slot's bare name (a handover renames it after the episode)."""
+    zpid = zygote.ready.pid
+    return {f[:-4] for f in os.listdir(zygote.log_dir) if re.fullmatch(rf"{zpid}-\d+\.log", f)}
+
+
+def cgroup_name(pid: int) -> str:
+    """Last component of the process's memory cgroup path ("" when it has none)."""
+    for line in open(f"/proc/{pid}/cgroup").read().splitlines():
+        if line.split(":")[1] == "memory":
+            return line.rsplit("/", 1)[1]
+    return ""
+
+
+def busy_children(zygote: Zygote) -> list[int]:
+    """Children of the zygote other than idle warm slots: a finished episode leaves none. The
+    zygote refills its warm slots as it hands them out, so exactly ``warm_slots`` are idle."""
+    idle = idle_slots(zygote)
+    assert len(idle) == zygote.config.warm_slots, idle
+    return [pid for pid in children_of(zygote.ready.pid) if cgroup_name(pid) not in idle]
+
+
 def test_ready_reports_all_layers(zygote):
     assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps", "readonly_root",
             "seccomp"} <= set(zygote.ready.isolation)
@@ -200,7 +224,7 @@ def test_deadline_kills_every_process_even_one_that_called_setsid(loop, zygote):
     out = future.result(60)
     assert out.status == "timeout" and "deadline" in out.error
     assert processes_with_arg(marker) == []
-    assert children_of(zygote.ready.pid) == []
+    assert busy_children(zygote) == []
 
 
 def test_deadline_ends_an_agent_that_blocks_its_event_loop(loop, zygote):
@@ -286,10 +310,25 @@ def test_16_concurrent_episodes_each_get_their_outcome(loop, zygote):
     assert [(o.episode_id, o.status, o.reward) for o in outs] == [(f"c{i}", "ok", float(i)) for i in range(16)]
 
 
-def test_async_function_agent(gateway, tmp_path):
+def test_spawn_larger_than_a_pipe_reaches_its_warm_slot(loop, zygote):
+    """A SpawnEpisode frame beyond the pipe's 64 KiB is written as the slot reads it."""
+    pad = "x" * (1 << 20)
+    out = episode(loop, zygote, {"case": "data_size", "pad": pad})
+    assert (out.status, out.error) == ("ok", ""), out.error
+    assert out.reward == len(json.dumps({"case": "data_size", "pad": pad}))
+
+
+def test_warm_slots_must_not_be_negative():
+    with pytest.raises(ValueError, match="warm_slots"):
+        SandboxConfig(warm_slots=-1)
+
+
+def test_async_function_agent_without_warm_slots(gateway, tmp_path):
+    """warm_slots=0: every spawn forks a slot and hands it the spawn at once."""
     async def go() -> EpisodeOutcome:
         with zygote_env():
-            z = await Zygote.start("sandbox_agents:function_agent", gateway.addr, SandboxConfig(), str(tmp_path))
+            z = await Zygote.start("sandbox_agents:function_agent", gateway.addr, SandboxConfig(warm_slots=0),
+                                   str(tmp_path))
         try:
             return await z.run_episode("f", {}, KEY)
         finally:

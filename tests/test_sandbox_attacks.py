@@ -34,7 +34,7 @@ from areal.gateway import Gateway, serve_http, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, SandboxConfig
 from sandbox.zygote import Zygote
-from test_sandbox import children_of, processes_with_arg, run, zygote_env
+from test_sandbox import busy_children, idle_slots, processes_with_arg, run, zygote_env
 
 ANSWER = "42"
 SECRET = "attack-secret-" + uuid.uuid4().hex
@@ -117,14 +117,16 @@ class World:
         return out
 
     def leftovers(self) -> tuple[list[int], list[str]]:
-        """Children of the zygote and episode cgroups of this zygote that still exist."""
-        zpid = self.zygote.ready.pid
+        """Children of the zygote and episode cgroups of this zygote that still exist, other than
+        its idle warm slots (exactly ``warm_slots`` of them, each in its own cgroups)."""
+        zpid, idle = self.zygote.ready.pid, idle_slots(self.zygote)
         cgroups = []
         for c in CGROUP_CONTROLLERS:
             parent = os.path.join(CGROUP_ROOT, c, "areal")
             if os.path.isdir(parent):
-                cgroups += [os.path.join(parent, d) for d in os.listdir(parent) if d.startswith(f"{zpid}-")]
-        return children_of(zpid), cgroups
+                cgroups += [os.path.join(parent, d) for d in os.listdir(parent)
+                            if d.startswith(f"{zpid}-") and d not in idle]
+        return busy_children(self.zygote), cgroups
 
 
 @pytest.fixture(scope="module")
