@@ -4,7 +4,8 @@
       │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<slot seq>, fallback temp dir
       └─fork─► episode process (new session = own process group), ahead of its spawn (a warm
                slot, sandbox/zygote.py): every step below runs before the spawn arrives
-                 enter(): join cgroups · unshare net (lo up) · unshare mount (every mount made
+                 enter(): join cgroups · [not root: unshare user, uid/gid 0 inside mapped to
+                 the zygote's own] · unshare net (lo up) · unshare mount (every mount made
                  read-only, private /tmp tmpfs, empty /dev/shm tmpfs, gateway socket bound back
                  in) · rlimits · no_new_privs · scrubbed env
                  └─fork─► agent, PID 1 of a new PID namespace (fresh read-only /proc,
@@ -15,6 +16,20 @@
 Each layer is probed once at zygote start (``probe`` tries it in a throwaway child); a layer
 the kernel refuses is skipped for every episode and reported as a warning naming it, never
 silently. A layer that probed fine but fails for an episode raises: the episode errors.
+
+The user namespace ("userns") is a layer only when the zygote does not run as root. There it is
+what makes the others possible: unshare(CLONE_NEWUSER) needs no privilege, and inside it the
+episode is uid/gid 0 (mapped to the zygote's uid/gid, one id each, setgroups denied) with every
+capability *over its own namespaces*, enough to create its network, mount and PID namespaces,
+mount its tmpfs and /proc and make its mounts read-only. Outside it is still the zygote's user:
+files, signals and ptrace are checked against that uid, and it gains nothing it did not have.
+Layers that need real root stay refused and are warned about: joining a root-owned cgroup v1
+hierarchy ("cgroup"; the memory and pids limits then rest on RLIMIT_AS and RLIMIT_NPROC,
+which is enforced for a non-root uid). As root the layer is not used (not probed, not listed):
+root needs no user namespace to unshare the others, and an identity mapping of root would
+restrict nothing the dropped capabilities, no_new_privs and seccomp do not already restrict;
+mapping root to an unprivileged uid instead would cost the agent read access to whatever only
+root may read, such as an interpreter installed under /root (as on this machine).
 
 What is covered (each line has an attack in tests/test_sandbox_attacks.py):
 - network: no interface but its own loopback; the host's loopback ports (gateway HTTP, engine)
@@ -38,10 +53,12 @@ What is covered (each line has an attack in tests/test_sandbox_attacks.py):
   mount, namespaces, kernel modules, bpf, keyrings, io_uring, ...; see sandbox/seccomp.py).
 
 What is not covered:
-- the agent runs as uid 0 without a user namespace: the read-only mounts, dropped capabilities
-  and seccomp are what keep it from root's powers; a kernel bug in an allowed syscall is not
-  contained (no VM, no gVisor).
-- RLIMIT_NPROC is not enforced for root; the pids cgroup is the effective process limit.
+- under a root zygote the agent runs as uid 0 without a user namespace: the read-only mounts,
+  dropped capabilities and seccomp are what keep it from root's powers; a kernel bug in an
+  allowed syscall is not contained (no VM, no gVisor). Under a non-root zygote it is that user
+  outside its user namespace; episodes of one zygote share that uid (no per-episode uid).
+- RLIMIT_NPROC is not enforced for root; the pids cgroup is the effective process limit. Under a
+  non-root zygote there is no cgroup (see above): RLIMIT_NPROC counts the user's processes.
 - CPU shares/quotas (no cpu cgroup): a spinning agent takes a core until its deadline.
 - disk bandwidth; the per-episode log on the host disk is bounded only by RLIMIT_FSIZE.
 - the cgroup v2 hierarchy (only v1 controllers are used; v2-only hosts skip the cgroup layer).
@@ -70,10 +87,11 @@ from sandbox import seccomp
 
 log = logging.getLogger("sandbox.isolation")
 
-# Probed in this order, all in one throwaway child: readonly_root after cgroup (which needs a
-# writable /sys/fs/cgroup), and before caps (which removes the right to remount).
-LAYERS = ("session", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root", "no_new_privs",
-          "caps", "seccomp")
+# Probed in this order, all in one throwaway child: userns before the namespaces it enables,
+# readonly_root after cgroup (which needs a writable /sys/fs/cgroup), and before caps (which
+# removes the right to remount).
+LAYERS = ("session", "userns", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root",
+          "no_new_privs", "caps", "seccomp")
 LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied only on top of those
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
@@ -82,7 +100,7 @@ ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHO
              "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8",
              "VIRTUAL_ENV")
 
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
@@ -167,6 +185,26 @@ def _prctl(option: int, arg: int) -> None:
 def set_parent_death_signal() -> None:
     """Die with SIGKILL when the parent dies, so a killed zygote leaves no episodes behind."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def wanted_layers() -> tuple[str, ...]:
+    """The layers this process probes: LAYERS, less "userns" when it runs as root (see above)."""
+    return tuple(layer for layer in LAYERS if layer != "userns" or os.geteuid() != 0)
+
+
+def _enter_user_namespace() -> None:
+    """New user namespace in which this process is uid 0 and gid 0, mapped to its effective
+    uid and gid outside (the only mapping an unprivileged process may write for itself)."""
+    uid, gid = os.geteuid(), os.getegid()  # before the unshare: inside, they read as the overflow id
+    _unshare(_CLONE_NEWUSER, "CLONE_NEWUSER")
+    # "deny" before gid_map: the kernel lets an unprivileged writer set gid_map only once
+    # setgroups() is disabled, so that dropping a group cannot lift a group-based deny.
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())  # a map must arrive in one write
+        finally:
+            os.close(fd)
 
 
 def _loopback_up() -> None:
@@ -261,9 +299,12 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
     if pid == 0:  # probe child: report "layer=error" lines, never return
         os.close(r)
         lines = []
-        for layer in LAYERS:
+        for layer in wanted_layers():
             try:
-                _probe_layer(layer, config)
+                # A skipped layer is not applied here either: the later probes must run in the
+                # state episodes will have (without userns, a non-root netns probe must fail).
+                if layer not in config.skip_layers:
+                    _probe_layer(layer, config)
                 lines.append(f"{layer}=")
             except BaseException as e:  # process boundary: every failure becomes a report line
                 lines.append(f"{layer}={type(e).__name__}: {e}".replace("\n", " "))
@@ -295,6 +336,8 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
 def _probe_layer(layer: str, config: SandboxConfig) -> None:
     if layer == "session":
         os.setsid()
+    elif layer == "userns":  # first: the namespace probes below then run inside it, as episodes do
+        _enter_user_namespace()
     elif layer == "netns":
         _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
         _loopback_up()
@@ -370,6 +413,11 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     for d in res.cgroups:
         with open(os.path.join(d, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
+    if "userns" in layers:  # after the cgroup join, which the namespace's root could not do
+        _enter_user_namespace()
+        # Linux keeps the death signal across this unshare (the new credentials are a subset of
+        # the old); armed again so that a kernel clearing it on any credential change cannot orphan us.
+        set_parent_death_signal()
     if "netns" in layers:
         _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
         _loopback_up()

@@ -99,6 +99,21 @@ class ProbeAgent:
                 "host_file_visible": float(os.path.exists(data["host_file"])),
                 "tmp_writable": float(_write_tmp())}
 
+    async def namespaces(self, data: dict, **kw: Any) -> dict[str, float]:
+        """Which namespaces the agent is in (inode numbers), who it is outside, what network it has."""
+        out = {f"ns_{name}": float(os.stat(f"/proc/self/ns/{name}").st_ino) for name in ("user", "net", "mnt", "pid")}
+        inside, outside, _ = open("/proc/self/uid_map").read().split("\n")[0].split()
+        out.update(uid=float(os.getuid()), uid_map_inside=float(inside), uid_map_outside=float(outside),
+                   interfaces=float(len(socket.if_nameindex())),
+                   only_loopback=float(all(name == "lo" for _, name in socket.if_nameindex())))
+        for label, addr in (("host_port_reached", ("127.0.0.1", data["port"])), ("outside_reached", ("192.0.2.1", 80))):
+            try:
+                socket.create_connection(addr, timeout=2).close()
+                out[label] = 1.0
+            except OSError:
+                out[label] = 0.0
+        return out
+
     async def remount(self, data: dict, **kw: Any) -> float:
         # Escape attempt: root in the sandbox tries to undo the private /tmp.
         libc = ctypes.CDLL(None, use_errno=True)

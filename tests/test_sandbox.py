@@ -16,6 +16,9 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -193,6 +196,8 @@ def test_ready_reports_all_layers(zygote):
     assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps", "readonly_root",
             "seccomp"} <= set(zygote.ready.isolation)
     assert zygote.ready.warnings == []
+    # As root the user namespace is not used (sandbox/isolation.py says why), and not warned about.
+    assert ("userns" in zygote.ready.isolation) == (os.geteuid() != 0)
 
 
 def test_returns_float(loop, zygote):
@@ -449,3 +454,176 @@ def test_shell_script_agent_calls_curl_through_the_relay(gateway, tmp_path):
     path, headers = gateway.seen[-1]
     assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
     assert headers["user-agent"].startswith("curl/")
+
+
+
+NOBODY = 65534
+# Run as the unprivileged user: start a real Zygote, run the given episodes, print what it saw as JSON.
+_UNPRIVILEGED_CONTROLLER = """
+import asyncio, json, os, sys
+from sandbox.isolation import SandboxConfig
+from sandbox.zygote import Zygote
+
+async def main():
+    gateway, log_dir, skip, episodes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    config = SandboxConfig(deadline_s=30.0, warm_slots=1, skip_layers=skip)
+    z = await Zygote.start("sandbox_agents:ProbeAgent", gateway, config, log_dir)
+    try:
+        zygote_uid = os.stat(f"/proc/{z.ready.pid}").st_uid
+        outs = [await z.run_episode(f"e{i}", data, sys.argv[5]) for i, data in enumerate(episodes)]
+    finally:
+        await z.close()
+    print(json.dumps({"controller_uid": os.getuid(), "zygote_uid": zygote_uid, "isolation": z.ready.isolation,
+                      "warnings": z.ready.warnings, "outcomes": [
+                          {"status": o.status, "error": o.error, "agent": o.rewards_by_id} for o in outs]}))
+
+asyncio.run(main())
+"""
+
+
+def _as_user(uid: int) -> dict[str, Any]:
+    """subprocess keyword arguments that run the child as ``uid`` (its gid too, no other groups)."""
+    return {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+
+
+def _runs_as(python: str, uid: int, code: str, *args: str) -> subprocess.CompletedProcess | None:
+    """Run ``python -c code args...`` as ``uid`` with the project importable; None if it cannot be executed."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS_DIR), TESTS_DIR])}
+    try:
+        return subprocess.run([python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120,
+                              cwd="/", **_as_user(uid))
+    except PermissionError:  # the interpreter's path is not searchable by that user
+        return None
+
+
+def _python_for(uid: int, scratch: str) -> str:
+    """An interpreter ``uid`` can run with this project's packages.
+
+    Ours when the user can reach it. When it lives where the user cannot (here the venv links to
+    /root/.pyenv, mode 0700), a venv made in ``scratch`` over the system interpreter of the same
+    version, whose site-packages adds ours: the same packages and project code, all world-readable.
+    """
+    check = "import msgspec, zmq, httpx, openai, aiohttp, sandbox.zygote, sandbox_agents"
+    done = _runs_as(sys.executable, uid, check)
+    if done is not None and done.returncode == 0:
+        return sys.executable
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    base = shutil.which(version, path="/usr/local/bin:/usr/bin")
+    if base is None:
+        pytest.skip(f"uid {uid} cannot run {sys.executable} ({done.stderr[-300:] if done else 'EACCES'}) "
+                    f"and there is no system {version}")
+    venv = os.path.join(scratch, "venv")
+    site_dir = os.path.join(venv, "lib", version, "site-packages")
+    os.makedirs(site_dir)
+    os.makedirs(os.path.join(venv, "bin"))
+    os.symlink(base, os.path.join(venv, "bin", "python"))
+    with open(os.path.join(venv, "pyvenv.cfg"), "w") as f:
+        f.write(f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n")
+    with open(os.path.join(site_dir, "areal_venv.pth"), "w") as f:  # addsitedir: its own .pth files too
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    python = os.path.join(venv, "bin", "python")
+    done = _runs_as(python, uid, check)
+    if done is None or done.returncode != 0:
+        pytest.skip(f"uid {uid} cannot import the project with {sys.executable} nor with {base}: "
+                    f"{done.stderr[-500:] if done else 'EACCES'}")
+    return python
+
+
+def _userns_sysctls() -> str:
+    values = []
+    for path in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
+                 "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"):
+        if os.path.exists(path):
+            values.append(f"{path}={open(path).read().strip()}")
+    return ", ".join(values) or "none of the userns sysctls exist"
+
+
+@pytest.fixture(scope="module")
+def unprivileged() -> Iterator[Any]:
+    """Runs a Zygote as nobody (or as this user when not root) against a gateway it can reach;
+    skips, saying why, when that user cannot run the project or the kernel refuses it a user
+    namespace. Yields ``run(skip_layers) -> (uid, report)``: episodes "namespaces" (with a host
+    port to reach), "openai_env" (a chat through the relay) and "identity" (with a host file)."""
+    uid = NOBODY if os.geteuid() == 0 else os.geteuid()
+    scratch = tempfile.mkdtemp(prefix="areal-userns-", dir="/tmp")  # pytest's tmp_path is root-only (0700)
+    try:
+        os.chmod(scratch, 0o755)
+        python = _python_for(uid, scratch)
+        unshare = ("import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
+                   "sys.exit(0 if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno()))")
+        refused = _runs_as(python, uid, unshare)
+        if refused is not None and refused.returncode != 0:
+            pytest.skip(f"the kernel refuses unprivileged user namespaces to uid {uid} "
+                        f"({refused.stderr.strip()}); {_userns_sysctls()}")
+        gw = FakeGateway(os.path.join(scratch, "gateway.sock"))
+        os.chmod(os.path.join(scratch, "gateway.sock"), 0o666)  # connecting needs write permission
+
+        def run(skip_layers: list[str]) -> tuple[int, dict[str, Any]]:
+            work = tempfile.mkdtemp(dir=scratch)  # the user's: zygote log and episode logs
+            os.chmod(work, 0o755)
+            os.chown(work, uid, uid)
+            host_file = os.path.join(scratch, "host-file.txt")
+            open(host_file, "w").close()
+            with socket.socket() as listener:
+                listener.bind(("127.0.0.1", 0))
+                listener.listen()
+                listener.setblocking(False)
+                episodes = [{"case": "namespaces", "port": listener.getsockname()[1]},
+                            {"case": "openai_env", "expect": f"key=Bearer {KEY}"},
+                            {"case": "identity", "host_file": host_file}]
+                done = _runs_as(python, uid, _UNPRIVILEGED_CONTROLLER, gw.addr, work, json.dumps(skip_layers),
+                                json.dumps(episodes), KEY)
+                assert done is not None and done.returncode == 0, done and (done.stdout, done.stderr)
+                report = json.loads(done.stdout.splitlines()[-1])
+                try:  # did the agent's connection reach the host side?
+                    listener.accept()[0].close()
+                    report["host_accepted"] = True
+                except BlockingIOError:
+                    report["host_accepted"] = False
+            return uid, report
+
+        try:
+            yield run
+        finally:
+            gw.stop()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_unprivileged_zygote_uses_a_user_namespace_for_the_other_namespaces(unprivileged):
+    """A zygote started as nobody: each episode is uid 0 in its own user namespace (nobody
+    outside), which lets it create its network, mount and PID namespaces; the root-only cgroup
+    layer is warned about by name."""
+    uid, report = unprivileged([])
+    assert report["controller_uid"] == uid and report["zygote_uid"] == uid
+    assert {"userns", "netns", "mountns", "pidns", "readonly_root", "caps", "no_new_privs"} <= set(report["isolation"])
+    assert "cgroup" not in report["isolation"]
+    assert [w.split(":")[0] for w in report["warnings"]] == ["cgroup"], report["warnings"]
+    assert [(o["status"], o["error"]) for o in report["outcomes"]] == [("ok", "")] * 3, report["outcomes"]
+    agent, chat, ident = (o["agent"] for o in report["outcomes"])
+    for ns in ("user", "net", "mnt", "pid"):
+        assert agent[f"ns_{ns}"] != os.stat(f"/proc/self/ns/{ns}").st_ino, ns  # not the host's namespace
+    assert (agent["uid"], agent["uid_map_inside"], agent["uid_map_outside"]) == (0, 0, uid)
+    assert (agent["interfaces"], agent["only_loopback"]) == (1, 1)
+    assert (agent["host_port_reached"], agent["outside_reached"], report["host_accepted"]) == (0, 0, False)
+    assert chat == {"matched": 1.0}  # the gateway's ipc:// socket, bound into the namespace, still works
+    assert (ident["pid"], ident["host_file_visible"], ident["tmp_writable"]) == (1, 0, 1)
+
+
+def test_unprivileged_zygote_without_userns_warns_for_each_namespace_and_still_runs(unprivileged):
+    """Control: the same user with the userns layer skipped cannot create the namespaces; each
+    missing layer is warned about by name (the probe applies no skipped layer) and the episode
+    runs in the host's namespaces."""
+    uid, report = unprivileged(["userns"])
+    warned = [w.split(":")[0] for w in report["warnings"]]
+    assert {"userns", "netns", "mountns", "pidns", "cgroup"} <= set(warned), report["warnings"]
+    assert not {"userns", "netns", "mountns", "pidns"} & set(report["isolation"])
+    assert [(o["status"], o["error"]) for o in report["outcomes"]] == [("ok", "")] * 3, report["outcomes"]
+    agent, chat, ident = (o["agent"] for o in report["outcomes"])
+    for ns in ("user", "net", "mnt", "pid"):
+        assert agent[f"ns_{ns}"] == os.stat(f"/proc/self/ns/{ns}").st_ino, ns
+    assert agent["uid"] == uid  # not mapped: the same user inside and outside
+    assert agent["host_port_reached"] == 1 and report["host_accepted"]  # the host's network
+    assert chat == {"matched": 1.0}
+    assert ident["pid"] != 1 and ident["host_file_visible"] == 1 and ident["tmp_writable"] == 1
