@@ -29,12 +29,15 @@ Invariants:
 - ``trained_episodes-r{rank}.jsonl`` lists, per step, the episode ids that step trained on; a
   resume truncates it (and ``trainer_metrics.jsonl``) to the checkpoint's step.
 
-Size: ~620 lines, past the 600 mark because config validation, the step (which must agree
+Size: ~660 lines, past the 600 mark because config validation, the step (which must agree
 across ranks) and the process loop share one boundary; weight publishing (save, push, prune,
 Reporter) is the next piece to move out, into a module of its own.
 
-Not covered: FSDP (weights are replicated per rank); NCCL weight broadcast to engines; a
-learned critic; resuming with another world size.
+Weights reach the engines from disk (``weight_sync="disk"``) or over a collective
+(``"collective"``: areal/weight_sync.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
+
+Not covered: FSDP (weights are replicated per rank); a learned critic; resuming with another
+world size.
 """
 
 from __future__ import annotations
@@ -64,9 +67,11 @@ from areal.checkpoint import DataPosition, latest_checkpoint, load_checkpoint, s
 from areal.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
 from areal.packing import MicroBatch, PolicyScorer, micro_batch_logits, pack_rows  # noqa: F401 (re-exported)
 from areal.protocol import Trajectory, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, decode_trajectory, encode_trajectory
+from areal.weight_sync import BACKENDS, CollectiveWeightPush, WeightUpdateError, free_port, local_address_towards
 
 LOSSES = ("grpo", "ppo")
 KL_ESTIMATORS = ("k1", "k3")
+WEIGHT_SYNCS = ("disk", "collective")
 
 
 @dataclass
@@ -105,6 +110,8 @@ class TrainerConfig:
     resume: bool = False  # start from the latest checkpoint in run_dir (also: --resume)
     ring_names: list[str] = dataclasses.field(default_factory=list)  # one ring per rank when launched with N > 1 ranks
     head_chunk_elems: int = 1 << 24  # rows x vocab floats per lm-head chunk (memory is flat in the vocabulary)
+    weight_sync: str = "disk"  # "disk": save + /update_weights_from_disk; "collective": broadcast (areal/weight_sync.py)
+    weight_sync_backend: str = "gloo"  # collective backend: "gloo" (CPU engines) or "nccl" (SGLang on GPUs)
 
     def __post_init__(self) -> None:
         for name in ("model_path", "ring_name", "run_dir"):
@@ -145,6 +152,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
         if self.groups_per_step % self.minibatches:
             raise ValueError(f"trainer.minibatches={self.minibatches} must divide groups_per_step={self.groups_per_step}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"trainer.weight_sync must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
+        if self.weight_sync_backend not in BACKENDS:
+            raise ValueError(f"trainer.weight_sync_backend must be one of {BACKENDS}, got {self.weight_sync_backend!r}")
         if not isinstance(self.ring_names, list) or not all(isinstance(n, str) and n for n in self.ring_names):
             raise ValueError(f"trainer.ring_names must be a list of non-empty strings, got {self.ring_names!r}")
 
@@ -169,10 +180,6 @@ class TrainerConfig:
         if unknown:
             raise ValueError(f"unknown trainer config fields: {sorted(unknown)}")
         return cls(**data)
-
-
-class WeightUpdateError(RuntimeError):
-    """An engine did not confirm /update_weights_from_disk."""
 
 
 class GroupCollector:
@@ -579,6 +586,15 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
         for path in (episodes_log, run_dir / "trainer_metrics.jsonl"):
             _truncate_jsonl(path, start)
     local_groups = config.groups_per_step // world
+    collective = None
+    if rank == 0 and config.weight_sync == "collective" and config.engine_urls:
+        address = local_address_towards(config.engine_urls[0])  # where the engines can reach this rank
+        # A name of its own per trainer process: a killed trainer cannot close its group, and the
+        # engines would refuse a resumed trainer that asked for the same name again.
+        collective = CollectiveWeightPush(config.engine_urls, address, free_port(address),
+                                          group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
+                                          backend=config.weight_sync_backend, timeout_s=config.engine_timeout_s)
+        collective.init()
     try:
         for step in range(start + 1, config.steps + 1):
             trajs = collector.next_batch(local_groups)
@@ -597,10 +613,13 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                     reader.commit(seq)
             (consumed, pending) = _all_reduce([float(collector.consumed),
                                                float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
-            if rank == 0:
+            if rank == 0 and collective is not None:
+                collective.push(model, step, pause=config.pause_for_update)
+            elif rank == 0:
                 model_dir = save_atomically(model, weights_dir / f"v{step}", config.model_path)
                 push_weights(config.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
                 prune_versions(weights_dir, step, config.keep_versions)
+            if rank == 0:
                 metrics["pending_trajectories"] = pending
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:
                     f.write(json.dumps({"step": step, "version": step, "consumed": int(consumed), **metrics}) + "\n")
@@ -608,6 +627,8 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                     reporter.send(TrainerReport(step=step, version=step, consumed=int(consumed), metrics=metrics))
     finally:
         reader.close()
+    if collective is not None:  # not on a failure: the error that ended training is the one to report
+        collective.close()
     final = run_dir / "final"
     if rank == 0:
         save_atomically(model, final, config.model_path)

@@ -5,7 +5,9 @@
                                                 pause / continue / abort run at once;
                                                 weight updates become pending
                                              2. pending update and (paused or nothing running):
-                                                load it (SGLang's writer lock)
+                                                load it (SGLang's writer lock): from disk, or
+                                                received over a weight-update process group
+                                                (``init_weights_group``, areal/weight_sync.py)
                                              3. not paused: admit waiting rows (<= max_batch),
                                                 prefill them as a group, merge into the running
                                                 batch; one decode step for the running batch
@@ -87,6 +89,18 @@ class GenerationRequest:
 @dataclass
 class WeightUpdate:
     model_path: str
+    weight_version: str | None
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class DistributedUpdate:
+    """/update_weights_from_distributed: receive ``names`` from rank 0 of ``group_name``, in list order."""
+
+    group_name: str
+    names: list[str]
+    dtypes: list[torch.dtype]
+    shapes: list[list[int]]
     weight_version: str | None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -227,9 +241,13 @@ class Engine:
         self.context_len = int(getattr(self.config, "max_position_embeddings", 32768))
         self.counters = Counters()
         self.paused = False
-        self._queue: queue.Queue[GenerationRequest | WeightUpdate | Control | None] = queue.Queue()
+        self._queue: queue.Queue[GenerationRequest | WeightUpdate | DistributedUpdate | Control | None] = queue.Queue()
         self._waiting: list[GenerationRequest] = []
-        self._updates: list[WeightUpdate] = []
+        self._updates: list[WeightUpdate | DistributedUpdate] = []
+        # Weight-update process groups by name, with the device they receive on; the lock keeps a
+        # destroy from racing a receive.
+        self._groups: dict[str, tuple[Any, torch.device]] = {}
+        self._groups_lock = threading.Lock()
         self._batch = DecodeBatch(self.config)
         self._worker = threading.Thread(target=self._work, name="generation-worker", daemon=True)
         self._worker.start()
@@ -241,9 +259,35 @@ class Engine:
         """Requests queued or waiting for admission (a racy snapshot, for reporting only)."""
         return self._queue.qsize() + len(self._waiting)
 
-    def submit(self, item: GenerationRequest | WeightUpdate | Control) -> concurrent.futures.Future:
+    def submit(self, item: GenerationRequest | WeightUpdate | DistributedUpdate | Control) -> concurrent.futures.Future:
         self._queue.put(item)
         return item.future
+
+    def init_weights_group(self, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
+                           group_name: str, timeout_s: float) -> str:
+        """Join a weight-update group (blocks until every rank joined; call it off the event loop).
+
+        Generation keeps running meanwhile: joining touches no model state."""
+        from areal.weight_sync import join_weight_group  # torch.distributed: only engines that sync this way
+
+        with self._groups_lock:
+            if group_name in self._groups:
+                raise RequestError(f"weight update group {group_name!r} already exists")
+        group = join_weight_group(backend, master_address, master_port, rank, world_size, group_name, timeout_s)
+        # NCCL moves CUDA tensors only: receive on the GPU, then copy into the (CPU) model.
+        device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+        with self._groups_lock:
+            self._groups[group_name] = (group, device)
+        return f"Succeeded to initialize group {group_name!r} as rank {rank} of {world_size} ({backend})."
+
+    def destroy_weights_group(self, group_name: str) -> str:
+        from areal.weight_sync import leave_weight_group
+
+        with self._groups_lock:
+            if group_name not in self._groups:
+                raise RequestError(f"no weight update group named {group_name!r}")
+            leave_weight_group(self._groups.pop(group_name)[0])
+        return f"Succeeded to destroy group {group_name!r}."
 
     def shutdown(self) -> None:
         self._queue.put(None)
@@ -294,10 +338,10 @@ class Engine:
         except queue.Empty:
             return False
 
-    def _accept(self, item: GenerationRequest | WeightUpdate | Control) -> None:
+    def _accept(self, item: GenerationRequest | WeightUpdate | DistributedUpdate | Control) -> None:
         if isinstance(item, GenerationRequest):
             self._waiting.append(item)
-        elif isinstance(item, WeightUpdate):
+        elif isinstance(item, (WeightUpdate, DistributedUpdate)):
             self._updates.append(item)
         elif item.kind == "pause":
             self.paused = True
@@ -332,7 +376,8 @@ class Engine:
         if self._updates and (self.paused or not self._batch.rows):
             for upd in self._updates:
                 try:
-                    upd.future.set_result(self._load_weights(upd))
+                    load = self._load_weights if isinstance(upd, WeightUpdate) else self._receive_weights
+                    upd.future.set_result(load(upd))
                 except Exception as exc:  # noqa: BLE001 -- a failed load answers 400, the old weights keep serving
                     upd.future.set_exception(exc)
             self._updates.clear()
@@ -430,19 +475,43 @@ class Engine:
         loaded: dict[str, torch.Tensor] = {}
         for f in files:
             loaded.update(load_file(f))
-        state = self.model.state_dict()
-        # Check everything before copying anything, so a bad checkpoint leaves the old weights serving.
-        missing = [n for n, _ in self.model.named_parameters() if n not in loaded]
-        unknown = [n for n in loaded if n not in state]
-        bad_shape = [n for n, t in loaded.items() if n in state and t.shape != state[n].shape]
-        if missing or unknown or bad_shape:
-            raise RequestError(f"weights in {upd.model_path!r} do not match the served architecture: "
-                               f"missing={missing[:5]} unknown={unknown[:5]} shape_mismatch={bad_shape[:5]}")
-        with torch.no_grad():
-            for name, tensor in loaded.items():
-                state[name].copy_(tensor)  # in place: no re-init, same storage
+        self._copy_weights(loaded, f"weights in {upd.model_path!r}", partial=False)
         self.model_path = upd.model_path
         if upd.weight_version is not None:
             self.weight_version = upd.weight_version
         self.counters.weight_updates += 1
         return f"Succeeded to update model weights from {upd.model_path}."
+
+    def _receive_weights(self, upd: DistributedUpdate) -> str:
+        """Receive every broadcast in list order (all of them, so the group stays in step with the
+        sender even when a name turns out to be wrong), then check and load, as from disk."""
+        import torch.distributed as dist
+
+        with self._groups_lock:
+            if upd.group_name not in self._groups:
+                raise RequestError(f"no weight update group named {upd.group_name!r}")
+            group, device = self._groups[upd.group_name]
+            loaded: dict[str, torch.Tensor] = {}
+            for name, dtype, shape in zip(upd.names, upd.dtypes, upd.shapes):
+                t = torch.empty(shape, dtype=dtype, device=device)
+                dist.broadcast(t, src=0, group=group)
+                loaded[name] = t
+        # A subset is fine (SGLang loads whatever names arrive); unknown names and shapes are not.
+        self._copy_weights(loaded, f"weights broadcast over {upd.group_name!r}", partial=True)
+        if upd.weight_version is not None:
+            self.weight_version = upd.weight_version
+        self.counters.weight_updates += 1
+        return f"Succeeded to update parameter online from {upd.group_name!r} ({len(loaded)} tensors)."
+
+    def _copy_weights(self, loaded: dict[str, torch.Tensor], source: str, partial: bool) -> None:
+        state = self.model.state_dict()
+        # Check everything before copying anything, so bad weights leave the old weights serving.
+        missing = [] if partial else [n for n, _ in self.model.named_parameters() if n not in loaded]
+        unknown = [n for n in loaded if n not in state]
+        bad_shape = [n for n, t in loaded.items() if n in state and t.shape != state[n].shape]
+        if missing or unknown or bad_shape:
+            raise RequestError(f"{source} do not match the served architecture: "
+                               f"missing={missing[:5]} unknown={unknown[:5]} shape_mismatch={bad_shape[:5]}")
+        with torch.no_grad():
+            for name, tensor in loaded.items():
+                state[name].copy_(tensor)  # in place (and cast to the served dtype): no re-init, same storage

@@ -11,6 +11,9 @@ one ``EngineClient`` drives this process on CPU and a real SGLang server on GPUs
              (``on_update`` -> call_soon_threadsafe -> asyncio.Event), then ``data: [DONE]``
     /pause_generation /continue_generation /abort_request ─► control items, same queue
     /update_weights_from_disk ─► pending until the running rows finish (or at once if paused)
+    /init_weights_update_group ─► join the group in a thread (generation goes on meanwhile)
+    /update_weights_from_distributed ─► pending like a disk update; the worker receives the
+         broadcasts in list order and loads them; /destroy_weights_update_group leaves the group
 
 Invariants:
 - Streaming chunks are cumulative (SGLang's default): full ``output_ids``, ``text`` and logprobs
@@ -20,6 +23,8 @@ Invariants:
   uses ``sampling_seed + j`` so the copies differ but stay reproducible.
 - Protocol errors are 400 ``{"error": msg}``; anything unexpected is 500; the server never dies
   on a bad request.
+- Weight endpoints answer ``{"success", "message"}``: 200 on success, 400 on any failure (as
+  SGLang). ``backend="nccl"`` without CUDA is refused with a 400 that says to use gloo.
 - ``text`` needs a tokenizer: it is decoded when the model dir holds tokenizer files, else "";
   ``stop`` strings need one too (400 otherwise).
 
@@ -47,10 +52,55 @@ import msgspec
 import torch
 from aiohttp import web
 
-from areal.engine.batch import Control, Engine, GenerationRequest, WeightUpdate
+from areal.engine.batch import Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
 from areal.engine.sampling import RequestError, SamplingParams, is_int, parse_sampling_params
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+GROUP_BACKENDS = ("gloo", "nccl")
+GROUP_TIMEOUT_S = 300.0  # rendezvous and per-collective timeout of a weight-update group
+
+
+_REQUIRED = object()
+
+
+def _field(body: Any, key: str, kind: type | tuple[type, ...], default: Any = _REQUIRED) -> Any:
+    """``body[key]`` checked against ``kind`` (a bool is not an int); absent or null gives ``default``.
+
+    RequestError names the field."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    value = body.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise RequestError(f"{key} is required")
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise RequestError(f"{key} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def parse_distributed_update(body: Any) -> DistributedUpdate:
+    """Validate an /update_weights_from_distributed body into a DistributedUpdate."""
+    names = _field(body, "names", list)
+    dtypes = _field(body, "dtypes", list)
+    shapes = _field(body, "shapes", list)
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise RequestError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
+    if not all(isinstance(n, str) for n in names):
+        raise RequestError("names must be strings")
+    parsed = []
+    for d in dtypes:
+        dtype = getattr(torch, d, None) if isinstance(d, str) else None
+        if not isinstance(dtype, torch.dtype):
+            raise RequestError(f"dtypes: {d!r} is not a torch dtype name (like 'bfloat16')")
+        parsed.append(dtype)
+    if not all(isinstance(s, list) and all(is_int(x) and x >= 0 for x in s) for s in shapes):
+        raise RequestError("shapes must be lists of non-negative ints")
+    if _field(body, "load_format", str, None) is not None:
+        raise RequestError("load_format: only null (one broadcast per tensor) is supported")
+    version = _field(body, "weight_version", (str, int), None)
+    return DistributedUpdate(group_name=_field(body, "group_name", str, "weight_update_group"), names=names,
+                             dtypes=parsed, shapes=shapes, weight_version=None if version is None else str(version))
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -270,6 +320,48 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
             return _json({"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
+    def outcome(success: bool, message: str) -> web.Response:
+        return _json({"success": success, "message": message}, 200 if success else 400)
+
+    async def init_weights_update_group(request: web.Request) -> web.Response:
+        body = await read_json(request)
+        try:
+            backend = _field(body, "backend", str, "nccl")
+            address, port = _field(body, "master_address", str), _field(body, "master_port", int)
+            offset, world = _field(body, "rank_offset", int), _field(body, "world_size", int)
+            name = _field(body, "group_name", str, "weight_update_group")
+            if backend not in GROUP_BACKENDS:
+                raise RequestError(f"backend must be one of {GROUP_BACKENDS}, got {backend!r}")
+            if backend == "nccl" and not torch.cuda.is_available():
+                raise RequestError("backend 'nccl' needs CUDA and this engine runs on CPU; use backend 'gloo'")
+            if not 1 <= offset < world:  # rank 0 is the trainer; this engine is one rank (tp 1)
+                raise RequestError(f"rank_offset must be in [1, world_size), got {offset} of {world}")
+            message = await asyncio.to_thread(engine.init_weights_group, backend, address, port, offset, world,
+                                              name, GROUP_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 -- SGLang answers any failed init with 400 + message
+            return outcome(False, f"Failed to init group: {exc}")
+        return outcome(True, message)
+
+    async def update_weights_from_distributed(request: web.Request) -> web.Response:
+        body = await read_json(request)
+        try:
+            update = parse_distributed_update(body)
+            if body.get("abort_all_requests", False):
+                await asyncio.wrap_future(engine.submit(Control("abort", abort_all=True)))
+            message = await asyncio.wrap_future(engine.submit(update))
+        except Exception as exc:  # noqa: BLE001 -- a failed receive or load answers 400; old weights keep serving
+            return outcome(False, f"Failed to update parameter online: {exc}")
+        return outcome(True, message)
+
+    async def destroy_weights_update_group(request: web.Request) -> web.Response:
+        body = await read_json(request)
+        try:
+            message = await asyncio.to_thread(engine.destroy_weights_group,
+                                              _field(body, "group_name", str, "weight_update_group"))
+        except Exception as exc:  # noqa: BLE001 -- answered as SGLang does
+            return outcome(False, f"Failed to destroy group: {exc}")
+        return outcome(True, message)
+
     async def pause_generation(request: web.Request) -> web.Response:
         body = await read_json(request, required=True)
         mode = body.get("mode", "abort") if isinstance(body, dict) else None
@@ -303,6 +395,9 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     app.router.add_get("/get_server_info", server_info)
     app.router.add_get("/server_info", server_info)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_post("/init_weights_update_group", init_weights_update_group)
+    app.router.add_post("/update_weights_from_distributed", update_weights_from_distributed)
+    app.router.add_post("/destroy_weights_update_group", destroy_weights_update_group)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/abort_request", abort_request)
