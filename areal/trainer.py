@@ -603,6 +603,12 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
             metrics["step_s"] = time.perf_counter() - t0
             with open(episodes_log, "a") as f:
                 f.write(json.dumps({"step": step, "episodes": [t.episode_id for t in trajs]}) + "\n")
+            (consumed, pending) = _all_reduce([float(collector.consumed),
+                                               float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
+            if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
+                metrics["pending_trajectories"] = pending
+                with open(run_dir / "trainer_metrics.jsonl", "a") as f:
+                    f.write(json.dumps({"step": step, "version": step, "consumed": int(consumed), **metrics}) + "\n")
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 save_checkpoint(ckpt_root, step, step, rank, world, model, optimizer, collector.position(),
                                 barrier, keep=config.keep_checkpoints)
@@ -611,8 +617,6 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                 seq = min(collector.last_seq, -1 if reader.last_seq is None else reader.last_seq)
                 if commits and seq >= 0:
                     reader.commit(seq)
-            (consumed, pending) = _all_reduce([float(collector.consumed),
-                                               float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
             if rank == 0 and collective is not None:
                 collective.push(model, step, pause=config.pause_for_update)
             elif rank == 0:
@@ -620,9 +624,6 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                 push_weights(config.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
                 prune_versions(weights_dir, step, config.keep_versions)
             if rank == 0:
-                metrics["pending_trajectories"] = pending
-                with open(run_dir / "trainer_metrics.jsonl", "a") as f:
-                    f.write(json.dumps({"step": step, "version": step, "consumed": int(consumed), **metrics}) + "\n")
                 if reporter is not None:
                     reporter.send(TrainerReport(step=step, version=step, consumed=int(consumed), metrics=metrics))
     finally:
