@@ -1,0 +1,74 @@
+"""A multi-agent workflow on the OpenAI Agents SDK: a triage agent hands math to a calculator agent.
+
+    Runner.run(triage) ── Responses API (the SDK's default) ──► gateway /v1/responses
+      triage ──handoff: transfer_to_math_agent──► math agent ──function tool: calculator──► final output
+
+The SDK runs the loop: tool calls, tool outputs and handoffs are items of the Responses input,
+and every model call is one request the gateway records token by token. The math agent's tool
+and instructions are the ones the embedded model was SFT-trained with, so it really calls
+``calculator`` and the SDK really executes it. The reward is the math-answer verifier's verdict
+on ``final_output``, whichever agent produced it.
+
+What the tiny embedded model can and cannot do here: it was never trained on handoffs, so the
+triage agent mostly answers itself, or calls ``calculator``, a tool the triage agent does not
+have. The SDK raises ``ModelBehaviorError`` for that (and ``MaxTurnsExceeded`` for a loop):
+these are the policy's mistakes, so the episode scores 0 and its recorded calls are trained on,
+which is how RL teaches a policy to route. A real model hands off as written.
+
+Tracing is disabled: the SDK would upload traces to a remote host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents import (Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner,
+                    function_tool, handoff)
+from openai import AsyncOpenAI
+
+from areal.reward.gsm8k import gsm8k_reward_fn
+from areal.workflow.common import TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, question
+
+
+@function_tool(name_override="calculator")
+def calculator_tool(expression: str) -> str:
+    """Evaluate an arithmetic expression with + - * and parentheses.
+
+    Args:
+        expression: e.g. 23*7
+    """
+    return calculator(expression)
+
+
+def build_triage_agent() -> Agent:
+    """The triage agent, with one handoff: to the math agent that owns the calculator.
+
+    Instructions stay short: the embedded model's context is 512 tokens, and every tool schema
+    is rendered into the prompt.
+    """
+    math_agent = Agent(name="Math Agent", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator_tool])
+    return Agent(
+        name="Triage Agent",
+        instructions="Hand arithmetic problems to the math agent.",
+        handoffs=[handoff(math_agent, tool_name_override="transfer_to_math_agent",
+                          tool_description_override="Solve an arithmetic problem")],
+    )
+
+
+class HandoffMathAgent:
+    def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
+        # OpenAIProvider's default is the Responses API: that is what this agent exercises.
+        run_config = RunConfig(model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True,
+                               model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens))
+        try:
+            result = await Runner.run(build_triage_agent(), input=question(data), run_config=run_config,
+                                      max_turns=self.max_turns)
+        except (ModelBehaviorError, MaxTurnsExceeded):
+            return 0.0  # a call to a tool this agent lacks, or no answer in max_turns: the policy's mistake
+        return gsm8k_reward_fn(completions=str(result.final_output or ""), answer=data["answer"])

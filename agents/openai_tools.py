@@ -1,0 +1,65 @@
+"""A calculator-tool math agent on the plain OpenAI SDK (Chat Completions ``tools``).
+
+    system + user ─► assistant: tool_calls[calculator(expression)] ─► tool: value ─► assistant: \\boxed{answer}
+
+The tool schema and system prompt are the ones the embedded model was SFT-trained with
+(``areal.embedded.corpus.CALCULATOR_TOOL`` / ``TOOL_SYSTEM_PROMPT``), so the model really emits
+calls (Qwen2.5 ``<tool_call>{json}</tool_call>``, parsed by the gateway into ``tool_calls``) and
+this agent really executes them. A call it cannot execute (unknown tool, arguments that are not
+a JSON object, an expression outside + - * / and parentheses) is answered with an ``error: ...``
+tool message: a bad call is the policy's mistake, scored by the final answer, not a crash.
+
+Invariants: at most ``max_turns`` model calls; every call's tokens are recorded by the gateway
+(the tool turns included, each a row of the episode); the reward (a float, shared by every row)
+is the math-answer verifier's verdict on the last answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from areal.reward.gsm8k import gsm8k_reward_fn
+from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, question
+
+
+def execute_tool_call(name: str, arguments: str) -> str:
+    """The calculator's answer to one call, or an ``error: ...`` string the model sees."""
+    if name != "calculator":
+        return f"error: unknown tool {name!r}"
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as e:
+        return f"error: arguments are not JSON ({e})"
+    if not isinstance(args, dict):
+        return "error: arguments must be a JSON object"
+    return calculator(args.get("expression", ""))
+
+
+class CalculatorAgent:
+    def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
+                                          {"role": "user", "content": question(data)}]
+        answer = ""
+        for _ in range(self.max_turns):
+            completion = await client.chat.completions.create(
+                model="default", messages=messages, tools=[CALCULATOR_TOOL],
+                temperature=self.temperature, max_tokens=self.max_tokens,
+            )
+            message = completion.choices[0].message
+            answer = message.content or ""
+            if not message.tool_calls:
+                break
+            messages.append(message.model_dump(exclude_none=True))
+            for call in message.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": execute_tool_call(call.function.name, call.function.arguments)})
+        return gsm8k_reward_fn(completions=answer, answer=data["answer"])

@@ -1,0 +1,147 @@
+"""Every SDK's example agent in agents/, end to end: one short `python -m areal.train` run each,
+sandboxed (`rollout.openai.mode=subproc`), through gateway, embedded engine, ring and trainer.
+
+Each run is one step of one group. The checks:
+- the run succeeds and every episode's status is ok (the agents map the model's own mistakes,
+  e.g. a call to a tool the agent lacks, to reward 0 rather than crash);
+- every trained token is a token the engine generated, with the engine's logprob and weight
+  version (the engine's request log joined with the saved trajectories, as in test_e2e.py);
+- what each agent is for really happened: tool agents executed the calculator call the model
+  made (the next call's prompt carries the calculator's value for that expression), the
+  multi-turn agent rewarded each response on its own and asked again only after a wrong answer,
+  and the plain agent made exactly one call.
+
+Not covered: the handoff agent's handoff itself. The embedded model was never trained on
+handoffs and calls `calculator` from the triage agent instead (reward 0); that the episode ran
+and its calls were recorded and trained on is what is checked there.
+
+Tool agents run 4 samples instead of 2: the model calls the tool in ~93 % of episodes, and the
+check that some episode made a tool round trip must not fail by chance (~1e-4 with 4 samples).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from areal.controller import read_saved_trajectories
+from areal.embedded import ensure_embedded_model
+from areal.embedded.corpus import RETRY_PROMPTS
+from areal.workflow.common import calculator
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+AGENTS = [  # (spec, kind): kind names the check of what the agent is for
+    pytest.param("agents/openai_multiturn.py:MultiTurnMathAgent", "multiturn", id="openai-multiturn"),
+    pytest.param("agents/openai_tools.py:CalculatorAgent", "tools", id="openai-tools"),
+    pytest.param("agents/openai_agents_handoff.py:HandoffMathAgent", "any", id="openai-agents-handoff"),
+    pytest.param("agents/anthropic_tools.py:AnthropicCalculatorAgent", "tools", id="anthropic-tools"),
+    pytest.param("agents/langchain_agent.py:PlainMathAgent", "plain", id="langchain-plain"),
+    pytest.param("agents/langchain_agent.py:ToolMathAgent", "tools", id="langchain-tools"),
+    pytest.param("agents/camel_agent.py:CamelCalculatorAgent", "tools", id="camel-tools"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    return load_hf_tokenizer(str(ensure_embedded_model()))
+
+
+def _train(run_dir: Path, agent: str, n_samples: int) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", f"rollout.agent={agent}",
+        "rollout.openai.mode=subproc", "trainer.steps=1", "rollout.groups_per_step=1", f"rollout.n_samples={n_samples}",
+        "rollout.max_head_offpolicyness=0", "data.eval_size=0", "save_trajectories=true", "engine.request_log=true",
+    ]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _check_engine_generated(run_dir: Path, trajectories: list) -> None:
+    """Every trained token was sampled by the engine for exactly that prompt, with its logprob and version."""
+    served: dict[tuple, list[dict]] = {}
+    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        served.setdefault(tuple(r["input_ids"]), []).append(r)
+    for traj in trajectories:
+        for row in traj.rows():
+            mask = row.loss_mask.astype(bool)
+            n_prompt = int((~mask).sum())
+            assert mask.sum() > 0 and not mask[:n_prompt].any()  # prompt first, then sampled tokens
+            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+            matches = [r for r in served.get(tuple(prompt), []) if r["output_ids"] == sampled]
+            assert matches, "trajectory tokens that the engine never generated"
+            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
+            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
+            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
+            assert set(row.versions[mask].tolist()) == {version} == {0}  # one synchronous step: version 0 sampled it
+
+
+def _continues(prev, row) -> str:
+    """The tokens ``row``'s prompt appends to ``prev``'s prompt + sampled tokens (asserting it does extend them)."""
+    before, ids = prev.input_ids.tolist(), row.input_ids[: int((~row.loss_mask.astype(bool)).sum())].tolist()
+    assert ids[: len(before)] == before, "a later call's prompt does not extend the earlier call's tokens"
+    return ids[len(before):]
+
+
+def _check_tool_round_trips(trajectories: list, tokenizer) -> None:
+    """Every call that was followed by another carried a calculator call, and the next prompt
+    carries the calculator's value for that call's expression: the agent executed it."""
+    round_trips = 0
+    for traj in trajectories:
+        rows = traj.rows()
+        for prev, row in zip(rows, rows[1:]):
+            said = tokenizer.decode(prev.input_ids[prev.loss_mask.astype(bool)].tolist())
+            calls = [json.loads(m) for m in TOOL_CALL.findall(said)]
+            assert calls, f"a call was followed by another without a tool call: {said!r}"
+            told = tokenizer.decode(_continues(prev, row))
+            expression = calls[0]["arguments"]["expression"]
+            assert calculator(expression) in told, (expression, told)
+            round_trips += 1
+    assert round_trips > 0, "no episode executed a tool call"
+
+
+def _check_multiturn(trajectories: list, tokenizer, max_turns: int = 3) -> None:
+    """One reward per response; the agent asks again only after a wrong answer, with a complaint."""
+    for traj in trajectories:
+        rows = traj.rows()
+        rewards = [r.reward for r in rows]
+        assert 1 <= len(rows) <= max_turns and set(rewards) <= {0.0, 1.0}
+        assert all(r == 0.0 for r in rewards[:-1]), rewards  # stopped at the first right answer
+        assert rewards[-1] == 1.0 or len(rows) == max_turns, rewards
+        for prev, row in zip(rows, rows[1:]):
+            told = tokenizer.decode(_continues(prev, row))
+            assert any(p in told for p in RETRY_PROMPTS), told
+
+
+@pytest.mark.parametrize("agent,kind", AGENTS)
+def test_agent_trains_end_to_end_in_the_sandbox(tmp_path, tokenizer, agent, kind):
+    run_dir = tmp_path / "run"
+    n_samples = 4 if kind == "tools" else 2
+    proc = _train(run_dir, agent, n_samples)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) >= n_samples
+    assert all(e["status"] == "ok" for e in episodes), [e for e in episodes if e["status"] != "ok"][:2]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in steps] == [1] and np.isfinite(steps[0]["loss"])
+
+    trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
+    assert len(trajectories) == n_samples and all(t.status == "ok" for t in trajectories)
+    assert all(len(t.rows()) >= 1 for t in trajectories)  # every episode recorded its calls
+    _check_engine_generated(run_dir, trajectories)
+    if kind == "tools":
+        _check_tool_round_trips(trajectories, tokenizer)
+    elif kind == "multiturn":
+        _check_multiturn(trajectories, tokenizer)
+    elif kind == "plain":
+        assert all(len(t.rows()) == 1 for t in trajectories)
