@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from transformers import AutoTokenizer
 
 from areal.engine.client import EngineClient
@@ -72,3 +73,17 @@ class GatewayThread:
         for p in Path(self.ipc_dir).iterdir():
             p.unlink()
         Path(self.ipc_dir).rmdir()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A GatewayThread over a freshly launched embedded engine, shared by one test module."""
+    from areal.embedded import ensure_embedded_model
+    from areal.engine.client import launch_embedded_engine
+
+    model_dir = ensure_embedded_model()
+    engine = launch_embedded_engine(str(model_dir))
+    gw = GatewayThread(engine.url, model_dir)
+    yield gw
+    gw.stop()
+    engine.stop()

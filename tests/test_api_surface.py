@@ -273,18 +273,7 @@ def test_local_launcher_runs_the_script_with_config_overrides_and_env(tmp_path):
 # ---- every SDK's math agent against a real gateway on the embedded engine -------------------------------
 
 
-@pytest.fixture(scope="module")
-def served():
-    from areal.embedded import ensure_embedded_model
-    from areal.engine.client import launch_embedded_engine
-    from gateway_harness import GatewayThread
-
-    model_dir = ensure_embedded_model()
-    engine = launch_embedded_engine(str(model_dir))
-    gw = GatewayThread(engine.url, model_dir)
-    yield gw
-    gw.stop()
-    engine.stop()
+from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
 
 
 @pytest.mark.parametrize("path,min_calls", [

@@ -203,18 +203,7 @@ def test_stream_of_an_empty_answer_still_has_a_message_item():
 # ---- end to end: real Gateway over HTTP, embedded engine, openai SDK and OpenAI Agents SDK -----
 
 
-@pytest.fixture(scope="module")
-def served():
-    from areal.embedded import ensure_embedded_model
-    from areal.engine.client import launch_embedded_engine
-    from gateway_harness import GatewayThread
-
-    model_dir = ensure_embedded_model()
-    engine = launch_embedded_engine(str(model_dir))
-    gw = GatewayThread(engine.url, model_dir)
-    yield gw
-    gw.stop()
-    engine.stop()
+from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
 
 
 def _client(gw, key):
