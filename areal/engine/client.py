@@ -566,6 +566,25 @@ class EngineProcess:
         self.stop()
 
 
+def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProcess:
+    """Poll ``GET /health`` of a just-started server until it answers 200; stop it and raise,
+    with its log tail, if it exits or the deadline passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not proc.alive():
+            raise RuntimeError(f"{name} exited with {proc.popen.returncode}; log tail:\n{log_tail(proc.log_path)}")
+        try:
+            with urllib.request.urlopen(proc.url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            pass  # not listening yet: poll again until the deadline
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise TimeoutError(f"{name} not healthy after {timeout_s}s; log tail:\n{log_tail(proc.log_path)}")
+        time.sleep(1.0)
+
+
 def launch_embedded_engine(
     model_path: str, *, threads: int = 1, log_path: str | None = None, timeout_s: float = 120,
     max_batch: int = 32, weight_version: str = "default", api_key: str | None = None,

@@ -29,13 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult
-from areal.process import die_with_parent, log_tail
+from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult, wait_healthy
+from areal.process import die_with_parent
 
 MAX_STICKY_KEYS = 100_000
 
@@ -207,17 +206,4 @@ def launch_sglang_server(model_path: str, port: int, *, host: str = "127.0.0.1",
                                  preexec_fn=die_with_parent)
     url = f"http://{host}:{port}"
     proc = EngineProcess(popen, url, log_path, scratch_dir=None)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if popen.poll() is not None:
-            raise RuntimeError(f"sglang exited with {popen.returncode}; log tail:\n{log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            pass  # not listening yet: poll again until the deadline
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise TimeoutError(f"sglang not healthy after {timeout_s}s; log tail:\n{log_tail(log_path)}")
-        time.sleep(1.0)
+    return wait_healthy(proc, "sglang", timeout_s)

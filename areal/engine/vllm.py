@@ -37,16 +37,14 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
-from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message
-from areal.process import die_with_parent, log_tail
+from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message, wait_healthy
+from areal.process import die_with_parent
 
 # SGLang sampling_params name -> vLLM /v1/completions field (same meaning, same units).
 _SAME_MEANING = {
@@ -312,18 +310,5 @@ def launch_vllm_server(
                                  cwd=run_dir, start_new_session=True, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
     proc = EngineProcess(popen, url, log_path, scratch_dir=None)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if popen.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {popen.returncode}; log tail:\n{log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            pass  # not listening yet: poll again until the deadline
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise TimeoutError(f"vLLM not healthy after {timeout_s}s; log tail:\n{log_tail(log_path)}")
-        time.sleep(1.0)
+    return wait_healthy(proc, "vLLM", timeout_s)
 
