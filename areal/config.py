@@ -77,7 +77,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerSection:
-    steps: int = 250
+    steps: int = 350
     lr: float = 3e-5
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
