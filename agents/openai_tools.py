@@ -16,26 +16,12 @@ is the math-answer verifier's verdict on the last answer.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from openai import AsyncOpenAI
 
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, question
-
-
-def execute_tool_call(name: str, arguments: str) -> str:
-    """The calculator's answer to one call, or an ``error: ...`` string the model sees."""
-    if name != "calculator":
-        return f"error: unknown tool {name!r}"
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError as e:
-        return f"error: arguments are not JSON ({e})"
-    if not isinstance(args, dict):
-        return "error: arguments must be a JSON object"
-    return calculator(args.get("expression", ""))
+from areal.workflow.common import gateway_kwargs, solve_with_calculator
 
 
 class CalculatorAgent:
@@ -46,20 +32,5 @@ class CalculatorAgent:
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
-                                          {"role": "user", "content": question(data)}]
-        answer = ""
-        for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(
-                model="default", messages=messages, tools=[CALCULATOR_TOOL],
-                temperature=self.temperature, max_tokens=self.max_tokens,
-            )
-            message = completion.choices[0].message
-            answer = message.content or ""
-            if not message.tool_calls:
-                break
-            messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": execute_tool_call(call.function.name, call.function.arguments)})
+        answer = await solve_with_calculator(client, data, self.max_turns, self.temperature, self.max_tokens)
         return gsm8k_reward_fn(completions=answer, answer=data["answer"])

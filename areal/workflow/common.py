@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import os
 from typing import Any
@@ -65,3 +66,39 @@ def _eval(node: ast.AST) -> float:
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
         return _OPS[type(node.op)](_eval(node.operand))
     raise ValueError(f"unsupported expression element {type(node).__name__}")
+
+
+def execute_tool_call(name: str, arguments: str) -> str:
+    """The calculator's answer to one call, or an ``error: ...`` string the model sees: a bad call
+    is the policy's mistake, scored by the final answer, not a crash."""
+    if name != "calculator":
+        return f"error: unknown tool {name!r}"
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as e:
+        return f"error: arguments are not JSON ({e})"
+    if not isinstance(args, dict):
+        return "error: arguments must be a JSON object"
+    return calculator(args.get("expression", ""))
+
+
+async def solve_with_calculator(client: Any, data: dict[str, Any], max_turns: int, temperature: float,
+                                max_tokens: int) -> str:
+    """Chat Completions with the calculator tool: execute every call, answer it back, until the
+    model answers without a call or ``max_turns`` calls are spent. Returns the last answer text."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
+                                      {"role": "user", "content": question(data)}]
+    answer = ""
+    for _ in range(max_turns):
+        completion = await client.chat.completions.create(
+            model="default", messages=messages, tools=[CALCULATOR_TOOL], temperature=temperature, max_tokens=max_tokens,
+        )
+        message = completion.choices[0].message
+        answer = message.content or ""
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": execute_tool_call(call.function.name, call.function.arguments)})
+    return answer

@@ -12,13 +12,12 @@ answer's; every call of the episode is recorded by the gateway and trained on.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from openai import AsyncOpenAI
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, math_reward, question
+from areal.workflow.common import gateway_kwargs, math_reward, question, solve_with_calculator
 
 
 def _client(extra_kwargs: dict[str, Any]) -> AsyncOpenAI:
@@ -42,30 +41,6 @@ class MathToolAgent(AgentWorkflow):
         self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        client = _client(extra_kwargs)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
-                                          {"role": "user", "content": question(data)}]
-        answer = ""
-        for _ in range(self.max_turns):
-            completion = await client.chat.completions.create(
-                model="default", messages=messages, tools=[CALCULATOR_TOOL],
-                temperature=self.temperature, max_tokens=self.max_tokens,
-            )
-            msg = completion.choices[0].message
-            answer = msg.content or ""
-            if not msg.tool_calls:
-                break
-            messages.append(msg.model_dump(exclude_none=True))
-            for call in msg.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool(call.function.name, call.function.arguments)})
+        answer = await solve_with_calculator(_client(extra_kwargs), data, self.max_turns, self.temperature, self.max_tokens)
         return await math_reward(completions=answer, answer=data["answer"])
 
-
-def _run_tool(name: str, arguments: str) -> str:
-    if name != "calculator":
-        return f"error: unknown tool {name!r}"
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError as e:
-        return f"error: arguments are not JSON ({e})"
-    return calculator(args.get("expression", "")) if isinstance(args, dict) else "error: arguments must be an object"
