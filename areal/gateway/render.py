@@ -11,16 +11,28 @@ of the same text is a different sequence to the trainer. So:
 The parent is found in O(1) by hashing: each recorded interaction is keyed by
 ``H(tools, raw prompt messages) ⊕ norm(reply)``; a request is looked up at its last few assistant
 messages. Only a tiny context (first message, the reply, the new messages) is rendered per turn,
-so the cost of a turn does not grow with the history (hashing the raw history is one C-speed
-msgspec encode, and one pass of the hash over it: the encoding of ``messages[:k]`` is a prefix of
-the encoding of ``messages``, so the newest candidate's digest is a copy of the running hash).
+so the Python work of a turn does not grow with the history. What still touches the whole history
+runs at C speed, once per turn: one msgspec encode of the messages, one memcmp against the
+previous call's encoding, and one copy of the parent's ids into the new prompt list (the
+``Interaction`` owns a plain list). The hash itself is incremental: the encoding of
+``messages[:k]`` is a prefix of the encoding of ``messages``, and the previous call's encoding
+(less its closing ``]``) is a prefix of this one's, so the session keeps the hash state at that
+point (``HistoryHash``) and hashes only the new bytes; any other history hashes from the start.
 
 Rendering calls the tokenizer's compiled Jinja template directly with what
 ``apply_chat_template`` would pass it (None-valued keys dropped, reasoning aliases, plain data,
-the special-tokens map), skipping its per-call wrapper; a probe conversation is rendered both
-ways at construction, and any difference (another transformers version) falls back to
+the special-tokens map), skipping its per-call wrapper; each message is prepared once per turn
+for all of the turn's renders. The template is compiled in an overlay of transformers' sandboxed
+environment (``_compile_dict_first``) that answers ``message.role`` and ``loop.first`` without
+the sandbox's exception path, with the sandbox's own answers. A probe conversation is rendered
+both ways at construction, and any difference (another transformers version) falls back to
 ``apply_chat_template`` for good. Full renders (first turns, which repeat across the samples of
 one prompt) are cached by their digest in a small LRU shared by all sessions.
+
+Where a turn's CPU goes (200-turn episode, embedded tokenizer, ``benchmarks/gateway.py``), in
+about equal parts: the two small renders, the tokenizer on the new text (its pre-tokenizer regex
+is most of it), the history encode + hash, and the copy of the parent's ids; then decoding the
+parent's sampled ids and preparing the messages.
 
 Invariants:
 - Sampled tokens are never re-rendered: a child's prompt starts with the parent's exact
@@ -45,7 +57,8 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from types import MethodType
+from typing import Any, Callable
 
 import msgspec
 
@@ -59,7 +72,23 @@ _PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "
           {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "id": "c",
                                                                   "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
           {"role": "tool", "content": "t", "tool_call_id": "c"}, {"role": "user", "content": "v"}]
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # names getattr answers on a plain dict (its methods)
+_MISSING = object()
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+
+
+@dataclass
+class HistoryHash:
+    """Where the previous call's history hash stopped, so the next call hashes only its new bytes.
+
+    ``state`` is blake2b after ``tools``, ``b"\\x00"`` and ``encoded[:size]``; a later history whose
+    encoding starts with exactly those bytes (and the same tools) continues from a copy of it.
+    """
+
+    tools: bytes  # encode(tools)
+    encoded: bytes  # encode(messages) of the previous call
+    size: int  # bytes of ``encoded`` in ``state``: all but the closing "]"
+    state: Any  # hashlib.blake2b
 
 
 @dataclass
@@ -71,6 +100,7 @@ class PromptIndex:
     incremental: int = 0  # calls built on a parent's tokens
     full: int = 0  # calls rendered in full
     heads: dict[bytes, str] = field(default_factory=dict)  # render([first message]) by H(tools, first)
+    history: HistoryHash | None = None  # the last call's hash state (a cache: checked byte for byte)
 
 
 @dataclass
@@ -131,25 +161,43 @@ def _newest_assistants(messages: list[dict]) -> list[int]:
 
 
 def _digests(tools: list[dict] | None, messages: list[dict], k: int | None) -> tuple[bytes, bytes | None]:
-    """(prefix_digest(tools, messages), prefix_digest(tools, messages[:k]) or None), hashing once.
+    """(prefix_digest(tools, messages), prefix_digest(tools, messages[:k]) or None), hashing once."""
+    whole, head, _ = _hash_history(tools, messages, k, None)
+    return whole, head
+
+
+def _hash_history(tools: list[dict] | None, messages: list[dict], k: int | None,
+                  last: HistoryHash | None) -> tuple[bytes, bytes | None, HistoryHash]:
+    """``_digests`` continuing from ``last`` where this history extends it, and the new checkpoint.
 
     ``encode(messages)`` is ``[`` + e0,...,e(k-1) + ``,`` + ek,... + ``]`` and ``encode(messages[:k])``
-    is the same up to e(k-1) and then ``]``: the tail's own encoding gives the cut.
+    is the same up to e(k-1) and then ``]``: the tail's own encoding gives the cut. The previous
+    call's bytes are reused only when this encoding starts with them (a memcmp), so a rewritten
+    history or other tools simply hash from the start.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(_encoder.encode(tools))
-    h.update(b"\x00")
+    tools_enc = _encoder.encode(tools)
     whole = _encoder.encode(messages)
-    if not k:
-        h.update(whole)
-        return h.digest(), None
-    cut = len(whole) - len(_encoder.encode(messages[k:]))  # the tail's "[" stands where the comma was
+    cut = len(whole) - len(_encoder.encode(messages[k:])) if k else None  # the tail's "[" stands where the comma was
+    end = len(whole) - 1
     view = memoryview(whole)
-    h.update(view[:cut])
-    head = h.copy()
-    head.update(b"]")
-    h.update(view[cut:])
-    return h.digest(), head.digest()
+    if (last is not None and last.size <= (end if cut is None else cut) and last.tools == tools_enc
+            and whole.startswith(memoryview(last.encoded)[:last.size])):
+        h, at = last.state.copy(), last.size
+    else:
+        h, at = hashlib.blake2b(digest_size=16), 0
+        h.update(tools_enc)
+        h.update(b"\x00")
+    head = None
+    if cut is not None:
+        h.update(view[at:cut])
+        at = cut
+        head_hash = h.copy()
+        head_hash.update(b"]")
+        head = head_hash.digest()
+    h.update(view[at:end])
+    checkpoint = HistoryHash(tools=tools_enc, encoded=whole, size=end, state=h.copy())
+    h.update(view[end:])
+    return h.digest(), head, checkpoint
 
 
 def reply_key(prefix: bytes, reply: dict) -> str:
@@ -166,8 +214,10 @@ class PromptBuilder:
         if not isinstance(eos, int) or eos < 0 or eos == tokenizer.unk_token_id:
             eos = tokenizer.eos_token_id
         self.end_of_turn = tokenizer.convert_ids_to_tokens(eos)  # text the template closes a turn with
-        # The Rust tokenizer directly: transformers' encode/decode wrappers cost ~10x more per call.
+        # The Rust tokenizer directly: transformers' encode/decode wrappers cost ~10x more per call;
+        # its batch call without offsets is a third cheaper again than ``encode`` (same ids).
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._encode_fast = getattr(self._backend, "encode_batch_fast", None)
         self._full_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._templates: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
         self._template_kwargs: dict[str, Any] = {}
@@ -184,7 +234,8 @@ class PromptBuilder:
             return
         self._plain = _plain_template_data
         self._template_kwargs = _plain_template_data(dict(self.tokenizer.special_tokens_map))
-        self._templates = compiled
+        self._templates = {has: _compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
+                           for has, t in compiled.items()}
         for tools in (None, _PROBE_TOOLS):
             for n, gen in ((len(_PROBE), True), (3, False)):
                 try:
@@ -200,21 +251,32 @@ class PromptBuilder:
                                                   add_generation_prompt=generation)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+        return self._renderer(messages, tools)(len(messages), generation)
+
+    def _renderer(self, messages: list[dict], tools: list[dict] | None) -> Callable[[int, bool], str]:
+        """``render(n, generation)`` of ``messages[:n]``: each message is prepared once, for every render."""
         if not self._templates:
-            return self._wrapper_text(messages, tools, generation)
+            return lambda n, generation: self._wrapper_text(messages[:n], tools, generation)
         chat = []
         for m in messages:  # what apply_chat_template hands the template (see the module docstring)
             m = {k: v for k, v in m.items() if v is not None}
-            reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m), None)
-            if reasoning is not None:
+            if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
+                reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
                 m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
             chat.append(m)
-        tools = tools or None
-        return self._templates[tools is not None].render(
-            messages=self._plain(chat), tools=self._plain(tools), documents=None, add_generation_prompt=generation,
-            **self._template_kwargs)
+        chat = _plain_json(chat, self._plain)
+        tools = _plain_json(tools or None, self._plain)
+        template = self._templates[tools is not None]
+        kwargs = self._template_kwargs
+
+        def render(n: int, generation: bool) -> str:
+            return template.render(messages=chat[:n], tools=tools, documents=None, add_generation_prompt=generation, **kwargs)
+
+        return render
 
     def encode(self, text: str) -> list[int]:
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=False)[0].ids
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -242,7 +304,8 @@ class PromptBuilder:
               tools: list[dict] | None) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
         assistant_at = _newest_assistants(messages)
-        digest, newest = _digests(tools, messages, assistant_at[0] if assistant_at else None)
+        digest, newest, index.history = _hash_history(tools, messages, assistant_at[0] if assistant_at else None,
+                                                      index.history)
         for j, k in enumerate(assistant_at):
             head = newest if j == 0 else prefix_digest(tools, messages[:k])
             assert head is not None
@@ -269,13 +332,13 @@ class PromptBuilder:
                 tools: list[dict] | None) -> list[int] | None:
         """parent prompt + sampled ids + ids(template tail of the reply turn + new messages);
         None when the template does not render the small context prefix-stably."""
-        ctx = [first, reply]
-        head_key = prefix_digest(tools, ctx[:1])
+        render = self._renderer([first, reply, *new], tools)
+        head_key = prefix_digest(tools, [first])
         head = index.heads.get(head_key)
         if head is None:  # one entry per (tools, first message): usually one per session
-            head = index.heads[head_key] = self.render_text(ctx[:1], tools, True)
-        base = self.render_text(ctx, tools, False)
-        full = self.render_text(ctx + new, tools, True) if new else self.render_text(ctx, tools, True)
+            head = index.heads[head_key] = render(1, True)
+        base = render(2, False)
+        full = render(2 + len(new), True)
         if not base.startswith(head) or not full.startswith(base):
             return None
         turn = base[len(head):]  # the reply's turn as the template writes it
@@ -291,4 +354,56 @@ class PromptBuilder:
             tail = turn[cut + len(eot):] if ended else turn[cut:]
         else:
             return None
-        return parent.prompt_ids + parent.output_ids + self.encode(tail + full[len(base):])
+        # One exact-size copy of the history (``a + b + c`` would copy it twice).
+        return parent.prompt_ids + (parent.output_ids + self.encode(tail + full[len(base):]))
+
+
+def _plain_json(value: Any, plain: Callable[[Any], Any]) -> Any:
+    """``plain(value)`` (transformers' rebuild of template data out of JSON types), answered here for
+    the exact JSON types a decoded request is made of: the same copy without a Python call and
+    ABC check per leaf. Any other type (a str subclass, a dataclass, a pydantic model) goes to ``plain``."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else plain(k): _plain_json(v, plain) for k, v in value.items()}
+    if kind is list:
+        return [_plain_json(v, plain) for v in value]
+    return plain(value)
+
+
+def _compile_dict_first(environment: Any, source: str) -> Any:
+    """``source`` compiled in an overlay of a sandboxed Jinja environment, made cheaper per render.
+
+    - ``getattr`` on a plain dict is one lookup. The sandbox resolves ``message.role`` as
+      ``getattr(message, "role")``, which raises ``AttributeError`` for every dict key before it
+      tries ``message["role"]``; the exceptions were most of a render's cost. For an exact ``dict``
+      and a name that is not one of ``dict``'s attributes, the sandbox's answer is the item or
+      ``undefined``, so answer that directly. Any other object or name (``message.items``,
+      ``"x".strip``) takes the sandbox's path.
+    - ``loop.first`` and friends likewise: for an exact ``LoopContext`` (no ``__getitem__``, none of
+      the types or mutable ABCs the sandbox guards) and a name without a leading underscore, the
+      sandbox's answer is the attribute or ``undefined``, after a dozen ``isinstance`` checks.
+    - The template's globals are one flat dict instead of a ChainMap over the environment's: each
+      render copies them into its context, and iterating a ChainMap is a Python loop per key. They
+      are fixed when transformers compiles the template, so the snapshot is exact.
+    """
+    from jinja2.runtime import LoopContext
+
+    overlay = environment.overlay()
+    sandboxed = type(environment).getattr
+
+    def getattr_dict_first(self: Any, obj: Any, attribute: str) -> Any:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            value = obj.get(attribute, _MISSING)
+        elif kind is LoopContext and attribute[:1] != "_":
+            value = getattr(obj, attribute, _MISSING)
+        else:
+            return sandboxed(self, obj, attribute)
+        return self.undefined(obj=obj, name=attribute) if value is _MISSING else value
+
+    overlay.getattr = MethodType(getattr_dict_first, overlay)  # an instance attribute: only this overlay changes
+    template = overlay.from_string(source)
+    template.globals = dict(template.globals)
+    return template

@@ -1,0 +1,147 @@
+"""The fast paths of ``areal.gateway.render`` give the same answers as the slow ones.
+
+- A 200-turn episode (plain answers, tool calls, parallel tool results), each prompt built on the
+  parent's recorded ids, equals ``tokenizer.encode(apply_chat_template(...))`` of the whole history
+  token for token at every turn, with the embedded tokenizer and the Qwen2.5 vocabulary; a
+  rewritten history mid-episode starts a new root and the turns after it are equal again.
+- The incremental history hash (``HistoryHash`` checkpoints) gives the digests a fresh hash gives,
+  whatever the next history does: extend, rewrite, shrink, change tools, cut before the checkpoint.
+- The template overlay that answers ``message.role`` and ``loop.first`` without the sandbox's
+  exception path renders what transformers' own compiled template renders, including names that
+  are dict methods, keys that start with an underscore, undefined keys and loop attributes.
+
+The "model" here samples the canonical tokens of each reply (what the template writes for it),
+because equality with a full render is only defined for those.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from areal.embedded import ensure_embedded_model
+from areal.gateway.qwen import build_qwen25_tokenizer
+from areal.gateway.render import PromptBuilder, PromptIndex, _compile_dict_first, _hash_history, prefix_digest
+from areal.gateway.tree import Interaction
+
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
+                                          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module", params=["embedded", "qwen25"])
+def tokenizer(request):
+    if request.param == "embedded":
+        return AutoTokenizer.from_pretrained(ensure_embedded_model())
+    return build_qwen25_tokenizer()
+
+
+def _reference(tok, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """The full render, through transformers' public API only."""
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def _sampled_ids(tok, first: dict, reply: dict, tools: list[dict] | None) -> list[int]:
+    """The canonical tokens of ``reply`` up to and including the end of turn, as a model emits them."""
+    prompt = tok.apply_chat_template([first], tools=tools, tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template([first, reply], tools=tools, tokenize=False)
+    assert whole.startswith(prompt)
+    end = "<|im_end|>"
+    text = whole[len(prompt): whole.rindex(end)]
+    return tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(end)]
+
+
+def _reply(t: int) -> dict:
+    """Turn ``t``'s assistant message: a tool call every third turn (two calls every ninth), else text."""
+    if t % 3 == 1:
+        calls = [{"id": f"c{t}-{i}", "type": "function",
+                  "function": {"name": "calc", "arguments": json.dumps({"expr": f"{t}*{i + 7}"}, separators=(",", ":"))}}
+                 for i in range(2 if t % 9 == 1 else 1)]
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": f"Step {t} gives {t * 7 + 3}, so the answer is \\boxed{{{t * 7 + 3}}}."}
+
+
+def _after(t: int, reply: dict) -> list[dict]:
+    """What the agent appends after the reply: one tool result per call, or the next question."""
+    if reply.get("tool_calls"):
+        return [{"role": "tool", "tool_call_id": c["id"], "content": str(t * 7)} for c in reply["tool_calls"]]
+    return [{"role": "user", "content": f"Step {t + 1}: what is {t + 1} * 7 plus 3?"}]
+
+
+def _record(builder: PromptBuilder, index: PromptIndex, interactions: dict, prompt, t: int, output_ids: list[int],
+            reply: dict) -> None:
+    inter = Interaction(id=f"i{t}", prompt_ids=prompt.ids, output_ids=output_ids, output_logprobs=[0.0] * len(output_ids),
+                        version=0, finish_reason="stop", created=0.0, parent_id=prompt.parent_id)
+    interactions[inter.id] = inter
+    builder.record(index, prompt, inter, reply)
+
+
+@pytest.mark.timeout(120)
+def test_200_turn_episode_incremental_equals_full_render_every_turn(tokenizer):
+    builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    assert builder._templates  # the fast template path is the one under test
+    index, interactions = PromptIndex(), {}
+    first = {"role": "system", "content": "You are a calculator."}
+    messages = [first, {"role": "user", "content": "Step 0: what is 0 * 7 plus 3?"}]
+    turns, rewrite_at = 200, 120
+    for t in range(turns):
+        if t == rewrite_at:  # the agent edits an old reply: no parent matches, a full render, a new root
+            old = next(i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("content"))
+            messages[old] = {**messages[old], "content": "I rewrote this answer."}
+        prompt = builder.build(index, interactions, messages, TOOLS)
+        assert prompt.ids == _reference(tokenizer, messages, TOOLS), f"turn {t}"
+        assert prompt.prefix_digest == prefix_digest(TOOLS, messages), f"turn {t}"
+        if t in (0, rewrite_at):
+            assert prompt.parent_id is None
+        else:
+            parent = interactions[f"i{t - 1}"]
+            assert prompt.parent_id == parent.id
+            assert prompt.ids[: len(parent.prompt_ids) + len(parent.output_ids)] == parent.prompt_ids + parent.output_ids
+        reply = _reply(t)
+        _record(builder, index, interactions, prompt, t, _sampled_ids(tokenizer, first, reply, TOOLS), reply)
+        messages = messages + [reply] + _after(t, reply)
+    assert index.incremental == turns - 2 and index.full == 2 and index.drift == 1
+
+
+def test_incremental_hash_equals_fresh_hash_whatever_the_history_does():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "system", "content": "s"}]
+    for t in range(6):
+        msgs += [{"role": "user", "content": f"q{t} ü \"x\""}, {"role": "assistant", "content": f"a{t}"}]
+    calls = [  # (tools, messages, k): each continues from the checkpoint the previous call left
+        (None, [], None), (None, msgs[:1], None), (None, msgs[:2], None), (None, msgs[:4], 2),
+        (None, msgs[:6], 4), (None, msgs[:6], 2),  # the same history again, cut before the checkpoint
+        (tools, msgs[:8], 6),  # other tools
+        (tools, msgs[:4] + [{"role": "assistant", "content": "edited"}] + msgs[5:10], 8),  # a rewrite
+        (tools, msgs[:3], 2),  # shorter than the checkpoint
+        (tools, msgs, len(msgs) - 1), (tools, msgs + [{"role": "user", "content": "more"}], len(msgs) - 1),
+        (None, msgs + [{"role": "user", "content": "more"}], 1),
+    ]
+    last = None
+    for n, (tl, messages, k) in enumerate(calls):
+        whole, head, last = _hash_history(tl, messages, k, last)
+        assert whole == prefix_digest(tl, messages), n
+        assert head == (prefix_digest(tl, messages[:k]) if k else None), n
+
+
+def test_dict_first_template_renders_what_the_sandbox_renders():
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    source = (
+        "{%- for m in messages %}"
+        "[{{ loop.index0 }}/{{ loop.length }} {{ loop.first }} {{ loop.last }} {{ loop.cycle('a', 'b') }}"
+        " {{ m.role }} {{ m.content or '' }} {{ m.missing is defined }} {{ m.get('role') }} {{ m.keys() | list | length }}"
+        " {{ m.items is defined }} {{ m._private if m._private is defined else '-' }} {{ m.tool_calls | length if m.tool_calls else 0 }}"
+        " {{ loop.previtem.role if loop.previtem is defined else '^' }} {{ loop._nope is defined }}]"
+        "{%- endfor %}"
+        "{{ messages[0].__class__ is defined }} {{ (messages | first).role }}"
+    )
+    stock = _compile_jinja_template(source)
+    fast = _compile_dict_first(stock.environment, source)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "_private": "p", "items": 1},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
+    expected = stock.render(messages=messages)
+    assert fast.render(messages=messages) == expected
+    assert "1/3 False False b user u False user 4" in expected  # the template exercised what it claims to
