@@ -94,6 +94,7 @@ class TrainerSection:
     turn_discount: float = 1.0  # discount of per-turn returns when rows carry their own rewards
     checkpoint_every: int = 0  # steps between atomic trainer checkpoints (0 = none)
     ranks: int = 1  # trainer processes (torchrun, DDP over gloo on CPU); each reads its own ring
+    parallel: str = "ddp"  # ddp (replicated weights) | fsdp2 (sharded per decoder layer; NCCL on GPUs, gloo on CPU)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -102,6 +103,8 @@ class TrainerSection:
             raise ValueError(f"trainer.lr must be positive, got {self.lr}")
         if self.loss not in ("grpo", "ppo"):
             raise ValueError(f"trainer.loss must be grpo or ppo, got {self.loss!r}")
+        if self.parallel not in ("ddp", "fsdp2"):
+            raise ValueError(f"trainer.parallel must be ddp or fsdp2, got {self.parallel!r}")
         if self.ranks < 1 or self.minibatches < 1 or self.checkpoint_every < 0:
             raise ValueError("trainer.ranks and trainer.minibatches must be >= 1, trainer.checkpoint_every >= 0")
 

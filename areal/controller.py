@@ -335,6 +335,7 @@ class Controller:
             kl_estimator=cfg.trainer.kl_estimator,
             turn_discount=cfg.trainer.turn_discount,
             checkpoint_every=cfg.trainer.checkpoint_every,
+            parallel=cfg.trainer.parallel,
         )
         path = self.run_dir / "trainer_config.json"
         path.write_text(tcfg.to_json())

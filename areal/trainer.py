@@ -20,8 +20,12 @@ Invariants:
   so N ranks produce the gradients of one rank on the same data.
 - The step's logprob agreement (``logprob_max_diff``) and the proximal logprobs are measured
   before any update of the step. Dropout is off (``model.eval()``).
-- Several ranks: DDP over gloo on CPU (NCCL on GPUs); every rank holds identical weights after
-  every step; rank 0 alone checkpoints the model, writes weights, pushes them and reports.
+- Several ranks: ``parallel="ddp"``: DDP over gloo on CPU (NCCL on GPUs), every rank holds
+  identical weights after every step. ``parallel="fsdp2"`` (areal/fsdp.py): parameters, grads
+  and AdamW state sharded per decoder layer; every rank runs the same number of forwards and
+  backwards (short ranks are padded with zero-weight micro-batches), and the full weights are
+  gathered to rank 0 (a collective) for every publish, checkpoint and the final save. Either
+  way rank 0 alone writes checkpoint files, writes weights, pushes them and reports.
 - Checkpoints (areal/checkpoint.py) are written before the weights of that step are published,
   so a published version is always recoverable when ``checkpoint_every`` is 1. Resuming skips
   ring records with ``seq <= last_seq`` and restores the held ones: no record is trained twice
@@ -29,20 +33,20 @@ Invariants:
 - ``trained_episodes-r{rank}.jsonl`` lists, per step, the episode ids that step trained on; a
   resume truncates it (and ``trainer_metrics.jsonl``) to the checkpoint's step.
 
-Size: ~660 lines, past the 600 mark because config validation, the step (which must agree
+Size: ~730 lines, past the 600 mark because config validation, the step (which must agree
 across ranks) and the process loop share one boundary; weight publishing (save, push, prune,
 Reporter) is the next piece to move out, into a module of its own.
 
 Weights reach the engines from disk (``weight_sync="disk"``) or over a collective
 (``"collective"``: areal/weight_sync.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
 
-Not covered: FSDP (weights are replicated per rank); a learned critic; resuming with another
-world size.
+Not covered: a learned critic; resuming with another world size or another ``parallel``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -64,6 +68,7 @@ import torch.distributed as dist
 import zmq
 
 from areal.checkpoint import DataPosition, latest_checkpoint, load_checkpoint, save_checkpoint
+from areal.fsdp import FullWeights, checkpoint_states, clip_grad_norm, is_sharded, set_gradient_sync, shard_policy
 from areal.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
 from areal.packing import MicroBatch, PolicyScorer, micro_batch_logits, pack_rows  # noqa: F401 (re-exported)
 from areal.protocol import Trajectory, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, decode_trajectory, encode_trajectory
@@ -72,6 +77,7 @@ from areal.weight_sync import BACKENDS, CollectiveWeightPush, WeightUpdateError,
 LOSSES = ("grpo", "ppo")
 KL_ESTIMATORS = ("k1", "k3")
 WEIGHT_SYNCS = ("disk", "collective")
+PARALLELS = ("ddp", "fsdp2")
 
 
 @dataclass
@@ -112,6 +118,8 @@ class TrainerConfig:
     head_chunk_elems: int = 1 << 24  # rows x vocab floats per lm-head chunk (memory is flat in the vocabulary)
     weight_sync: str = "disk"  # "disk": save + /update_weights_from_disk; "collective": broadcast (areal/weight_sync.py)
     weight_sync_backend: str = "gloo"  # collective backend: "gloo" (CPU engines) or "nccl" (SGLang on GPUs)
+    parallel: str = "ddp"  # "ddp": weights replicated per rank; "fsdp2": sharded per decoder layer (areal/fsdp.py)
+    fsdp_param_dtype: str = "float32"  # fsdp2: dtype of gathered params in forward/backward ("bfloat16" on GPUs)
 
     def __post_init__(self) -> None:
         for name in ("model_path", "ring_name", "run_dir"):
@@ -156,6 +164,10 @@ class TrainerConfig:
             raise ValueError(f"trainer.weight_sync must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
         if self.weight_sync_backend not in BACKENDS:
             raise ValueError(f"trainer.weight_sync_backend must be one of {BACKENDS}, got {self.weight_sync_backend!r}")
+        if self.parallel not in PARALLELS:
+            raise ValueError(f"trainer.parallel must be one of {PARALLELS}, got {self.parallel!r}")
+        if self.fsdp_param_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"trainer.fsdp_param_dtype must be 'float32' or 'bfloat16', got {self.fsdp_param_dtype!r}")
         if not isinstance(self.ring_names, list) or not all(isinstance(n, str) and n for n in self.ring_names):
             raise ValueError(f"trainer.ring_names must be a list of non-empty strings, got {self.ring_names!r}")
 
@@ -297,6 +309,22 @@ def _empty_micro_batch() -> MicroBatch:
                       targets=z, behaviour=torch.zeros(1), advantages=torch.zeros(1), versions=z, rows=0)
 
 
+def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """The micro-batch with every tensor on ``device`` (the GPU the policy lives on)."""
+    if device.type == "cpu":
+        return mb
+    return dataclasses.replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in dataclasses.fields(mb)
+                                      if isinstance(getattr(mb, f.name), torch.Tensor)})
+
+
+def _grad_sync(scorer: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Reduce gradients across ranks on this backward only when ``sync`` (the update's last one)."""
+    if is_sharded(scorer):
+        set_gradient_sync(scorer, sync)  # FSDP2: a flag, not a context
+        return nullcontext()
+    return nullcontext() if sync or not hasattr(scorer, "no_sync") else scorer.no_sync()
+
+
 def _split_groups(trajs: list[Trajectory], parts: int) -> list[list[Trajectory]]:
     """Split complete groups (contiguous in ``trajs``) into ``parts`` equal runs of groups."""
     groups: list[list[Trajectory]] = []
@@ -332,17 +360,28 @@ def train_step(
 ) -> dict[str, float]:
     """One step (``config.minibatches`` optimizer updates) on this rank's complete groups.
 
-    ``scorer`` is a ``PolicyScorer``, possibly wrapped in DDP; ``reference`` a frozen
-    ``PolicyScorer`` of the initial weights (only when ``kl_coef`` > 0). Metrics are global over
-    ranks: sums and maxima are all-reduced.
+    ``scorer`` is a ``PolicyScorer``, possibly wrapped in DDP or sharded by FSDP2; ``reference``
+    a frozen ``PolicyScorer`` of the initial weights (only when ``kl_coef`` > 0). Metrics are
+    global over ranks: sums and maxima are all-reduced.
     """
     policy_loss = make_policy_loss(config)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     params = [p for p in scorer.parameters() if p.requires_grad]
+    device = params[0].device
     adv = compute_advantages(trajs, config.turn_discount, config.adv_eps)
     adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
-    minis = [pack_rows(part, [adv_of[t.episode_id] for t in part], config.micro_batch_tokens)
+    minis = [[_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part],
+                                                         config.micro_batch_tokens)]
              for part in _split_groups(trajs, config.minibatches)]
+    # The micro-batches each update runs. DDP: at least one per rank (its all-reduce is in the
+    # last backward). FSDP2: every forward and backward is a collective, so every rank runs the
+    # largest count of any rank, padded with zero-weight micro-batches.
+    if is_sharded(scorer):
+        counts = [int(c) for c in _all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
+    else:
+        counts = [max(len(m), 1) for m in minis]
+    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))]
+             for mini, n in zip(minis, counts)]
     # Before any update: engine agreement, proximal (when later updates would otherwise see
     # moved weights) and reference logprobs, in one no-grad pass.
     need_prox = config.loss == "ppo" and config.minibatches > 1
@@ -352,8 +391,10 @@ def train_step(
     num = {"diff_cur": 0.0, "diff_all": 0.0, "stale_max": 0.0, "n_cur": 0.0, "stale_sum": 0.0, "ent_sum": 0.0}
     if prepass:
         with torch.no_grad():
-            for mb in (mb for mini in minis for mb in mini):
+            for mb in (mb for work in (works if is_sharded(scorer) else minis) for mb in work):
                 lp, ent = scorer(mb)
+                if not mb.rows:
+                    continue  # FSDP2 padding: joins the collectives, scores nothing
                 _numerics(num, lp, ent, mb, version)
                 if need_prox:
                     mb.proximal = lp
@@ -362,17 +403,15 @@ def train_step(
     sums = {k: 0.0 for k in ("loss", "clip", "ratio", "kl", "ref_kl", "bw")}
     ratio_max = bw_max = 0.0
     grad_norms = []
-    for mini in minis:
+    for mini, work in zip(minis, works):
         local = sum(len(mb.targets) for mb in mini)
         (total,) = _all_reduce([float(local)], dist.ReduceOp.SUM)
         if total == 0:
             continue  # no trained token on any rank: no update
         optimizer.zero_grad(set_to_none=True)
-        work = mini or [_empty_micro_batch()]
         for i, mb in enumerate(work):
-            # DDP all-reduces on the last backward only; every rank has >= 1 micro-batch.
-            sync = i == len(work) - 1 or not hasattr(scorer, "no_sync")
-            with nullcontext() if sync else scorer.no_sync():
+            # Gradients are reduced over ranks on the last backward only; every rank has >= 1 micro-batch.
+            with _grad_sync(scorer, i == len(work) - 1):
                 lp, ent = scorer(mb)
                 if not prepass and mb.rows:
                     _numerics(num, lp.detach(), ent, mb, version)
@@ -382,7 +421,7 @@ def train_step(
                     kl = kl_estimate(lp, mb.reference, config.kl_estimator).mean()
                     loss = loss + config.kl_coef * kl
                     sums["ref_kl"] += float(kl.detach()) * st["tokens"]
-                # Token-weighted over the global batch; x world undoes DDP's mean over ranks.
+                # Token-weighted over the global batch; x world undoes DDP's (and FSDP2's) mean over ranks.
                 weight = 0.0 if mb.rows == 0 else st["tokens"] * world / total
                 (loss * weight).backward()
             w = st["tokens"] if mb.rows else 0.0
@@ -394,7 +433,7 @@ def train_step(
             if mb.rows:
                 ratio_max = max(ratio_max, st["ratio_max"])
                 bw_max = max(bw_max, st.get("behav_weight_max", 1.0))
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, error_if_nonfinite=True)))
+        grad_norms.append(clip_grad_norm(params, config.max_grad_norm))
         optimizer.step()
     rewards = [t.reward for t in trajs]
     tokens = sum(len(mb.targets) for mini in minis for mb in mini)
@@ -542,14 +581,19 @@ def _truncate_jsonl(path: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in keep))
 
 
-def _init_distributed(rank: int, world: int) -> str:
-    """Join the process group torchrun set up; returns the device. gloo on CPU, NCCL on GPUs."""
-    if world == 1:
+def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
+    """Join the process group torchrun set up; returns the device. gloo on CPU, NCCL on GPUs.
+
+    One DDP rank needs no group; one FSDP2 rank gets a group of its own (on a loopback port when
+    not launched by torchrun), so that the sharded path is the same at every world size.
+    """
+    if world == 1 and parallel == "ddp":
         return "cpu"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    init = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank, world_size=world)
     return device
 
 
@@ -564,13 +608,29 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
     weights_dir.mkdir(parents=True, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
     model.eval()  # no dropout: trainer logprobs must match the engine's
+    # NCCL means GPUs (areal/trainer.py _init_distributed); gloo and no group mean the CPU.
+    on_gpu = dist.is_initialized() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    sharded = config.parallel == "fsdp2"
+    full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding
     reference = None
     if config.kl_coef > 0:
-        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False), config.temperature, config.head_chunk_elems)
-    scorer: torch.nn.Module = PolicyScorer(model, config.temperature, config.head_chunk_elems)
-    if world > 1:
+        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), config.temperature,
+                                 config.head_chunk_elems)
+    scorer: torch.nn.Module = PolicyScorer(model.to(device), config.temperature, config.head_chunk_elems)
+    if sharded:
+        scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
+    elif world > 1:
         scorer = torch.nn.parallel.DistributedDataParallel(scorer)  # broadcasts rank 0's weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # What checkpoints save and load: the modules themselves, or (FSDP2) their gathered full states.
+    ckpt_model, ckpt_optim = checkpoint_states(model, optimizer) if sharded else (model, optimizer)
+
+    def full_model() -> torch.nn.Module | None:
+        """The whole model on rank 0 (a collective under FSDP2: every rank calls it), else None."""
+        if full is not None:
+            return full.gather(model)
+        return model if rank == 0 else None
     barrier = dist.barrier if world > 1 else (lambda: None)
     reader, commits = open_reader(config.ring_for(rank, world), config.record_timeout_s, config.resume,
                                   checkpointed=config.checkpoint_every > 0)
@@ -579,7 +639,7 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
     start = 0
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        meta, position = load_checkpoint(ckpt, rank, world, model, optimizer)
+        meta, position = load_checkpoint(ckpt, rank, world, ckpt_model, ckpt_optim)
         collector.restore(position)
         start = meta["step"]
     if config.resume:  # steps after the checkpoint (all, without one) are trained again
@@ -610,17 +670,21 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:
                     f.write(json.dumps({"step": step, "version": step, "consumed": int(consumed), **metrics}) + "\n")
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                save_checkpoint(ckpt_root, step, step, rank, world, model, optimizer, collector.position(),
+                if sharded:  # the collective half of the save, on every rank
+                    ckpt_model.gather()
+                    ckpt_optim.gather()
+                save_checkpoint(ckpt_root, step, step, rank, world, ckpt_model, ckpt_optim, collector.position(),
                                 barrier, keep=config.keep_checkpoints)
                 # After the rename: the checkpoint holds them now. The ring may not have re-delivered
                 # all records up to collector.last_seq yet after a resume; those get skipped later.
                 seq = min(collector.last_seq, -1 if reader.last_seq is None else reader.last_seq)
                 if commits and seq >= 0:
                     reader.commit(seq)
+            whole = full_model()
             if rank == 0 and collective is not None:
-                collective.push(model, step, pause=config.pause_for_update)
+                collective.push(whole, step, pause=config.pause_for_update)
             elif rank == 0:
-                model_dir = save_atomically(model, weights_dir / f"v{step}", config.model_path)
+                model_dir = save_atomically(whole, weights_dir / f"v{step}", config.model_path)
                 push_weights(config.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
                 prune_versions(weights_dir, step, config.keep_versions)
             if rank == 0:
@@ -631,8 +695,9 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
     if collective is not None:  # not on a failure: the error that ended training is the one to report
         collective.close()
     final = run_dir / "final"
+    whole = full_model()
     if rank == 0:
-        save_atomically(model, final, config.model_path)
+        save_atomically(whole, final, config.model_path)
         if reporter is not None:
             reporter.send(TrainerDone(steps=config.steps, model_dir=str(final)))
     barrier()
@@ -650,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     reporter = Reporter(config.report_addr)  # every rank may report its own failure
     try:
-        _init_distributed(rank, world)
+        _init_distributed(rank, world, config.parallel)
         train(config, reporter if rank == 0 else None, rank, world)
     except Exception:  # process boundary: tell the controller why, then die non-zero
         error = traceback.format_exc()
