@@ -7,7 +7,11 @@ baseline.
 
 - Latency: sequential calls, p50 and p99, through the gateway (ZeroMQ and HTTP front doors)
   and straight to the engine with the same prompt; "added" is gateway minus direct. Run against
-  the instant engine (below) and against the embedded CPU engine (greedy, 8 tokens).
+  the instant engine (below) and against the embedded CPU engine (greedy, 8 tokens). All three
+  paths use blocking clients of a few µs each (a raw keep-alive HTTP socket, a blocking DEALER),
+  so the difference is the gateway's, not the client libraries': with aiohttp's client on the
+  direct path, ~200 µs of client CPU inflated the baseline. With the instant engine, the gateway
+  process's CPU per call (from /proc) is reported too, against the engine's CPU per direct call.
 - Requests/s on one core: several client processes keep the gateway busy; the figure is calls
   answered per CPU-second of the gateway process (read from /proc), so other load on this shared
   2-core machine does not count against it. Baseline: the instant engine's own calls per
@@ -267,15 +271,78 @@ def _engine_body(prompt_ids: list[int], max_tokens: int) -> bytes:
     return json.dumps({"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}).encode()
 
 
-async def _latencies(client: Any, n: int, warmup: int) -> list[float]:
+class BlockingHttpClient:
+    """HTTP/1.1 keep-alive POST on a plain blocking socket: a few µs of client CPU per call, so
+    that latency rows compare the servers, not client libraries (aiohttp's client alone spent
+    ~200 µs of CPU per call, which inflated the direct baseline)."""
+
+    def __init__(self, url: str, body: bytes, key: str | None = None) -> None:
+        import socket
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(url)
+        self.sock = socket.create_connection((u.hostname, u.port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        auth = f"authorization: Bearer {key}\r\n" if key else ""
+        self.request = (f"POST {u.path} HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\ncontent-type: application/json\r\n"
+                        f"{auth}content-length: {len(body)}\r\n\r\n").encode() + body
+        self.buf = b""
+
+    def call(self) -> None:
+        self.sock.sendall(self.request)
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            self.buf += self.sock.recv(65536)
+        head = self.buf[:end].decode("latin-1").lower()
+        assert head.startswith("http/1.1 200"), head
+        length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+        while len(self.buf) < end + 4 + length:
+            self.buf += self.sock.recv(65536)
+        self.buf = self.buf[end + 4 + length:]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class BlockingZmqClient:
+    """A DEALER on the blocking API: send one GatewayRequest, receive frames until ``more`` is false."""
+
+    def __init__(self, address: str, key: str, body: bytes) -> None:
+        import msgspec
+        import zmq
+
+        from areal.protocol import GatewayMessage, GatewayRequest
+
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.decoder = msgspec.msgpack.Decoder(GatewayMessage)
+        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        self.payload = msgspec.msgpack.encode(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
+                                                             headers=headers, body=body))
+
+    def call(self) -> None:
+        self.sock.send(self.payload)
+        while True:
+            reply = self.decoder.decode(self.sock.recv())
+            assert reply.status == 200, reply.body[:300]
+            if not reply.more:
+                return
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def _latencies(client: Any, n: int, warmup: int) -> tuple[list[float], float]:
+    """n sequential call latencies (s) and the client's CPU seconds for them."""
     for _ in range(warmup):
-        await client.call()
+        client.call()
     out = []
+    cpu0 = time.process_time()
     for _ in range(n):
         t0 = time.perf_counter()
-        await client.call()
+        client.call()
         out.append(time.perf_counter() - t0)
-    return out
+    return out, time.process_time() - cpu0
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -283,25 +350,27 @@ def _p(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int) -> list[dict]:
-    """p50/p99 added per call over ZeroMQ and HTTP vs direct engine calls, interleaved in rounds."""
-
-    async def go() -> dict[str, list[float]]:
-        clients = {
-            "direct": HttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
-            "zmq": ZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
-            "http": HttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
-        }
-        lat: dict[str, list[float]] = {k: [] for k in clients}
-        rounds = 5  # interleave so drifting background load hits all three alike
-        for r in range(rounds):
-            for name, client in clients.items():
-                lat[name] += await _latencies(client, n // rounds, warmup=10 if r == 0 else 2)
-        for client in clients.values():
-            await client.aclose()
-        return lat
-
-    lat = asyncio.run(go())
+def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int,
+                 engine_pid: int | None = None) -> list[dict]:
+    """p50/p99 added per call over ZeroMQ and HTTP vs direct engine calls, interleaved in rounds,
+    all three on blocking clients of equal (negligible) cost; plus the gateway's CPU per call."""
+    clients = {
+        "direct": BlockingHttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
+        "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
+        "http": BlockingHttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
+    }
+    lat: dict[str, list[float]] = {k: [] for k in clients}
+    server_cpu = {k: 0.0 for k in clients}
+    rounds = 5  # interleave so drifting background load hits all three alike
+    for r in range(rounds):
+        for name, client in clients.items():
+            pid = engine_pid if name == "direct" else gateway.popen.pid
+            cpu0 = _proc_cpu(pid) if pid is not None else 0.0
+            got, _ = _latencies(client, n // rounds, warmup=10 if r == 0 else 2)
+            lat[name] += got
+            server_cpu[name] += (_proc_cpu(pid) - cpu0) if pid is not None else 0.0
+    for client in clients.values():
+        client.close()
     rows = []
     for q, label in ((0.5, "p50"), (0.99, "p99")):
         direct = _p(lat["direct"], q) * 1e6
@@ -309,6 +378,12 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
             rows.append({"benchmark": "gateway", "metric": f"added {label} {door}, {engine} engine",
                          "value": _p(lat[door], q) * 1e6 - direct, "unit": "us",
                          "baseline": f"direct {engine} {label}", "baseline_value": direct})
+    if engine_pid is not None:  # CPU per call of the gateway process (warm-up calls included: a slight overestimate)
+        calls = n + 10 + 2 * (rounds - 1)
+        for door in ("zmq", "http"):
+            rows.append({"benchmark": "gateway", "metric": f"gateway CPU per call, {door}, {engine} engine",
+                         "value": server_cpu[door] / calls * 1e6, "unit": "us CPU",
+                         "baseline": f"{engine} engine CPU per direct call", "baseline_value": server_cpu["direct"] / calls * 1e6})
     return rows
 
 
@@ -442,7 +517,7 @@ def main(quick: bool) -> list[dict]:
     with launch_instant_engine(_reply_ids()) as engine:
         gateway = GatewayProcess(engine.url)
         try:
-            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64)
+            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid)
             seconds = 3.0 if quick else 10.0
             gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
             eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)

@@ -17,6 +17,8 @@ Invariants:
   cannot honour is a 400 naming it; ``metadata``, ``service_tier``, ``cache_control``,
   ``inference_geo`` and ``speed`` are accepted without effect. (anthropic 2.11's ``create`` has no
   ``temperature``/``top_p``/``top_k`` arguments; clients send them with ``extra_body``.)
+- ``tool_choice`` ``{"type": "any"}`` / ``{"type": "tool", "name": N}`` force a call by appending
+  the opening of one to the prompt (see ``core``); a name not in ``tools`` is a 400.
 - ``stop_reason``: tool calls → ``tool_use``; the length limit → ``max_tokens``; a stop sequence
   → ``stop_sequence`` with the sequence; otherwise ``end_turn``.
 - Errors on this route use Anthropic's shape, built by ``error_body`` (the core calls it).

@@ -2,12 +2,13 @@
 
 Honoured: messages, model (echoed), max_tokens / max_completion_tokens, temperature, top_p,
 seed (engine ``sampling_seed``; choice i gets seed + i), stop, n, logprobs, tools, tool_choice
-("auto" | "none"), parallel_tool_calls (true: every parsed call is returned), stream,
-stream_options.include_usage.
+("auto" | "none" | "required" | {"type": "function", "function": {"name": N}}: the last two by a
+forced tool-call opening after the prompt, see ``core``; a name not in tools is a 400),
+parallel_tool_calls (true: every parsed call is returned), stream, stream_options.include_usage.
 Accepted and deliberately ignored, because they change no token: user, metadata, store,
 service_tier, and penalties / response_format at their no-op values (0 / {"type": "text"}).
-Anything else, or a value that cannot be honoured (top_logprobs > 0, tool_choice "required",
-parallel_tool_calls false), is a 400 naming the parameter.
+Anything else, or a value that cannot be honoured (top_logprobs without logprobs, tool_choice
+"allowed_tools", parallel_tool_calls false), is a 400 naming the parameter.
 
 Streaming sends OpenAI's exact chunk shape: a first chunk with the role, content / reasoning
 deltas as the engine produces them, tool calls and finish_reason in each choice's last chunk,

@@ -21,8 +21,16 @@ Invariants:
   elsewhere); an unreachable engine is a 503. Nothing raised while serving one request reaches
   the server loops, and a refused request records nothing.
 
-Deliberately not honoured (400 naming the parameter): ``tool_choice`` "required" or a named
-function (no constrained decoding). Streaming needs an engine with ``generate_stream``; without one, ``stream`` is a 400.
+``tool_choice`` "required" or a named function is honoured by a forced prefix, not by constrained
+decoding: the opening of a tool call in the model's format (``parsers.forced_tool_prefix``; for
+Qwen/Hermes ``<tool_call>\n``, or through ``"arguments": `` for a named function) is appended to
+the prompt ids and the engine continues from it. Those ids are recorded as the end of the
+Interaction's prompt (not sampled: loss mask 0, no logprob); the text parsed and returned is the
+forced text + the sampled text. What the model writes inside the call is not constrained: a call
+that does not parse comes back as text. A named function not in ``tools`` is a 400.
+
+Deliberately not honoured: streaming needs an engine with ``generate_stream``; without one,
+``stream`` is a 400.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ import msgspec
 
 from areal.gateway import tree
 from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, TokenLogprob, Turn
-from areal.gateway.generation import choice_ids, engine_kwargs, engine_params, finish_choice, parse_version, stream_choices, validate_turn
+from areal.gateway.generation import (choice_ids, engine_kwargs, engine_params, finish_choice, forced_text, parse_version,
+                                      stream_choices, text_decoder, validate_turn)
 from areal.gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
 from areal.gateway.tree import Interaction
@@ -121,6 +130,7 @@ class Gateway:
             {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int) and t >= 0}
         )
         self.prompts = PromptBuilder(tokenizer, self.stop_token_ids)
+        self.decode_text = text_decoder(tokenizer)  # ids -> text without special tokens (what clients see)
         self._n_calls = 0
         self._next_sweep = 0.0
 
@@ -173,9 +183,13 @@ class Gateway:
 
     # ---- completions (what the front-ends call) ---------------------------------------------
 
-    def _prepare(self, session: Session, turn: Turn) -> tuple[Prompt, dict]:
+    def _prepare(self, session: Session, turn: Turn) -> tuple[Prompt, dict, str]:
+        """(prompt, engine params, forced text); a forced tool-call opening's ids end the prompt."""
         validate_turn(turn, self.config)
         prompt = self.prompts.build(session.index, session.interactions, turn.messages, turn.tools)
+        forced = forced_text(turn, self.config)
+        if forced:  # not sampled: recorded as prompt (loss mask 0), so a follow-up extends it exactly
+            prompt.ids = prompt.ids + self.prompts.encode(forced)  # a new list: build's may be cached
         s = turn.sampling
         if len(prompt.ids) + s.max_tokens > self.config.context_length:
             raise RequestError(
@@ -188,11 +202,11 @@ class Gateway:
                                   "stop_token_ids": self.stop_token_ids}
         if s.stop:  # the engine stops early; the gateway still cuts (generation.py), idempotently
             params["stop"] = list(s.stop)
-        return prompt, params
+        return prompt, params, forced
 
     async def complete(self, session: Session, turn: Turn, *, response_id: str | None = None) -> list[Choice]:
         """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
-        prompt, params = self._prepare(session, turn)
+        prompt, params, forced = self._prepare(session, turn)
         s = turn.sampling
         self._n_calls += 1
         calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn))
@@ -200,15 +214,15 @@ class Gateway:
         # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
         results = [await calls[0]] if s.n == 1 else await asyncio.gather(*calls)
         ids = choice_ids(s.n, response_id)
-        return [finish_choice(self, session, turn, prompt, i, ids[i], r) for i, r in enumerate(results)]
+        return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
 
     def complete_stream(self, session: Session, turn: Turn, *, response_id: str | None = None) -> AsyncIterator[ChoiceDelta]:
         """Deltas as the engine produces tokens; each choice's "done" delta is its last."""
         if not hasattr(self.engine, "generate_stream"):
             raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
-        prompt, params = self._prepare(session, turn)
+        prompt, params, forced = self._prepare(session, turn)
         self._n_calls += 1
-        return stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id))
+        return stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced)
 
     # ---- routing --------------------------------------------------------------------------
 

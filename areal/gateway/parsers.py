@@ -84,6 +84,29 @@ class StreamEvent(msgspec.Struct):
     text: str
 
 
+def forced_tool_prefix(tool_parser: str, name: str | None) -> str:
+    """The opening of a tool call in ``tool_parser``'s format, for ``tool_choice`` "required"
+    (``name`` None: any function) or a named function (through the key of its arguments).
+
+    The gateway appends its ids to the prompt and lets the model continue, so whatever the model
+    samples next completes a call; the parser is fed this text first, so the call it sees is whole.
+    It ends where a token ends in the canonical tokenisation: after ``"arguments":``, not after the
+    space that follows, because BPE vocabularies (Qwen2.5's, the embedded model's) merge that space
+    into the next token (`` {"``); a lone space token would be text the model never saw there.
+    """
+    _check_names(tool_parser, None)
+    quoted = None if name is None else json.dumps(name, ensure_ascii=False)
+    match tool_parser:
+        case "qwen25" | "hermes":
+            return QWEN_OPEN + "\n" + ("" if quoted is None else '{"name": ' + quoted + ', "arguments":')
+        case "llama3":
+            return '{"name":' + ("" if quoted is None else " " + quoted + ', "parameters":')
+        case "mistral":
+            return MISTRAL_OPEN + "[" + ("" if quoted is None else '{"name": ' + quoted + ', "arguments":')
+        case _:  # deepseekv3
+            return DS_CALLS_OPEN + DS_CALL_OPEN + "function" + DS_SEP + ("" if name is None else name + "\n```json\n")
+
+
 def new_call_id() -> str:
     """A fresh tool-call id in OpenAI's shape: ``call_`` + 24 hex chars."""
     return "call_" + secrets.token_hex(12)
@@ -91,6 +114,13 @@ def new_call_id() -> str:
 
 def parse_output(text: str, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> ParsedOutput:
     """Split a finished model output into content, reasoning and tool calls (never raises on text)."""
+    if (tool_parser is None or (tool_parser in _TOOL_OPENERS and tool_parser != "llama3")) and \
+            reasoning_parser in (None, *REASONING_PARSERS):
+        # No marker anywhere: the scanner would pass every character through as content, so the
+        # common plain answer skips it. (llama3 is excluded: a leading "{" opens a call there.)
+        markers = (_TOOL_OPENERS[tool_parser] if tool_parser else ()) + ((THINK_OPEN,) if reasoning_parser else ())
+        if not any(m in text for m in markers):
+            return ParsedOutput(text)
     parser = StreamParser(tool_parser, reasoning_parser)
     parser.feed(text)
     return parser.finish()[1]

@@ -25,6 +25,8 @@ Invariants:
   ``truncation="disabled"``, ``text.format.type="text"``, ``reasoning`` of null, ``include``
   of an empty list. A function tool's ``strict`` flag is accepted but not enforced: the gateway
   never constrains decoding, and arguments are whatever the model sampled.
+- ``tool_choice`` "required" / ``{"type": "function", "name": N}`` force a call by appending the
+  opening of one to the prompt (see ``core``); a name not in ``tools`` is a 400.
 - The streamed events are the ones the openai 2.44 SDK parses (``ResponseStreamEvent``) and the
   final ``response.completed`` carries the same body a non-streamed call returns.
 
