@@ -45,8 +45,8 @@ from typing import Any
 import msgspec
 
 from areal.gateway import tree
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, TokenLogprob, Turn
-from areal.gateway.generation import (choice_ids, engine_kwargs, engine_params, finish_choice, forced_text, parse_version,
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Turn
+from areal.gateway.generation import (choice_ids, engine_kwargs, engine_params, finish_choice, forced_text,
                                       stream_choices, text_decoder, validate_turn)
 from areal.gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
