@@ -1,9 +1,12 @@
 """End to end: episodes/s of a real training run, sandboxed (`subproc`) against `inline`.
 
 Each call runs `python -m areal.train` twice with the same small configuration (embedded model,
-the default `agents/openai_math.py:MathAgent`, staleness bound 1, no held-out evaluation), once
-with `rollout.openai.mode=subproc` and once with `inline` as the baseline, and reads the figures
-from the run directories. It also reports, for the sandboxed run, the run statistics that the
+the multi-turn tool agent `agents/openai_tools.py:CalculatorAgent`, staleness bound 1, no
+held-out evaluation), once with `rollout.openai.mode=subproc` and once with `inline` as the
+baseline, and reads the figures from the run directories. The tool agent rather than the
+default single-turn `MathAgent`: its follow-up calls send the model's parsed tool calls back as
+structured `tool_calls` plus a `tool` message, which is where a history can drift from the
+sampled tokens, so the drift rate it reports is a measurement, not 0 by construction. It also reports, for the sandboxed run, the run statistics that the
 controller and trainer do not record as such, computed here from the run directory (`run_stats`):
 
   * episodes/s: trajectories whose record was built (`Trajectory.created`, from
@@ -13,7 +16,9 @@ controller and trainer do not record as such, computed here from the run directo
   * steps/s: (steps - 1) over the same span;
   * staleness per trained episode: the step that trained it (`trained_episodes-r*.jsonl`) minus
     one (the trainer's version) minus the lowest policy version that sampled its tokens;
-  * drift rate: trained trajectories whose agent rewrote history (`Trajectory.drift > 0`);
+  * LLM calls per trained episode: the calls folded into its rows (`Trajectory.row_turns`);
+  * drift rate: trained trajectories where some call's history matched no recorded reply, so the
+    gateway started a new branch (`Trajectory.drift > 0`);
   * trainer idle time: for step i >= 2, the time between the report of step i-1 and the moment
     the last trajectory of step i's batch was built, clamped to [0, interval - step_s]: time the
     trainer sat waiting for data. Idle fraction = the sum over the span. (Step 1 waits for start-up
@@ -38,6 +43,7 @@ from typing import Any
 from areal.controller import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
+AGENT = "agents/openai_tools.py:CalculatorAgent"
 
 
 def small_run(quick: bool) -> list[str]:
@@ -77,7 +83,7 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     t_first, t_last = metrics[0]["time"], metrics[-1]["time"]
     span = t_last - t_first
     staleness: dict[int, int] = {}
-    drifted = total = 0
+    drifted = total = calls = 0
     idle = 0.0
     for m in metrics:
         step = m["step"]
@@ -88,6 +94,8 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
             staleness[s] = staleness.get(s, 0) + 1
             drifted += t.drift > 0
             total += 1
+            turns = t.array("row_turns")  # LLM calls folded into each row; empty before schema 2
+            calls += int(turns.sum()) if turns.size else len(t.array("row_lens"))
         if step - 1 in times and batch:
             interval = times[step] - times[step - 1]
             waited = max(t.created for t in batch) - times[step - 1]
@@ -98,6 +106,7 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
         "episodes_per_s": produced / span, "staleness_hist": dict(sorted(staleness.items())),
         "staleness_mean": sum(k * n for k, n in staleness.items()) / max(1, total),
         "staleness_max": max(staleness, default=0), "drift_rate": drifted / max(1, total), "trained": total,
+        "calls_per_episode": calls / max(1, total),
         "idle_s": idle, "idle_fraction": idle / span, "step_s_mean": statistics.mean(m.get("step_s", 0.0) for m in metrics),
     }
 
@@ -112,14 +121,16 @@ def main(quick: bool) -> list[dict]:
         walls, stats = {}, {}
         for mode in ("subproc", "inline"):
             run_dir = Path(tmp) / mode
-            walls[mode] = train_run([*small_run(quick), f"rollout.openai.mode={mode}", f"experiment_name=bench-e2e-{mode}"], run_dir)
+            walls[mode] = train_run([*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}",
+                                     f"experiment_name=bench-e2e-{mode}"], run_dir)
             stats[mode] = run_stats(run_dir)
     sub, inl = stats["subproc"], stats["inline"]
     bound = 1  # rollout.max_head_offpolicyness of the default config, kept by small_run
     how = "from the run directory (benchmarks/e2e.py:run_stats)"
     return [
         _row("episodes/s, subproc (sandboxed)", sub["episodes_per_s"], "ep/s", "inline (controller's event loop)",
-             inl["episodes_per_s"], note=f"steady state: trajectories built between the first and last step / that span, {how}"),
+             inl["episodes_per_s"], note=f"{AGENT}, steady state: trajectories built between the first and last step / "
+                                         f"that span, {how}"),
         _row("steps/s, subproc", sub["steps_per_s"], "steps/s", "inline", inl["steps_per_s"]),
         _row("run wall time incl. start-up, subproc", walls["subproc"], "s", "inline", walls["inline"]),
         _row("trainer idle fraction, subproc run", sub["idle_fraction"], "fraction", "inline run", inl["idle_fraction"],
@@ -129,8 +140,12 @@ def main(quick: bool) -> list[dict]:
              "bound max_head_offpolicyness", bound, histogram={str(k): n for k, n in sub["staleness_hist"].items()},
              note="trainer version at the step that trained it minus the lowest version that sampled its tokens"),
         _row("staleness max, subproc run", sub["staleness_max"], "versions", "bound max_head_offpolicyness", bound),
-        _row("drift rate, subproc run (single-turn agent)", sub["drift_rate"], "fraction", "inline run", inl["drift_rate"],
-             note="trained trajectories with Trajectory.drift > 0; the single-turn math agent never rewrites history, so 0 is expected"),
+        _row("drift rate, subproc run (calculator tool agent)", sub["drift_rate"], "fraction", "inline run", inl["drift_rate"],
+             note=f"trained trajectories with Trajectory.drift > 0 (a call whose history matched no recorded reply), "
+                  f"over {sub['trained']} trained episodes of {sub['calls_per_episode']:.2f} LLM calls on average; "
+                  "0 means every follow-up call was appended to the exact sampled tokens"),
+        _row("LLM calls per trained episode, subproc run", sub["calls_per_episode"], "calls", "inline run",
+             inl["calls_per_episode"], note="Trajectory.row_turns summed: how multi-turn the measured episodes were"),
     ]
 
 

