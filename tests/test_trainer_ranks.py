@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(engine_urls=[], report_addr="tcp://127.0.0.1:1", steps=2, groups_per_step=2, lr=1e-3,
             temperature=TEMPERATURE, record_timeout_s=60, micro_batch_tokens=16, loss="ppo", behav_weight_cap=5.0)
 
+# Weights after 2 AdamW steps of lr 1e-3 (updates ~1e-3 per element). Summing the gradient over
+# ranks in another order changes it in the last float bits, and where an element's gradient is
+# near zero Adam's m/sqrt(v) turns that into a visible difference (seen: 1.4e-6 on 1 of 8,192
+# elements). 1e-5 is 1 % of one update: a rank that skipped or double-counted data is far off.
+UPDATE_ATOL = 1e-5
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -145,7 +151,7 @@ def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     one_final = params(reference.run_dir / "final")
     changed = 0
     for name, p in params(tmp_path / "two" / "final").items():
-        torch.testing.assert_close(p, one_final[name], atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(p, one_final[name], atol=UPDATE_ATOL, rtol=1e-5, msg=name)
         changed += not torch.equal(p, reference.start[name])
     assert changed == len(one_final)
     logs = [json.loads(x) for r in (0, 1) for x in (tmp_path / "two" / f"trained_episodes-r{r}.jsonl").read_text().splitlines()]
@@ -176,7 +182,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
         got = params(tmp_path / "fsdp" / "weights" / f"v{step}")  # gathered to rank 0 and published
         assert set(got) == set(want)
         for name, p in got.items():
-            torch.testing.assert_close(p, want[name], atol=1e-6, rtol=1e-5, msg=f"v{step} {name}")
+            torch.testing.assert_close(p, want[name], atol=UPDATE_ATOL, rtol=1e-5, msg=f"v{step} {name}")
             assert not torch.equal(p, reference.start[name]), f"v{step} {name} did not change"
     final = params(tmp_path / "fsdp" / "final")
     for name, p in params(tmp_path / "fsdp" / "weights" / "v2").items():
