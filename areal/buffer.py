@@ -5,8 +5,8 @@ API: ``RingWriter(ring_name(run_id, rank), capacity_bytes)`` creates a ring, ``.
 ``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
-removes the segments of crashed runs. (About 690 lines: both ends of one shared layout stay in
-one module, per the one-module-per-boundary rule; a fifth of it is this docstring.)
+removes the segments of crashed runs. (About 800 lines: both ends of one shared layout and
+its doorbell stay in one module, per the one-module-per-boundary rule; a sixth is docstring.)
 
 The segment is a plain file in ``/dev/shm`` mapped with ``mmap`` by both processes. We do not use
 ``multiprocessing.shared_memory``: on Python 3.11 its resource tracker unlinks segments that a
@@ -21,10 +21,11 @@ Layout (all integers little-endian u64 words; each side's words on their own cac
     offset 64    write_pos    monotonic byte offset, 8-aligned; the writer's ONLY publish point
     offset 128   next_seq     sequence number of the next record (hint, written after publish)
     offset 192   last_start   start of the newest record (written before its first byte)
-    offset 256   writer_pid | writer_start   (start = /proc starttime, so pid reuse is seen)
+    offset 256   writer_pid | writer_start | writer_waiting | writer_bell   (start = /proc
+                 starttime, so pid reuse is seen; waiting/bell: the doorbell, see Waiting)
     offset 320   commit_pos   monotonic byte offset, 8-aligned; the reader's ONLY release point
     offset 384   commit_seq   sequence number of the first uncommitted record (hint)
-    offset 448   reader_pid | reader_start
+    offset 448   reader_pid | reader_start | reader_waiting | reader_bell
     offset 4096  data[capacity]    byte position p lives at data[p % capacity]
 
     record frame (32 bytes) + payload, padded to a multiple of 8:
@@ -59,27 +60,38 @@ the last commit. The default ``auto_commit=True`` commits each record as it is h
 (at-least-once across reader crashes: a record copied but not yet committed comes again).
 
 Checksum choice: zlib.crc32 over a 100 KB payload costs ~25 us, more than the whole transfer.
-The payload is instead summed as little-endian u64 words with wrap-around (numpy, ~2 us per
-100 KB, the trailing partial word zero-extended), and the frame header carries a crc32 of its
-own 24 bytes. Detected: a torn write (an unwritten or stale tail differs from what was summed),
-truncation or a wrong length, a record overwritten by a later lap, any change confined to one
-8-byte word (every bit flip), a stale or garbled frame (header crc, sequence continuity).
-Not detected: permutations of 8-byte words and changes that cancel in the sum (e.g. +1 in one
-word and -1 in another); the ring defends against crashes and protocol bugs, not an adversary.
+The payload is instead summed as little-endian u64 words with wrap-around (``np.add.reduce``,
+~0.8 us fixed + ~1.5 us per 100 KB hot, the trailing partial word zero-extended), and the frame
+header carries a crc32 of its own 24 bytes. The writer zeroes the padding after the payload
+(layout version 3), so both sides sum whole words (no tail to special-case) and damaged
+padding is caught too. Detected: a torn write (an unwritten or stale tail differs from what
+was summed), truncation or a wrong length, a record overwritten by a later lap, any change
+confined to one 8-byte word (every bit flip), a stale or garbled frame (header crc, sequence
+continuity). Not detected: permutations of 8-byte words and changes that cancel in the sum
+(+1 in one word, -1 in another); the ring defends against crashes and bugs, not an adversary.
 
 Hot path: each side caches the other side's position word (``_seen_commit`` in the writer,
 ``_seen_write`` in the reader) and re-reads the shared word only when the cached value no
 longer shows room or a record. Positions only grow, so a cached value is merely behind, never
 wrong, and every decision that could block re-reads the authoritative word; this saves a
-cross-core cache miss per record. Parts are copied with one ``mmap.write`` each. Measured CPU
-per 8k-token record (106 KB, incl. encode/decode; loaded 2-core EPYC): writer ~11 us into a
-cache-resident 2 MiB ring, ~17 us into a 16 MiB one (the copy into cold shared memory is
-~10 us of that: memory-bound); reader ~5.5-6.6 us, of which the checksum is ~2-4 us.
+cross-core cache miss per record. Parts are copied with one ``mmap.write`` each (faster here
+than memoryview or numpy slice assignment), straight from the caller's arrays: each payload
+byte is written once and read once more by each side's checksum, and nothing else touches it.
+The frame is packed in place. Per 8k-token record (106 KB, incl. encode/decode; 2-core EPYC,
+loaded): writer ~9.5-12 us = encode ~2 + copy ~4 + sum ~2.5 + frame and bookkeeping ~1.5;
+reader ~5-6 us = checksum ~2.5-3 (the record crosses cores here) + frame ~1.5 + decode ~0.9.
+The ring's size matters as much: in a ring that stays in the last-level cache (a few MiB) the
+writer copies into cached lines (~26 GB/s); in a 16-64 MiB ring each lap goes out to DRAM and
+the copy costs ~2.5x as much (``benchmarks/ring.py`` measures both).
 
-Waiting: no doorbell file descriptor (eventfd cannot reach an unrelated process without fd
-passing; a ZeroMQ doorbell costs ~15 us per record, more than the record). A waiting side spins
-50 re-checks, then sleeps 20 us doubling to 1 ms, re-reading the other side's word each time,
-so a wake-up can never be lost, only delayed by at most 1 ms. Every wait has a timeout.
+Waiting: a waiting side spins 50 re-checks, then sleeps 20 us doubling to 1 ms, re-reading the
+other side's word each time; every wait has a timeout, and the shared words decide. A doorbell
+shortens the sleeps: before its first sleep a side binds a datagram socket in the abstract
+Unix namespace (autobound: unique, no file to clean up), stores its address in its ``bell``
+word, sets its ``waiting`` word, re-checks, and sleeps in ``select`` on the socket. The peer
+loads ``waiting`` once per record and, if set, sends one byte. A hint only: x86 may order the
+re-check before the flag store is visible ("set flag then check" loses wake-ups), and a peer
+in another network namespace is unreachable; either costs at most one sleep slice.
 
 What is covered:
   * a writer killed at any instant (SIGKILL included): nothing it published is lost, nothing
@@ -106,25 +118,32 @@ import collections
 import mmap
 import os
 import re
+import select
+import socket
 import struct
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 SHM_DIR = "/dev/shm"
 MAGIC = int.from_bytes(b"AREALRNG", "little")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3  # 3: record padding is zeroed and covered by the payload sum
 HEADER_BYTES = 4096  # one page, so the data region is page aligned
 # Byte offsets of the header words; each side's words on its own cache lines.
 OFF_MAGIC, OFF_VERSION, OFF_CAPACITY = 0, 8, 16
 OFF_WRITE_POS, OFF_NEXT_SEQ, OFF_LAST_START, OFF_WRITER_PID, OFF_WRITER_START = 64, 128, 192, 256, 264
 OFF_COMMIT_POS, OFF_COMMIT_SEQ, OFF_READER_PID, OFF_READER_START = 320, 384, 448, 456
+# Per side, on its pid line (which the peer reads once per record and the owner writes only
+# around a sleep): WAITING is 1 while it sleeps on its doorbell, BELL the doorbell's address.
+OFF_WRITER_WAITING, OFF_WRITER_BELL, OFF_READER_WAITING, OFF_READER_BELL = 272, 280, 464, 472
 
 FRAME = struct.Struct("<IIQQII")  # kind, payload length, seq, sum64(payload), crc32(bytes 0..24), reserved
 _FRAME_HEAD = struct.Struct("<IIQQ")  # the frame bytes its crc32 covers
 _KIND = struct.Struct("<I")
+_ZEROS = bytes(8)
+_add_reduce = np.add.reduce  # (words,) u64 -> wrap-around sum; one C call, ~48 GB/s on hot data
 KIND_RECORD = int.from_bytes(b"REC2", "little")
 KIND_WRAP = int.from_bytes(b"WRAP", "little")
 NO_RECORD = (1 << 64) - 1  # last_start before the first record
@@ -238,14 +257,25 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, _check_name(name.lstrip("/")))
 
 
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
-
-
 def _pause(attempt: int) -> None:
     """One bounded wait step: spin first, then sleep 20 µs doubling up to 1 ms."""
     if attempt >= _SPIN_CHECKS:
-        time.sleep(min(_MAX_SLEEP_S, _MIN_SLEEP_S * (1 << min(attempt - _SPIN_CHECKS, 10))))
+        time.sleep(_sleep_slice(attempt - _SPIN_CHECKS))
+
+
+def _sleep_slice(attempt: int) -> float:
+    return min(_MAX_SLEEP_S, _MIN_SLEEP_S * (1 << min(attempt, 10)))
+
+
+def _pack_address(address: bytes) -> int:
+    """An autobound abstract socket address (``\\0`` + 5 hex digits) as one header word."""
+    if len(address) > 7:
+        raise RingError(f"doorbell address {address!r} longer than 7 bytes")
+    return len(address) | int.from_bytes(address, "little") << 8
+
+
+def _unpack_address(word: int) -> bytes:
+    return (word >> 8).to_bytes(word & 0xFF, "little")
 
 
 def payload_sum(buf: bytes | memoryview | mmap.mmap, offset: int, n: int) -> int:
@@ -270,7 +300,14 @@ class _Segment:
         self._u64 = self._buf[:HEADER_BYTES].cast("Q")
         self._data = self._buf[HEADER_BYTES:]
         self.capacity = len(self._data)
+        self._max_payload = min((self.capacity // 2) & ~7, 0xFFFFFFF8) - FRAME.size
         self._words = np.frombuffer(self._mm, "<u8")  # (size / 8,) for payload sums, made once
+        self._bell: socket.socket | None = None  # this side's doorbell, bound on first use
+        self._bell_pid = 0  # the process that bound it (a forked child binds its own)
+        self.wait_cpu_s = 0.0  # CPU seconds spent waiting (spinning included): busy = total - this
+        self.bell_wakeups = 0  # sleeps ended by the peer's doorbell rather than by the time slice
+
+    _bell_off = 0  # OFF_WRITER_BELL or OFF_READER_BELL: where this side publishes its doorbell
 
     def _validate_header(self) -> None:
         if self._word(OFF_MAGIC) != MAGIC:
@@ -295,7 +332,72 @@ class _Segment:
         if pid not in (0, os.getpid()) and _alive(pid, start):
             raise RingError(f"ring {self.name} already has a live {role} (pid {pid}); one per ring")
         self._set_word(pid_off + 8, _proc_start(os.getpid()) or 0)
+        self._set_word(pid_off + 16, 0)  # a predecessor killed asleep left its waiting flag set
         self._set_word(pid_off, os.getpid())
+
+    def _bell_socket(self) -> socket.socket:
+        """This process's doorbell: a datagram socket autobound in the abstract namespace (unique,
+        nothing to clean up), its address published in this side's BELL word before any sleep."""
+        pid = os.getpid()
+        if self._bell is None or self._bell_pid != pid:
+            if self._bell is not None:
+                self._bell.close()  # inherited through fork: the parent's doorbell, not ours
+            bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            bell.setblocking(False)
+            bell.bind("")  # autobind
+            self._u64[self._bell_off >> 3] = _pack_address(bell.getsockname())
+            self._bell, self._bell_pid = bell, pid
+        return self._bell
+
+    def _ring_peer(self, peer_bell_off: int) -> None:
+        """Wake the peer, which announced that it sleeps on its doorbell."""
+        word = self._u64[peer_bell_off >> 3]
+        if not word:  # no doorbell published: the flag is stale or garbled; the sleep is bounded
+            return
+        try:
+            self._bell_socket().sendto(b"\1", _unpack_address(word))
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+            # A hint only: the bell is already ringing (queue full), or the peer is gone or lives
+            # in another network namespace; its sleep is bounded and re-checks the shared words.
+            pass
+
+    def _wait_until(self, ready: Callable[[], bool], flag_off: int, timeout_s: float | None) -> bool:
+        """Bounded wait for ``ready()``; False on timeout.
+
+        Spins ``_SPIN_CHECKS`` re-checks, then announces itself at ``flag_off``, re-checks once
+        more, and sleeps on the doorbell in slices of 20 µs doubling to 1 ms, re-checking after
+        every wake-up. The announcement can race with the peer's publish (x86 may order our load
+        of the peer's word before our flag store becomes visible), so a wake-up can be lost, but
+        then the slice bounds the delay: the doorbell shortens waits, it never decides them.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        cpu = time.process_time()
+        attempt = 0
+        try:
+            while not ready():
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                if attempt == _SPIN_CHECKS:
+                    self._bell_socket()  # its address is stored before the flag that leads to it
+                    self._u64[flag_off >> 3] = 1  # then loop: re-check before the first sleep
+                elif attempt > _SPIN_CHECKS:
+                    slice_s = _sleep_slice(attempt - _SPIN_CHECKS - 1)
+                    if deadline is not None:
+                        slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
+                    bell = self._bell_socket()
+                    if select.select([bell], [], [], slice_s)[0]:
+                        self.bell_wakeups += 1
+                        while True:  # drain: several rings while asleep are one wake-up
+                            try:
+                                bell.recv(64)
+                            except BlockingIOError:
+                                break
+                attempt += 1
+            return True
+        finally:
+            if attempt > _SPIN_CHECKS:
+                self._u64[flag_off >> 3] = 0
+            self.wait_cpu_s += time.process_time() - cpu
 
     def _positions(self) -> tuple[int, int]:
         """(commit_pos, write_pos) after checking the invariants that bind them."""
@@ -306,6 +408,9 @@ class _Segment:
 
     def _unmap(self) -> None:
         # Every exported view must be released before the mmap can close.
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
         for view in (self._u64, self._data, self._buf):
             view.release()
         del self._words
@@ -321,13 +426,6 @@ class _Segment:
     def writer_pid(self) -> int:
         return self._word(OFF_WRITER_PID)
 
-    def _sum_in_place(self, start: int, n: int) -> int:
-        """``payload_sum`` of mapping bytes ``[start, start + n)``; ``start`` is 8-aligned."""
-        first, words = start >> 3, n >> 3
-        tail = start + (words << 3)
-        total = int(np.add.reduce(self._words[first : first + words])) + int.from_bytes(self._mm[tail : start + n], "little")
-        return total & _MASK64
-
     def writer_alive(self) -> bool:
         """Whether the process recorded as the writer still runs (a zombie counts as dead)."""
         return _alive(self.writer_pid, self._word(OFF_WRITER_START))
@@ -335,6 +433,8 @@ class _Segment:
 
 class RingWriter(_Segment):
     """The single producer. ``RingWriter(name)`` creates the segment; ``attach`` reopens it."""
+
+    _bell_off = OFF_WRITER_BELL
 
     def __init__(self, name: str, capacity_bytes: int = 64 << 20) -> None:
         if capacity_bytes < 128 or capacity_bytes % 8:
@@ -408,7 +508,7 @@ class RingWriter(_Segment):
         own size at the end of a lap; only records of at most half the capacity are sure to
         fit once the reader has drained the ring.
         """
-        return min((self.capacity // 2) & ~7, 0xFFFFFFF8) - FRAME.size
+        return self._max_payload
 
     @property
     def next_seq(self) -> int:
@@ -431,17 +531,19 @@ class RingWriter(_Segment):
         Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
         """
-        # Hot path (~100k calls/s): locals instead of attribute lookups, one mmap.write per part.
+        # Hot path (~100k calls/s): locals instead of attribute lookups and method calls, one
+        # mmap.write per part; the frame is packed here rather than through _write_frame.
         n = 0
         for p in parts:  # byte lengths; any C-contiguous buffer (non-contiguous fails on copy)
             n += p.nbytes if type(p) is memoryview else len(p) if type(p) is bytes else memoryview(p).nbytes
-        if n > self.max_payload:
+        if n > self._max_payload:
             raise RecordTooLarge(
-                f"record of {n} bytes does not fit ring {self.name}: at most {self.max_payload} "
+                f"record of {n} bytes does not fit ring {self.name}: at most {self._max_payload} "
                 f"bytes per record (half the capacity of {self.capacity} bytes, less a "
                 f"{FRAME.size}-byte frame)"
             )
-        size = FRAME.size + ((n + 7) & ~7)
+        padded = (n + 7) & ~7
+        size = FRAME.size + padded
         u64, cap, mm = self._u64, self.capacity, self._mm
         w = self._write_pos
         room = cap - w % cap
@@ -464,28 +566,31 @@ class RingWriter(_Segment):
         write = mm.write
         for p in parts:
             write(p)
+        if padded != n:
+            write(_ZEROS[: padded - n])  # zero padding: the padded words sum like the zero-extended tail
         # The checksum is taken over what the ring now holds (hot in this core's cache), so a
         # copy that went wrong is caught too, not only later damage.
-        self._write_frame(start, KIND_RECORD, n, seq, self._sum_in_place(start + FRAME.size, n))
+        first = (start + FRAME.size) >> 3
+        checksum = int(_add_reduce(self._words[first : first + (padded >> 3)])) & _MASK64
+        crc = zlib.crc32(_FRAME_HEAD.pack(KIND_RECORD, n, seq, checksum))
+        FRAME.pack_into(mm, start, KIND_RECORD, n, seq, checksum, crc, 0)
         self._write_pos = w = w + size
         u64[OFF_WRITE_POS >> 3] = w  # publish: the reader may now read it
         self._next_seq = seq + 1
         u64[OFF_NEXT_SEQ >> 3] = seq + 1
+        if u64[OFF_READER_WAITING >> 3]:  # one load per record; the reader rarely writes this line
+            self._ring_peer(OFF_READER_BELL)
         return seq
 
     def _wait_for_room(self, commit_needed: int, size: int, timeout_s: float | None) -> None:
         """Back-pressure: wait until the reader has committed up to ``commit_needed``."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        attempt = 0
-        while (seen := self._word(OFF_COMMIT_POS)) < commit_needed:  # re-read: the reader moves it
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RingFull(
-                    f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
-                    f"({self.free_bytes()} of {self.capacity} free; is the reader alive?)"
-                )
-            _pause(attempt)
-            attempt += 1
-        self._seen_commit = seen
+        u64, i = self._u64, OFF_COMMIT_POS >> 3
+        if not self._wait_until(lambda: u64[i] >= commit_needed, OFF_WRITER_WAITING, timeout_s):
+            raise RingFull(
+                f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
+                f"({self.free_bytes()} of {self.capacity} free; is the reader alive?)"
+            )
+        self._seen_commit = u64[i]  # re-read: the reader moves it
 
     def _write_frame(self, start: int, kind: int, n: int, seq: int, checksum: int) -> None:
         head = _FRAME_HEAD.pack(kind, n, seq, checksum)
@@ -515,6 +620,8 @@ class RingReader(_Segment):
     which catches a fresh trainer pointed at an old run's ring. ``auto_commit=True`` commits
     each record as it is handed out; with ``False`` the caller commits with ``commit(seq)``.
     """
+
+    _bell_off = OFF_READER_BELL
 
     def __init__(self, name: str, timeout_s: float = 30, *, resume: bool = True, auto_commit: bool = True) -> None:
         path = _path(name)
@@ -578,9 +685,12 @@ class RingReader(_Segment):
         if found is None:
             return None
         seq, start, n, checksum, end = found
-        if self._sum_in_place(start, n) != checksum:
+        first = start >> 3  # the payload sum over whole words, and _deliver, inlined: hot path
+        if int(_add_reduce(self._words[first : first + ((n + 7) >> 3)])) & _MASK64 != checksum:
             raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at {start}")
-        self._deliver(seq, end)
+        self._read_pos = end
+        self.last_seq = seq
+        self._delivered.append((seq, end))
         return self._buf[start : start + n]
 
     def _deliver(self, seq: int, end: int) -> None:
@@ -593,10 +703,14 @@ class RingReader(_Segment):
 
         Returns (seq, payload offset in the mapping, length, sum64, end position)."""
         delivered = self._delivered
-        if self.auto_commit and delivered:  # the view handed out last time is now consumed
-            newest = delivered[-1]
+        if delivered and self.auto_commit:  # the view handed out last time is now consumed
+            seq, end = delivered[-1]
             delivered.clear()
-            self._commit_through(newest)
+            self._commit_pos = end  # _commit_through, inlined
+            self._u64[OFF_COMMIT_POS >> 3] = end  # release: the writer may now reuse the space
+            self._u64[OFF_COMMIT_SEQ >> 3] = seq + 1
+            if self._u64[OFF_WRITER_WAITING >> 3]:
+                self._ring_peer(OFF_WRITER_BELL)
         cap, r = self.capacity, self._read_pos
         # write_pos only grows, so records below the last value read are still published; the
         # shared word (a cache line the writer keeps writing) is re-read only once they are used.
@@ -634,14 +748,10 @@ class RingReader(_Segment):
 
     def _wait_for_record(self, timeout_s: float | None) -> int | None:
         """Wait until write_pos moves past the read position; the new write_pos, or None."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        attempt = 0
-        while (w := self._word(OFF_WRITE_POS)) == self._read_pos:  # re-read: the writer moves it
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            _pause(attempt)
-            attempt += 1
-        return w
+        u64, i, r = self._u64, OFF_WRITE_POS >> 3, self._read_pos
+        if not self._wait_until(lambda: u64[i] != r, OFF_READER_WAITING, timeout_s):
+            return None
+        return u64[i]
 
     def commit(self, seq: int) -> None:
         """Release every delivered record up to and including ``seq`` to the writer.
@@ -667,6 +777,8 @@ class RingReader(_Segment):
         u64 = self._u64
         u64[OFF_COMMIT_POS >> 3] = end  # release: the writer may now reuse the space
         u64[OFF_COMMIT_SEQ >> 3] = seq + 1
+        if u64[OFF_WRITER_WAITING >> 3]:
+            self._ring_peer(OFF_WRITER_BELL)
 
     def close(self) -> None:
         """Unmap (with ``auto_commit``, the last view handed out counts as consumed)."""

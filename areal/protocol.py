@@ -158,7 +158,9 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     ``versions`` int32 (policy version that sampled the token, -1 for prompt tokens).
     Per row: ``row_rewards`` float32, ``row_turns`` int32 (LLM calls folded into the row).
     All little-endian. The lowest/highest sampling version is derived (``version_span``), not
-    stored, so it can never disagree with ``versions``.
+    stored, so it can never disagree with ``versions``. ``versions`` stays int32 per token (a
+    third of an 8k record): a generation can span weight updates, a long run can pass int16's
+    32,767 steps, and the trainer consumes int32 without a conversion.
     """
 
     schema_version: int
@@ -314,16 +316,14 @@ def encode_trajectory_parts(traj: Trajectory) -> list[bytes | memoryview]:
     # the leading fields (their own fixarray header dropped).
     small = _ARRAY_HEADER + encode(values[:_HEAD])[1:]
     parts: list[bytes | memoryview] = []
-    append = parts.append
     for buf in values[_HEAD:_BULK]:
         size = buf.nbytes if type(buf) is memoryview else memoryview(buf).nbytes
         if size < 1 << 8:
-            small += b"\xc4" + size.to_bytes(1, "big") + buf  # a short copy beats another part
+            small += encode(buf)  # bin 8 header + bytes: a short copy beats another part
             continue
-        append(small + (_BIN16.pack(0xC5, size) if size < 1 << 16 else _BIN32.pack(0xC6, size)))
-        append(buf)
+        parts += (small + (_BIN16.pack(0xC5, size) if size < 1 << 16 else _BIN32.pack(0xC6, size)), buf)
         small = b""
-    append(small + encode(values[_BULK:])[1:])  # fixarray header: both tuples have < 16 elements
+    parts.append(small + encode(values[_BULK:])[1:])  # fixarray header: both tuples have < 16 elements
     return parts
 
 

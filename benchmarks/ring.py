@@ -2,21 +2,29 @@
 
 For 1k-, 8k- and 32k-token trajectories, one producer process builds a ``Trajectory`` once and
 then, per record, encodes it and hands it over; this process receives and decodes each one.
-Every path includes encode and decode:
+Every path includes encode and decode, and every path moves every byte to the consumer's core:
 
   * ring:  ``encode_trajectory_parts`` + ``RingWriter.put_parts`` (the token buffers are copied
            once, straight into shared memory, and summed) -> ``RingReader.get_view`` (checksum
-           verified in place) + ``decode_trajectory`` (zero-copy views into the ring);
+           verified in place: this reads the whole record) + ``decode_trajectory`` (zero-copy);
   * queue: ``encode_trajectory`` + ``multiprocessing.Queue.put`` -> ``get`` + decode;
   * zmq:   ``encode_trajectory`` + PUSH ``send(copy=False)`` over ``ipc://`` -> PULL
            ``recv(copy=False)`` + decode of the frame's buffer.
 
 The clock runs on the consumer from the end of a warm-up to the last record, so process start-up
 and first-touch costs are excluded. Each side also measures its own CPU time per record
-(``time.process_time`` over the same records, waits included): on this loaded shared machine
-wall-clock rates swing with other tenants, while CPU time per side says what each end costs
-(with a core per side, the rate is bounded by ``1 / max(writer, reader)``). The baselines run in the same invocation, interleaved with
-the ring, so background load on this shared 2-core machine hits all paths alike.
+(``time.process_time`` over the same records, waits included), and the ring's sides their busy
+CPU (the same, less what they spent spinning or sleeping on an empty or full ring:
+``wait_cpu_s``). On this loaded shared 2-core machine wall-clock rates swing with other tenants;
+``cpu_bound_trajectories_per_s`` = 1 / max(writer busy, reader busy) is the rate the path
+sustains with a core per side (the baselines block without spinning: their CPU is all busy).
+The baselines run in the same invocation, interleaved with the ring, so background load hits
+all paths alike.
+
+Ring size: the main figures use a 4 MiB ring. A ring that stays in the last-level cache lets
+the writer copy into lines that are already cached (~26 GB/s here); in a 64 MiB ring every lap
+goes out to DRAM and the copy costs ~2.5x as much. The 8k row ``*_64MiB_ring`` measures the
+production default (``ring_capacity_mb: 64``) in the same run, for comparison.
 
     python -m benchmarks.ring [--quick]
 """
@@ -30,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.sharedctypes import SynchronizedArray
 from typing import NamedTuple
 
 import numpy as np
@@ -40,7 +48,8 @@ from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts
 
 SIZES = (1024, 8192, 32768)
-RING_BYTES = 16 << 20
+RING_BYTES = 4 << 20  # cache-resident (see the docstring); holds 37 8k-token records
+DEFAULT_RING_BYTES = 64 << 20  # conf/config.yaml ring_capacity_mb
 WARMUP = 200
 
 
@@ -66,20 +75,21 @@ def make_trajectory(tokens: int = 8192) -> Trajectory:
     )
 
 
-def _produce_ring(name: str, tokens: int, count: int, cpu: Synchronized) -> None:
+def _produce_ring(name: str, capacity: int, tokens: int, count: int, cpu: SynchronizedArray) -> None:
     traj = make_trajectory(tokens)
-    with RingWriter(name, RING_BYTES) as writer:
+    with RingWriter(name, capacity) as writer:
         for i in range(count):
             if i == WARMUP:
-                started = time.process_time()
+                started, waited = time.process_time(), writer.wait_cpu_s
             writer.put_parts(encode_trajectory_parts(traj), timeout_s=60)
-        cpu.value = (time.process_time() - started) / (count - WARMUP)
+        cpu[0] = (time.process_time() - started) / (count - WARMUP)
+        cpu[1] = (writer.wait_cpu_s - waited) / (count - WARMUP)
         deadline = time.monotonic() + 60
         while writer.free_bytes() < writer.capacity and time.monotonic() < deadline:
             time.sleep(0.001)  # keep the segment until the reader has committed everything
 
 
-def _produce_queue(queue: mp.Queue, tokens: int, count: int, cpu: Synchronized) -> None:
+def _produce_queue(queue: mp.Queue, tokens: int, count: int, cpu: SynchronizedArray) -> None:
     traj = make_trajectory(tokens)
     for i in range(count):
         if i == WARMUP:
@@ -87,10 +97,10 @@ def _produce_queue(queue: mp.Queue, tokens: int, count: int, cpu: Synchronized) 
         queue.put(encode_trajectory(traj))
     queue.close()
     queue.join_thread()  # the feeder thread's pickling and writes are this side's cost too
-    cpu.value = (time.process_time() - started) / (count - WARMUP)
+    cpu[0] = (time.process_time() - started) / (count - WARMUP)
 
 
-def _produce_zmq(addr: str, tokens: int, count: int, cpu: Synchronized) -> None:
+def _produce_zmq(addr: str, tokens: int, count: int, cpu: SynchronizedArray) -> None:
     traj = make_trajectory(tokens)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
@@ -101,53 +111,62 @@ def _produce_zmq(addr: str, tokens: int, count: int, cpu: Synchronized) -> None:
         sock.send(encode_trajectory(traj), copy=False)
     sock.close(linger=60_000)  # linger: deliver everything queued before exiting
     ctx.term()  # includes the I/O thread's sends
-    cpu.value = (time.process_time() - started) / (count - WARMUP)
+    cpu[0] = (time.process_time() - started) / (count - WARMUP)
 
 
 class Result(NamedTuple):
     rate: float  # records/s, wall clock on the consumer
     writer_cpu_s: float  # producer CPU seconds per record
     reader_cpu_s: float  # consumer CPU seconds per record
+    writer_busy_s: float  # the same, less CPU spent waiting for room (ring only)
+    reader_busy_s: float  # the same, less CPU spent waiting for a record (ring only)
+
+    @property
+    def cpu_bound_rate(self) -> float:
+        """Records/s with a core per side: the slower side's busy CPU per record bounds it."""
+        return 1 / max(self.writer_busy_s, self.reader_busy_s)
 
 
-def _consume(receive: Callable[[], object], tokens: int, count: int) -> tuple[float, float]:
-    """Receive and decode ``WARMUP + count`` records; (records/s, CPU s per record) over the last ``count``."""
+def _consume(receive: Callable[[], object], tokens: int, count: int,
+             waited: Callable[[], float] = lambda: 0.0) -> tuple[float, float, float]:
+    """Receive and decode ``WARMUP + count`` records; over the last ``count``: records/s, CPU s
+    per record, and CPU s per record spent waiting (``waited``: cumulative wait CPU so far)."""
     for _ in range(WARMUP):
         decode_trajectory(receive())
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu, wait = time.perf_counter(), time.process_time(), waited()
     total = 0
     for _ in range(count):
         total += decode_trajectory(receive()).num_tokens
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    elapsed, cpu, wait = time.perf_counter() - start, time.process_time() - cpu, waited() - wait
     assert total == count * tokens, f"received {total} tokens, expected {count * tokens}"
-    return count / elapsed, cpu / count
+    return count / elapsed, cpu / count, wait / count
 
 
-def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float]]) -> Result:
+def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float, float]]) -> Result:
     ctx = mp.get_context("spawn")  # no fork: the harness may hold threads
-    cpu = ctx.Value("d", float("nan"))
+    cpu = ctx.Array("d", [float("nan"), 0.0])  # writer: CPU s per record, of which waiting
     proc = ctx.Process(target=target, args=(*args, cpu))
     proc.start()
     try:
-        rate, reader_cpu = consume()
+        rate, reader_cpu, reader_wait = consume()
         proc.join(timeout=60)
         assert proc.exitcode == 0, f"{target.__name__} exited with {proc.exitcode}"
-        return Result(rate, cpu.value, reader_cpu)
+        return Result(rate, cpu[0], reader_cpu, cpu[0] - cpu[1], reader_cpu - reader_wait)
     finally:
         if proc.is_alive():
             proc.kill()
             proc.join()
 
 
-def run_ring(tokens: int, count: int) -> Result:
+def run_ring(tokens: int, count: int, capacity: int = RING_BYTES) -> Result:
     name = ring_name(f"bench{os.getpid()}", 0)
 
-    def consume() -> tuple[float, float]:
+    def consume() -> tuple[float, float, float]:
         with RingReader(name, timeout_s=60) as reader:
-            return _consume(lambda: reader.get_view(timeout_s=60), tokens, count)
+            return _consume(lambda: reader.get_view(timeout_s=60), tokens, count, lambda: reader.wait_cpu_s)
 
     try:
-        return _run(_produce_ring, (name, tokens, WARMUP + count), consume)
+        return _run(_produce_ring, (name, capacity, tokens, WARMUP + count), consume)
     finally:
         unlink_ring(name)
 
@@ -179,12 +198,14 @@ def main(quick: bool) -> list[dict]:
     for tokens in SIZES:
         count = max(500, (8 if quick else 40) * 2**20 * 8 // (tokens * 13))  # ~same bytes per size
         record_bytes = len(encode_trajectory(make_trajectory(tokens)))
-        runs: dict[str, list[Result]] = {"ring": [], "queue": [], "zmq": []}
+        runs: dict[str, list[Result]] = {"ring": [], "ring64": [], "queue": [], "zmq": []}
         for _ in range(repeats):  # interleaved so that background load hits every path alike
             runs["ring"].append(run_ring(tokens, count))
+            if tokens == 8192:
+                runs["ring64"].append(run_ring(tokens, count, DEFAULT_RING_BYTES))
             runs["queue"].append(run_queue(tokens, count // 4))  # the baselines are ~4x slower
             runs["zmq"].append(run_zmq(tokens, count // 2))
-        med = {k: Result(*(statistics.median(getattr(r, f) for r in v) for f in Result._fields)) for k, v in runs.items()}
+        med = {k: Result(*(statistics.median(getattr(r, f) for r in v) for f in Result._fields)) for k, v in runs.items() if v}
         ring = med["ring"]
         size = f"{tokens // 1024}k_tokens"
         for baseline, key in (("multiprocessing.Queue", "queue"), ("zmq ipc PUSH/PULL", "zmq")):
@@ -192,6 +213,8 @@ def main(quick: bool) -> list[dict]:
             other = med[key]
             rows.append({**common, "metric": f"trajectories_per_s_{size}", "value": ring.rate, "unit": "traj/s",
                          "baseline_value": other.rate})
+            rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}", "value": ring.cpu_bound_rate,
+                         "unit": "traj/s", "baseline_value": other.cpu_bound_rate})
             rows.append({**common, "metric": f"payload_GBps_{size}", "value": ring.rate * record_bytes / 1e9,
                          "unit": "GB/s", "baseline_value": other.rate * record_bytes / 1e9})
             # CPU per record of each side (unit us: lower is better, ratio < 1 means the ring is cheaper).
@@ -199,6 +222,15 @@ def main(quick: bool) -> list[dict]:
                 rows.append({**common, "metric": f"{side}_cpu_us_per_record_{size}",
                              "value": getattr(ring, f"{side}_cpu_s") * 1e6, "unit": "us",
                              "baseline_value": getattr(other, f"{side}_cpu_s") * 1e6})
+                rows.append({**common, "metric": f"{side}_busy_cpu_us_per_record_{size}",
+                             "value": getattr(ring, f"{side}_busy_s") * 1e6, "unit": "us",
+                             "baseline_value": getattr(other, f"{side}_busy_s") * 1e6})
+            if "ring64" in med:
+                big = med["ring64"]
+                rows.append({**common, "metric": f"trajectories_per_s_{size}_64MiB_ring", "value": big.rate,
+                             "unit": "traj/s", "baseline_value": other.rate})
+                rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}_64MiB_ring",
+                             "value": big.cpu_bound_rate, "unit": "traj/s", "baseline_value": other.cpu_bound_rate})
     return rows
 
 

@@ -1,5 +1,6 @@
 """Shared-memory ring: ordering, wrap-around, back-pressure, commits and resume, zero-copy views,
-checksums, stale-segment reclaim, cross-process use. (Repeated SIGKILLs: test_ring_crash.py.)
+checksums, doorbell wake-ups, stale-segment reclaim, cross-process use. (Repeated SIGKILLs:
+test_ring_crash.py.)
 
 Run as a script (``python tests/test_buffer.py write NAME COUNT CAPACITY``) this file is the
 writer subprocess the cross-process tests start; COUNT < 0 means write until killed.
@@ -12,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +29,10 @@ from areal.buffer import (  # noqa: E402
     FRAME,
     HEADER_BYTES,
     OFF_NEXT_SEQ,
+    OFF_READER_BELL,
+    OFF_READER_WAITING,
+    OFF_WRITER_BELL,
+    OFF_WRITER_WAITING,
     SHM_DIR,
     RecordTooLarge,
     RingCorrupted,
@@ -344,6 +350,48 @@ def test_names():
     with pytest.raises(ValueError, match="ring name"):
         ring_name("a/b", 0)
     unlink_ring("areal-does-not-exist-r0")  # a missing segment is not an error
+
+
+def _wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_sleeping_reader_is_woken_by_the_writers_doorbell(name):
+    """A reader past its spin phase announces itself and sleeps on its doorbell; a ring wakes it
+    (the shared words still decide: a ring alone returns nothing), and a put delivers."""
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        got = []
+        t = threading.Thread(target=lambda: got.append(r.get(timeout_s=30)))
+        t.start()
+        _wait_for(lambda: w._word(OFF_READER_WAITING) == 1, "the reader to announce its sleep")
+        w._ring_peer(OFF_READER_BELL)  # a ring with no record: the reader wakes, re-checks, sleeps on
+        _wait_for(lambda: r.bell_wakeups >= 1, "the doorbell to wake the reader")
+        assert t.is_alive() and not got
+        w.put(b"wake up")  # sees the flag and rings again
+        t.join(timeout=30)
+        assert got == [b"wake up"] and r.wait_cpu_s > 0
+        assert w._word(OFF_READER_WAITING) == 0  # cleared once awake
+
+
+def test_writer_blocked_by_a_full_ring_is_woken_by_the_readers_commit(name):
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        record = b"x" * w.max_payload  # two fill the ring
+        w.put(record)
+        w.put(record)
+        seqs = []
+        t = threading.Thread(target=lambda: seqs.append(w.put(record, timeout_s=30)))
+        t.start()
+        _wait_for(lambda: r._word(OFF_WRITER_WAITING) == 1, "the writer to announce its sleep")
+        r._ring_peer(OFF_WRITER_BELL)
+        _wait_for(lambda: w.bell_wakeups >= 1, "the doorbell to wake the writer")
+        assert t.is_alive() and not seqs  # back-pressure: still no room, so it sleeps on
+        assert r.get(timeout_s=0) == record  # the commit frees room and rings the writer
+        t.join(timeout=30)
+        assert seqs == [2]
+        assert r.get(timeout_s=5) == r.get(timeout_s=5) == record
 
 
 def _write_main(name: str, count: int, capacity: int) -> None:
