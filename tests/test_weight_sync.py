@@ -153,6 +153,9 @@ def test_generation_in_flight_across_a_push_resumes_with_per_token_versions(
         async for chunk in client.generate_stream(PROMPT, LONG):
             chunks.append(chunk)
             if len(chunks) == 1:  # the push aborts this generation mid-way; the client resubmits it
+                # Hold it first (in place, as SGLang's pause does): the engine could otherwise
+                # finish all 240 tokens before the push's own pause arrives.
+                await asyncio.to_thread(post, f"{engines[0]}/pause_generation", {"mode": "in_place"})
                 await asyncio.to_thread(pusher.push, perturbed, 4)
         await client.close()
         return chunks

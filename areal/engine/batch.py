@@ -18,12 +18,16 @@ Invariants:
   waits for the batch in flight to finish. A pending weight update stops admission, lets the
   running rows finish, then loads, so a request sees one weight version unless it was paused
   (``mode="in_place"`` or ``"retract"``) across the update, as in SGLang.
-- The batch is left-padded: the KV cache is (B, heads, L, dim) with an attention mask (B, L);
-  merging a prefilled group left-pads the shorter cache; retiring rows drops their cache rows
-  and then any leading columns no live row uses, so the cache stays as short as its longest row.
-- Each row owns a ``torch.Generator`` (seeded by ``sampling_seed``) created at first admission
-  and kept across retraction, so a seeded request samples the same tokens whatever shares the
-  batch (up to float noise from padding on exact near-ties).
+- Two interchangeable batch layouts, chosen once per engine (``forward``): ``SlotBatch`` over the
+  lean forward (areal/engine/model.py; the default wherever it covers the architecture): a
+  preallocated KV cache with one slot per row, no padding, written in place; and
+  ``DecodeBatch`` over HF's forward (any causal LM): left-padded, the KV cache is a
+  DynamicCache (B, heads, L, dim) with an attention mask (B, L); merging a prefilled group
+  left-pads the shorter cache; retiring rows drops their cache rows and then any leading columns
+  no live row uses. Both answer the same logits to float noise (tests/test_engine_lean.py).
+- Each row owns a ``RowRandom`` (a ``torch.Generator`` seeded by ``sampling_seed``) created at
+  first admission and kept across retraction, so a seeded request samples the same tokens
+  whatever shares the batch (up to float noise on exact near-ties).
 - A retracted row keeps its output; on re-admission it is prefilled with prompt + output, so its
   tokens continue where they stopped.
 - ``output_ids`` and logprobs include the matched EOS/stop token; ``completion_tokens`` counts it.
@@ -49,10 +53,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from areal.engine.sampling import RequestError, SamplingParams, is_int, sample_next
+from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
+from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_int, sample_next
 
 ABORT_RUNNING = "Aborted"
 ABORT_WAITING = "Abort in waiting queue"
+FORWARDS = ("auto", "lean", "hf")
 
 
 def abort_reason(message: str) -> dict[str, Any]:
@@ -78,7 +84,7 @@ class GenerationRequest:
     finish_reason: dict[str, Any] | None = None
     weight_version: str = ""
     admitted: bool = False
-    generator: torch.Generator | None = None
+    generator: RowRandom | None = None  # created at first admission, kept across retraction
     stops: frozenset[int] = frozenset()
 
     def notify(self) -> None:
@@ -221,7 +227,10 @@ class DecodeBatch:
 class Engine:
     """The model and its single generation worker thread."""
 
-    def __init__(self, model_path: str, max_batch: int, weight_version: str, request_log: str | None = None) -> None:
+    def __init__(self, model_path: str, max_batch: int, weight_version: str, request_log: str | None = None,
+                 forward: str = "auto") -> None:
+        if forward not in FORWARDS:
+            raise ValueError(f"forward: must be one of {FORWARDS}, got {forward!r}")
         self.model_path = model_path
         # Optional audit trail: one JSON line per finished generation (ids, logprobs, version), so
         # tests and debugging sessions can check that recorded tokens are the tokens generated.
@@ -248,7 +257,19 @@ class Engine:
         # destroy from racing a receive.
         self._groups: dict[str, tuple[Any, torch.device]] = {}
         self._groups_lock = threading.Lock()
-        self._batch = DecodeBatch(self.config)
+        # The lean forward (model.py) where it covers the architecture, HF's forward otherwise.
+        unsupported = lean_unsupported(self.model)
+        if forward == "lean" and unsupported is not None:
+            raise ValueError(f"forward: 'lean' cannot serve {model_path!r}: {unsupported}")
+        self._lean: LeanForward | None = None
+        self._batch: DecodeBatch | SlotBatch
+        if forward == "hf" or unsupported is not None:
+            self.forward = f"hf ({unsupported})" if forward == "auto" else "hf"
+            self._batch = DecodeBatch(self.config)
+        else:
+            self.forward = "lean"
+            self._lean = LeanForward(self.model, max_batch)
+            self._batch = SlotBatch(self._lean)
         self._worker = threading.Thread(target=self._work, name="generation-worker", daemon=True)
         self._worker.start()
 
@@ -403,8 +424,7 @@ class Engine:
             if not r.admitted:
                 r.admitted = True
                 r.stops = r.params.stop_token_ids | (frozenset() if r.params.ignore_eos else self.eos_ids)
-                r.generator = torch.Generator()
-                r.generator.manual_seed(r.params.sampling_seed if r.params.sampling_seed is not None else torch.seed())
+                r.generator = RowRandom(r.params.sampling_seed)
                 c.prompt_tokens += len(r.input_ids)
             if len(r.output_ids) >= r.params.max_new_tokens:  # max_new_tokens == 0
                 r.weight_version = self.weight_version
@@ -424,7 +444,7 @@ class Engine:
     def _sample_into(self, logits: torch.Tensor, first: int, rows: list[GenerationRequest]) -> None:
         """Sample one token for ``rows`` (batch rows first..), append it, check stopping."""
         top_n = max(r.top_logprobs_num for r in rows)
-        s = sample_next(logits, [r.params for r in rows], [r.generator for r in rows], top_n)
+        s = sample_next(logits, [r.params for r in rows], [r.generator.draw() for r in rows], top_n)
         self._batch.set_next(first, s.tokens)
         for i, r in enumerate(rows):
             tok = s.tokens[i]
@@ -515,3 +535,5 @@ class Engine:
         with torch.no_grad():
             for name, tensor in loaded.items():
                 state[name].copy_(tensor)  # in place (and cast to the served dtype): no re-init, same storage
+        if self._lean is not None:
+            self._lean.refresh()  # its fused projections are copies of the old weights

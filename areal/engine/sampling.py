@@ -10,8 +10,11 @@ Invariants:
   Top logprobs come from the same distribution.
 - Truncation is SGLang's torch sampler's: top-k by rank, top-p on the untruncated cumulative
   mass, min-p relative to the most likely token; the most likely token always survives.
-- Sampling is Gumbel-max with one ``torch.Generator`` per request, advanced once per token of
-  that request only, so a seeded request samples the same tokens whatever shares its batch.
+- Sampling is by inverse CDF: one uniform per token from the request's own ``RowRandom`` (a
+  seeded ``torch.Generator`` drawn in blocks), advanced once per token of that request only,
+  so a seeded request samples the same tokens whatever shares its batch. One uniform per row
+  instead of a Gumbel draw per vocabulary entry keeps sampling cheap at any vocabulary size; the
+  CDF is summed in float64 per row, so it does not depend on the batch either.
 
 Covered: max_new_tokens, temperature, top_p, top_k, min_p, stop (strings), stop_token_ids,
 ignore_eos, n, sampling_seed. Not covered: penalties, logit_bias, constrained decoding,
@@ -28,6 +31,7 @@ import torch
 GREEDY_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
+CANDIDATES = 64  # tokens ranked before falling back to a full sort for top-k/top-p/min-p
 SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
                   "ignore_eos", "sampling_seed", "n"}
 # Valid SGLang sampling keys we do not implement, with the values that make them a no-op.
@@ -125,6 +129,26 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
     )
 
 
+class RowRandom:
+    """One request's uniform stream in [0, 1): a seeded generator, drawn ``BLOCK`` at a time
+    (one call per block instead of one per token), consumed one value per sampled token."""
+
+    BLOCK = 64
+
+    def __init__(self, seed: int | None) -> None:
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else torch.seed())
+        self._block: list[float] = []
+        self._next = 0
+
+    def draw(self) -> float:
+        if self._next == len(self._block):
+            self._block = torch.rand(self.BLOCK, dtype=torch.float64, generator=self.generator).tolist()
+            self._next = 0
+        self._next += 1
+        return self._block[self._next - 1]
+
+
 @dataclass
 class Sampled:
     """One decode step's choices for a batch. ``top_*`` are (B, K) or None when nobody asked."""
@@ -135,33 +159,49 @@ class Sampled:
     top_ids: list[list[int]] | None = None
 
 
-def sample_next(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_n: int = 0
-) -> Sampled:
-    """Per-row sampling, vectorised over the batch. logits: (B, V) fp32."""
-    temps = torch.tensor([p.temperature for p in params])
-    greedy = temps < GREEDY_EPS
-    logprobs = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)  # (B, V)
-    choice = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
-        vocab = logits.shape[-1]
-        top_p = torch.tensor([p.top_p for p in params])
-        top_k = torch.tensor([min(p.top_k, vocab) for p in params])
-        min_p = torch.tensor([p.min_p for p in params])
-        masked = logprobs
-        # The sort over the vocabulary is most of the sampling cost: skip it when no row truncates
-        # (plain temperature sampling, the usual RL setting).
-        if bool((top_p < 1).any() or (top_k < vocab).any() or (min_p > 0).any()):
-            sorted_lp, order = logprobs.sort(dim=-1, descending=True)  # (B, V)
-            probs = sorted_lp.exp()
-            keep = (probs.cumsum(-1) - probs) <= top_p[:, None]
-            keep &= torch.arange(vocab)[None, :] < top_k[:, None]
-            keep &= probs >= (probs[:, :1] * min_p[:, None])
-            masked = torch.full_like(logprobs, -float("inf")).scatter(1, order, sorted_lp.masked_fill(~keep, -float("inf")))
-        # Gumbel-max with one generator per request: reproducible whatever shares the batch.
-        noise = torch.stack([torch.rand(vocab, generator=g) for g in generators]).clamp_(min=1e-20)
-        sampled = (masked - torch.log(-torch.log(noise))).argmax(dim=-1)
-        choice = torch.where(greedy, choice, sampled)
+def _truncated_probs(logprobs: torch.Tensor, params: list[SamplingParams], truncating: list[bool]) -> torch.Tensor:
+    """Probabilities (B, V) from ``logprobs``, zero where top-k / top-p / min-p drop a token (rows
+    that do not truncate are left whole). Zeros are written, not exp(-inf): that is a slow path.
+
+    A full sort of the vocabulary is most of the cost, so the ranks are first taken from the
+    ``CANDIDATES`` most likely tokens only; every criterion keeps a prefix of the ranking, so when
+    each truncating row already drops its last candidate, nothing past the candidates survives
+    and the short ranking is exact. Otherwise (a flat distribution under a high top-p) sort all."""
+    vocab = logprobs.shape[-1]
+    width = min(vocab, max([CANDIDATES] + [p.top_k for p, t in zip(params, truncating) if t and p.top_k < vocab]))
+    for k in (width, vocab) if width < vocab else (vocab,):
+        ranked_lp, order = logprobs.topk(k, dim=-1)  # (B, k), most likely first
+        probs = ranked_lp.exp()
+        keep = (probs.cumsum(-1) - probs) <= torch.tensor([p.top_p for p in params])[:, None]
+        keep &= torch.arange(k)[None, :] < torch.tensor([min(p.top_k, vocab) for p in params])[:, None]
+        keep &= probs >= probs[:, :1] * torch.tensor([p.min_p for p in params])[:, None]
+        rows = torch.tensor(truncating)
+        if k == vocab or not bool((keep[:, -1] & rows).any()):
+            break
+    kept = torch.zeros_like(logprobs).scatter_(1, order, probs.masked_fill(~keep, 0.0))
+    return torch.where(rows[:, None], kept, logprobs.exp())
+
+
+def sample_next(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], top_n: int = 0) -> Sampled:
+    """Per-row sampling, vectorised over the batch. logits: (B, V) fp32; ``uniforms``: one draw
+    in [0, 1) per row (``RowRandom.draw``), used by the rows that do not decode greedily."""
+    vocab = logits.shape[-1]
+    temps = [p.temperature for p in params]
+    greedy_rows = [t < GREEDY_EPS for t in temps]
+    if all(greedy_rows):
+        logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+        choice = logits.argmax(dim=-1)
+    else:
+        scale = torch.tensor([1.0 if g else t for g, t in zip(greedy_rows, temps)])
+        logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)  # (B, V)
+        truncating = [p.top_p < 1 or p.top_k < vocab or p.min_p > 0 for p in params]
+        probs = _truncated_probs(logprobs, params, truncating) if any(truncating) else logprobs.exp()
+        cdf = probs.double().cumsum(dim=-1)  # (B, V); truncated tokens add nothing
+        target = torch.tensor(uniforms, dtype=torch.float64) * cdf[:, -1]  # (B,) in [0, mass)
+        # First token whose CDF exceeds the target: never a zero-mass one (its CDF equals its
+        # predecessor's); clamped in case rounding put the target on the total mass.
+        sampled = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=vocab - 1)
+        choice = torch.where(torch.tensor(greedy_rows), logits.argmax(dim=-1), sampled) if any(greedy_rows) else sampled
     out = Sampled(choice.tolist(), logprobs.gather(1, choice[:, None]).squeeze(1).tolist())
     if top_n > 0:
         values, ids = logprobs.topk(min(top_n, logprobs.shape[-1]), dim=-1)  # (B, K)

@@ -1,7 +1,9 @@
 """Embedded CPU inference engine: SGLang's native HTTP API in front of ``areal.engine.batch``.
 
 A real engine, not a stand-in: an HF causal LM (fp32, ``torch.inference_mode``) decoded with
-continuous batching and a KV cache (``batch.py``), sampled as SGLang does (``sampling.py``),
+continuous batching and a KV cache (``batch.py``; a lean forward over a slot cache, ``model.py``,
+for Qwen2/Llama-family models, HF's forward otherwise: ``--forward``, ``forward`` in
+/get_server_info), sampled as SGLang does (``sampling.py``),
 behind an aiohttp app that answers exactly as SGLang does (shared/notes/sglang_api.md), so the
 one ``EngineClient`` drives this process on CPU and a real SGLang server on GPUs.
 
@@ -52,7 +54,7 @@ import msgspec
 import torch
 from aiohttp import web
 
-from areal.engine.batch import Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
+from areal.engine.batch import FORWARDS, Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
 from areal.engine.sampling import RequestError, SamplingParams, is_int, parse_sampling_params
 
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -298,7 +300,7 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     async def server_info(request: web.Request) -> web.Response:
         return _json({
             "model_path": engine.model_path, "max_batch": engine.max_batch,
-            "threads": torch.get_num_threads(), "context_length": engine.context_len,
+            "threads": torch.get_num_threads(), "context_length": engine.context_len, "forward": engine.forward,
             "weight_version": engine.weight_version, "version": "areal-embedded-0.1",
             "paused": engine.paused, "num_waiting": engine.num_waiting(),
             "internal_states": [dataclasses.asdict(engine.counters)],
@@ -417,6 +419,7 @@ class ServerConfig:
     weight_version: str = "default"
     api_key: str | None = None
     request_log: str | None = None  # append every finished generation as a JSON line here
+    forward: str = "auto"  # lean (areal/engine/model.py) | hf (HF's forward) | auto: lean where it covers the model
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -427,12 +430,14 @@ class ServerConfig:
             raise ValueError(f"threads: must be >= 1, got {self.threads}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {self.max_batch}")
+        if self.forward not in FORWARDS:
+            raise ValueError(f"forward: must be one of {FORWARDS}, got {self.forward!r}")
 
 
 async def serve(cfg: ServerConfig) -> None:
     """Load the model, bind, announce readiness, serve until SIGTERM/SIGINT."""
     torch.set_num_threads(cfg.threads)
-    engine = Engine(cfg.model_path, cfg.max_batch, cfg.weight_version, cfg.request_log)
+    engine = Engine(cfg.model_path, cfg.max_batch, cfg.weight_version, cfg.request_log, forward=cfg.forward)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
@@ -445,7 +450,7 @@ async def serve(cfg: ServerConfig) -> None:
         with open(tmp, "w") as f:
             f.write(url)
         os.replace(tmp, cfg.ready_file)  # readers never see a half-written URL
-    print(f"READY {url}", flush=True)
+    print(f"READY {url} (forward: {engine.forward})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -466,6 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-log", default=None, help="append every finished generation as JSON lines to this file")
+    p.add_argument("--forward", default="auto", choices=FORWARDS, help="lean forward, HF's, or lean where it applies")
     asyncio.run(serve(ServerConfig(**vars(p.parse_args(argv)))))
 
 
