@@ -361,3 +361,39 @@ def test_engine_client_keeps_alive_and_survives_a_server_closing_idle_connection
             await EngineClient(f"http://127.0.0.1:{port}").generate([1], {"max_new_tokens": 1})
 
     asyncio.run(go())
+
+
+def test_engine_client_times_out_a_silent_engine_and_keeps_rids_distinct() -> None:
+    """The pool's watchdog fails an answer that never comes (EngineUnavailable, the connection
+    dropped), and the client's generated rids are distinct and none is a prefix of another
+    (aborts match rids by prefix)."""
+    from areal.engine.client import EngineUnavailable
+
+    async def go() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.read(65536)  # reads the request, never answers
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = EngineClient(f"http://127.0.0.1:{port}", timeout_s=0.4)
+        try:
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(EngineUnavailable):
+                await client.generate([1, 2], {"max_new_tokens": 2})
+            waited = asyncio.get_running_loop().time() - t0
+            assert waited >= 0.4  # never before the timeout
+            pool = client._pool
+            assert pool is not None and pool.open == 0 and not pool.idle and not pool.deadlines
+        finally:
+            await client.close()
+            server.close()
+            for w in accepted:
+                w.close()
+        rids = [client._new_rid() for _ in range(300)]
+        assert len(set(rids)) == 300 and all(len(r) == 32 for r in rids)
+        assert not any(a != b and b.startswith(a) for a in rids[:50] for b in rids)
+
+    asyncio.run(go())

@@ -12,12 +12,17 @@ Invariants:
   client spent ~150 µs of CPU per call on machinery a fixed JSON POST does not need; this costs
   ~40 µs. Streams (SSE, chunked) stay on aiohttp. A request on a reused connection that the server
   had closed while idle (no byte of an answer received) is retried once on a fresh connection.
-
-The module is past 400 lines because the HTTP/1.1 pool belongs to this one client.
+- ``generate`` is one plain coroutine per call (no async generators), with one watchdog timer per
+  pool instead of a timer per request, and rids from a per-client random prefix + counter (no
+  system call): together ~20% less CPU per call against an instant engine than before.
 - Errors are typed: an HTTP error answer raises ``EngineError(status, message)`` with the
   server's own message; no answer at all (refused, reset, timed out) raises ``EngineUnavailable``.
 - ``launch_embedded_engine`` runs the server as a real subprocess in its own session (process
   group); ``EngineProcess.stop`` signals that group only, never anything found by name.
+
+The module is past 600 lines because the HTTP/1.1 pool and the stream parser belong to this one
+client, and the embedded engine's launcher shares its error types; splitting the pool out is
+the next step if it grows again.
 """
 
 from __future__ import annotations
@@ -206,6 +211,9 @@ class _Http1Pool:
     """Keep-alive HTTP/1.1 connections to one host, created on demand, bound to one loop.
 
     At most ``limit`` connections are open; further requests wait for one to come back (FIFO).
+    Timeouts: one watchdog timer per pool, running only while answers are awaited, checks their
+    deadlines every ``tick`` s (a timer per request cost a heap push and a cancel per call), so
+    an answer times out between ``timeout_s`` and ``timeout_s + tick`` after its request was sent.
     """
 
     def __init__(self, host: str, port: int, headers: dict[str, str], timeout_s: float, limit: int = 256) -> None:
@@ -216,6 +224,9 @@ class _Http1Pool:
         self.idle: list[_Answer] = []
         self.open = 0  # connections open, idle or busy
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.deadlines: dict[_Answer, float] = {}  # connections awaiting an answer -> when it is overdue
+        self.tick = min(1.0, timeout_s / 4)
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def request(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         head = b"%s %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (method.encode(), path.encode(), self._fixed, len(body))
@@ -257,7 +268,9 @@ class _Http1Pool:
 
     async def _exchange(self, conn: _Answer, head: bytes, body: bytes) -> tuple[int, bytes]:
         waiter = conn.send(head, body)
-        timer = self.loop.call_later(self.timeout_s, _expire, waiter)
+        self.deadlines[conn] = self.loop.time() + self.timeout_s
+        if self._watchdog is None:
+            self._watchdog = self.loop.call_later(self.tick, self._check_deadlines)
         try:
             answer = await waiter
         except BaseException:  # timed out, reset or cancelled mid-answer: the stream is unusable
@@ -267,7 +280,7 @@ class _Http1Pool:
             self._released()
             raise
         finally:
-            timer.cancel()
+            del self.deadlines[conn]
             conn.waiter = None
         if conn.reusable:
             self.idle.append(conn)
@@ -278,7 +291,17 @@ class _Http1Pool:
             self._released()
         return answer
 
+    def _check_deadlines(self) -> None:
+        now = self.loop.time()
+        for conn, deadline in self.deadlines.items():
+            if deadline <= now and conn.waiter is not None:
+                _expire(conn.waiter)  # the exchange's own except/finally clean up, after this loop
+        self._watchdog = self.loop.call_later(self.tick, self._check_deadlines) if self.deadlines else None
+
     def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for conn in self.idle:
             if conn.transport is not None:
                 conn.transport.close()
@@ -308,6 +331,8 @@ class EngineClient:
         self._timeout_s = timeout_s
         self._aborted: set[str] = set()  # rid prefixes the caller aborted: not resubmitted
         self._abort_all_count = 0
+        self._rid_prefix = os.urandom(8).hex()  # rids of this client: prefix + counter (``_new_rid``)
+        self._rid_count = 0
 
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -352,13 +377,28 @@ class EngineClient:
         resubmit_aborted: bool = True,
     ) -> GenerateResult:
         """One generation. An abort the caller did not ask for (a pause around a weight update)
-        is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced."""
-        result = None
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, False,
-                                           top_logprobs_num, resubmit_aborted):
-            pass
-        assert result is not None  # _generate always yields a final result
-        return result
+        is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced.
+
+        One plain coroutine per call (no async generators: they cost ~10 µs a call in hooks and
+        frames); the resubmission rules are shared with ``generate_stream`` (``_segment``, ``_settle``).
+        """
+        rid = rid if rid is not None else self._new_rid()
+        abort_all_seen = self._abort_all_count
+        budget = sampling_params.get("max_new_tokens", 128)
+        done: GenerateResult | None = None  # tokens of finished (aborted) segments
+        try:
+            while True:
+                body = _segment(input_ids, done, sampling_params, budget, rid, return_logprob, top_logprobs_num, False)
+                resp = _response_decoder.decode(await self._request("POST", "/generate", body))
+                if resp.meta_info.finish_reason is None:
+                    raise EngineError(200, "the engine ended the stream without a final chunk")
+                final = _stitch(done, resp, len(input_ids))
+                result = self._settle(final, rid, abort_all_seen, budget, resubmit_aborted)
+                if result is not None:
+                    return result
+                done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
+        finally:
+            self._aborted.discard(rid)
 
     async def generate_stream(
         self,
@@ -372,52 +412,46 @@ class EngineClient:
     ) -> AsyncIterator[GenerateResult]:
         """Stream a generation: a cumulative ``GenerateResult`` per chunk, ``finish_reason`` ""
         until the last one. Aborts are recovered as in ``generate``, invisibly to the reader."""
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True,
-                                           top_logprobs_num, resubmit_aborted):
-            yield result
-
-    async def _generate(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool, rid: str | None,
-        stream: bool, top_logprobs_num: int, resubmit_aborted: bool,
-    ) -> AsyncIterator[GenerateResult]:
-        # Our own rid, so that abort_request(rid) works and every resubmission carries it.
-        rid = rid if rid is not None else os.urandom(16).hex()  # uuid4().hex's format, without the UUID object
+        rid = rid if rid is not None else self._new_rid()
         abort_all_seen = self._abort_all_count
-        done = GenerateResult([], [], "", "", len(input_ids), 0)  # tokens of finished segments
         budget = sampling_params.get("max_new_tokens", 128)
+        done: GenerateResult | None = None
         try:
             while True:
-                remaining = None if budget is None else budget - len(done.output_ids)
-                body: dict[str, Any] = {
-                    "input_ids": list(input_ids) + done.output_ids, "rid": rid, "return_logprob": return_logprob,
-                    "sampling_params": dict(sampling_params, max_new_tokens=remaining)}
-                if top_logprobs_num:
-                    body["top_logprobs_num"] = top_logprobs_num
-                if stream:
-                    body["stream"] = True
+                body = _segment(input_ids, done, sampling_params, budget, rid, return_logprob, top_logprobs_num, True)
                 final = None
-                async for resp in (self._stream(body) if stream else self._once(body)):
-                    result = _stitch(done, resp)
+                async for resp in self._stream(body):
+                    result = _stitch(done, resp, len(input_ids))
                     if resp.meta_info.finish_reason is None:
                         yield result
                     else:
                         final = result
                 if final is None:
                     raise EngineError(200, "the engine ended the stream without a final chunk")
-                caller_aborted = self._abort_all_count != abort_all_seen or any(
-                    rid.startswith(prefix) for prefix in self._aborted)
-                if final.finish_reason != "abort" or caller_aborted or not resubmit_aborted:
-                    yield final
-                    return
-                if remaining is not None and len(final.output_ids) >= budget:
-                    yield msgspec.structs.replace(final, finish_reason="length")
+                settled = self._settle(final, rid, abort_all_seen, budget, resubmit_aborted)
+                if settled is not None:
+                    yield settled
                     return
                 done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
         finally:
             self._aborted.discard(rid)
 
-    async def _once(self, body: dict[str, Any]) -> AsyncIterator[_GenerateResponse]:
-        yield _response_decoder.decode(await self._request("POST", "/generate", body))
+    def _new_rid(self) -> str:
+        """32 hex digits, as uuid4().hex: this client's random prefix + a fixed-width counter, so no
+        rid is a prefix of another (aborts match rids by prefix) and no syscall is made per call."""
+        self._rid_count += 1
+        return "%s%016x" % (self._rid_prefix, self._rid_count)
+
+    def _settle(self, final: GenerateResult, rid: str, abort_all_seen: int, budget: int | None,
+                resubmit_aborted: bool) -> GenerateResult | None:
+        """The result to hand back for a finished segment, or None when it is to be resubmitted
+        (an abort the caller did not ask for, with tokens still to sample)."""
+        caller_aborted = self._abort_all_count != abort_all_seen or any(rid.startswith(prefix) for prefix in self._aborted)
+        if final.finish_reason != "abort" or caller_aborted or not resubmit_aborted:
+            return final
+        if budget is not None and len(final.output_ids) >= budget:
+            return msgspec.structs.replace(final, finish_reason="length")
+        return None
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[_GenerateResponse]:
         """SGLang SSE: ``data: {json}`` lines, ``data: [DONE]`` at the end, errors in-band."""
@@ -511,13 +545,39 @@ def update_weights_from_disk_sync(
         raise EngineError(200, str(answer.get("message", answer)))
 
 
-def _stitch(done: GenerateResult, resp: _GenerateResponse) -> GenerateResult:
-    """Append one answer (or cumulative chunk) of a resubmitted segment to the tokens before it."""
+def _segment(input_ids: list[int], done: GenerateResult | None, sampling_params: dict, budget: int | None, rid: str,
+             return_logprob: bool, top_logprobs_num: int, stream: bool) -> dict[str, Any]:
+    """The ``/generate`` body of one segment: the prompt plus the tokens of earlier segments, with
+    the budget that is left."""
+    if done is None:
+        ids: Any = input_ids if type(input_ids) is list else list(input_ids)  # msgspec encodes a list as is
+        remaining = budget
+    else:
+        ids = list(input_ids) + done.output_ids
+        remaining = None if budget is None else budget - len(done.output_ids)
+    body: dict[str, Any] = {"input_ids": ids, "rid": rid, "return_logprob": return_logprob,
+                            "sampling_params": dict(sampling_params, max_new_tokens=remaining)}
+    if top_logprobs_num:
+        body["top_logprobs_num"] = top_logprobs_num
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def _stitch(done: GenerateResult | None, resp: _GenerateResponse, prompt_tokens: int) -> GenerateResult:
+    """One answer (or cumulative chunk) as a result; after a resubmission, appended to the tokens
+    of the segments before it (``done``)."""
     meta = resp.meta_info
     reason = "" if meta.finish_reason is None else meta.finish_reason.get("type", "abort")
-    logprobs = [float(lp) if lp is not None else 0.0 for lp, _, _ in meta.output_token_logprobs]
-    tops = [[(float(lp or 0.0), t) for lp, t, _ in (pos or [])] for pos in meta.output_top_logprobs]
-    ids = done.output_ids + resp.output_ids
+    logprobs = [0.0 if lp is None else float(lp) for lp, _, _ in meta.output_token_logprobs]
+    tops = [[(float(lp or 0.0), t) for lp, t, _ in (pos or [])] for pos in meta.output_top_logprobs] if meta.output_top_logprobs else []
+    ids = resp.output_ids
+    versions = [meta.weight_version] * len(ids)
+    if done is None:
+        return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=reason, weight_version=meta.weight_version,
+                              prompt_tokens=prompt_tokens, completion_tokens=len(ids), text=resp.text, output_versions=versions,
+                              output_top_logprobs=tops)
+    ids = done.output_ids + ids
     return GenerateResult(
         output_ids=ids,
         output_logprobs=done.output_logprobs + logprobs,
@@ -526,7 +586,7 @@ def _stitch(done: GenerateResult, resp: _GenerateResponse) -> GenerateResult:
         prompt_tokens=done.prompt_tokens,
         completion_tokens=len(ids),
         text=done.text + resp.text,
-        output_versions=done.output_versions + [meta.weight_version] * len(resp.output_ids),
+        output_versions=done.output_versions + versions,
         output_top_logprobs=done.output_top_logprobs + tops,
         resubmits=done.resubmits,
     )

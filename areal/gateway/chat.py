@@ -18,12 +18,11 @@ a usage-only chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
@@ -70,7 +69,7 @@ def _default(body: dict, key: str, value: Any) -> Any:
 
 async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
     turn = request_to_turn(body, gateway.config.default_max_tokens)
-    response_id = f"chatcmpl-{secrets.token_hex(12)}"
+    response_id = new_id("chatcmpl-")
     model = body.get("model") or gateway.config.model_name
     if body.get("stream"):
         deltas = gateway.complete_stream(session, turn, response_id=response_id).__aiter__()

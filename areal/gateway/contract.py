@@ -8,10 +8,21 @@ the API's own error shape. ``core`` re-exports every name here.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+
+_ID_PREFIX = os.urandom(6).hex()  # per process; ids are keys within a session, never credentials
+_id_counter = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    """``prefix`` + 24 hex digits, unique in this process: a random per-process half and a counter
+    (``secrets.token_hex`` cost a getrandom system call per id, several per request)."""
+    return "%s%s%012x" % (prefix, _ID_PREFIX, next(_id_counter))
 
 
 class RequestError(Exception):

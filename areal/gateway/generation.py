@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, new_id
 from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output
 from areal.gateway.render import Prompt
 from areal.gateway.tree import Interaction
@@ -191,7 +190,7 @@ def engine_params(params: dict, seed: int | None, i: int) -> dict:
 
 def choice_ids(n: int, response_id: str | None) -> list[str]:
     """Interaction ids of n choices; the first is the response id, so ``{id: reward}`` works."""
-    return [response_id if i == 0 and response_id else f"chatcmpl-{secrets.token_hex(12)}" for i in range(n)]
+    return [response_id if i == 0 and response_id else new_id("chatcmpl-") for i in range(n)]
 
 
 def record_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str,
