@@ -9,11 +9,14 @@ and instructions are the ones the embedded model was SFT-trained with, so it rea
 ``calculator`` and the SDK really executes it. The reward is the math-answer verifier's verdict
 on ``final_output``, whichever agent produced it.
 
-What the tiny embedded model can and cannot do here: it was never trained on handoffs, so the
-triage agent mostly answers itself, or calls ``calculator``, a tool the triage agent does not
-have. The SDK raises ``ModelBehaviorError`` for that (and ``MaxTurnsExceeded`` for a loop):
-these are the policy's mistakes, so the episode scores 0 and its recorded calls are trained on,
-which is how RL teaches a policy to route. A real model hands off as written.
+The triage agent's ``tool_choice`` names the handoff: every question here is arithmetic. The
+handoff tool takes no parameters, so the gateway writes the whole call (``{}`` arguments are the
+only canonical ones) and the model samples only the end of its turn; the SDK then runs the math
+agent, whose answer is rewarded. What the tiny embedded model cannot do well: it was never trained
+on the handoff's history (a tool result naming the new agent), so the math agent's answers there
+are worse than on a plain question. A mistake the SDK rejects (``ModelBehaviorError``: a call to a
+tool the agent lacks; ``MaxTurnsExceeded``) scores 0 and its recorded calls are trained on, which
+is how RL teaches a policy to recover.
 
 Tracing is disabled: the SDK would upload traces to a remote host.
 """
@@ -52,6 +55,9 @@ def build_triage_agent() -> Agent:
         instructions="Hand arithmetic problems to the math agent.",
         handoffs=[handoff(math_agent, tool_name_override="transfer_to_math_agent",
                           tool_description_override="Solve an arithmetic problem")],
+        # Every question here is arithmetic, so triage must hand off: a named tool_choice, which
+        # the gateway enforces by forcing the call's opening tokens (the model writes the rest).
+        model_settings=ModelSettings(tool_choice="transfer_to_math_agent"),
     )
 
 

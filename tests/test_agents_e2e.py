@@ -11,9 +11,10 @@ Each run is one step of one group. The checks:
   multi-turn agent rewarded each response on its own and asked again only after a wrong answer,
   and the plain agent made exactly one call.
 
-Not covered: the handoff agent's handoff itself. The embedded model was never trained on
-handoffs and calls `calculator` from the triage agent instead (reward 0); that the episode ran
-and its calls were recorded and trained on is what is checked there.
+- the handoff agent handed off in every episode: its first call ends with the whole forced
+  call to ``transfer_to_math_agent`` (a named tool_choice of a tool without parameters) and the
+  math agent (its own instructions and calculator tool) made at least one more call with that
+  call and its result in its history.
 
 Tool agents run 4 samples instead of 2: the model calls the tool in ~93 % of episodes, and the
 check that some episode made a tool round trip must not fail by chance (~1e-4 with 4 samples).
@@ -33,6 +34,7 @@ import pytest
 from areal.controller import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
 from areal.embedded.corpus import RETRY_PROMPTS
+from areal.gateway.parsers import forced_tool_prefix
 from areal.workflow.common import calculator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +43,7 @@ TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 AGENTS = [  # (spec, kind): kind names the check of what the agent is for
     pytest.param("agents/openai_multiturn.py:MultiTurnMathAgent", "multiturn", id="openai-multiturn"),
     pytest.param("agents/openai_tools.py:CalculatorAgent", "tools", id="openai-tools"),
-    pytest.param("agents/openai_agents_handoff.py:HandoffMathAgent", "any", id="openai-agents-handoff"),
+    pytest.param("agents/openai_agents_handoff.py:HandoffMathAgent", "handoff", id="openai-agents-handoff"),
     pytest.param("agents/anthropic_tools.py:AnthropicCalculatorAgent", "tools", id="anthropic-tools"),
     pytest.param("agents/langchain_agent.py:PlainMathAgent", "plain", id="langchain-plain"),
     pytest.param("agents/langchain_agent.py:ToolMathAgent", "tools", id="langchain-tools"),
@@ -129,6 +131,20 @@ def _check_multiturn(trajectories: list, tokenizer, max_turns: int = 3) -> None:
             assert any(p in told for p in RETRY_PROMPTS), told
 
 
+def _check_handoffs(trajectories: list, tokenizer) -> None:
+    """Triage's call ends with the whole handoff call; the math agent then called with that history."""
+    whole = tokenizer.encode(forced_tool_prefix("qwen25", "transfer_to_math_agent", no_arguments=True))
+    for traj in trajectories:
+        rows = traj.rows()
+        assert len(rows) >= 2, "no call after the handoff"
+        prompt = rows[0].input_ids[: int((~rows[0].loss_mask.astype(bool)).sum())].tolist()
+        assert prompt[-len(whole):] == whole
+        # The math agent's call: its own system prompt and tools (so a new branch of the tree, not
+        # an extension), with triage's handoff call and its result in the history.
+        later = tokenizer.decode(rows[1].input_ids[: int((~rows[1].loss_mask.astype(bool)).sum())].tolist())
+        assert '"name": "transfer_to_math_agent"' in later and "<tool_response>" in later and '"calculator"' in later
+
+
 @pytest.mark.parametrize("agent,kind", AGENTS)
 def test_agent_trains_end_to_end_in_the_sandbox(tmp_path, tokenizer, agent, kind):
     run_dir = tmp_path / "run"
@@ -152,3 +168,5 @@ def test_agent_trains_end_to_end_in_the_sandbox(tmp_path, tokenizer, agent, kind
         _check_multiturn(trajectories, tokenizer)
     elif kind == "plain":
         assert all(len(t.rows()) == 1 for t in trajectories)
+    elif kind == "handoff":
+        _check_handoffs(trajectories, tokenizer)

@@ -147,6 +147,11 @@ def test_eos_stop_length_and_stop_token_ids(engine_url: str, model_dir: Path) ->
     zero = generate(engine_url, PROMPT, max_new_tokens=0)
     assert zero["output_ids"] == [] and zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
+    # The first token (sampled at prefill) stops it: nothing may follow it.
+    head = long["output_ids"][0]
+    at_once = generate(engine_url, PROMPT, temperature=0, max_new_tokens=7, ignore_eos=True, stop_token_ids=[head])
+    assert at_once["output_ids"] == [head] and at_once["meta_info"]["finish_reason"] == {"type": "stop", "matched": head}
+
 
 def test_batched_array_equals_single_requests(engine_url: str) -> None:
     prompts = [PROMPT, [100, 200, 300, 400, 401, 402, 403], [9]]

@@ -16,7 +16,7 @@ import json
 import httpx
 import pytest
 
-from areal.gateway.parsers import TOOL_PARSERS, forced_tool_prefix, parse_output
+from areal.gateway.parsers import TOOL_PARSERS, forced_tool_prefix, parse_output, takes_no_arguments
 from gateway_harness import served  # noqa: F401  (module fixture: a gateway on the embedded engine)
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
@@ -82,6 +82,26 @@ def test_forced_prefix_and_a_continuation_parse_as_one_call(fmt):
         out = parse_output(prefix + rest, tool_parser=fmt, reasoning_parser="think")
         assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("calc", {"x": 1})], (fmt, name, out)
         assert out.content == ""
+
+
+_CLOSERS = {"qwen25": "", "hermes": "", "llama3": "", "mistral": "]", "deepseekv3": "<\uff5ctool\u2581calls\u2581end\uff5c>"}
+
+
+@pytest.mark.parametrize("fmt", TOOL_PARSERS)
+def test_a_function_without_parameters_is_forced_whole(fmt):
+    """Its only canonical arguments are {}: the call is written through its closing marker."""
+    prefix = forced_tool_prefix(fmt, "transfer_to_math_agent", no_arguments=True)
+    out = parse_output(prefix + _CLOSERS[fmt], tool_parser=fmt, reasoning_parser="think")
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("transfer_to_math_agent", "{}")], (fmt, out)
+    assert forced_tool_prefix(fmt, None, no_arguments=True) == forced_tool_prefix(fmt, None)  # "required": no name
+
+
+def test_which_schemas_take_no_arguments():
+    handoff = {"type": "object", "properties": {}, "additionalProperties": False, "required": []}  # OpenAI Agents
+    assert takes_no_arguments(None) and takes_no_arguments({"type": "object"}) and takes_no_arguments(handoff)
+    assert not takes_no_arguments(LOOKUP["function"]["parameters"])
+    assert not takes_no_arguments({"type": "object", "minProperties": 1})
+    assert not takes_no_arguments({"type": "object", "required": ["x"]})
 
 
 # ---- Chat Completions ------------------------------------------------------------------------------
@@ -182,6 +202,34 @@ def test_responses_forced_call_and_previous_response_id_extends(served, choice, 
     a, b = served.interactions(key)
     assert (a.id, b.id) == (first.id, second.id)
     _check_recorded(served, key, a, name, 48)
+    assert _extends(a, b)
+
+
+def test_responses_named_handoff_without_parameters_is_a_whole_call(served):
+    """The OpenAI Agents SDK's handoff tool: named, no parameters. The call is forced whole; the
+    model samples only what follows it (the end of its turn); the follow-up extends it exactly."""
+    handoff = {"type": "function", "name": "transfer_to_math_agent", "description": "Solve an arithmetic problem",
+               "parameters": {"type": "object", "properties": {}, "additionalProperties": False, "required": []},
+               "strict": True}
+    key = served.open_session()
+    client = _openai(served, key)
+
+    async def go():
+        first = await client.responses.create(model="m", input=QUESTION, tools=[handoff], max_output_tokens=16,
+                                              tool_choice={"type": "function", "name": "transfer_to_math_agent"},
+                                              temperature=0)
+        calls = [o for o in first.output if o.type == "function_call"]
+        assert [(c.name, c.arguments) for c in calls] == [("transfer_to_math_agent", "{}")], first.output
+        second = await client.responses.create(
+            model="m", previous_response_id=first.id, tools=[handoff], max_output_tokens=16, temperature=0,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "{}"}])
+        return second
+
+    asyncio.run(go())
+    a, b = served.interactions(key)
+    whole = served.call(lambda: served.gateway.prompts.encode(
+        forced_tool_prefix(served.gateway.config.tool_parser, "transfer_to_math_agent", no_arguments=True)))
+    assert a.prompt_ids[-len(whole):] == whole and len(a.output_ids) >= 1
     assert _extends(a, b)
 
 

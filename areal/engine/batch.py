@@ -440,6 +440,10 @@ class Engine:
         logits = self._batch.prefill(self.model, live)
         c.max_batch_size_seen = max(c.max_batch_size_seen, len(self._batch.rows))
         self._sample_into(logits, first, live)
+        # A row whose first token already stopped it leaves now: the decode step that follows
+        # must not sample a token after its stop token.
+        for r in self._batch.remove(lambda r: r.finish_reason is not None):
+            self._finish(r)
 
     def _sample_into(self, logits: torch.Tensor, first: int, rows: list[GenerationRequest]) -> None:
         """Sample one token for ``rows`` (batch rows first..), append it, check stopping."""

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, new_id
-from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output
+from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output, takes_no_arguments
 from areal.gateway.render import Prompt
 from areal.gateway.tree import Interaction
 
@@ -115,7 +115,10 @@ def forced_text(turn: Turn, config: GatewayConfig) -> str:
     if choice == "required":
         return forced_tool_prefix(config.tool_parser, None)  # type: ignore[arg-type]  (validated: not None)
     if isinstance(choice, dict):
-        return forced_tool_prefix(config.tool_parser, choice["function"]["name"])  # type: ignore[arg-type]
+        name = choice["function"]["name"]
+        tool = next(t["function"] for t in turn.tools or () if t["function"]["name"] == name)
+        return forced_tool_prefix(config.tool_parser, name,  # type: ignore[arg-type]
+                                  no_arguments=takes_no_arguments(tool.get("parameters")))
     return ""
 
 

@@ -84,7 +84,7 @@ class StreamEvent(msgspec.Struct):
     text: str
 
 
-def forced_tool_prefix(tool_parser: str, name: str | None) -> str:
+def forced_tool_prefix(tool_parser: str, name: str | None, no_arguments: bool = False) -> str:
     """The opening of a tool call in ``tool_parser``'s format, for ``tool_choice`` "required"
     (``name`` None: any function) or a named function (through the key of its arguments).
 
@@ -93,18 +93,41 @@ def forced_tool_prefix(tool_parser: str, name: str | None) -> str:
     It ends where a token ends in the canonical tokenisation: after ``"arguments":``, not after the
     space that follows, because BPE vocabularies (Qwen2.5's, the embedded model's) merge that space
     into the next token (`` {"``); a lone space token would be text the model never saw there.
+
+    ``no_arguments`` (a named function whose schema declares no parameters, e.g. an OpenAI Agents
+    handoff): ``{}`` is then the only canonical arguments object, so the call is written whole,
+    through its closing marker, and the model samples only what follows it.
     """
     _check_names(tool_parser, None)
     quoted = None if name is None else json.dumps(name, ensure_ascii=False)
+    whole = no_arguments and quoted is not None
     match tool_parser:
         case "qwen25" | "hermes":
+            if whole:
+                return f'{QWEN_OPEN}\n{{"name": {quoted}, "arguments": {{}}}}\n{QWEN_CLOSE}'
             return QWEN_OPEN + "\n" + ("" if quoted is None else '{"name": ' + quoted + ', "arguments":')
         case "llama3":
+            if whole:
+                return f'{{"name": {quoted}, "parameters": {{}}}}'
             return '{"name":' + ("" if quoted is None else " " + quoted + ', "parameters":')
         case "mistral":
+            if whole:
+                return f'{MISTRAL_OPEN}[{{"name": {quoted}, "arguments": {{}}}}'
             return MISTRAL_OPEN + "[" + ("" if quoted is None else '{"name": ' + quoted + ', "arguments":')
         case _:  # deepseekv3
-            return DS_CALLS_OPEN + DS_CALL_OPEN + "function" + DS_SEP + ("" if name is None else name + "\n```json\n")
+            head = DS_CALLS_OPEN + DS_CALL_OPEN + "function" + DS_SEP
+            if whole:
+                return f"{head}{name}\n```json\n{{}}\n```{DS_CALL_CLOSE}"
+            return head + ("" if name is None else name + "\n```json\n")
+
+
+def takes_no_arguments(parameters: Any) -> bool:
+    """True when a function's JSON schema declares no parameters (absent, or an object schema with
+    no properties, nothing required and no minimum count): ``{}`` is then valid arguments."""
+    if parameters is None:
+        return True
+    return (isinstance(parameters, dict) and not parameters.get("properties") and not parameters.get("required")
+            and not parameters.get("minProperties"))
 
 
 def new_call_id() -> str:
