@@ -5,93 +5,67 @@ API: ``RingWriter(ring_name(run_id, rank), capacity_bytes)`` creates a ring, ``.
 ``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
-removes the segments of crashed runs. (About 800 lines: both ends of one shared layout and
-its doorbell stay in one module, per the one-module-per-boundary rule; a sixth is docstring.)
+removes the segments of crashed runs. The segment's byte layout, the record frame and its
+checksum (XXH3-64 over frame and payload) are in ``areal.ring_layout``; this module holds the
+two ends that share them (one module per boundary), the doorbell and the crash handling. (About
+640 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
+and splitting writer from reader would separate the two halves of one protocol.)
 
-The segment is a plain file in ``/dev/shm`` mapped with ``mmap`` by both processes. We do not use
-``multiprocessing.shared_memory``: on Python 3.11 its resource tracker unlinks segments that a
-process merely attached to. The writer creates the file under a temporary name, sizes it,
-pre-faults every page (first writes into fresh shared memory run at ~1.8 GB/s, warm ones at
-7-11 GB/s), writes the header with the magic last, then links it to its final name, so a reader
-never sees a half-initialised segment.
-
-Layout (all integers little-endian u64 words; each side's words on their own cache lines)::
-
-    offset 0     magic "AREALRNG" | layout version | capacity | (reserved)      set at creation
-    offset 64    write_pos    monotonic byte offset, 8-aligned; the writer's ONLY publish point
-    offset 128   next_seq     sequence number of the next record (hint, written after publish)
-    offset 192   last_start   start of the newest record (written before its first byte)
-    offset 256   writer_pid | writer_start | writer_waiting | writer_bell   (start = /proc
-                 starttime, so pid reuse is seen; waiting/bell: the doorbell, see Waiting)
-    offset 320   commit_pos   monotonic byte offset, 8-aligned; the reader's ONLY release point
-    offset 384   commit_seq   sequence number of the first uncommitted record (hint)
-    offset 448   reader_pid | reader_start | reader_waiting | reader_bell
-    offset 4096  data[capacity]    byte position p lives at data[p % capacity]
-
-    record frame (32 bytes) + payload, padded to a multiple of 8:
-    +---------+-----------+---------+------------+-------------+----------+---------------+
-    | kind u32| length u32| seq u64 | sum64 u64  | crc32 u32   | rsvd u32 | payload, pad  |
-    +---------+-----------+---------+------------+-------------+----------+---------------+
-    crc32 covers the first 24 frame bytes; sum64 is the payload checksum (below).
-    kind = REC2 (a record) or WRAP (rest of this lap is unused; continue at the next lap).
-    When fewer than 32 bytes remain before the end of the lap, the wrap is implicit.
+The writer creates the segment under a temporary name, sizes it, pre-faults every page (first
+writes into fresh shared memory run at ~1.8 GB/s, warm ones at 7-11 GB/s), writes the header
+with the magic last, then links it to its final name, so a reader never sees a half-initialised
+segment.
 
 Record state machine (a byte range of data, seen from both sides)::
 
-    FREE --writer: last_start, payload, then frame--> WRITTEN   (beyond write_pos: invisible)
+    FREE --writer: last_start, frame words 1-2, payload, digest--> WRITTEN  (beyond write_pos)
     WRITTEN --writer: write_pos += size, then next_seq--> PUBLISHED  (reader may read it)
-    PUBLISHED --reader: verify, hand out--> DELIVERED    (reader-private read position moves)
+    PUBLISHED --reader: verify digest + seq, hand out--> DELIVERED    (reader-private position)
     DELIVERED --reader: commit(seq): commit_pos = end--> FREE   (writer may overwrite it)
     A reader that dies moves DELIVERED back to PUBLISHED: a new reader starts at commit_pos.
 
 Invariants: ``commit_pos <= read <= write_pos <= commit_pos + capacity``; every byte in
-``[commit_pos, write_pos)`` belongs to a complete record whose checksums match and whose
+``[commit_pos, write_pos)`` belongs to a complete record whose digest matches and whose
 sequence numbers are consecutive. Each side writes only its own words, so no locks are needed.
-Stores happen in program order (payload, then frame, then the position word); on x86 (total
+Stores happen in program order (frame, payload, digest, then the position word); on x86 (total
 store order, aligned 8-byte stores atomic) the other side therefore never sees a position
 before the bytes it covers.
 
 Delivery is exactly once into training when the consumer commits only what a checkpoint holds:
 ``RingReader(name, auto_commit=False)`` hands out records, and the trainer calls
 ``reader.commit(seq)`` after the checkpoint of the optimizer step that used every record up to
-``seq`` is durable (with partial groups pending, ``seq`` is one below the oldest pending
-record's). After a trainer crash, ``RingReader(name, resume=True)`` re-delivers everything after
-the last commit. The default ``auto_commit=True`` commits each record as it is handed out
-(at-least-once across reader crashes: a record copied but not yet committed comes again).
+``seq`` is durable. After a trainer crash, ``RingReader(name, resume=True)`` re-delivers
+everything after the last commit. The default ``auto_commit=True`` commits each record as it
+is handed out (at-least-once across reader crashes: a record copied but not yet committed
+comes again).
 
-Checksum choice: zlib.crc32 over a 100 KB payload costs ~25 us, more than the whole transfer.
-The payload is instead summed as little-endian u64 words with wrap-around (``np.add.reduce``,
-~0.8 us fixed + ~1.5 us per 100 KB hot, the trailing partial word zero-extended), and the frame
-header carries a crc32 of its own 24 bytes. The writer zeroes the padding after the payload
-(layout version 3), so both sides sum whole words (no tail to special-case) and damaged
-padding is caught too. Detected: a torn write (an unwritten or stale tail differs from what
-was summed), truncation or a wrong length, a record overwritten by a later lap, any change
-confined to one 8-byte word (every bit flip), a stale or garbled frame (header crc, sequence
-continuity). Not detected: permutations of 8-byte words and changes that cancel in the sum
-(+1 in one word, -1 in another); the ring defends against crashes and bugs, not an adversary.
+Hot path (per 8k-token record, 106 KB, ~100k records/s): each side caches the other side's
+position word (``_seen_commit``, ``_seen_write``) and re-reads the shared word only when the
+cached value no longer shows room or a record (positions only grow: a cached value is merely
+behind, never wrong, and every decision that could block re-reads the authoritative word).
+Frame words are loaded and stored through one u64 view of the whole mapping (no struct
+objects); parts are copied with one ``mmap.write`` each (faster here than memoryview or numpy
+slice assignment) straight from the caller's arrays; the writer hashes the record where it now
+lies (still in its cache, so a copy that went wrong is caught too) and the reader hashes it in
+place before handing out a view. Each payload byte is written once and read once per side.
+Ring size matters as much as the code: in a ring that stays in the caches (a few MiB) the
+writer copies into cached lines; in a 16-64 MiB ring each lap goes out to DRAM and the copy
+costs ~2.5x as much (``benchmarks/ring.py`` measures both).
 
-Hot path: each side caches the other side's position word (``_seen_commit`` in the writer,
-``_seen_write`` in the reader) and re-reads the shared word only when the cached value no
-longer shows room or a record. Positions only grow, so a cached value is merely behind, never
-wrong, and every decision that could block re-reads the authoritative word; this saves a
-cross-core cache miss per record. Parts are copied with one ``mmap.write`` each (faster here
-than memoryview or numpy slice assignment), straight from the caller's arrays: each payload
-byte is written once and read once more by each side's checksum, and nothing else touches it.
-The frame is packed in place. Per 8k-token record (106 KB, incl. encode/decode; 2-core EPYC,
-loaded): writer ~9.5-12 us = encode ~2 + copy ~4 + sum ~2.5 + frame and bookkeeping ~1.5;
-reader ~5-6 us = checksum ~2.5-3 (the record crosses cores here) + frame ~1.5 + decode ~0.9.
-The ring's size matters as much: in a ring that stays in the last-level cache (a few MiB) the
-writer copies into cached lines (~26 GB/s); in a 16-64 MiB ring each lap goes out to DRAM and
-the copy costs ~2.5x as much (``benchmarks/ring.py`` measures both).
-
-Waiting: a waiting side spins 50 re-checks, then sleeps 20 us doubling to 1 ms, re-reading the
-other side's word each time; every wait has a timeout, and the shared words decide. A doorbell
-shortens the sleeps: before its first sleep a side binds a datagram socket in the abstract
-Unix namespace (autobound: unique, no file to clean up), stores its address in its ``bell``
-word, sets its ``waiting`` word, re-checks, and sleeps in ``select`` on the socket. The peer
-loads ``waiting`` once per record and, if set, sends one byte. A hint only: x86 may order the
-re-check before the flag store is visible ("set flag then check" loses wake-ups), and a peer
-in another network namespace is unreachable; either costs at most one sleep slice.
+Waiting: a waiting side spins for 100 us, calling ``sched_yield`` between re-checks, then
+sleeps 20 us doubling to 1 ms, re-reading the other side's word each time; every wait has a
+timeout, and the shared words decide. The spin is timed, not counted, and long enough to bridge
+the gap between two streamed records: a side that falls asleep between records makes its peer
+ring the doorbell (a ``sendto``, ~3 us) for every record, and measured on this machine a
+reader that spun 50 re-checks and slept cost the writer ~2x its busy CPU per 8k record.
+Yielding keeps the spin cheap for other work on a shared core (CPU time is charged only while
+nothing else is runnable). A doorbell shortens the sleeps: before its first sleep a side binds
+a datagram socket in the abstract Unix namespace (autobound: unique, no file to clean up),
+stores its address in its ``bell`` word, sets its ``waiting`` word, re-checks, and sleeps in
+``select`` on the socket. The peer loads ``waiting`` once per record and, if set, sends one
+byte. A hint only: x86 may order the re-check before the flag store is visible ("set flag then
+check" loses wake-ups), and a peer in another network namespace is unreachable; either costs
+at most one sleep slice.
 
 What is covered:
   * a writer killed at any instant (SIGKILL included): nothing it published is lost, nothing
@@ -102,6 +76,7 @@ What is covered:
     delivered but not committed are delivered again, and the writer never overwrites them;
   * corruption of a published record or of the positions: ``RingCorrupted``, never bad data;
   * back-pressure: a full ring makes ``put`` wait, then raise ``RingFull``; nothing is dropped;
+  * a record that can never fit (over half the capacity): ``RecordTooLarge`` at once;
   * stale segments of crashed runs: ``reclaim_stale`` removes those whose writer and reader
     are both dead.
 What is not covered:
@@ -117,173 +92,34 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import re
 import select
 import socket
-import struct
 import time
-import zlib
 from collections.abc import Callable, Sequence
 
-import numpy as np
+from areal.ring_layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
+                               FRAME_OFF_SEQ, HEADER_BYTES, KIND_RECORD, KIND_WRAP, LAYOUT_VERSION, MAGIC,
+                               MASK32, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
+                               OFF_LAST_START, OFF_MAGIC, OFF_NEXT_SEQ, OFF_READER_BELL, OFF_READER_PID,
+                               OFF_READER_WAITING, OFF_VERSION, OFF_WRITE_POS, OFF_WRITER_BELL,
+                               OFF_WRITER_PID, OFF_WRITER_START, OFF_WRITER_WAITING, SHM_DIR, SPIN_CHECKS,
+                               SPIN_S, ZEROS, RecordTooLarge, RingCorrupted, RingError, RingFull, alive,
+                               digest, pack_address, pause, proc_start, reclaim_stale, record_bytes,
+                               ring_name, segment_path, sleep_slice, unlink_ring, unpack_address)
 
-SHM_DIR = "/dev/shm"
-MAGIC = int.from_bytes(b"AREALRNG", "little")
-LAYOUT_VERSION = 3  # 3: record padding is zeroed and covered by the payload sum
-HEADER_BYTES = 4096  # one page, so the data region is page aligned
-# Byte offsets of the header words; each side's words on its own cache lines.
-OFF_MAGIC, OFF_VERSION, OFF_CAPACITY = 0, 8, 16
-OFF_WRITE_POS, OFF_NEXT_SEQ, OFF_LAST_START, OFF_WRITER_PID, OFF_WRITER_START = 64, 128, 192, 256, 264
-OFF_COMMIT_POS, OFF_COMMIT_SEQ, OFF_READER_PID, OFF_READER_START = 320, 384, 448, 456
-# Per side, on its pid line (which the peer reads once per record and the owner writes only
-# around a sleep): WAITING is 1 while it sleeps on its doorbell, BELL the doorbell's address.
-OFF_WRITER_WAITING, OFF_WRITER_BELL, OFF_READER_WAITING, OFF_READER_BELL = 272, 280, 464, 472
+# Re-exported: callers import the ring's whole surface from here.
+__all__ = [
+    "FRAME", "FRAME_OFF_DIGEST", "FRAME_OFF_KIND", "FRAME_OFF_LENGTH", "FRAME_OFF_SEQ", "HEADER_BYTES",
+    "LAYOUT_VERSION", "OFF_NEXT_SEQ", "OFF_READER_BELL", "OFF_READER_WAITING", "OFF_WRITER_BELL",
+    "OFF_WRITER_WAITING", "SHM_DIR", "RecordTooLarge", "RingCorrupted", "RingError", "RingFull", "RingReader",
+    "RingWriter", "reclaim_stale", "record_bytes", "ring_name", "unlink_ring",
+]
 
-FRAME = struct.Struct("<IIQQII")  # kind, payload length, seq, sum64(payload), crc32(bytes 0..24), reserved
-_FRAME_HEAD = struct.Struct("<IIQQ")  # the frame bytes its crc32 covers
-_KIND = struct.Struct("<I")
-_ZEROS = bytes(8)
-_add_reduce = np.add.reduce  # (words,) u64 -> wrap-around sum; one C call, ~48 GB/s on hot data
-KIND_RECORD = int.from_bytes(b"REC2", "little")
-KIND_WRAP = int.from_bytes(b"WRAP", "little")
-NO_RECORD = (1 << 64) - 1  # last_start before the first record
-_MASK64 = (1 << 64) - 1
-
-_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-_SPIN_CHECKS = 50  # re-checks before the first sleep: a busy peer usually answers within µs
-_MIN_SLEEP_S, _MAX_SLEEP_S = 20e-6, 1e-3
-
-
-class RingError(Exception):
-    """Base class of the ring's errors."""
-
-
-class RingCorrupted(RingError):
-    """The segment's contents break the ring's invariants; no record past this point is trusted."""
-
-
-class RingFull(RingError, TimeoutError):
-    """``put`` waited ``timeout_s`` and the reader did not free enough space."""
-
-
-class RecordTooLarge(RingError, ValueError):
-    """The payload can never fit, however empty the ring is."""
-
-
-def ring_name(run_id: str, rank: int) -> str:
-    """Name of the ring feeding trainer ``rank`` of run ``run_id``: ``areal-<run_id>-r<rank>``."""
-    return _check_name(f"areal-{run_id}-r{rank}")
-
-
-def unlink_ring(name: str) -> None:
-    """Remove a segment by name; a missing segment is not an error."""
-    try:
-        os.unlink(_path(name))
-    except FileNotFoundError:
-        pass
-
-
-def reclaim_stale(prefix: str = "areal-") -> list[str]:
-    """Unlink the segments named ``prefix*`` whose writer and reader are both dead; call at start.
-
-    Also removes creation temp files (``.<prefix>*.<pid>.tmp``) of dead creators. Files whose
-    header is not a ring's are left alone. Returns the names removed.
-    """
-    removed = []
-    for entry in sorted(os.listdir(SHM_DIR)):
-        path = os.path.join(SHM_DIR, entry)
-        if entry.startswith("." + prefix) and entry.endswith(".tmp"):
-            pid = entry[: -len(".tmp")].rsplit(".", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid), None):
-                _remove(path, removed, entry)
-            continue
-        if not entry.startswith(prefix):
-            continue
-        try:
-            with open(path, "rb") as f:
-                head = f.read(OFF_READER_START + 8)
-        except FileNotFoundError:  # removed by its owner meanwhile
-            continue
-        if len(head) < OFF_READER_START + 8 or int.from_bytes(head[:8], "little") != MAGIC:
-            continue
-
-        def word(off: int) -> int:
-            return int.from_bytes(head[off : off + 8], "little")
-
-        if not _alive(word(OFF_WRITER_PID), word(OFF_WRITER_START)) and not _alive(
-            word(OFF_READER_PID), word(OFF_READER_START)
-        ):
-            _remove(path, removed, entry)
-    return removed
-
-
-def _remove(path: str, removed: list[str], entry: str) -> None:
-    try:
-        os.unlink(path)
-        removed.append(entry)
-    except FileNotFoundError:
-        pass
-
-
-def _proc_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot; None if it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces
-    if fields[0] in (b"Z", b"X"):  # a zombie can no longer touch the segment
-        return None
-    return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    """Whether ``pid`` is a live process; with ``start``, also that it is the same process."""
-    if pid == 0:
-        return False
-    now = _proc_start(pid)
-    return now is not None and (start is None or now == start)
-
-
-def _check_name(name: str) -> str:
-    # Names are single path components under /dev/shm; a leading '.' is reserved for temp files.
-    if not _NAME_RE.fullmatch(name) or len(name) > 200:
-        raise ValueError(f"ring name {name!r} must match {_NAME_RE.pattern} (at most 200 chars)")
-    return name
-
-
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, _check_name(name.lstrip("/")))
-
-
-def _pause(attempt: int) -> None:
-    """One bounded wait step: spin first, then sleep 20 µs doubling up to 1 ms."""
-    if attempt >= _SPIN_CHECKS:
-        time.sleep(_sleep_slice(attempt - _SPIN_CHECKS))
-
-
-def _sleep_slice(attempt: int) -> float:
-    return min(_MAX_SLEEP_S, _MIN_SLEEP_S * (1 << min(attempt, 10)))
-
-
-def _pack_address(address: bytes) -> int:
-    """An autobound abstract socket address (``\\0`` + 5 hex digits) as one header word."""
-    if len(address) > 7:
-        raise RingError(f"doorbell address {address!r} longer than 7 bytes")
-    return len(address) | int.from_bytes(address, "little") << 8
-
-
-def _unpack_address(word: int) -> bytes:
-    return (word >> 8).to_bytes(word & 0xFF, "little")
-
-
-def payload_sum(buf: bytes | memoryview | mmap.mmap, offset: int, n: int) -> int:
-    """Wrap-around sum of ``buf[offset:offset+n]`` as little-endian u64 words (tail zero-extended)."""
-    words = n >> 3
-    total = int(np.add.reduce(np.frombuffer(buf, "<u8", words, offset))) if words else 0
-    tail = offset + (words << 3)
-    return (total + int.from_bytes(buf[tail : offset + n], "little")) & _MASK64
+_FRAME_SIZE = FRAME.size
+# u64 indices of the header words (the whole mapping is one u64 view).
+_I_WRITE_POS, _I_NEXT_SEQ, _I_LAST_START = OFF_WRITE_POS >> 3, OFF_NEXT_SEQ >> 3, OFF_LAST_START >> 3
+_I_COMMIT_POS, _I_COMMIT_SEQ = OFF_COMMIT_POS >> 3, OFF_COMMIT_SEQ >> 3
+_I_WRITER_WAITING, _I_READER_WAITING = OFF_WRITER_WAITING >> 3, OFF_READER_WAITING >> 3
 
 
 class _Segment:
@@ -292,16 +128,15 @@ class _Segment:
     def __init__(self, name: str, fd: int) -> None:
         self.name = name
         size = os.fstat(fd).st_size
-        if size < HEADER_BYTES:
-            raise RingCorrupted(f"ring {name}: segment is {size} bytes, smaller than its header")
+        if size < HEADER_BYTES or size % 8:
+            raise RingCorrupted(f"ring {name}: segment is {size} bytes, not a header plus whole words")
         self._mm = mmap.mmap(fd, size)
         self._buf = memoryview(self._mm)
-        # Aligned 8-byte loads/stores through a 'Q' view are single machine instructions.
-        self._u64 = self._buf[:HEADER_BYTES].cast("Q")
-        self._data = self._buf[HEADER_BYTES:]
-        self.capacity = len(self._data)
-        self._max_payload = min((self.capacity // 2) & ~7, 0xFFFFFFF8) - FRAME.size
-        self._words = np.frombuffer(self._mm, "<u8")  # (size / 8,) for payload sums, made once
+        # Aligned 8-byte loads/stores through a 'Q' view are single machine instructions; one
+        # view of the whole mapping serves the header words and the frame words alike.
+        self._u64 = self._buf.cast("Q")
+        self.capacity = size - HEADER_BYTES
+        self._max_payload = min((self.capacity // 2) & ~7, 0xFFFFFFF8) - _FRAME_SIZE
         self._bell: socket.socket | None = None  # this side's doorbell, bound on first use
         self._bell_pid = 0  # the process that bound it (a forked child binds its own)
         self.wait_cpu_s = 0.0  # CPU seconds spent waiting (spinning included): busy = total - this
@@ -329,9 +164,9 @@ class _Segment:
     def _claim(self, pid_off: int, role: str) -> None:
         """Record this process as the ring's ``role``; refuse if another live process holds it."""
         pid, start = self._word(pid_off), self._word(pid_off + 8)
-        if pid not in (0, os.getpid()) and _alive(pid, start):
+        if pid not in (0, os.getpid()) and alive(pid, start):
             raise RingError(f"ring {self.name} already has a live {role} (pid {pid}); one per ring")
-        self._set_word(pid_off + 8, _proc_start(os.getpid()) or 0)
+        self._set_word(pid_off + 8, proc_start(os.getpid()) or 0)
         self._set_word(pid_off + 16, 0)  # a predecessor killed asleep left its waiting flag set
         self._set_word(pid_off, os.getpid())
 
@@ -345,7 +180,7 @@ class _Segment:
             bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             bell.setblocking(False)
             bell.bind("")  # autobind
-            self._u64[self._bell_off >> 3] = _pack_address(bell.getsockname())
+            self._u64[self._bell_off >> 3] = pack_address(bell.getsockname())
             self._bell, self._bell_pid = bell, pid
         return self._bell
 
@@ -355,7 +190,7 @@ class _Segment:
         if not word:  # no doorbell published: the flag is stale or garbled; the sleep is bounded
             return
         try:
-            self._bell_socket().sendto(b"\1", _unpack_address(word))
+            self._bell_socket().sendto(b"\1", unpack_address(word))
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
             # A hint only: the bell is already ringing (queue full), or the peer is gone or lives
             # in another network namespace; its sleep is bounded and re-checks the shared words.
@@ -364,38 +199,45 @@ class _Segment:
     def _wait_until(self, ready: Callable[[], bool], flag_off: int, timeout_s: float | None) -> bool:
         """Bounded wait for ``ready()``; False on timeout.
 
-        Spins ``_SPIN_CHECKS`` re-checks, then announces itself at ``flag_off``, re-checks once
-        more, and sleeps on the doorbell in slices of 20 µs doubling to 1 ms, re-checking after
-        every wake-up. The announcement can race with the peer's publish (x86 may order our load
-        of the peer's word before our flag store becomes visible), so a wake-up can be lost, but
-        then the slice bounds the delay: the doorbell shortens waits, it never decides them.
+        Spins (yielding) for ``SPIN_S``, then announces itself at ``flag_off``, re-checks once
+        more, and sleeps on the doorbell in slices of 20 us doubling to 1 ms, re-checking after
+        every wake-up (see the module docstring, Waiting). The announcement can race with the
+        peer's publish, so a wake-up can be lost, but then the slice bounds the delay: the
+        doorbell shortens waits, it never decides them.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        monotonic, yield_cpu = time.monotonic, os.sched_yield
+        now = monotonic()
+        deadline = None if timeout_s is None else now + timeout_s
+        spin_until = now + SPIN_S
         cpu = time.process_time()
-        attempt = 0
+        sleeps = -1  # -1: spinning; 0: announced, one re-check before the first sleep
         try:
             while not ready():
-                if deadline is not None and time.monotonic() >= deadline:
+                now = monotonic()
+                if deadline is not None and now >= deadline:
                     return False
-                if attempt == _SPIN_CHECKS:
-                    self._bell_socket()  # its address is stored before the flag that leads to it
-                    self._u64[flag_off >> 3] = 1  # then loop: re-check before the first sleep
-                elif attempt > _SPIN_CHECKS:
-                    slice_s = _sleep_slice(attempt - _SPIN_CHECKS - 1)
-                    if deadline is not None:
-                        slice_s = max(0.0, min(slice_s, deadline - time.monotonic()))
-                    bell = self._bell_socket()
-                    if select.select([bell], [], [], slice_s)[0]:
-                        self.bell_wakeups += 1
-                        while True:  # drain: several rings while asleep are one wake-up
-                            try:
-                                bell.recv(64)
-                            except BlockingIOError:
-                                break
-                attempt += 1
+                if sleeps < 0:
+                    yield_cpu()  # spin politely: other runnable work on this core goes first
+                    if now >= spin_until:
+                        self._bell_socket()  # its address is stored before the flag that leads to it
+                        self._u64[flag_off >> 3] = 1  # then loop: re-check before the first sleep
+                        sleeps = 0
+                    continue
+                slice_s = sleep_slice(sleeps)
+                if deadline is not None:
+                    slice_s = max(0.0, min(slice_s, deadline - now))
+                bell = self._bell_socket()
+                if select.select([bell], [], [], slice_s)[0]:
+                    self.bell_wakeups += 1
+                    while True:  # drain: several rings while asleep are one wake-up
+                        try:
+                            bell.recv(64)
+                        except BlockingIOError:
+                            break
+                sleeps += 1
             return True
         finally:
-            if attempt > _SPIN_CHECKS:
+            if sleeps >= 0:
                 self._u64[flag_off >> 3] = 0
             self.wait_cpu_s += time.process_time() - cpu
 
@@ -411,9 +253,8 @@ class _Segment:
         if self._bell is not None:
             self._bell.close()
             self._bell = None
-        for view in (self._u64, self._data, self._buf):
+        for view in (self._u64, self._buf):
             view.release()
-        del self._words
         try:
             self._mm.close()
         except BufferError:
@@ -428,7 +269,7 @@ class _Segment:
 
     def writer_alive(self) -> bool:
         """Whether the process recorded as the writer still runs (a zombie counts as dead)."""
-        return _alive(self.writer_pid, self._word(OFF_WRITER_START))
+        return alive(self.writer_pid, self._word(OFF_WRITER_START))
 
 
 class RingWriter(_Segment):
@@ -439,7 +280,7 @@ class RingWriter(_Segment):
     def __init__(self, name: str, capacity_bytes: int = 64 << 20) -> None:
         if capacity_bytes < 128 or capacity_bytes % 8:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be a multiple of 8 and >= 128")
-        final = _path(name)
+        final = segment_path(name)
         tmp = os.path.join(SHM_DIR, f".{os.path.basename(final)}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         mapped = published = False
@@ -470,9 +311,9 @@ class RingWriter(_Segment):
     def attach(cls, name: str) -> RingWriter:
         """Reopen an existing ring as its (new) writer, e.g. after the previous writer died."""
         self = cls.__new__(cls)
-        fd = os.open(_path(name), os.O_RDWR)
+        fd = os.open(segment_path(name), os.O_RDWR)
         try:
-            _Segment.__init__(self, os.path.basename(_path(name)), fd)
+            _Segment.__init__(self, os.path.basename(segment_path(name)), fd)
         finally:
             os.close(fd)
         self._validate_header()
@@ -489,10 +330,10 @@ class RingWriter(_Segment):
         last = self._word(OFF_LAST_START)
         if last == NO_RECORD or last >= self._write_pos:
             return self._word(OFF_NEXT_SEQ)
-        kind, _, seq, _, _, _ = FRAME.unpack_from(self._data, last % self.capacity)
-        if kind != KIND_RECORD:
+        i = (HEADER_BYTES + last % self.capacity) >> 3
+        if self._u64[i + 1] & MASK32 != KIND_RECORD:
             raise RingCorrupted(f"ring {self.name}: last_start={last} does not point at a record")
-        return seq + 1
+        return self._u64[i + 2] + 1
 
     def _prefault(self) -> None:
         zeros = bytes(1 << 20)
@@ -528,22 +369,28 @@ class RingWriter(_Segment):
     def put_parts(self, parts: Sequence[bytes | memoryview], timeout_s: float | None = None) -> int:
         """Append the concatenation of ``parts`` as one record (scatter-gather, one copy each).
 
+        A ``parts`` object with an ``nbytes`` attribute (``protocol.RecordParts``) gives the
+        total length; a wrong one raises ``RingError`` before anything is published (bytes past
+        the reserved space may then have damaged unread records, which their digests reveal).
+
         Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
         """
-        # Hot path (~100k calls/s): locals instead of attribute lookups and method calls, one
-        # mmap.write per part; the frame is packed here rather than through _write_frame.
-        n = 0
-        for p in parts:  # byte lengths; any C-contiguous buffer (non-contiguous fails on copy)
-            n += p.nbytes if type(p) is memoryview else len(p) if type(p) is bytes else memoryview(p).nbytes
+        # Hot path (~100k calls/s): locals instead of attribute lookups and method calls, frame
+        # words stored through the u64 view, one mmap.write per part.
+        n = getattr(parts, "nbytes", -1)  # RecordParts carries its total; checked after the copy
+        if n < 0:
+            n = 0
+            for p in parts:  # byte lengths; any C-contiguous buffer (non-contiguous fails on copy)
+                n += p.nbytes if type(p) is memoryview else len(p) if type(p) is bytes else memoryview(p).nbytes
         if n > self._max_payload:
             raise RecordTooLarge(
                 f"record of {n} bytes does not fit ring {self.name}: at most {self._max_payload} "
                 f"bytes per record (half the capacity of {self.capacity} bytes, less a "
-                f"{FRAME.size}-byte frame)"
+                f"{_FRAME_SIZE}-byte frame)"
             )
         padded = (n + 7) & ~7
-        size = FRAME.size + padded
+        size = _FRAME_SIZE + padded
         u64, cap, mm = self._u64, self.capacity, self._mm
         w = self._write_pos
         room = cap - w % cap
@@ -551,50 +398,54 @@ class RingWriter(_Segment):
         # commit_pos only grows, so a cached value that already shows room is still true; the
         # shared word (a cache line the reader writes) is re-read only when it might not be.
         if w + skip + size - self._seen_commit > cap:
-            self._seen_commit = u64[OFF_COMMIT_POS >> 3]
+            self._seen_commit = u64[_I_COMMIT_POS]
             if w + skip + size - self._seen_commit > cap:
                 self._wait_for_room(w + skip + size - cap, size, timeout_s)
         seq = self._next_seq
         # last_start moves before any byte is written: while it is >= write_pos, attach() knows
         # the record there is unpublished and may already overwrite the previous one.
-        u64[OFF_LAST_START >> 3] = w + skip
-        if skip >= FRAME.size:
-            self._write_frame(HEADER_BYTES + w % cap, KIND_WRAP, 0, seq, 0)
+        u64[_I_LAST_START] = w + skip
+        if skip >= _FRAME_SIZE:  # an explicit wrap marker; the reader reads only its kind word
+            i = (HEADER_BYTES + w % cap) >> 3
+            u64[i + 1] = KIND_WRAP
+            u64[i + 2] = seq
+            u64[i] = 0
         w += skip
-        start = HEADER_BYTES + w % cap  # frame offset in the mmap
-        mm.seek(start + FRAME.size)
+        start = HEADER_BYTES + w % cap  # frame offset in the mapping
+        i = start >> 3
+        u64[i + 1] = KIND_RECORD | n << 32
+        u64[i + 2] = seq
+        mm.seek(start + _FRAME_SIZE)
         write = mm.write
         for p in parts:
             write(p)
+        if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
+            raise RingError(
+                f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
+                "written; the record is not published"
+            )
         if padded != n:
-            write(_ZEROS[: padded - n])  # zero padding: the padded words sum like the zero-extended tail
-        # The checksum is taken over what the ring now holds (hot in this core's cache), so a
+            write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
+        # The digest is taken over what the ring now holds (hot in this core's cache), so a
         # copy that went wrong is caught too, not only later damage.
-        first = (start + FRAME.size) >> 3
-        checksum = int(_add_reduce(self._words[first : first + (padded >> 3)])) & _MASK64
-        crc = zlib.crc32(_FRAME_HEAD.pack(KIND_RECORD, n, seq, checksum))
-        FRAME.pack_into(mm, start, KIND_RECORD, n, seq, checksum, crc, 0)
+        u64[i] = digest(self._buf[start + DIGEST_FROM : start + size])
         self._write_pos = w = w + size
-        u64[OFF_WRITE_POS >> 3] = w  # publish: the reader may now read it
+        u64[_I_WRITE_POS] = w  # publish: the reader may now read it
         self._next_seq = seq + 1
-        u64[OFF_NEXT_SEQ >> 3] = seq + 1
-        if u64[OFF_READER_WAITING >> 3]:  # one load per record; the reader rarely writes this line
+        u64[_I_NEXT_SEQ] = seq + 1
+        if u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
             self._ring_peer(OFF_READER_BELL)
         return seq
 
     def _wait_for_room(self, commit_needed: int, size: int, timeout_s: float | None) -> None:
         """Back-pressure: wait until the reader has committed up to ``commit_needed``."""
-        u64, i = self._u64, OFF_COMMIT_POS >> 3
-        if not self._wait_until(lambda: u64[i] >= commit_needed, OFF_WRITER_WAITING, timeout_s):
+        u64 = self._u64
+        if not self._wait_until(lambda: u64[_I_COMMIT_POS] >= commit_needed, OFF_WRITER_WAITING, timeout_s):
             raise RingFull(
                 f"ring {self.name}: no room for {size} bytes after {timeout_s}s "
                 f"({self.free_bytes()} of {self.capacity} free; is the reader alive?)"
             )
-        self._seen_commit = u64[i]  # re-read: the reader moves it
-
-    def _write_frame(self, start: int, kind: int, n: int, seq: int, checksum: int) -> None:
-        head = _FRAME_HEAD.pack(kind, n, seq, checksum)
-        FRAME.pack_into(self._mm, start, kind, n, seq, checksum, zlib.crc32(head), 0)
+        self._seen_commit = u64[_I_COMMIT_POS]  # re-read: the reader moves it
 
     def close(self, unlink: bool = False) -> None:
         """Unmap; with ``unlink`` also remove the segment (unread records are then lost)."""
@@ -624,7 +475,7 @@ class RingReader(_Segment):
     _bell_off = OFF_READER_BELL
 
     def __init__(self, name: str, timeout_s: float = 30, *, resume: bool = True, auto_commit: bool = True) -> None:
-        path = _path(name)
+        path = segment_path(name)
         deadline = time.monotonic() + timeout_s
         attempt = 0
         while True:
@@ -634,7 +485,7 @@ class RingReader(_Segment):
             except FileNotFoundError:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"ring {name}: segment {path} did not appear in {timeout_s}s")
-                _pause(_SPIN_CHECKS + attempt)
+                pause(SPIN_CHECKS + attempt)
                 attempt += 1
         try:
             super().__init__(os.path.basename(path), fd)
@@ -662,17 +513,17 @@ class RingReader(_Segment):
         return self._word(OFF_COMMIT_SEQ)
 
     def get(self, timeout_s: float | None = None) -> bytes | None:
-        """Copy of the next record's payload, or None if none is published within ``timeout_s``."""
-        found = self._next(timeout_s)
-        if found is None:
+        """Copy of the next record's payload, or None if none is published within ``timeout_s``.
+
+        The digest is verified in place before the copy; the writer cannot touch a record
+        before it is committed, which happens here only after the copy."""
+        view = self.get_view(timeout_s)
+        if view is None:
             return None
-        seq, start, n, checksum, end = found
-        payload = self._mm[start : start + n]
-        if payload_sum(payload, 0, n) != checksum:  # checked on the copy: exactly what we return
-            raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at {start}")
-        self._deliver(seq, end)
+        payload = bytes(view)
+        view.release()
         if self.auto_commit:
-            self.commit(seq)
+            self.commit(self.last_seq)
         return payload
 
     def get_view(self, timeout_s: float | None = None) -> memoryview | None:
@@ -681,42 +532,22 @@ class RingReader(_Segment):
         The view (and anything decoded from it) is valid until the record is committed: with
         ``auto_commit`` that is the next ``get``/``get_view``/``close``, otherwise ``commit``.
         """
-        found = self._next(timeout_s)
-        if found is None:
-            return None
-        seq, start, n, checksum, end = found
-        first = start >> 3  # the payload sum over whole words, and _deliver, inlined: hot path
-        if int(_add_reduce(self._words[first : first + ((n + 7) >> 3)])) & _MASK64 != checksum:
-            raise RingCorrupted(f"ring {self.name}: checksum mismatch in record {seq} at {start}")
-        self._read_pos = end
-        self.last_seq = seq
-        self._delivered.append((seq, end))
-        return self._buf[start : start + n]
-
-    def _deliver(self, seq: int, end: int) -> None:
-        self._read_pos = end
-        self.last_seq = seq
-        self._delivered.append((seq, end))
-
-    def _next(self, timeout_s: float | None) -> tuple[int, int, int, int, int] | None:
-        """Wait for the next published record and check its frame.
-
-        Returns (seq, payload offset in the mapping, length, sum64, end position)."""
-        delivered = self._delivered
+        # Hot path: one function, locals, frame words loaded through the u64 view.
+        delivered, u64 = self._delivered, self._u64
         if delivered and self.auto_commit:  # the view handed out last time is now consumed
             seq, end = delivered[-1]
             delivered.clear()
             self._commit_pos = end  # _commit_through, inlined
-            self._u64[OFF_COMMIT_POS >> 3] = end  # release: the writer may now reuse the space
-            self._u64[OFF_COMMIT_SEQ >> 3] = seq + 1
-            if self._u64[OFF_WRITER_WAITING >> 3]:
+            u64[_I_COMMIT_POS] = end  # release: the writer may now reuse the space
+            u64[_I_COMMIT_SEQ] = seq + 1
+            if u64[_I_WRITER_WAITING]:
                 self._ring_peer(OFF_WRITER_BELL)
         cap, r = self.capacity, self._read_pos
         # write_pos only grows, so records below the last value read are still published; the
         # shared word (a cache line the writer keeps writing) is re-read only once they are used.
         w = self._seen_write
         if w == r:
-            w = self._u64[OFF_WRITE_POS >> 3]
+            w = u64[_I_WRITE_POS]
             if w == r:
                 w = self._wait_for_record(timeout_s)
                 if w is None:
@@ -726,32 +557,41 @@ class RingReader(_Segment):
                     f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}"
                 )
             self._seen_write = w
-        mm = self._mm
         room = cap - r % cap
-        if room < FRAME.size or _KIND.unpack_from(mm, HEADER_BYTES + r % cap)[0] == KIND_WRAP:
+        if room < _FRAME_SIZE or u64[((HEADER_BYTES + r % cap) >> 3) + 1] & MASK32 == KIND_WRAP:
             r += room
         start = HEADER_BYTES + r % cap
-        kind, n, seq, checksum, crc, _ = FRAME.unpack_from(mm, start) if r < w else (0,) * 6
-        end = r + FRAME.size + ((n + 7) & ~7)
-        if kind != KIND_RECORD or end > w or start + end - r > HEADER_BYTES + cap or crc != zlib.crc32(mm[start : start + 24]):
+        i = start >> 3
+        kind_len = u64[i + 1] if r < w else 0
+        n = kind_len >> 32
+        end = r + _FRAME_SIZE + ((n + 7) & ~7)
+        stop = start + end - r  # end of the padded payload in the mapping
+        if kind_len & MASK32 != KIND_RECORD or end > w or stop > HEADER_BYTES + cap:
             raise RingCorrupted(
-                f"ring {self.name}: no valid record at position {r} (kind={kind:#x} length={n} "
-                f"write_pos={w} capacity={cap})"
+                f"ring {self.name}: no valid record at position {r} (kind={kind_len & MASK32:#x} "
+                f"length={n} write_pos={w} capacity={cap})"
             )
+        buf = self._buf
+        if digest(buf[start + DIGEST_FROM : stop]) != u64[i]:
+            raise RingCorrupted(f"ring {self.name}: checksum mismatch in the record at position {r}")
+        seq = u64[i + 2]
         last = self.last_seq
         if last is None:
             if seq < self._min_seq:
                 raise RingCorrupted(f"ring {self.name}: sequence {seq} where {self._min_seq} was expected")
         elif seq != last + 1:
             raise RingCorrupted(f"ring {self.name}: sequence {seq} where {last + 1} was expected")
-        return seq, start + FRAME.size, n, checksum, end
+        self._read_pos = end
+        self.last_seq = seq
+        delivered.append((seq, end))
+        return buf[start + _FRAME_SIZE : start + _FRAME_SIZE + n]
 
     def _wait_for_record(self, timeout_s: float | None) -> int | None:
         """Wait until write_pos moves past the read position; the new write_pos, or None."""
-        u64, i, r = self._u64, OFF_WRITE_POS >> 3, self._read_pos
-        if not self._wait_until(lambda: u64[i] != r, OFF_READER_WAITING, timeout_s):
+        u64, r = self._u64, self._read_pos
+        if not self._wait_until(lambda: u64[_I_WRITE_POS] != r, OFF_READER_WAITING, timeout_s):
             return None
-        return u64[i]
+        return u64[_I_WRITE_POS]
 
     def commit(self, seq: int) -> None:
         """Release every delivered record up to and including ``seq`` to the writer.
@@ -775,9 +615,9 @@ class RingReader(_Segment):
         seq, end = newest
         self._commit_pos = end
         u64 = self._u64
-        u64[OFF_COMMIT_POS >> 3] = end  # release: the writer may now reuse the space
-        u64[OFF_COMMIT_SEQ >> 3] = seq + 1
-        if u64[OFF_WRITER_WAITING >> 3]:
+        u64[_I_COMMIT_POS] = end  # release: the writer may now reuse the space
+        u64[_I_COMMIT_SEQ] = seq + 1
+        if u64[_I_WRITER_WAITING]:
             self._ring_peer(OFF_WRITER_BELL)
 
     def close(self) -> None:

@@ -293,7 +293,10 @@ _FIELDS = Trajectory.__struct_fields__
 _HEAD = _FIELDS.index("input_ids")  # fields before the first bulk buffer
 _BULK = _FIELDS.index("timings")  # fields from here on are small metadata again
 assert 0 < _HEAD < _BULK < len(_FIELDS) and len(_FIELDS) - _BULK < 16 and _HEAD < 16
-_BIN16, _BIN32 = struct.Struct(">BH"), struct.Struct(">BI")  # msgpack bin 16 / bin 32 headers
+_BIN16, _BIN32 = struct.Struct(">BH").pack, struct.Struct(">BI").pack  # msgpack bin 16 / bin 32 headers
+_SMALL_BUFFER = 256  # buffers below this are copied into the neighbouring part (bin 8 size range)
+_encode = _trajectory_encoder.encode
+_astuple = msgspec.structs.astuple
 _ARRAY_HEADER = bytes([0x90 | len(_FIELDS)]) if len(_FIELDS) < 16 else b"\xdc" + len(_FIELDS).to_bytes(2, "big")
 
 
@@ -301,29 +304,45 @@ def encode_trajectory(traj: Trajectory) -> bytes:
     return _trajectory_encoder.encode(traj)
 
 
-def encode_trajectory_parts(traj: Trajectory) -> list[bytes | memoryview]:
+class RecordParts(list):
+    """Buffers whose concatenation is one record, and their total byte length ``nbytes``.
+
+    ``RingWriter.put_parts`` takes ``nbytes`` instead of measuring every part again (~0.7 us of
+    a ~10 us budget per 8k record); it still checks after copying that exactly that many bytes
+    were written, before it publishes anything."""
+
+    __slots__ = ("nbytes",)
+
+
+def encode_trajectory_parts(traj: Trajectory) -> RecordParts:
     """The bytes of ``encode_trajectory(traj)`` as a list of parts, the token buffers uncopied.
 
     For scatter-gather writers (``RingWriter.put_parts``): the big buffers go straight from the
     caller's arrays into shared memory, saving one full copy of the record. It relies on two
     facts of msgpack: an array is its header followed by its elements' encodings, and ``bin``
     is a header followed by the raw bytes; msgspec writes the smallest header for each, as here
-    (a test pins ``b"".join(parts) == encode_trajectory(traj)``).
+    (a test pins ``b"".join(parts) == encode_trajectory(traj)``). Buffers under 256 bytes are
+    copied into the neighbouring part. ~2 us for an 8k record, most of it five msgspec calls
+    and the loop (merging the trailing small buffers into one call measured slower).
     """
-    values = msgspec.structs.astuple(traj)
-    encode = _trajectory_encoder.encode
+    values = _astuple(traj)
     # Bytes not yet emitted (headers and small buffers, merged): the struct's array header, then
     # the leading fields (their own fixarray header dropped).
-    small = _ARRAY_HEADER + encode(values[:_HEAD])[1:]
-    parts: list[bytes | memoryview] = []
+    small = _ARRAY_HEADER + _encode(values[:_HEAD])[1:]
+    parts = RecordParts()
+    total = 0
     for buf in values[_HEAD:_BULK]:
         size = buf.nbytes if type(buf) is memoryview else memoryview(buf).nbytes
-        if size < 1 << 8:
-            small += encode(buf)  # bin 8 header + bytes: a short copy beats another part
+        if size < _SMALL_BUFFER:
+            small += _encode(buf)  # bin 8 header + bytes: a short copy beats another part
             continue
-        parts += (small + (_BIN16.pack(0xC5, size) if size < 1 << 16 else _BIN32.pack(0xC6, size)), buf)
+        small += _BIN16(0xC5, size) if size < 1 << 16 else _BIN32(0xC6, size)
+        parts += (small, buf)
+        total += len(small) + size
         small = b""
-    parts.append(small + encode(values[_BULK:])[1:])  # fixarray header: both tuples have < 16 elements
+    small += _encode(values[_BULK:])[1:]  # fixarray header: the tuple has < 16 elements
+    parts.append(small)
+    parts.nbytes = total + len(small)
     return parts
 
 

@@ -5,8 +5,9 @@ then, per record, encodes it and hands it over; this process receives and decode
 Every path includes encode and decode, and every path moves every byte to the consumer's core:
 
   * ring:  ``encode_trajectory_parts`` + ``RingWriter.put_parts`` (the token buffers are copied
-           once, straight into shared memory, and summed) -> ``RingReader.get_view`` (checksum
-           verified in place: this reads the whole record) + ``decode_trajectory`` (zero-copy);
+           once, straight into shared memory, and hashed there with XXH3-64) ->
+           ``RingReader.get_view`` (digest verified in place: this reads the whole record) +
+           ``decode_trajectory`` (zero-copy);
   * queue: ``encode_trajectory`` + ``multiprocessing.Queue.put`` -> ``get`` + decode;
   * zmq:   ``encode_trajectory`` + PUSH ``send(copy=False)`` over ``ipc://`` -> PULL
            ``recv(copy=False)`` + decode of the frame's buffer.
@@ -21,10 +22,15 @@ sustains with a core per side (the baselines block without spinning: their CPU i
 The baselines run in the same invocation, interleaved with the ring, so background load hits
 all paths alike.
 
-Ring size: the main figures use a 4 MiB ring. A ring that stays in the last-level cache lets
-the writer copy into lines that are already cached (~26 GB/s here); in a 64 MiB ring every lap
-goes out to DRAM and the copy costs ~2.5x as much. The 8k row ``*_64MiB_ring`` measures the
-production default (``ring_capacity_mb: 64``) in the same run, for comparison.
+Ring size: the main figures use a 4 MiB ring (37 8k-token records). A ring that stays in the
+last-level cache lets the writer copy into lines that are already cached (~27 GB/s here: ~3.9
+us per 106 KB record); in a 64 MiB ring every lap goes out to DRAM and the same copy takes ~13
+us. The 8k rows ``*_64MiB_ring`` measure the production default (``ring_capacity_mb: 64``) in
+the same run, for comparison.
+
+Per-record cost split at 8k tokens (writer and reader in separate processes, 4 MiB ring,
+medians): writer = encode ~2.4 us + copy ~3.9 + XXH3 digest ~2.0 + frame and publish ~0.5;
+reader = ``get_view`` ~3.2 (digest ~2 of it) + decode ~0.9.
 
     python -m benchmarks.ring [--quick]
 """
@@ -193,10 +199,12 @@ def run_zmq(tokens: int, count: int) -> Result:
 
 
 def main(quick: bool) -> list[dict]:
-    repeats = 1 if quick else 3
+    repeats = 3 if quick else 5  # each repeat runs every path; ~1 s each at quick counts
     rows = []
     for tokens in SIZES:
-        count = max(500, (8 if quick else 40) * 2**20 * 8 // (tokens * 13))  # ~same bytes per size
+        # ~same bytes per size: 2,500 8k records in quick mode (at ~50k/s a run of 8 MiB lasted
+        # ~10 ms, short enough for one scheduler hiccup to decide the figure)
+        count = max(1000, (32 if quick else 128) * 2**20 * 8 // (tokens * 13))
         record_bytes = len(encode_trajectory(make_trajectory(tokens)))
         runs: dict[str, list[Result]] = {"ring": [], "ring64": [], "queue": [], "zmq": []}
         for _ in range(repeats):  # interleaved so that background load hits every path alike

@@ -27,6 +27,10 @@ sys.path.insert(0, str(REPO))
 
 from areal.buffer import (  # noqa: E402
     FRAME,
+    FRAME_OFF_DIGEST,
+    FRAME_OFF_KIND,
+    FRAME_OFF_LENGTH,
+    FRAME_OFF_SEQ,
     HEADER_BYTES,
     OFF_NEXT_SEQ,
     OFF_READER_BELL,
@@ -137,6 +141,22 @@ def test_largest_record_fits_and_larger_is_refused(name):
         assert r.get(timeout_s=0) == biggest
         with pytest.raises(RecordTooLarge, match=f"{w.max_payload + 1} bytes.*at most {w.max_payload}"):
             w.put(b"c" * (w.max_payload + 1))
+
+
+@pytest.mark.parametrize("error", [-1, +1])
+def test_wrong_parts_nbytes_publishes_nothing(name, error):
+    class Parts(list):
+        nbytes = 0
+
+    parts = Parts([b"abc", memoryview(b"defgh")])
+    parts.nbytes = 8 + error
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        with pytest.raises(RingError, match="not published"):
+            w.put_parts(parts)
+        assert r.get(timeout_s=0) is None
+        parts.nbytes = 8
+        assert w.put_parts(parts) == 0  # the sequence number was not used up
+        assert r.get(timeout_s=0) == b"abcdefgh"
 
 
 def test_cross_process(name):
@@ -313,14 +333,30 @@ def test_second_live_reader_is_refused(name):
         assert proc.returncode != 0 and "already has a live reader" in proc.stderr
 
 
-def test_corrupted_frame_header_is_never_trusted(name):
+@pytest.mark.parametrize("length, error", [(6, "checksum mismatch"), (4000, "no valid record")])
+def test_corrupted_frame_header_is_never_trusted(name, length, error):
+    # A plausible wrong length fails the digest (it covers the frame); an impossible one the bounds.
     with RingWriter(name, 4096) as w, RingReader(name) as r:
         w.put(b"payload")
         with open(os.path.join(SHM_DIR, name), "r+b") as f:
-            f.seek(HEADER_BYTES + 4)  # the length field: a torn or garbled frame
-            f.write((6).to_bytes(4, "little"))
-        with pytest.raises(RingCorrupted, match="no valid record"):
+            f.seek(HEADER_BYTES + FRAME_OFF_LENGTH)  # the length field: a torn or garbled frame
+            f.write(length.to_bytes(4, "little"))
+        with pytest.raises(RingCorrupted, match=error):
             r.get(timeout_s=0)
+    unlink_ring(name)
+
+
+@pytest.mark.parametrize("offset", [FRAME_OFF_DIGEST, FRAME_OFF_KIND + 8 - 1, FRAME_OFF_SEQ, FRAME.size + 8, FRAME.size + 14])
+def test_any_damaged_word_of_a_record_is_caught_by_get_view(name, offset):
+    # Every word of the record is covered: digest, kind/length, seq, payload and its zero padding.
+    with RingWriter(name, 4096) as w, RingReader(name) as r:
+        w.put(b"0123456789abc")  # 13 bytes: 3 bytes of padding
+        with open(os.path.join(SHM_DIR, name), "r+b") as f:
+            f.seek(HEADER_BYTES + offset)
+            f.write(b"\x01")
+        with pytest.raises(RingCorrupted):
+            r.get_view(timeout_s=0)
+    unlink_ring(name)
 
 
 def test_reclaim_stale_removes_dead_segments_only(name):

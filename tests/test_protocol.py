@@ -165,6 +165,7 @@ def test_parts_concatenate_to_the_encoding(lens, turns):
     traj = make_trajectory(rows=make_rows(1, tuple(lens)), row_turns=[1] * len(lens) if turns else None)
     parts = encode_trajectory_parts(traj)
     assert b"".join(parts) == encode_trajectory(traj)
+    assert parts.nbytes == len(encode_trajectory(traj))  # the total put_parts trusts, then checks
     big = [p for p in parts if isinstance(p, memoryview)]
     assert all(p.nbytes >= 256 for p in big)  # small buffers are merged, big ones never copied
     assert any(p is traj.input_ids for p in big) == (len(traj.input_ids) >= 256)
