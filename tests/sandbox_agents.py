@@ -312,7 +312,8 @@ class AttackAgent:
         return 1.0
 
     async def forge_key(self, data: dict, **kw: Any) -> dict[str, float]:
-        forged = {"guessed": "sk-areal-" + "A" * 32, "mutated": kw["api_key"][:-1] + "x",
+        own_key = kw["api_key"]  # mutated: the last character changed (to "y" when it already is "x")
+        forged = {"guessed": "sk-areal-" + "A" * 32, "mutated": own_key[:-1] + ("y" if own_key.endswith("x") else "x"),
                   "other session id": data["other_episode"]}
         accepted = 0.0
         for key in forged.values():
