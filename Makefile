@@ -14,10 +14,10 @@ ARGS    ?=
 $(STAMP): requirements.lock constraints.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	  echo "using the machine's torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
-	  $(PY) -m venv --system-site-packages $(VENV); \
+	  $(PY) -m venv --system-site-packages $(VENV) && \
 	  echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/constraints.txt; \
 	else \
-	  $(PY) -m venv $(VENV); cp constraints.txt $(VENV)/constraints.txt; \
+	  $(PY) -m venv $(VENV) && cp constraints.txt $(VENV)/constraints.txt && \
 	  $(VPY) -m pip install -q torch==2.13.0 -c $(VENV)/constraints.txt; \
 	fi
 	$(VPY) -m pip install -q -r requirements.lock -c $(VENV)/constraints.txt
