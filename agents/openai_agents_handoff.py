@@ -25,22 +25,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import (Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner,
-                    function_tool, handoff)
+from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner, handoff
 from openai import AsyncOpenAI
 
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, question
-
-
-@function_tool(name_override="calculator")
-def calculator_tool(expression: str) -> str:
-    """Evaluate an arithmetic expression with + - * and parentheses.
-
-    Args:
-        expression: e.g. 23*7
-    """
-    return calculator(expression)
+from areal.workflow.common import TOOL_SYSTEM_PROMPT, gateway_kwargs, question
+from areal.workflow.openai_agent.math_agent import calculator_tool  # the SDK function tool over the calculator
 
 
 def build_triage_agent() -> Agent:
@@ -55,8 +45,8 @@ def build_triage_agent() -> Agent:
         instructions="Hand arithmetic problems to the math agent.",
         handoffs=[handoff(math_agent, tool_name_override="transfer_to_math_agent",
                           tool_description_override="Solve an arithmetic problem")],
-        # Every question here is arithmetic, so triage must hand off: a named tool_choice, which
-        # the gateway enforces by forcing the call's opening tokens (the model writes the rest).
+        # Every question here is arithmetic, so triage must hand off: a named tool_choice. The
+        # handoff takes no parameters, so the gateway writes the whole call (see module doc).
         model_settings=ModelSettings(tool_choice="transfer_to_math_agent"),
     )
 

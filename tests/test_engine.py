@@ -28,6 +28,7 @@ from areal.engine.client import (
     update_weights_from_disk_sync,
 )
 from areal.engine.router import EngineRouter, launch_sglang_server, sglang_command
+from http_json import get, post
 
 VOCAB = 512
 PROMPT = [5, 6, 7, 8]
@@ -73,21 +74,6 @@ def engine_url(model_dir: Path):
     yield proc.url
     proc.stop()
     assert not proc.alive()
-
-
-def post(url: str, body: object) -> tuple[int, object]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def get(url: str) -> tuple[int, object]:
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        return resp.status, json.loads(resp.read())
 
 
 def generate(url: str, ids: list[int], **sp: object) -> dict:

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from areal.engine.client import EngineClient, launch_embedded_engine
+from http_json import post
 from areal.weight_sync import (
     CollectiveWeightPush,
     WeightUpdateError,
@@ -86,16 +87,6 @@ def pusher(engines: list[str]):
     push.init()
     yield push
     push.close()
-
-
-def post(url: str, body: object) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def engine_greedy(url: str) -> list[int]:

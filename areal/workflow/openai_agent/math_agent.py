@@ -43,7 +43,7 @@ def build_math_agent(recommended_prefix: bool = False) -> Agent:
 
 
 @function_tool(name_override="calculator")
-def _calculator_tool(expression: str) -> str:
+def calculator_tool(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * and parentheses.
 
     Args:
@@ -54,7 +54,7 @@ def _calculator_tool(expression: str) -> str:
 
 def build_calculator_agent() -> Agent:
     """One agent with the embedded model's calculator as a function tool."""
-    return Agent(name="Calculator Agent", instructions=TOOL_SYSTEM_PROMPT, tools=[_calculator_tool])
+    return Agent(name="Calculator Agent", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator_tool])
 
 
 class MathAgent(AgentWorkflow):
