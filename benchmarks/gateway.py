@@ -14,7 +14,11 @@ baseline.
   is the gateway's, not the client libraries': with aiohttp's client on the direct path, ~200 µs
   of client CPU inflated the baseline. With the instant engine, the gateway process's CPU per
   call (all its threads, from /proc schedstat in ns) is reported too, against the engine's CPU
-  per direct call.
+  per direct call, and so are two transport floors taking turns with the rest: a request-sized
+  message to a ZeroMQ ROUTER echo and to a TCP echo. A gateway call makes the ZeroMQ hop on top
+  of the TCP hop a direct call makes, so no gateway can add less than the ZeroMQ echo: on this
+  2-vCPU KVM guest that echo alone measured 120-170 µs p50 (libzmq hands each message across
+  four threads, and waking a thread on an idle vCPU costs ~20 µs) against ~40 µs for TCP.
 - Requests/s on one core: several client processes keep the gateway busy; the figure is calls
   answered per CPU-second of the gateway process (read from /proc, every thread), so other load on this shared
   2-core machine does not count against it. Baseline: the instant engine's own calls per
@@ -336,13 +340,88 @@ class BlockingZmqClient:
         self.sock.close(0)
 
 
+# ---- transport floors: the same hops with no gateway and no engine ------------------------------
+
+
+def _serve_echo(kind: str, address: str) -> None:
+    """A blocking echo server: ``zmq`` is a ROUTER (the gateway's socket type) answering each
+    DEALER message with itself; ``tcp`` echoes bytes on a TCP_NODELAY connection. Prints its
+    address once it listens."""
+    import socket
+
+    import zmq
+
+    if kind == "zmq":
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.bind(address)
+        print(address, flush=True)
+        while True:
+            sock.send_multipart(sock.recv_multipart())
+    listener = socket.create_server(("127.0.0.1", 0))
+    print(f"127.0.0.1:{listener.getsockname()[1]}", flush=True)
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := conn.recv(1 << 16):
+        conn.sendall(data)
+
+
+class EchoProcess:
+    """An echo server (``_serve_echo``) in its own process group, and a blocking client whose
+    ``call`` sends ``size`` bytes and waits for all of them to come back."""
+
+    def __init__(self, kind: str, size: int) -> None:
+        import socket
+
+        import zmq
+
+        self.tmp = tempfile.mkdtemp(prefix="gwecho-")
+        cmd = [sys.executable, "-m", "benchmarks.gateway", "echo", kind, f"ipc://{self.tmp}/echo.sock"]
+        root = Path(__file__).resolve().parent.parent
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=root, start_new_session=True, text=True)
+        assert self.popen.stdout is not None
+        address = self.popen.stdout.readline().strip()
+        self.payload = b"x" * size
+        if kind == "zmq":
+            self.sock = zmq.Context.instance().socket(zmq.DEALER)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.connect(address)
+            self.call = self._call_zmq
+        else:
+            host, port = address.rsplit(":", 1)
+            self.conn = socket.create_connection((host, int(port)))
+            self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.call = self._call_tcp
+
+    def _call_zmq(self) -> None:
+        self.sock.send(self.payload)
+        self.sock.recv()
+
+    def _call_tcp(self) -> None:
+        self.conn.sendall(self.payload)
+        got = 0
+        while got < len(self.payload):
+            got += len(self.conn.recv(1 << 16))
+
+    def close(self) -> None:
+        from areal.process import stop_group
+
+        if hasattr(self, "sock"):
+            self.sock.close(0)
+        else:
+            self.conn.close()
+        stop_group(self.popen, grace_s=5)
+        for name in os.listdir(self.tmp):
+            os.unlink(os.path.join(self.tmp, name))
+        os.rmdir(self.tmp)
+
+
 def _p(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int,
-                 engine_pid: int | None = None) -> list[dict]:
+                 engine_pid: int | None = None, floors: bool = False) -> list[dict]:
     """Latency added per call over ZeroMQ and HTTP against direct engine calls, and (with
     ``engine_pid``) CPU per call of the gateway process against the engine's per direct call.
 
@@ -353,12 +432,18 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
     is not an added latency, and under noise it even came out negative.
     CPU: in blocks of calls per door, from /proc/<pid>/task/*/schedstat (ns, every thread of the
     process, ZeroMQ's I/O thread included); clock-tick counters were too coarse for the engine.
+    Floors (``floors``): the round trip of a request-sized message to a ZeroMQ ROUTER echo and to
+    a TCP echo, taking turns with the rest. A gateway call over ZeroMQ makes both hops (client to
+    gateway, gateway to engine) where a direct call makes the TCP one, so the ZeroMQ echo is the
+    least any gateway could add on this machine before doing any work.
     """
     clients = {
         "direct": BlockingHttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
         "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
         "http": BlockingHttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
     }
+    echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in ("zmq", "tcp")} if floors else {}
+    clients.update(echoes)
     for client in clients.values():
         for _ in range(10):
             client.call()
@@ -378,6 +463,16 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
         rows.append({"benchmark": "gateway", "metric": f"added p99 {door}, {engine} engine", "value": _p(paired, 0.99) * 1e6,
                      "unit": "us", "baseline": f"direct {engine} p99", "baseline_value": direct99,
                      "note": "p99 of per-call differences, each gateway call minus the direct call just before it"})
+    for kind in ("zmq", "tcp") if floors else ():
+        rows.append({"benchmark": "gateway", "metric": f"{kind} echo round trip p50 (transport floor)",
+                     "value": _p(lat[f"{kind} echo"], 0.5) * 1e6, "unit": "us", "baseline": f"direct {engine} p50",
+                     "baseline_value": direct50,
+                     "note": "a request-sized message to an echo server and back, no gateway, no engine: "
+                             + ("the hop a gateway call adds (its least possible added latency)" if kind == "zmq"
+                                else "the hop both paths make to the engine")})
+    for name, echo in echoes.items():
+        echo.close()
+        del clients[name]
     if engine_pid is not None:
         cpu = {}
         for name, client in clients.items():
@@ -542,7 +637,8 @@ def main(quick: bool) -> list[dict]:
     with launch_instant_engine(_reply_ids()) as engine:
         gateway = GatewayProcess(engine.url)
         try:
-            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid)
+            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid,
+                                 floors=True)
             seconds = 3.0 if quick else 10.0
             gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
             eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)
@@ -579,6 +675,8 @@ if __name__ == "__main__":
         asyncio.run(_serve_instant([int(x) for x in args[1].split(",")], 0))
     elif args[:1] == ["gateway"]:
         asyncio.run(_serve_gateway(args[1], args[2]))
+    elif args[:1] == ["echo"]:
+        _serve_echo(args[1], args[2])
     else:
         for row in main(quick="--quick" in args):
             print(row)

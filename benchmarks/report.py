@@ -129,6 +129,8 @@ class Headline:
 HEADLINES = (
     Headline("gateway added latency p50 (ZeroMQ, instant engine)", "gateway", "added p50 zmq, instant engine",
              "direct", (("value", "<=", 150.0),)),
+    Headline("ZeroMQ echo round trip alone (the hop a gateway call adds)", "gateway",
+             "zmq echo round trip p50 (transport floor)", "direct"),
     Headline("gateway added latency p99 (ZeroMQ, instant engine)", "gateway", "added p99 zmq, instant engine", "direct"),
     Headline("gateway added latency p50 (ZeroMQ, embedded engine)", "gateway", "added p50 zmq, embedded engine", "direct"),
     Headline("gateway requests/s per core (instant engine)", "gateway", "requests/s per gateway core*", "",
