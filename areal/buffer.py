@@ -1,6 +1,6 @@
 """Shared-memory trajectory ring: one producer (the controller), one consumer (a trainer rank).
 
-API: ``RingWriter(ring_name(run_id, rank), capacity_bytes)`` creates a ring, ``.put(bytes)`` or
+API: ``RingWriter(ring_name(run_id, rank), capacity_bytes, native=None)`` creates a ring, ``.put(bytes)`` or
 ``.put_parts(encode_trajectory_parts(traj))`` appends a record and returns its sequence number,
 ``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
@@ -8,7 +8,7 @@ committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")``
 removes the segments of crashed runs. The segment's byte layout, the record frame and its
 checksum (XXH3-64 over frame and payload) are in ``areal.ring_layout``; this module holds the
 two ends that share them (one module per boundary), the doorbell and the crash handling. (About
-640 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
+660 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
 and splitting writer from reader would separate the two halves of one protocol.)
 
 The writer creates the segment under a temporary name, sizes it, pre-faults every page (first
@@ -44,10 +44,13 @@ position word (``_seen_commit``, ``_seen_write``) and re-reads the shared word o
 cached value no longer shows room or a record (positions only grow: a cached value is merely
 behind, never wrong, and every decision that could block re-reads the authoritative word).
 Frame words are loaded and stored through one u64 view of the whole mapping (no struct
-objects); parts are copied with one ``mmap.write`` each (faster here than memoryview or numpy
-slice assignment) straight from the caller's arrays; the writer hashes the record where it now
-lies (still in its cache, so a copy that went wrong is caught too) and the reader hashes it in
-place before handing out a view. Each payload byte is written once and read once per side.
+objects). The writer copies the parts straight from the caller's arrays and hashes the record
+as it lands in the ring, in one C call (``areal._ringcopy.copy_digest``: each 1 KiB block is
+hashed from the registers it was copied through, so a copy that went wrong is caught too);
+without the extension (``native=False``, or no C compiler at install) it copies with one
+``mmap.write`` per part and hashes the record in place with ``xxhash`` (two passes, ~2 us more
+per 8k record; same bytes, same digest). The reader hashes the record in place before handing
+out a view. Each payload byte is written once and read once per side.
 Ring size matters as much as the code: in a ring that stays in the caches (a few MiB) the
 writer copies into cached lines; in a 16-64 MiB ring each lap goes out to DRAM and the copy
 costs ~2.5x as much (``benchmarks/ring.py`` measures both).
@@ -99,7 +102,7 @@ from collections.abc import Callable, Sequence
 
 from areal.ring_layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
                                FRAME_OFF_SEQ, HEADER_BYTES, KIND_RECORD, KIND_WRAP, LAYOUT_VERSION, MAGIC,
-                               MASK32, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
+                               MASK32, NATIVE, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
                                OFF_LAST_START, OFF_MAGIC, OFF_NEXT_SEQ, OFF_READER_BELL, OFF_READER_PID,
                                OFF_READER_WAITING, OFF_VERSION, OFF_WRITE_POS, OFF_WRITER_BELL,
                                OFF_WRITER_PID, OFF_WRITER_START, OFF_WRITER_WAITING, SHM_DIR, SPIN_CHECKS,
@@ -120,6 +123,16 @@ _FRAME_SIZE = FRAME.size
 _I_WRITE_POS, _I_NEXT_SEQ, _I_LAST_START = OFF_WRITE_POS >> 3, OFF_NEXT_SEQ >> 3, OFF_LAST_START >> 3
 _I_COMMIT_POS, _I_COMMIT_SEQ = OFF_COMMIT_POS >> 3, OFF_COMMIT_SEQ >> 3
 _I_WRITER_WAITING, _I_READER_WAITING = OFF_WRITER_WAITING >> 3, OFF_READER_WAITING >> 3
+
+
+def _native_copy(native: bool | None) -> Callable[..., int | None] | None:
+    """The writer's copy + digest: ``areal._ringcopy.copy_digest`` (``native`` None: where it was
+    built; True: required) or None for the pure-Python path (``native=False``, or not built)."""
+    if native is None:
+        native = NATIVE is not None
+    if native and NATIVE is None:
+        raise RingError("native=True but areal._ringcopy is not built (run `pip install --no-deps -e .`)")
+    return NATIVE.copy_digest if native else None
 
 
 class _Segment:
@@ -277,7 +290,8 @@ class RingWriter(_Segment):
 
     _bell_off = OFF_WRITER_BELL
 
-    def __init__(self, name: str, capacity_bytes: int = 64 << 20) -> None:
+    def __init__(self, name: str, capacity_bytes: int = 64 << 20, *, native: bool | None = None) -> None:
+        self._copy_digest = _native_copy(native)
         if capacity_bytes < 128 or capacity_bytes % 8:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be a multiple of 8 and >= 128")
         final = segment_path(name)
@@ -308,9 +322,10 @@ class RingWriter(_Segment):
         self._seen_commit = 0  # the last commit_pos read; only ever behind the shared word
 
     @classmethod
-    def attach(cls, name: str) -> RingWriter:
+    def attach(cls, name: str, *, native: bool | None = None) -> RingWriter:
         """Reopen an existing ring as its (new) writer, e.g. after the previous writer died."""
         self = cls.__new__(cls)
+        self._copy_digest = _native_copy(native)
         fd = os.open(segment_path(name), os.O_RDWR)
         try:
             _Segment.__init__(self, os.path.basename(segment_path(name)), fd)
@@ -370,8 +385,9 @@ class RingWriter(_Segment):
         """Append the concatenation of ``parts`` as one record (scatter-gather, one copy each).
 
         A ``parts`` object with an ``nbytes`` attribute (``protocol.RecordParts``) gives the
-        total length; a wrong one raises ``RingError`` before anything is published (bytes past
-        the reserved space may then have damaged unread records, which their digests reveal).
+        total length; a wrong one raises ``RingError`` before anything is published (the
+        native path then writes nothing; the Python path's bytes past the reserved space may have
+        damaged unread records, which their digests reveal).
 
         Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
@@ -415,20 +431,29 @@ class RingWriter(_Segment):
         i = start >> 3
         u64[i + 1] = KIND_RECORD | n << 32
         u64[i + 2] = seq
-        mm.seek(start + _FRAME_SIZE)
-        write = mm.write
-        for p in parts:
-            write(p)
-        if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
-            raise RingError(
-                f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
-                "written; the record is not published"
-            )
-        if padded != n:
-            write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
-        # The digest is taken over what the ring now holds (hot in this core's cache), so a
-        # copy that went wrong is caught too, not only later damage.
-        u64[i] = digest(self._buf[start + DIGEST_FROM : start + size])
+        copy_digest = self._copy_digest
+        if copy_digest is not None:
+            # Native: copy, zero padding and digest in one pass (areal._ringcopy); it checks the
+            # parts' total against n before writing anything.
+            d = copy_digest(self._buf, start + _FRAME_SIZE, parts, start + DIGEST_FROM, n)
+            if d is None:
+                raise RingError(f"ring {self.name}: parts.nbytes={n} is not the parts' total; the record is not published")
+            u64[i] = d
+        else:
+            mm.seek(start + _FRAME_SIZE)
+            write = mm.write
+            for p in parts:
+                write(p)
+            if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
+                raise RingError(
+                    f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
+                    "written; the record is not published"
+                )
+            if padded != n:
+                write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
+            # The digest is taken over what the ring now holds (hot in this core's cache), so a
+            # copy that went wrong is caught too, not only later damage.
+            u64[i] = digest(self._buf[start + DIGEST_FROM : start + size])
         self._write_pos = w = w + size
         u64[_I_WRITE_POS] = w  # publish: the reader may now read it
         self._next_seq = seq + 1

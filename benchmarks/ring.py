@@ -28,9 +28,14 @@ us per 106 KB record); in a 64 MiB ring every lap goes out to DRAM and the same 
 us. The 8k rows ``*_64MiB_ring`` measure the production default (``ring_capacity_mb: 64``) in
 the same run, for comparison.
 
-Per-record cost split at 8k tokens (writer and reader in separate processes, 4 MiB ring,
-medians): writer = encode ~2.4 us + copy ~3.9 + XXH3 digest ~2.0 + frame and publish ~0.5;
-reader = ``get_view`` ~3.2 (digest ~2 of it) + decode ~0.9.
+Per-record cost split at 8k tokens (4 MiB ring, in-process, reader interleaved; CPU time):
+writer = ``encode_trajectory_parts`` ~2.6 us + ``put_parts`` ~5.0, of which the C copy + XXH3
+digest in one pass (``areal._ringcopy.copy_digest``, AVX2) ~3.9 and frame words, checks and
+publish ~1.1; reader = ``get_view`` ~3.4 (digest ~2 of it) + decode ~1.0. The pure-Python
+writer path (``native=False``: one ``mmap.write`` per part, then ``xxhash`` over the record in
+place) costs ~7.0 us in ``put_parts``; the 8k rows ``*_native_writer`` compare the two writer
+paths in the same run (writer and reader in separate processes, where the copy's stores miss
+into lines the reader's core last held, so both cost more than in-process).
 
     python -m benchmarks.ring [--quick]
 """
@@ -51,6 +56,7 @@ import numpy as np
 import zmq
 
 from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
+from areal.ring_layout import NATIVE
 from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts
 
 SIZES = (1024, 8192, 32768)
@@ -81,9 +87,10 @@ def make_trajectory(tokens: int = 8192) -> Trajectory:
     )
 
 
-def _produce_ring(name: str, capacity: int, tokens: int, count: int, cpu: SynchronizedArray) -> None:
+def _produce_ring(name: str, capacity: int, tokens: int, count: int, native: bool | None,
+                  cpu: SynchronizedArray) -> None:
     traj = make_trajectory(tokens)
-    with RingWriter(name, capacity) as writer:
+    with RingWriter(name, capacity, native=native) as writer:
         for i in range(count):
             if i == WARMUP:
                 started, waited = time.process_time(), writer.wait_cpu_s
@@ -164,7 +171,7 @@ def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[f
             proc.join()
 
 
-def run_ring(tokens: int, count: int, capacity: int = RING_BYTES) -> Result:
+def run_ring(tokens: int, count: int, capacity: int = RING_BYTES, native: bool | None = None) -> Result:
     name = ring_name(f"bench{os.getpid()}", 0)
 
     def consume() -> tuple[float, float, float]:
@@ -172,7 +179,7 @@ def run_ring(tokens: int, count: int, capacity: int = RING_BYTES) -> Result:
             return _consume(lambda: reader.get_view(timeout_s=60), tokens, count, lambda: reader.wait_cpu_s)
 
     try:
-        return _run(_produce_ring, (name, capacity, tokens, WARMUP + count), consume)
+        return _run(_produce_ring, (name, capacity, tokens, WARMUP + count, native), consume)
     finally:
         unlink_ring(name)
 
@@ -206,11 +213,13 @@ def main(quick: bool) -> list[dict]:
         # ~10 ms, short enough for one scheduler hiccup to decide the figure)
         count = max(1000, (32 if quick else 128) * 2**20 * 8 // (tokens * 13))
         record_bytes = len(encode_trajectory(make_trajectory(tokens)))
-        runs: dict[str, list[Result]] = {"ring": [], "ring64": [], "queue": [], "zmq": []}
+        runs: dict[str, list[Result]] = {"ring": [], "ring64": [], "ring_py": [], "queue": [], "zmq": []}
         for _ in range(repeats):  # interleaved so that background load hits every path alike
             runs["ring"].append(run_ring(tokens, count))
             if tokens == 8192:
                 runs["ring64"].append(run_ring(tokens, count, DEFAULT_RING_BYTES))
+                if NATIVE is not None:  # the writer's pure-Python copy + digest, same ring
+                    runs["ring_py"].append(run_ring(tokens, count, native=False))
             runs["queue"].append(run_queue(tokens, count // 4))  # the baselines are ~4x slower
             runs["zmq"].append(run_zmq(tokens, count // 2))
         med = {k: Result(*(statistics.median(getattr(r, f) for r in v) for f in Result._fields)) for k, v in runs.items() if v}
@@ -239,6 +248,15 @@ def main(quick: bool) -> list[dict]:
                              "unit": "traj/s", "baseline_value": other.rate})
                 rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}_64MiB_ring",
                              "value": big.cpu_bound_rate, "unit": "traj/s", "baseline_value": other.cpu_bound_rate})
+        if "ring_py" in med:  # the C copy + digest against the pure-Python writer path
+            common = {"benchmark": "ring", "baseline": "ring, pure-Python writer (mmap.write + xxhash)"}
+            py = med["ring_py"]
+            rows.append({**common, "metric": f"trajectories_per_s_{size}_native_writer", "value": ring.rate,
+                         "unit": "traj/s", "baseline_value": py.rate})
+            rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}_native_writer",
+                         "value": ring.cpu_bound_rate, "unit": "traj/s", "baseline_value": py.cpu_bound_rate})
+            rows.append({**common, "metric": f"writer_busy_cpu_us_per_record_{size}_native_writer",
+                         "value": ring.writer_busy_s * 1e6, "unit": "us", "baseline_value": py.writer_busy_s * 1e6})
     return rows
 
 

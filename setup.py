@@ -1,0 +1,21 @@
+"""Build of the optional C extension ``areal._ringcopy`` (the ring's copy + XXH3-64 digest).
+
+pyproject.toml stays the metadata source; this file only declares the extension. It is
+``optional``: on a machine without a C compiler ``pip install -e .`` still succeeds and the ring
+falls back to its pure-Python path (and logs one warning); ``tests/test_ring_native.py`` fails
+when a compiler exists but the module did not build. SIMD kernels are compiled per function
+with ``__attribute__((target))`` and chosen at import by CPU feature checks, so no -march flag.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "areal._ringcopy",
+            sources=["areal/_ringcopy.c"],
+            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)
