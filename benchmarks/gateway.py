@@ -312,45 +312,69 @@ class BlockingHttpClient:
 
 
 class BlockingZmqClient:
-    """A DEALER on the blocking API: send one GatewayRequest, receive frames until ``more`` is false."""
+    """A blocking DEALER: send one GatewayRequest, receive frames until ``more`` is false.
+    ``libzmq=False`` (the default) is ``areal.zmtp.Dealer``, the protocol code the sandbox relay
+    uses; ``libzmq=True`` is a pyzmq socket, for the row that shows what libzmq's own client
+    costs on top."""
 
-    def __init__(self, address: str, key: str, body: bytes) -> None:
+    def __init__(self, address: str, key: str, body: bytes, libzmq: bool = False) -> None:
         import msgspec
-        import zmq
 
         from areal.protocol import GatewayMessage, GatewayRequest
 
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
         self.decoder = msgspec.msgpack.Decoder(GatewayMessage)
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
         self.payload = msgspec.msgpack.encode(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
                                                              headers=headers, body=body))
+        if libzmq:
+            import zmq
+
+            self.sock = zmq.Context.instance().socket(zmq.DEALER)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.connect(address)
+            self.recv = self.sock.recv
+        else:
+            from areal.zmtp import Dealer
+
+            self.sock = Dealer(address)
+            self.recv = lambda: self.sock.recv()[0]
 
     def call(self) -> None:
         self.sock.send(self.payload)
         while True:
-            reply = self.decoder.decode(self.sock.recv())
+            reply = self.decoder.decode(self.recv())
             assert reply.status == 200, reply.body[:300]
             if not reply.more:
                 return
 
     def close(self) -> None:
-        self.sock.close(0)
+        if hasattr(self.sock, "setsockopt"):
+            self.sock.close(0)
+        else:
+            self.sock.close()
 
 
 # ---- transport floors: the same hops with no gateway and no engine ------------------------------
 
 
 def _serve_echo(kind: str, address: str) -> None:
-    """A blocking echo server: ``zmq`` is a ROUTER (the gateway's socket type) answering each
-    DEALER message with itself; ``tcp`` echoes bytes on a TCP_NODELAY connection. Prints its
+    """A blocking echo server: ``zmq`` is a libzmq ROUTER (the gateway's socket type) answering
+    each DEALER message with itself, ``zmtp`` the same on ``areal.zmtp``'s asyncio ROUTER (the
+    gateway's own front door); ``tcp`` echoes bytes on a TCP_NODELAY connection. Prints its
     address once it listens."""
     import socket
 
     import zmq
 
+    if kind == "zmtp":  # this project's ROUTER, on an event loop like the gateway's
+        from areal.zmtp import Router
+
+        async def serve() -> None:
+            await Router.bind(address, lambda peer, frames: peer.send(frames[0]))
+            print(address, flush=True)
+            await asyncio.get_running_loop().create_future()
+
+        asyncio.run(serve())
     if kind == "zmq":
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         sock.bind(address)
@@ -386,6 +410,11 @@ class EchoProcess:
             self.sock.setsockopt(zmq.LINGER, 0)
             self.sock.connect(address)
             self.call = self._call_zmq
+        elif kind == "zmtp":
+            from areal.zmtp import Dealer
+
+            self.dealer = Dealer(address)
+            self.call = self._call_zmtp
         else:
             host, port = address.rsplit(":", 1)
             self.conn = socket.create_connection((host, int(port)))
@@ -395,6 +424,10 @@ class EchoProcess:
     def _call_zmq(self) -> None:
         self.sock.send(self.payload)
         self.sock.recv()
+
+    def _call_zmtp(self) -> None:
+        self.dealer.send(self.payload)
+        self.dealer.recv()
 
     def _call_tcp(self) -> None:
         self.conn.sendall(self.payload)
@@ -407,6 +440,8 @@ class EchoProcess:
 
         if hasattr(self, "sock"):
             self.sock.close(0)
+        elif hasattr(self, "dealer"):
+            self.dealer.close()
         else:
             self.conn.close()
         stop_group(self.popen, grace_s=5)
@@ -418,6 +453,13 @@ class EchoProcess:
 def _p(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+_FLOORS = {
+    "zmtp": "the hop a gateway call adds, on the gateway's own ZMTP code at both ends (the least it could add)",
+    "zmq": "the same hop through libzmq at both ends (an I/O thread on each side)",
+    "tcp": "the hop both paths make to the engine",
+}
 
 
 def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int,
@@ -442,8 +484,10 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
         "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
         "http": BlockingHttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
     }
-    echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in ("zmq", "tcp")} if floors else {}
+    echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in _FLOORS} if floors else {}
     clients.update(echoes)
+    if floors:  # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
+        clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
     for client in clients.values():
         for _ in range(10):
             client.call()
@@ -463,13 +507,17 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
         rows.append({"benchmark": "gateway", "metric": f"added p99 {door}, {engine} engine", "value": _p(paired, 0.99) * 1e6,
                      "unit": "us", "baseline": f"direct {engine} p99", "baseline_value": direct99,
                      "note": "p99 of per-call differences, each gateway call minus the direct call just before it"})
-    for kind in ("zmq", "tcp") if floors else ():
+    for kind, note in _FLOORS.items() if floors else ():
         rows.append({"benchmark": "gateway", "metric": f"{kind} echo round trip p50 (transport floor)",
                      "value": _p(lat[f"{kind} echo"], 0.5) * 1e6, "unit": "us", "baseline": f"direct {engine} p50",
                      "baseline_value": direct50,
-                     "note": "a request-sized message to an echo server and back, no gateway, no engine: "
-                             + ("the hop a gateway call adds (its least possible added latency)" if kind == "zmq"
-                                else "the hop both paths make to the engine")})
+                     "note": "a request-sized message to an echo server and back, no gateway, no engine: " + note})
+    if floors:
+        rows.append({"benchmark": "gateway", "metric": f"added p50 zmq with libzmq's client, {engine} engine",
+                     "value": _p(lat["zmq libzmq"], 0.5) * 1e6 - direct50, "unit": "us",
+                     "baseline": f"direct {engine} p50", "baseline_value": direct50,
+                     "note": "the ZeroMQ door called through a pyzmq DEALER instead of areal.zmtp's"})
+        clients.pop("zmq libzmq").close()
     for name, echo in echoes.items():
         echo.close()
         del clients[name]

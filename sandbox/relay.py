@@ -6,14 +6,17 @@
                                                                gateway ROUTER (GatewayRequest ⇄
                                                                GatewayReply, msgpack, one frame)
 
-A ``GatewayChannel`` owns one DEALER socket in one event loop and demultiplexes replies by
+A ``GatewayChannel`` owns one DEALER connection in one event loop and demultiplexes replies by
 ``request_id``; a reply with ``more=True`` is one chunk of a streamed body (the first carries
 status and headers), sent on to the client as it arrives (chunked transfer encoding on HTTP).
+The DEALER speaks ZeroMQ's wire protocol itself (``areal.zmtp``), with no libzmq I/O thread: on
+this machine class that thread hand-off was most of the hop's latency.
 
-Invariants: ZeroMQ contexts are created only here, lazily, in the episode process after the
-fork (never in the zygote); a socket is used only from the loop that created it; the relay runs
-its own loop in a daemon thread, so agents that block their own loop or run subprocesses that
-speak HTTP still reach the gateway.
+Invariants: connections are made lazily, in the episode process after the fork (never in the
+zygote); a connection is used only from the loop that made it; if the gateway goes away, the
+requests waiting on it get a 502 at once and the next request reconnects; the relay runs its own
+loop in a daemon thread, so agents that block their own loop or run subprocesses that speak HTTP
+still reach the gateway.
 """
 
 from __future__ import annotations
@@ -26,10 +29,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import msgspec
-import zmq
-import zmq.asyncio
 from aiohttp import web
 
+from areal import zmtp
 from areal.protocol import GatewayReply, GatewayRequest
 
 # Connection-level headers belong to one HTTP hop, not to the relayed exchange.
@@ -39,49 +41,57 @@ MAX_BODY = 64 << 20
 
 
 class GatewayChannel:
-    """One DEALER socket to the gateway, usable from the event loop that first uses it."""
+    """One DEALER connection to the gateway (``areal.zmtp``), usable from the event loop that
+    first uses it; a second loop (a second ``asyncio.run``) gets a connection of its own."""
 
     def __init__(self, gateway_addr: str) -> None:
         self.gateway_addr = gateway_addr
-        self._sock: zmq.asyncio.Socket | None = None
+        self._conn: zmtp.DealerProtocol | None = None
+        self._connecting: asyncio.Task[zmtp.DealerProtocol] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, asyncio.Queue[GatewayReply]] = {}
         self._ids = itertools.count(1)
-        self._reader: asyncio.Task[None] | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(GatewayReply)
 
-    def _ensure_socket(self) -> None:
+    async def _connection(self) -> zmtp.DealerProtocol:
         loop = asyncio.get_running_loop()
-        if self._loop is loop:
-            return
-        if self._sock is not None:  # a new loop (a second asyncio.run): start over
-            self._sock.close(linger=0)
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.gateway_addr)
-        self._loop = loop
-        self._pending.clear()
-        self._reader = loop.create_task(self._read_replies())
+        if self._loop is not loop or (self._conn is None and self._connecting is None):
+            self.close()  # first use, a new loop, or the last connection was lost: connect anew
+            self._loop = loop
+            self._connecting = loop.create_task(zmtp.connect_dealer(
+                self.gateway_addr, self._on_message, self._on_lost, max_frame=MAX_BODY + (1 << 20)))
+        if self._conn is None:
+            assert self._connecting is not None
+            self._conn = await asyncio.shield(self._connecting)  # concurrent requests share one connect
+        return self._conn
 
-    async def _read_replies(self) -> None:
-        assert self._sock is not None
-        while True:
-            reply = self._decoder.decode(await self._sock.recv())
-            queue = self._pending.get(reply.request_id)
-            if queue is not None:  # replies to abandoned requests are dropped
-                queue.put_nowait(reply)
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 1:
+            return
+        reply = self._decoder.decode(frames[0])
+        queue = self._pending.get(reply.request_id)
+        if queue is not None:  # replies to abandoned requests are dropped
+            queue.put_nowait(reply)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        """The gateway closed the connection: every request still waiting gets a 502 now (not a
+        hang until the deadline); the next request connects again."""
+        self._conn, self._connecting = None, None
+        body = b'{"error": {"message": "the connection to the gateway was lost", "type": "gateway_unavailable"}}'
+        for request_id, queue in self._pending.items():
+            queue.put_nowait(GatewayReply(request_id=request_id, status=502, headers={"content-type": "application/json"},
+                                          body=body))
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> AsyncIterator[GatewayReply]:
         """Send one request; yields its replies, the last one with ``more=False``."""
-        self._ensure_socket()
-        assert self._sock is not None
+        conn = await self._connection()
         request_id = next(self._ids)
         queue: asyncio.Queue[GatewayReply] = asyncio.Queue()
         self._pending[request_id] = queue
         try:
             clean = {k.lower(): v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
-            await self._sock.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)))
+            conn.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)))
             while True:
                 reply = await queue.get()
                 yield reply
@@ -91,12 +101,11 @@ class GatewayChannel:
             self._pending.pop(request_id, None)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-            self._loop = None
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+        self._conn, self._connecting, self._loop = None, None, None
 
 
 def _reply_headers(reply: GatewayReply) -> dict[str, str]:

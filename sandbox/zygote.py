@@ -687,7 +687,6 @@ def main(argv: list[str] | None = None) -> None:
     import aiohttp.web  # noqa: F401  -- preload: every episode pays the import cost zero times
     import httpx  # noqa: F401
     import openai  # noqa: F401
-    import zmq.asyncio  # noqa: F401
 
     import sandbox.relay  # noqa: F401
     try:

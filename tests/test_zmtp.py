@@ -1,0 +1,201 @@
+"""areal.zmtp: ZeroMQ's wire protocol spoken on asyncio sockets, against real libzmq peers.
+
+Covered: a pyzmq (libzmq) DEALER talking to our ROUTER and our DEALERs (asyncio and blocking)
+talking to a pyzmq ROUTER, byte for byte; replies routed to the right one of several peers;
+frames split at every byte; long frames; PING/PONG; the relay's channel failing its waiting
+requests at once when the gateway goes away; and hostile peers (bad greeting, oversized frame,
+traffic before the handshake, a wrong socket type, endless MORE frames): each is dropped while
+the ROUTER goes on serving everyone else.
+Not covered: CURVE/PLAIN security and socket patterns other than DEALER/ROUTER (not implemented).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+
+import msgspec
+import pytest
+import zmq
+
+from areal import zmtp
+from areal.protocol import GatewayReply, GatewayRequest
+
+
+def _addr() -> str:
+    return f"ipc://{tempfile.mkdtemp(prefix='zmtp-test-')}/r.sock"
+
+
+async def _echo_router(address: str, max_frame: int = 1 << 20) -> zmtp.Router:
+    """Our ROUTER answering every one-frame message with b"echo:" + the message."""
+    return await zmtp.Router.bind(address, lambda peer, frames: peer.send(b"echo:" + b"".join(frames)), max_frame=max_frame)
+
+
+def test_libzmq_dealer_talks_to_our_router_and_replies_reach_the_right_peer() -> None:
+    async def main() -> None:
+        address = _addr()
+        router = await _echo_router(address)
+        ctx = zmq.asyncio.Context()
+        dealers = [ctx.socket(zmq.DEALER) for _ in range(3)]
+        for d in dealers:
+            d.connect(address)
+        for round_ in range(5):
+            for i, d in enumerate(dealers):
+                await d.send(f"{i}-{round_}".encode())
+            for i, d in enumerate(dealers):
+                assert await asyncio.wait_for(d.recv(), 5) == f"echo:{i}-{round_}".encode()
+        big = bytes(range(256)) * 1000  # 256,000 bytes: an 8-byte (LONG) length both ways
+        await dealers[0].send(big)
+        assert await asyncio.wait_for(dealers[0].recv(), 5) == b"echo:" + big
+        assert len(router.peers) == 3 and router.refused == 0
+        for d in dealers:
+            d.close(0)
+        ctx.term()
+        router.close()
+
+    import zmq.asyncio  # noqa: F401
+
+    asyncio.run(main())
+
+
+def test_our_dealers_talk_to_a_libzmq_router() -> None:
+    address = _addr()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(address)
+    stop = threading.Event()
+
+    def serve() -> None:
+        router.setsockopt(zmq.RCVTIMEO, 100)
+        while not stop.is_set():
+            try:
+                identity, payload = router.recv_multipart()
+            except zmq.Again:
+                continue
+            router.send_multipart([identity, payload[::-1]])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        blocking = zmtp.Dealer(address)
+        blocking.send(b"abc")
+        assert blocking.recv() == [b"cba"]
+        blocking.send(b"x" * 70000)
+        assert blocking.recv() == [b"x" * 70000]
+        blocking.close()
+
+        async def main() -> list[list[bytes]]:
+            got: list[list[bytes]] = []
+            arrived = asyncio.Event()
+
+            def on_message(frames: list[bytes]) -> None:
+                got.append(frames)
+                if len(got) == 2:
+                    arrived.set()
+
+            conn = await zmtp.connect_dealer(address, on_message, lambda exc: None)
+            conn.send(b"hello")
+            conn.send(b"world")
+            await asyncio.wait_for(arrived.wait(), 5)
+            assert conn.transport is not None
+            conn.transport.close()
+            return got
+
+        assert asyncio.run(main()) == [[b"olleh"], [b"dlrow"]]
+    finally:
+        stop.set()
+        thread.join()
+        router.close(0)
+        ctx.term()
+
+
+def test_parser_gives_the_same_messages_whatever_the_split() -> None:
+    stream = (zmtp.greeting(False) + zmtp.ready(b"DEALER") + zmtp.frame_header(3) + b"one"
+              + zmtp.frame_header(300, more=True) + b"a" * 300 + zmtp.frame_header(1) + b"b"
+              + zmtp.command(b"PING", b"\x00\x0actx"))
+    whole = zmtp.Parser(b"ROUTER", frozenset((b"DEALER",)), 1 << 20)
+    assert whole.feed(stream) == [[b"one"], [b"a" * 300, b"b"]]
+    assert whole.replies == [zmtp.ready(b"ROUTER"), zmtp.command(b"PONG", b"ctx")]
+    split = zmtp.Parser(b"ROUTER", frozenset((b"DEALER",)), 1 << 20)
+    got = []
+    for i in range(len(stream)):
+        got += split.feed(stream[i : i + 1])
+    assert got == [[b"one"], [b"a" * 300, b"b"]] and split.replies == whole.replies
+
+
+@pytest.mark.parametrize("case", ["bad greeting", "oversized frame", "message before READY", "wrong socket type",
+                                  "endless MORE", "bad mechanism"])
+def test_hostile_peer_is_dropped_and_others_are_still_served(case: str) -> None:
+    ready = zmtp.greeting(False) + zmtp.ready(b"DEALER")
+    attacks = {
+        "bad greeting": b"GET / HTTP/1.1\r\n\r\n" + bytes(64),
+        "oversized frame": ready + b"\x02" + (1 << 40).to_bytes(8, "big"),
+        "message before READY": zmtp.greeting(False) + zmtp.frame_header(2) + b"hi",
+        "wrong socket type": zmtp.greeting(False) + zmtp.ready(b"PUSH"),
+        "endless MORE": ready + (zmtp.frame_header(1, more=True) + b"x") * (zmtp.MAX_PARTS + 2),
+        "bad mechanism": b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"CURVE".ljust(20, b"\x00") + bytes(32),
+    }
+
+    async def main() -> None:
+        address = _addr()
+        router = await _echo_router(address, max_frame=1 << 20)
+        path = address[len("ipc://"):]
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(attacks[case])
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) is not None  # read() returns b"..." at EOF: dropped
+        assert reader.at_eof() and router.refused == 1
+        writer.close()
+        good = await asyncio.get_running_loop().run_in_executor(None, _blocking_round_trip, address)
+        assert good == [b"echo:still here"]
+        router.close()
+
+    asyncio.run(main())
+
+
+def _blocking_round_trip(address: str) -> list[bytes]:
+    dealer = zmtp.Dealer(address)
+    try:
+        dealer.send(b"still here")
+        return dealer.recv()
+    finally:
+        dealer.close()
+
+
+def test_relay_channel_fails_waiting_requests_at_once_when_the_gateway_goes_away() -> None:
+    from sandbox.relay import GatewayChannel
+
+    async def main() -> tuple[GatewayReply, GatewayReply]:
+        address = _addr()
+        received = asyncio.Event()
+
+        def on_message(peer: zmtp.RouterPeer, frames: list[bytes]) -> None:
+            received.set()  # never answered: the gateway "dies" with the request in flight
+
+        router = await zmtp.Router.bind(address, on_message)
+        channel = GatewayChannel(address)
+        replies = channel.request("POST", "/v1/chat/completions", {}, b"{}")
+        pending = asyncio.ensure_future(anext(replies))
+        await asyncio.wait_for(received.wait(), 5)
+        router.close()
+        lost = await asyncio.wait_for(pending, 5)
+        await replies.aclose()
+        # the next request connects again (to a new gateway on the same path)
+        router = await zmtp.Router.bind(address, lambda peer, frames: peer.send(msgspec.msgpack.encode(
+            GatewayReply(request_id=msgspec.msgpack.decode(frames[0], type=GatewayRequest).request_id, status=200, headers={}, body=b"ok"))))
+        again = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
+        channel.close()
+        router.close()
+        return lost, again
+
+    lost, again = asyncio.run(main())
+    assert lost.status == 502 and b"lost" in lost.body and not lost.more
+    assert again.status == 200 and again.body == b"ok"
+
+
+def test_addresses_other_than_ipc_and_tcp_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="inproc://x"):
+        zmtp._endpoint("inproc://x")
+    assert zmtp._endpoint("tcp://127.0.0.1:5555") == ("tcp", ("127.0.0.1", 5555))
+    assert zmtp._endpoint("ipc://@abstract") == ("unix", "\0abstract")
