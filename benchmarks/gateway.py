@@ -14,11 +14,13 @@ baseline.
   is the gateway's, not the client libraries': with aiohttp's client on the direct path, ~200 µs
   of client CPU inflated the baseline. With the instant engine, the gateway process's CPU per
   call (all its threads, from /proc schedstat in ns) is reported too, against the engine's CPU
-  per direct call, and so are two transport floors taking turns with the rest: a request-sized
-  message to a ZeroMQ ROUTER echo and to a TCP echo. A gateway call makes the ZeroMQ hop on top
-  of the TCP hop a direct call makes, so no gateway can add less than the ZeroMQ echo: on this
-  2-vCPU KVM guest that echo alone measured 120-170 µs p50 (libzmq hands each message across
-  four threads, and waking a thread on an idle vCPU costs ~20 µs) against ~40 µs for TCP.
+  per direct call. Transport floors take turns with the rest: a request-sized message to an echo
+  server and back over the gateway's own ZMTP code (``areal.zmtp`` at both ends), over libzmq at
+  both ends, and over TCP. A gateway call makes the ZeroMQ hop on top of the TCP hop a direct
+  call makes, so no gateway can add less than the ZMTP echo. On this 2-vCPU KVM guest, where
+  waking a thread on an idle vCPU costs ~20 µs, libzmq's echo measured 120-240 µs p50 (each
+  message crosses an I/O thread on each side) and the ZMTP echo about a third less. The ZeroMQ
+  door is also timed through libzmq's own DEALER (the "with libzmq's client" row).
 - Requests/s on one core: several client processes keep the gateway busy; the figure is calls
   answered per CPU-second of the gateway process (read from /proc, every thread), so other load on this shared
   2-core machine does not count against it. Baseline: the instant engine's own calls per

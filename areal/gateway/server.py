@@ -11,7 +11,7 @@ Invariants:
   frame: the status was already sent.
 - Each ZeroMQ request is served in its own task, so a slow engine call never blocks the socket.
   The ROUTER speaks ZMTP on the loop's own socket (``areal.zmtp``): no libzmq I/O thread between
-  the agent's bytes and this loop, which halved the cost of the hop on this machine.
+  the agent's bytes and this loop (an echo over it costs about a third less than over libzmq).
 """
 
 from __future__ import annotations
