@@ -1,4 +1,4 @@
-"""Build of the optional C extension ``areal._ringcopy`` (the ring's copy + XXH3-64 digest).
+"""Build of the optional C extension ``areal._ringcopy`` (the ring writer's hot path + XXH3-64).
 
 pyproject.toml stays the metadata source; this file only declares the extension. It is
 ``optional``: on a machine without a C compiler ``pip install -e .`` still succeeds and the ring
@@ -14,6 +14,7 @@ setup(
         Extension(
             "areal._ringcopy",
             sources=["areal/_ringcopy.c"],
+            depends=["areal/_xxh3.h"],
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )

@@ -1,11 +1,21 @@
-/* areal._ringcopy: the ring writer's copy + XXH3-64 digest in one pass, and the reader's digest.
+/* areal._ringcopy: the ring writer's whole hot path in one call, and its copy + XXH3-64 digest.
 
-Purpose: at 8k tokens a ring record is ~106 KB and the writer's budget is ~7 us. In Python the
+Purpose: at 8k tokens a ring record is ~106 KB and the writer's budget is ~5 us. In Python the
 copy (mmap.write per part) and the digest (the xxhash wheel, SSE2 only) are two passes over the
-record; here each 1 KiB block is hashed right after it is copied, while it is still in L1, with
-AVX2 (or AVX-512) where the CPU has it.
+record, and the msgpack framing and the frame words cost as much again in interpreter time;
+here one call frames the record, copies it with each 1 KiB block hashed right after it is
+copied (while it is still in L1; AVX2 or AVX-512 where the CPU has it), and publishes it.
 
-Functions (all hold the GIL: a few microseconds; releasing it could cost a 5 ms switch interval):
+API (all hold the GIL: a few microseconds; releasing it could cost a 5 ms switch interval):
+  Writer(mapping, capacity, max_payload, write_pos, next_seq, seen_commit)
+      The ring writer's fast path over a mapped segment (areal.ring_layout's layout: header page,
+      then ``capacity`` data bytes). ``put(parts, nbytes)`` appends the concatenation of the
+      buffers in ``parts`` as one record; ``put_struct(values, head, tail, bulk_from, bulk_to)``
+      appends the msgpack encoding of the tuple ``values`` whose elements [bulk_from, bulk_to)
+      are buffers (written as bin, straight from their memory) and the rest are given
+      pre-encoded (head, tail). Both return the record's sequence number, or a negative code
+      with nothing published (no room, wrong nbytes, too large, corrupted commit_pos): the
+      slow paths (waiting, doorbells, errors) stay in Python. ``close()`` releases the mapping.
   copy_digest(dest, offset, parts, digest_from, nbytes) -> int | None
       Copy the concatenation of the buffers in ``parts`` (a list or tuple) to dest[offset:],
       zero-pad it to a multiple of 8 bytes, and return XXH3-64 (seed 0, default secret) of
@@ -17,335 +27,164 @@ Functions (all hold the GIL: a few microseconds; releasing it could cost a 5 ms 
   implementations() -> list[str]     kernels this CPU can run ("scalar", "avx2", "avx512")
   use(name) -> str                    select a kernel (tests, benchmarks; None only reports);
                                       returns the previous one. The best one is chosen at import.
+  LAYOUT                              the ring layout constants compiled in (checked at import)
 
 Invariants: the digest is bit-identical to XXH3-64 for every length and every kernel (tests
-compare against the xxhash package over many lengths, offsets and alignments). Written from the
-public specification (Cyan4973/xxHash doc/xxhash_spec.md), not from the reference source.
-Little-endian hosts only (the ring itself is x86-only); a big-endian build fails to compile.
+compare against the xxhash package over many lengths, offsets and alignments); a record put
+here is byte-identical to one put by the pure-Python writer, and put_struct's bytes are
+msgspec's (tests pin both). Written from the public specification (Cyan4973/xxHash
+doc/xxhash_spec.md), not from the reference source. Little-endian x86 hosts (the ring's
+publish order relies on x86's store order); a big-endian build fails to compile.
+The hash itself lives in areal/_xxh3.h (included here, so the compiler still inlines the
+block loop of the copy into it).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "_xxh3.h"
 
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "areal._ringcopy assumes a little-endian host"
-#endif
-
-typedef uint64_t u64;
-typedef uint32_t u32;
-typedef uint8_t u8;
-
-#define P32_1 0x9E3779B1U
-#define P32_2 0x85EBCA77U
-#define P32_3 0xC2B2AE3DU
-#define P64_1 0x9E3779B185EBCA87ULL
-#define P64_2 0xC2B2AE3D27D4EB4FULL
-#define P64_3 0x165667B19E3779F9ULL
-#define P64_4 0x85EBCA77C2B2AE63ULL
-#define P64_5 0x27D4EB2F165667C5ULL
-#define PMX_1 0x165667919E3779F9ULL
-#define PMX_2 0x9FB21C651E98DF25ULL
-
-#define SECRET_LEN 192
-#define STRIPE 64
-#define STRIPES_PER_BLOCK ((SECRET_LEN - STRIPE) / 8) /* 16 */
-#define BLOCK (STRIPE * STRIPES_PER_BLOCK)             /* 1024 bytes */
-
-static const u8 SECRET[SECRET_LEN] __attribute__((aligned(64))) = {
-    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
-    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
-    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
-    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
-    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
-    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
-    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
-    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
-    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
-    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
-    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
-    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
-};
-
-static inline u64 rd64(const u8 *p) { u64 v; memcpy(&v, p, 8); return v; }
-static inline u32 rd32(const u8 *p) { u32 v; memcpy(&v, p, 4); return v; }
-static inline u64 rotl64(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline u64 mul128_fold(u64 a, u64 b) {
-    __uint128_t m = (__uint128_t)a * b;
-    return (u64)m ^ (u64)(m >> 64);
-}
-
-static inline u64 avalanche(u64 x) {
-    x ^= x >> 37;
-    x *= PMX_1;
-    return x ^ (x >> 32);
-}
-
-static inline u64 avalanche_xxh64(u64 x) {
-    x ^= x >> 33;
-    x *= P64_2;
-    x ^= x >> 29;
-    x *= P64_3;
-    return x ^ (x >> 32);
-}
-
-/* ---- inputs of 0-240 bytes (spec: small and medium inputs; seed 0) ---- */
-
-static u64 hash_0to16(const u8 *p, size_t n) {
-    if (n > 8) {
-        u64 lo = (rd64(SECRET + 24) ^ rd64(SECRET + 32)) ^ rd64(p);
-        u64 hi = (rd64(SECRET + 40) ^ rd64(SECRET + 48)) ^ rd64(p + n - 8);
-        return avalanche(n + __builtin_bswap64(lo) + hi + mul128_fold(lo, hi));
-    }
-    if (n >= 4) {
-        u64 combined = (u64)rd32(p + n - 4) | ((u64)rd32(p) << 32);
-        u64 v = (rd64(SECRET + 8) ^ rd64(SECRET + 16)) ^ combined;  /* modified seed is 0 */
-        v ^= rotl64(v, 49) ^ rotl64(v, 24);
-        v *= PMX_2;
-        v ^= (v >> 35) + n;
-        v *= PMX_2;
-        return v ^ (v >> 28);
-    }
-    if (n > 0) {
-        u32 combined = (u32)p[n - 1] | ((u32)n << 8) | ((u32)p[0] << 16) | ((u32)p[n >> 1] << 24);
-        return avalanche_xxh64((u64)(rd32(SECRET) ^ rd32(SECRET + 4)) ^ (u64)combined);
-    }
-    return avalanche_xxh64(rd64(SECRET + 56) ^ rd64(SECRET + 64));
-}
-
-static inline u64 mix16(const u8 *p, const u8 *s) {
-    return mul128_fold(rd64(p) ^ rd64(s), rd64(p + 8) ^ rd64(s + 8));
-}
-
-static u64 hash_17to240(const u8 *p, size_t n) {
-    u64 acc = n * P64_1;
-    if (n <= 128) {
-        for (ptrdiff_t i = (ptrdiff_t)((n - 1) >> 5); i >= 0; i--) {
-            acc += mix16(p + i * 16, SECRET + i * 32);
-            acc += mix16(p + n - i * 16 - 16, SECRET + i * 32 + 16);
-        }
-        return avalanche(acc);
-    }
-    size_t chunks = n >> 4;
-    for (size_t i = 0; i < 8; i++) acc += mix16(p + i * 16, SECRET + i * 16);
-    acc = avalanche(acc);
-    for (size_t i = 8; i < chunks; i++) acc += mix16(p + i * 16, SECRET + (i - 8) * 16 + 3);
-    acc += mix16(p + n - 16, SECRET + 119);
-    return avalanche(acc);
-}
-
-/* ---- inputs over 240 bytes: 8 accumulators, 1 KiB blocks of 16 stripes ---- */
-
-typedef void (*stripes_fn)(u64 *acc, const u8 *p, size_t stripes, const u8 *secret);
-typedef void (*scramble_fn)(u64 *acc, const u8 *secret);
-/* Copy ``stripes`` stripes from src to dst and accumulate them from the registers they were
-   loaded into: one pass, so the hash's ALU work overlaps the stores' cache misses. */
-typedef void (*copy_stripes_fn)(u64 *acc, u8 *dst, const u8 *src, size_t stripes, const u8 *secret);
-
-/* accumulate(stripe, secret) of the spec, for ``stripes`` consecutive stripes with the secret
-   advancing 8 bytes per stripe. */
-static void stripes_scalar(u64 *acc, const u8 *p, size_t stripes, const u8 *secret) {
-    for (size_t s = 0; s < stripes; s++, p += STRIPE, secret += 8) {
-        for (int i = 0; i < 8; i++) {
-            u64 d = rd64(p + 8 * i), v = d ^ rd64(secret + 8 * i);
-            acc[i ^ 1] += d;
-            acc[i] += (v & 0xFFFFFFFFULL) * (v >> 32);
-        }
-    }
-}
-
-static void scramble_scalar(u64 *acc, const u8 *secret) {
-    for (int i = 0; i < 8; i++) {
-        u64 a = acc[i];
-        a ^= a >> 47;
-        a ^= rd64(secret + 8 * i);
-        acc[i] = a * P32_1;
-    }
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_X86 1
-
-__attribute__((target("avx2"))) static void stripes_avx2(u64 *acc, const u8 *p, size_t stripes,
-                                                         const u8 *secret) {
-    __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);
-    __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
-    for (size_t s = 0; s < stripes; s++, p += STRIPE, secret += 8) {
-        __m256i d0 = _mm256_loadu_si256((const __m256i *)p);
-        __m256i d1 = _mm256_loadu_si256((const __m256i *)(p + 32));
-        __m256i v0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
-        __m256i v1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
-        /* low 32 bits times high 32 bits of each lane */
-        __m256i m0 = _mm256_mul_epu32(v0, _mm256_srli_epi64(v0, 32));
-        __m256i m1 = _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32));
-        /* acc[i ^ 1] += d[i]: swap the two u64 of each 128-bit half */
-        a0 = _mm256_add_epi64(a0, _mm256_add_epi64(m0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
-        a1 = _mm256_add_epi64(a1, _mm256_add_epi64(m1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
-    }
-    _mm256_storeu_si256((__m256i *)acc, a0);
-    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
-}
-
-__attribute__((target("avx2"))) static void scramble_avx2(u64 *acc, const u8 *secret) {
-    const __m256i prime = _mm256_set1_epi32((int)P32_1);
-    for (int h = 0; h < 2; h++) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(acc + 4 * h));
-        a = _mm256_xor_si256(a, _mm256_srli_epi64(a, 47));
-        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(secret + 32 * h)));
-        /* 64-bit times 32-bit prime: low product + (high product << 32) */
-        __m256i lo = _mm256_mul_epu32(a, prime);
-        __m256i hi = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), prime);
-        _mm256_storeu_si256((__m256i *)(acc + 4 * h), _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32)));
-    }
-}
-
-__attribute__((target("avx2"))) static void copy_stripes_avx2(u64 *acc, u8 *dst, const u8 *src, size_t stripes,
-                                                              const u8 *secret) {
-    __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);
-    __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
-    for (size_t s = 0; s < stripes; s++, src += STRIPE, dst += STRIPE, secret += 8) {
-        __m256i d0 = _mm256_loadu_si256((const __m256i *)src);
-        __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + 32));
-        _mm256_storeu_si256((__m256i *)dst, d0);
-        _mm256_storeu_si256((__m256i *)(dst + 32), d1);
-        __m256i v0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
-        __m256i v1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
-        __m256i m0 = _mm256_mul_epu32(v0, _mm256_srli_epi64(v0, 32));
-        __m256i m1 = _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32));
-        a0 = _mm256_add_epi64(a0, _mm256_add_epi64(m0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
-        a1 = _mm256_add_epi64(a1, _mm256_add_epi64(m1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
-    }
-    _mm256_storeu_si256((__m256i *)acc, a0);
-    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
-}
-
-__attribute__((target("avx512f"))) static void stripes_avx512(u64 *acc, const u8 *p, size_t stripes,
-                                                              const u8 *secret) {
-    __m512i a = _mm512_loadu_si512((const void *)acc);
-    for (size_t s = 0; s < stripes; s++, p += STRIPE, secret += 8) {
-        __m512i d = _mm512_loadu_si512((const void *)p);
-        __m512i v = _mm512_xor_si512(d, _mm512_loadu_si512((const void *)secret));
-        __m512i m = _mm512_mul_epu32(v, _mm512_srli_epi64(v, 32));
-        a = _mm512_add_epi64(a, _mm512_add_epi64(m, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2))));
-    }
-    _mm512_storeu_si512((void *)acc, a);
-}
-
-__attribute__((target("avx512f"))) static void scramble_avx512(u64 *acc, const u8 *secret) {
-    const __m512i prime = _mm512_set1_epi32((int)P32_1);
-    __m512i a = _mm512_loadu_si512((const void *)acc);
-    a = _mm512_xor_si512(a, _mm512_srli_epi64(a, 47));
-    a = _mm512_xor_si512(a, _mm512_loadu_si512((const void *)secret));
-    __m512i lo = _mm512_mul_epu32(a, prime);
-    __m512i hi = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), prime);
-    _mm512_storeu_si512((void *)acc, _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32)));
-}
-__attribute__((target("avx512f"))) static void copy_stripes_avx512(u64 *acc, u8 *dst, const u8 *src,
-                                                                   size_t stripes, const u8 *secret) {
-    __m512i a = _mm512_loadu_si512((const void *)acc);
-    for (size_t s = 0; s < stripes; s++, src += STRIPE, dst += STRIPE, secret += 8) {
-        __m512i d = _mm512_loadu_si512((const void *)src);
-        _mm512_storeu_si512((void *)dst, d);
-        __m512i v = _mm512_xor_si512(d, _mm512_loadu_si512((const void *)secret));
-        __m512i m = _mm512_mul_epu32(v, _mm512_srli_epi64(v, 32));
-        a = _mm512_add_epi64(a, _mm512_add_epi64(m, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2))));
-    }
-    _mm512_storeu_si512((void *)acc, a);
-}
-#endif
+/* ---- the payload: a list of byte ranges, copied and hashed as one ---- */
 
 typedef struct {
-    const char *name;
-    stripes_fn stripes;
-    scramble_fn scramble;
-    copy_stripes_fn copy_stripes; /* NULL: memcpy, then hash from the destination */
-} Kernel;
+    const u8 *p;
+    size_t n;
+} Seg;
 
-static const Kernel KERNELS[] = {
-    {"scalar", stripes_scalar, scramble_scalar, NULL},
-#ifdef HAVE_X86
-    {"avx2", stripes_avx2, scramble_avx2, copy_stripes_avx2},
-    {"avx512", stripes_avx512, scramble_avx512, copy_stripes_avx512},
-#endif
-};
-#define N_KERNELS (sizeof(KERNELS) / sizeof(KERNELS[0]))
-
-static int kernel_supported(size_t k) {
-#ifdef HAVE_X86
-    if (strcmp(KERNELS[k].name, "avx2") == 0) return __builtin_cpu_supports("avx2");
-    if (strcmp(KERNELS[k].name, "avx512") == 0) return __builtin_cpu_supports("avx512f");
-#endif
-    return k == 0;
-}
-
-static const Kernel *kernel = &KERNELS[0];
-
-static inline void long_init(u64 *acc) {
-    acc[0] = P32_3; acc[1] = P64_1; acc[2] = P64_2; acc[3] = P64_3;
-    acc[4] = P64_4; acc[5] = P32_2; acc[6] = P64_5; acc[7] = P32_1;
-}
-
-/* One full block that is not the input's last (the spec's round: 16 stripes, then scramble). */
-static inline void long_block(u64 *acc, const u8 *block) {
-    kernel->stripes(acc, block, STRIPES_PER_BLOCK, SECRET);
-    kernel->scramble(acc, SECRET + SECRET_LEN - STRIPE);
-}
-
-/* Everything after the first ``blocks_done`` blocks (which must be all but the last block's
-   worth): the remaining full blocks, the last block's stripes, the last 64 bytes, the merge. */
-static u64 long_finish(u64 *acc, const u8 *p, size_t n, size_t blocks_done) {
-    size_t blocks = (n - 1) / BLOCK;
-    for (size_t b = blocks_done; b < blocks; b++) long_block(acc, p + b * BLOCK);
-    size_t tail = n - blocks * BLOCK; /* 1..BLOCK */
-    kernel->stripes(acc, p + blocks * BLOCK, (tail - 1) / STRIPE, SECRET);
-    kernel->stripes(acc, p + n - STRIPE, 1, SECRET + SECRET_LEN - STRIPE - 7);
-    u64 r = n * P64_1;
-    for (int i = 0; i < 4; i++)
-        r += mul128_fold(acc[2 * i] ^ rd64(SECRET + 11 + 16 * i), acc[2 * i + 1] ^ rd64(SECRET + 19 + 16 * i));
-    return avalanche(r);
-}
-
-static u64 xxh3(const u8 *p, size_t n) {
-    if (n <= 16) return hash_0to16(p, n);
-    if (n <= 240) return hash_17to240(p, n);
-    u64 acc[8] __attribute__((aligned(64)));
-    long_init(acc);
-    return long_finish(acc, p, n, 0);
-}
-
-/* A read position in the list of parts (the payload), for copies that cross part boundaries. */
+/* A read position in the payload's segments, for copies that cross segment boundaries. */
 typedef struct {
-    const u8 *const *src;
-    const Py_ssize_t *len;
+    const Seg *seg;
     Py_ssize_t count, i;
-    size_t at; /* offset in part i */
+    size_t at; /* offset in segment i */
 } Cursor;
 
-/* Copy the next ``k`` payload bytes to dst (the parts hold at least that many). */
+/* Copy the next ``k`` payload bytes to dst (the segments hold at least that many). */
 static void cursor_copy(Cursor *c, u8 *dst, size_t k) {
     while (k) {
-        size_t avail = (size_t)c->len[c->i] - c->at;
+        size_t avail = c->seg[c->i].n - c->at;
         if (avail == 0) {
             c->i++, c->at = 0;
             continue;
         }
         size_t m = k < avail ? k : avail;
-        memcpy(dst, c->src[c->i] + c->at, m);
+        memcpy(dst, c->seg[c->i].p + c->at, m);
         dst += m, c->at += m, k -= m;
     }
 }
 
-/* The next ``k`` payload bytes as one contiguous source (consumed), or NULL if they span parts
-   (nothing consumed). */
+/* The next ``k`` payload bytes as one contiguous source (consumed), or NULL if they span
+   segments (nothing consumed). */
 static const u8 *cursor_span(Cursor *c, size_t k) {
-    while (c->i < c->count && c->at == (size_t)c->len[c->i]) c->i++, c->at = 0;
-    if (c->i == c->count || (size_t)c->len[c->i] - c->at < k) return NULL;
-    const u8 *p = c->src[c->i] + c->at;
+    while (c->i < c->count && c->at == c->seg[c->i].n) c->i++, c->at = 0;
+    if (c->i == c->count || c->seg[c->i].n - c->at < k) return NULL;
+    const u8 *p = c->seg[c->i].p + c->at;
     c->at += k;
     return p;
+}
+
+/* Copy the segments (``nbytes`` in all) to dest[offset:], zero-pad to 8 bytes, and return
+   XXH3-64 of dest[digest_from : offset + padded]. The caller has checked that the range fits. */
+static u64 copy_hash(u8 *dest, size_t digest_from, size_t offset, const Seg *seg, Py_ssize_t count,
+                     size_t nbytes) {
+    size_t padded = (nbytes + 7) & ~(size_t)7;
+    u8 *base = dest + digest_from; /* digest input: base[0 : n] */
+    size_t n = offset + padded - digest_from;
+    u8 *out = dest + offset;
+    Cursor cur = {seg, count, 0, 0};
+    memset(out + nbytes, 0, padded - nbytes); /* the padding lies past the payload */
+    if (n <= 240) {
+        cursor_copy(&cur, out, nbytes);
+        return xxh3(base, n);
+    }
+    /* Block by block (1 KiB of digest input): a block that lies inside one segment is copied
+       and hashed in one pass; any other (frame words, segment boundaries) is copied with memcpy,
+       then hashed from the destination while it is in L1. The input's last block is left to
+       long_finish, which treats it specially. */
+    u64 acc[8] __attribute__((aligned(64)));
+    long_init(acc);
+    size_t head = offset - digest_from;          /* digest bytes before the payload, in dest */
+    size_t blocks = (n - 1) / BLOCK, copied = 0; /* copied: payload bytes written so far */
+    for (size_t b = 0; b < blocks; b++) {
+        size_t p0 = b * BLOCK, p1 = p0 + BLOCK;
+        const u8 *whole = NULL;
+        if (kernel->copy_stripes != NULL && p0 >= head && p1 - head <= nbytes)
+            whole = cursor_span(&cur, BLOCK); /* copied == p0 - head here */
+        if (whole != NULL) {
+            kernel->copy_stripes(acc, base + p0, whole, STRIPES_PER_BLOCK, SECRET);
+            kernel->scramble(acc, SECRET + SECRET_LEN - STRIPE);
+            copied += BLOCK;
+            continue;
+        }
+        size_t upto = p1 > head ? p1 - head : 0;
+        if (upto > nbytes) upto = nbytes;
+        if (upto > copied) {
+            cursor_copy(&cur, out + copied, upto - copied);
+            copied = upto;
+        }
+        long_block(acc, base + p0);
+    }
+    cursor_copy(&cur, out + copied, nbytes - copied);
+    return long_finish(acc, base, n, blocks);
+}
+
+/* The segments of one call and the buffer views that keep them alive (bytes need none). */
+#define STACK_SEGS 40
+typedef struct {
+    Seg stack_seg[STACK_SEGS], *seg;
+    Py_buffer stack_view[STACK_SEGS], *view;
+    Py_ssize_t count, views;
+    size_t total;
+} Source;
+
+static int source_init(Source *s, Py_ssize_t max_segs) {
+    s->seg = s->stack_seg, s->view = s->stack_view, s->count = s->views = 0, s->total = 0;
+    if (max_segs <= STACK_SEGS) return 0;
+    s->seg = PyMem_Malloc(max_segs * sizeof(Seg));
+    s->view = PyMem_Malloc(max_segs * sizeof(Py_buffer));
+    if (s->seg == NULL || s->view == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void source_release(Source *s) {
+    for (Py_ssize_t i = 0; i < s->views; i++) PyBuffer_Release(&s->view[i]);
+    if (s->seg != s->stack_seg) PyMem_Free(s->seg);
+    if (s->view != s->stack_view) PyMem_Free(s->view);
+}
+
+static void source_raw(Source *s, const u8 *p, size_t n) {
+    s->seg[s->count++] = (Seg){p, n};
+    s->total += n;
+}
+
+/* Append a buffer object (C-contiguous; BufferError/ValueError otherwise); its byte length. */
+static Py_ssize_t source_object(Source *s, PyObject *o) {
+    if (PyBytes_CheckExact(o)) {
+        source_raw(s, (const u8 *)PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));
+        return PyBytes_GET_SIZE(o);
+    }
+    Py_buffer *v = &s->view[s->views];
+    if (PyObject_GetBuffer(o, v, PyBUF_SIMPLE) < 0) return -1;
+    s->views++;
+    source_raw(s, v->buf, (size_t)v->len);
+    return v->len;
+}
+
+/* Append every buffer of a list or tuple. */
+static int source_parts(Source *s, PyObject *parts) {
+    PyObject *seq = PySequence_Fast(parts, "parts must be a list or tuple of buffers");
+    if (seq == NULL) return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int rc = source_init(s, count);
+    for (Py_ssize_t i = 0; rc == 0 && i < count; i++)
+        if (source_object(s, items[i]) < 0) rc = -1;
+    Py_DECREF(seq); /* the list or tuple holds the parts; the caller holds it */
+    return rc;
 }
 
 /* ---- Python bindings ---- */
@@ -384,8 +223,6 @@ static PyObject *py_xxh3_64(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromUnsignedLongLong(h);
 }
 
-#define STACK_PARTS 16
-
 static PyObject *py_copy_digest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "copy_digest(dest, offset, parts, digest_from, nbytes)");
@@ -395,41 +232,11 @@ static PyObject *py_copy_digest(PyObject *self, PyObject *const *args, Py_ssize_
     if (get_index(args[1], &offset, "offset") < 0 || get_index(args[3], &digest_from, "digest_from") < 0 ||
         get_index(args[4], &nbytes, "nbytes") < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(args[2], "parts must be a list or tuple of buffers");
-    if (seq == NULL) return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    /* Every part's buffer is acquired (bytes need none) before any byte is written. */
-    Py_buffer stack_views[STACK_PARTS], *views = stack_views;
-    const u8 *stack_src[STACK_PARTS], **src = stack_src;
-    Py_ssize_t stack_len[STACK_PARTS], *len = stack_len;
+    Source s;
     Py_buffer dest = {0};
     PyObject *result = NULL;
-    Py_ssize_t held = 0, total = 0;
-    if (count > STACK_PARTS) {
-        views = PyMem_Malloc(count * sizeof(Py_buffer));
-        src = PyMem_Malloc(count * sizeof(u8 *));
-        len = PyMem_Malloc(count * sizeof(Py_ssize_t));
-        if (views == NULL || src == NULL || len == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *o = items[i];
-        if (PyBytes_CheckExact(o)) {
-            src[i] = (const u8 *)PyBytes_AS_STRING(o);
-            len[i] = PyBytes_GET_SIZE(o);
-            views[i].obj = NULL;
-        } else {
-            if (PyObject_GetBuffer(o, &views[i], PyBUF_SIMPLE) < 0) goto done; /* not contiguous */
-            src[i] = views[i].buf;
-            len[i] = views[i].len;
-        }
-        held = i + 1;
-        total += len[i];
-    }
-    if (total != nbytes) { /* the caller's byte count is wrong: write nothing */
+    if (source_parts(&s, args[2]) < 0) goto done; /* every part acquired before any byte is written */
+    if (s.total != (size_t)nbytes) { /* the caller's byte count is wrong: write nothing */
         result = Py_NewRef(Py_None);
         goto done;
     }
@@ -440,63 +247,267 @@ static PyObject *py_copy_digest(PyObject *self, PyObject *const *args, Py_ssize_
                      offset, offset + padded, digest_from, dest.len);
         goto done;
     }
-    u8 *base = (u8 *)dest.buf + digest_from; /* digest input: base[0 : n] */
-    size_t n = (size_t)(offset + padded - digest_from);
-    u8 *out = (u8 *)dest.buf + offset;
-    u64 h;
-    if (n <= 240) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            memcpy(out, src[i], (size_t)len[i]);
-            out += len[i];
-        }
-        memset(out, 0, (size_t)(padded - nbytes));
-        h = xxh3(base, n);
-    } else {
-        /* Block by block (1 KiB of digest input): a block that lies inside one part is copied
-           and hashed in one pass; any other (frame words, part boundaries) is copied with
-           memcpy, then hashed from the destination while it is in L1. The input's last block
-           is left to long_finish, which treats it specially. */
-        u64 acc[8] __attribute__((aligned(64)));
-        long_init(acc);
-        Cursor cur = {src, len, count, 0, 0};
-        size_t head = (size_t)(offset - digest_from); /* digest bytes before the payload, in dest */
-        size_t blocks = (n - 1) / BLOCK, copied = 0;  /* copied: payload bytes written so far */
-        memset(out + nbytes, 0, (size_t)(padded - nbytes)); /* the padding lies past the payload */
-        for (size_t b = 0; b < blocks; b++) {
-            size_t p0 = b * BLOCK, p1 = p0 + BLOCK;
-            const u8 *whole = NULL;
-            if (kernel->copy_stripes != NULL && p0 >= head && p1 - head <= (size_t)nbytes)
-                whole = cursor_span(&cur, BLOCK); /* copied == p0 - head here */
-            if (whole != NULL) {
-                kernel->copy_stripes(acc, base + p0, whole, STRIPES_PER_BLOCK, SECRET);
-                kernel->scramble(acc, SECRET + SECRET_LEN - STRIPE);
-                copied += BLOCK;
-                continue;
-            }
-            size_t upto = p1 > head ? p1 - head : 0;
-            if (upto > (size_t)nbytes) upto = (size_t)nbytes;
-            if (upto > copied) {
-                cursor_copy(&cur, out + copied, upto - copied);
-                copied = upto;
-            }
-            long_block(acc, base + p0);
-        }
-        cursor_copy(&cur, out + copied, (size_t)nbytes - copied);
-        h = long_finish(acc, base, n, blocks);
-    }
+    u64 h = copy_hash(dest.buf, (size_t)digest_from, (size_t)offset, s.seg, s.count, (size_t)nbytes);
     result = PyLong_FromUnsignedLongLong(h);
 done:
-    for (Py_ssize_t i = 0; i < held; i++)
-        if (views[i].obj != NULL) PyBuffer_Release(&views[i]);
     if (dest.obj != NULL) PyBuffer_Release(&dest);
-    if (views != stack_views) {
-        PyMem_Free(views);
-        PyMem_Free(src);
-        PyMem_Free(len);
-    }
-    Py_DECREF(seq);
+    source_release(&s);
     return result;
 }
+
+/* ---- the ring writer's hot path (areal.buffer.RingWriter; layout: areal.ring_layout) ---- */
+
+/* Layout constants, checked against areal.ring_layout at import (a mismatch disables the
+   extension rather than corrupting a ring). */
+#define LAYOUT_VERSION 4
+#define HEADER_BYTES 4096
+#define OFF_WRITE_POS 64
+#define OFF_NEXT_SEQ 128
+#define OFF_LAST_START 192
+#define OFF_COMMIT_POS 320
+#define FRAME_BYTES 24
+#define KIND_RECORD 0x32434552ULL /* "REC2" little-endian */
+#define KIND_WRAP 0x50415257ULL   /* "WRAP" */
+/* put() results other than a sequence number; nothing was written (bar last_start: -1 never
+   moves it either). */
+#define PUT_NO_ROOM (-1)
+#define PUT_WRONG_NBYTES (-2)
+#define PUT_TOO_LARGE (-3)
+#define PUT_CORRUPTED (-4)
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer map; /* the whole segment, header page first; map.obj is NULL once closed */
+    u8 *base;
+    unsigned long long capacity, max_payload;
+    /* The writer's private positions (the shared words mirror them after every put) and its
+       cache of the reader's commit_pos, re-read only when the cached value shows no room. */
+    unsigned long long write_pos, next_seq, seen_commit;
+    unsigned long long pending_nbytes; /* payload bytes of the last put that returned < 0 */
+} Writer;
+
+static inline u64 *word(const Writer *w, size_t off) { return (u64 *)(w->base + off); }
+static inline void wr64(u8 *p, u64 v) { memcpy(p, &v, 8); }
+
+static int writer_init(Writer *self, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"mapping", "capacity", "max_payload", "write_pos", "next_seq", "seen_commit", NULL};
+    PyObject *mapping;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OKKKKK", kw, &mapping, &self->capacity, &self->max_payload,
+                                     &self->write_pos, &self->next_seq, &self->seen_commit))
+        return -1;
+    if (self->map.obj != NULL) PyBuffer_Release(&self->map);
+    if (PyObject_GetBuffer(mapping, &self->map, PyBUF_WRITABLE) < 0) return -1;
+    self->base = self->map.buf;
+    if ((size_t)self->map.len != HEADER_BYTES + self->capacity || self->capacity % 8 || (uintptr_t)self->base % 8 ||
+        self->max_payload + FRAME_BYTES > self->capacity / 2 || self->write_pos % 8) {
+        PyErr_Format(PyExc_ValueError, "Writer: a %zd-byte mapping does not hold a ring of capacity %llu "
+                     "(max_payload %llu, write_pos %llu)", self->map.len, self->capacity, self->max_payload,
+                     self->write_pos);
+        PyBuffer_Release(&self->map);
+        return -1;
+    }
+    return 0;
+}
+
+/* Append one record holding the source's bytes: the whole of RingWriter.put's fast path.
+
+   Store order (the record state machine of areal.buffer): last_start, [wrap marker], frame
+   words 1-2, payload + padding, digest, then write_pos (the publish), then next_seq. The
+   stores to the mapping are ordinary x86 stores (the copy kernels use no non-temporal stores,
+   which would need an sfence), and x86 (TSO) makes ordinary stores visible to other cores in
+   program order; what must be kept is the program order itself, against the compiler:
+     - the compiler barrier after last_start keeps every later store of the record after it, so
+       a writer killed mid-record has always moved last_start first (attach() relies on it);
+     - the release store of write_pos keeps every store of the record before it, so the reader,
+       which loads write_pos and then the record, never sees a position before its bytes;
+     - the acquire load of commit_pos keeps the overwrite of freed space after the load that
+       showed it free (x86 never moves a store above an earlier load; this stops the compiler).
+   Returns a sequence number, or a PUT_* code with nothing published. */
+static PyObject *writer_publish(Writer *w, const Source *s) {
+    u64 n = s->total, cap = w->capacity;
+    if (n > w->max_payload) {
+        w->pending_nbytes = n;
+        return PyLong_FromLong(PUT_TOO_LARGE);
+    }
+    u64 size = FRAME_BYTES + ((n + 7) & ~7ULL), pos = w->write_pos;
+    u64 room = cap - pos % cap, skip = room < size ? room : 0, end = pos + skip + size;
+    /* commit_pos only grows: a cached value that shows room is still true */
+    if (end - w->seen_commit > cap) {
+        w->seen_commit = __atomic_load_n(word(w, OFF_COMMIT_POS), __ATOMIC_ACQUIRE);
+        if (w->seen_commit > pos || w->seen_commit % 8) {
+            w->pending_nbytes = n;
+            return PyLong_FromLong(PUT_CORRUPTED);
+        }
+        if (end - w->seen_commit > cap) {
+            w->pending_nbytes = n;
+            return PyLong_FromLong(PUT_NO_ROOM);
+        }
+    }
+    u64 seq = w->next_seq;
+    __atomic_store_n(word(w, OFF_LAST_START), pos + skip, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* compiler barrier: last_start before the record */
+    u8 *data = w->base + HEADER_BYTES;
+    if (skip >= FRAME_BYTES) { /* an explicit wrap marker; the reader reads only its kind word */
+        u8 *f = data + pos % cap;
+        wr64(f + 8, KIND_WRAP);
+        wr64(f + 16, seq);
+        wr64(f, 0);
+    }
+    pos += skip;
+    size_t start = HEADER_BYTES + pos % cap; /* the frame, in the mapping */
+    u8 *frame = w->base + start;
+    wr64(frame + 8, KIND_RECORD | n << 32);
+    wr64(frame + 16, seq);
+    wr64(frame, copy_hash(w->base, start + 8, start + FRAME_BYTES, s->seg, s->count, n));
+    w->write_pos = pos + size;
+    __atomic_store_n(word(w, OFF_WRITE_POS), w->write_pos, __ATOMIC_RELEASE); /* publish */
+    w->next_seq = seq + 1;
+    __atomic_store_n(word(w, OFF_NEXT_SEQ), seq + 1, __ATOMIC_RELAXED);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+static int writer_open(Writer *w) {
+    if (w->map.obj != NULL) return 0;
+    PyErr_SetString(PyExc_ValueError, "Writer is closed");
+    return -1;
+}
+
+static PyObject *writer_put(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "put(parts, nbytes)");
+        return NULL;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[1]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    if (writer_open(self) < 0) return NULL;
+    Source s;
+    PyObject *result = NULL;
+    if (source_parts(&s, args[0]) == 0) {
+        if (nbytes >= 0 && s.total != (size_t)nbytes) { /* the caller's total is wrong: write nothing */
+            self->pending_nbytes = s.total;
+            result = PyLong_FromLong(PUT_WRONG_NBYTES);
+        } else {
+            result = writer_publish(self, &s);
+        }
+    }
+    source_release(&s);
+    return result;
+}
+
+/* msgpack headers, as msgspec writes them (the smallest form). */
+static size_t msgpack_array_header(u8 *out, size_t count) {
+    if (count < 16) return out[0] = (u8)(0x90 | count), 1;
+    if (count < 65536) return out[0] = 0xdc, out[1] = (u8)(count >> 8), out[2] = (u8)count, 3;
+    out[0] = 0xdd;
+    for (int i = 0; i < 4; i++) out[1 + i] = (u8)(count >> (24 - 8 * i));
+    return 5;
+}
+
+static size_t msgpack_bin_header(u8 *out, size_t n) {
+    if (n < 256) return out[0] = 0xc4, out[1] = (u8)n, 2;
+    if (n < 65536) return out[0] = 0xc5, out[1] = (u8)(n >> 8), out[2] = (u8)n, 3;
+    out[0] = 0xc6;
+    for (int i = 0; i < 4; i++) out[1 + i] = (u8)(n >> (24 - 8 * i));
+    return 5;
+}
+
+#define MAX_BULK 16
+
+/* put_struct(values, head, tail, bulk_from, bulk_to): the record is the msgpack array of
+   ``values`` (a tuple), given as head = encoding of values[:bulk_from] (a fixarray),
+   values[bulk_from:bulk_to] (buffers, written as bin), tail = encoding of values[bulk_to:]. */
+static PyObject *writer_put_struct(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "put_struct(values, head, tail, bulk_from, bulk_to)");
+        return NULL;
+    }
+    PyObject *values = args[0], *head = args[1], *tail = args[2];
+    Py_ssize_t from = PyLong_AsSsize_t(args[3]), to = PyLong_AsSsize_t(args[4]);
+    if ((from == -1 || to == -1) && PyErr_Occurred()) return NULL;
+    if (!PyTuple_CheckExact(values) || !PyBytes_CheckExact(head) || !PyBytes_CheckExact(tail)) {
+        PyErr_SetString(PyExc_TypeError, "put_struct: values must be a tuple, head and tail bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(values);
+    const u8 *h = (const u8 *)PyBytes_AS_STRING(head), *t = (const u8 *)PyBytes_AS_STRING(tail);
+    if (from < 0 || from > to || to > count || to - from > MAX_BULK || from >= 16 || count - to >= 16 ||
+        PyBytes_GET_SIZE(head) < 1 || h[0] != (0x90 | from) || PyBytes_GET_SIZE(tail) < 1 ||
+        t[0] != (0x90 | (count - to))) {
+        PyErr_Format(PyExc_ValueError, "put_struct: head/tail are not fixarrays of %zd and %zd elements "
+                     "(bulk %zd:%zd of %zd, at most %d)", from, count - to, from, to, count, MAX_BULK);
+        return NULL;
+    }
+    if (writer_open(self) < 0) return NULL;
+    u8 scratch[5 + 5 * MAX_BULK], *at = scratch; /* the array header and the bin headers */
+    Source s;
+    PyObject *result = NULL;
+    source_init(&s, 0); /* at most 3 + 2 * MAX_BULK segments: on the stack */
+    size_t k = msgpack_array_header(at, (size_t)count);
+    source_raw(&s, at, k), at += k;
+    source_raw(&s, h + 1, (size_t)PyBytes_GET_SIZE(head) - 1);
+    for (Py_ssize_t i = from; i < to; i++) {
+        Seg *bin = &s.seg[s.count];
+        source_raw(&s, at, 0); /* its header, filled in once the size is known */
+        Py_ssize_t m = source_object(&s, PyTuple_GET_ITEM(values, i));
+        if (m < 0) goto done;
+        if ((u64)m > 0xFFFFFFFFULL) {
+            PyErr_Format(PyExc_ValueError, "put_struct: a %zd-byte buffer exceeds msgpack's bin 32", m);
+            goto done;
+        }
+        bin->n = msgpack_bin_header(at, (size_t)m), s.total += bin->n, at += bin->n;
+    }
+    source_raw(&s, t + 1, (size_t)PyBytes_GET_SIZE(tail) - 1);
+    result = writer_publish(self, &s);
+done:
+    source_release(&s);
+    return result;
+}
+
+static PyObject *writer_close(Writer *self, PyObject *unused) {
+    if (self->map.obj != NULL) PyBuffer_Release(&self->map);
+    self->base = NULL;
+    Py_RETURN_NONE;
+}
+
+static void writer_dealloc(Writer *self) {
+    if (self->map.obj != NULL) PyBuffer_Release(&self->map);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef writer_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))writer_put, METH_FASTCALL,
+     "put(parts, nbytes) -> int: append the concatenation of parts (a list or tuple of buffers; "
+     "nbytes: their total, or -1 to measure) as one record; its sequence number, or -1 no room, "
+     "-2 wrong nbytes, -3 too large, -4 commit_pos corrupted (nothing published; pending_nbytes)."},
+    {"put_struct", (PyCFunction)(void (*)(void))writer_put_struct, METH_FASTCALL,
+     "put_struct(values, head, tail, bulk_from, bulk_to) -> int: append msgpack of the tuple values "
+     "as one record, from head = encoding of values[:bulk_from], the buffers values[bulk_from:bulk_to] "
+     "and tail = encoding of values[bulk_to:]; results as put()."},
+    {"close", (PyCFunction)writer_close, METH_NOARGS, "Release the mapping (idempotent)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef writer_members[] = {
+    {"write_pos", T_ULONGLONG, offsetof(Writer, write_pos), READONLY, "end of the last published record"},
+    {"next_seq", T_ULONGLONG, offsetof(Writer, next_seq), READONLY, "sequence number of the next record"},
+    {"seen_commit", T_ULONGLONG, offsetof(Writer, seen_commit), READONLY, "cached commit_pos"},
+    {"pending_nbytes", T_ULONGLONG, offsetof(Writer, pending_nbytes), READONLY,
+     "payload bytes of the last put that published nothing"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "areal._ringcopy.Writer",
+    .tp_doc = "Writer(mapping, capacity, max_payload, write_pos, next_seq, seen_commit): the ring "
+              "writer's fast path over a mapped segment (header page + data).",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)writer_init,
+    .tp_dealloc = (destructor)writer_dealloc,
+    .tp_methods = writer_methods,
+    .tp_members = writer_members,
+};
 
 static PyObject *py_implementations(PyObject *self, PyObject *unused) {
     PyObject *out = PyList_New(0);
@@ -554,5 +565,18 @@ PyMODINIT_FUNC PyInit__ringcopy(void) {
        at copying (a record's 64-byte stores start 8 bytes into a line, so every one splits). */
     for (size_t k = 0; k < N_KERNELS; k++)
         if (kernel_supported(k) && strcmp(KERNELS[k].name, "avx512") != 0) kernel = &KERNELS[k];
-    return PyModule_Create(&module);
+    if (PyType_Ready(&WriterType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *layout = Py_BuildValue(
+        "{sisisisisisisisKsK}", "version", LAYOUT_VERSION, "header_bytes", HEADER_BYTES, "off_write_pos",
+        OFF_WRITE_POS, "off_next_seq", OFF_NEXT_SEQ, "off_last_start", OFF_LAST_START, "off_commit_pos",
+        OFF_COMMIT_POS, "frame_bytes", FRAME_BYTES, "kind_record", KIND_RECORD, "kind_wrap", KIND_WRAP);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0 ||
+        PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

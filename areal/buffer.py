@@ -1,15 +1,16 @@
 """Shared-memory trajectory ring: one producer (the controller), one consumer (a trainer rank).
 
-API: ``RingWriter(ring_name(run_id, rank), capacity_bytes, native=None)`` creates a ring, ``.put(bytes)`` or
-``.put_parts(encode_trajectory_parts(traj))`` appends a record and returns its sequence number,
-``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
+API: ``RingWriter(ring_name(run_id, rank), capacity_bytes, native=None)`` creates a ring;
+``.put_trajectory(traj)``, ``.put(bytes)`` or ``.put_parts(parts)`` appends a record and returns
+its sequence number; ``RingWriter.attach(name)`` takes over after a writer crash. ``RingReader(name, resume=True,
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
 removes the segments of crashed runs. The segment's byte layout, the record frame and its
 checksum (XXH3-64 over frame and payload) are in ``areal.ring_layout``; this module holds the
 two ends that share them (one module per boundary), the doorbell and the crash handling. (About
-660 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
-and splitting writer from reader would separate the two halves of one protocol.)
+720 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
+the writer keeps a pure-Python twin of its C fast path, and splitting writer from reader would
+separate the two halves of one protocol.)
 
 The writer creates the segment under a temporary name, sizes it, pre-faults every page (first
 writes into fresh shared memory run at ~1.8 GB/s, warm ones at 7-11 GB/s), writes the header
@@ -29,7 +30,10 @@ Invariants: ``commit_pos <= read <= write_pos <= commit_pos + capacity``; every 
 sequence numbers are consecutive. Each side writes only its own words, so no locks are needed.
 Stores happen in program order (frame, payload, digest, then the position word); on x86 (total
 store order, aligned 8-byte stores atomic) the other side therefore never sees a position
-before the bytes it covers.
+before the bytes it covers. The C writer keeps that order against its compiler with a release
+store of ``write_pos`` and a compiler barrier after ``last_start`` (``areal/_ringcopy.c``,
+``writer_publish``); CPython's memoryview stores are opaque calls, so the compiler cannot
+reorder the Python path's.
 
 Delivery is exactly once into training when the consumer commits only what a checkpoint holds:
 ``RingReader(name, auto_commit=False)`` hands out records, and the trainer calls
@@ -39,18 +43,24 @@ everything after the last commit. The default ``auto_commit=True`` commits each 
 is handed out (at-least-once across reader crashes: a record copied but not yet committed
 comes again).
 
-Hot path (per 8k-token record, 106 KB, ~100k records/s): each side caches the other side's
+Hot path (per 8k-token record, 106 KB, >100k records/s): each side caches the other side's
 position word (``_seen_commit``, ``_seen_write``) and re-reads the shared word only when the
 cached value no longer shows room or a record (positions only grow: a cached value is merely
 behind, never wrong, and every decision that could block re-reads the authoritative word).
-Frame words are loaded and stored through one u64 view of the whole mapping (no struct
-objects). The writer copies the parts straight from the caller's arrays and hashes the record
-as it lands in the ring, in one C call (``areal._ringcopy.copy_digest``: each 1 KiB block is
-hashed from the registers it was copied through, so a copy that went wrong is caught too);
-without the extension (``native=False``, or no C compiler at install) it copies with one
-``mmap.write`` per part and hashes the record in place with ``xxhash`` (two passes, ~2 us more
-per 8k record; same bytes, same digest). The reader hashes the record in place before handing
-out a view. Each payload byte is written once and read once per side.
+The writer's whole fast path is one C call (``areal._ringcopy.Writer``): room check against
+the cached commit position, wrap marker, frame words, the copy straight from the caller's
+arrays with each 1 KiB block hashed from the registers it was copied through (so a copy that
+went wrong is caught too), then the publish. ``put_trajectory`` also lets it emit the msgpack
+framing (array and ``bin`` headers) around the Trajectory's buffers, from two small msgspec
+encodings of the other fields. Python keeps the slow paths (waiting for room, the doorbell,
+errors). CPU per 8k record, in-process: ``put_trajectory`` ~4.3 us (``split_trajectory`` 0.45
++ the C call ~3.9, of which copy + digest ~3.3); before, ``encode_trajectory_parts`` 2.0-2.6 +
+``put_parts`` ~5.7 with the C copy + digest alone. Without the extension (``native=False``, or
+no C compiler at install) the writer frames in Python (``encode_trajectory_parts``), copies with
+one ``mmap.write`` per part and hashes the record in place with ``xxhash``: ~9 us, same bytes,
+same digest. Frame words are loaded and stored through one u64 view of the whole mapping. The
+reader hashes the record in place before handing out a view (``get_view`` ~3.4 us, ~1.8 of it
+the digest; decode ~1.1). Each payload byte is written once and read once per side.
 Ring size matters as much as the code: in a ring that stays in the caches (a few MiB) the
 writer copies into cached lines; in a 16-64 MiB ring each lap goes out to DRAM and the copy
 costs ~2.5x as much (``benchmarks/ring.py`` measures both).
@@ -100,6 +110,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
+from areal.protocol import TRAJECTORY_BULK, Trajectory, encode_trajectory_parts, split_trajectory
 from areal.ring_layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
                                FRAME_OFF_SEQ, HEADER_BYTES, KIND_RECORD, KIND_WRAP, LAYOUT_VERSION, MAGIC,
                                MASK32, NATIVE, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
@@ -125,14 +136,19 @@ _I_COMMIT_POS, _I_COMMIT_SEQ = OFF_COMMIT_POS >> 3, OFF_COMMIT_SEQ >> 3
 _I_WRITER_WAITING, _I_READER_WAITING = OFF_WRITER_WAITING >> 3, OFF_READER_WAITING >> 3
 
 
-def _native_copy(native: bool | None) -> Callable[..., int | None] | None:
-    """The writer's copy + digest: ``areal._ringcopy.copy_digest`` (``native`` None: where it was
-    built; True: required) or None for the pure-Python path (``native=False``, or not built)."""
+_BULK_FROM, _BULK_TO = TRAJECTORY_BULK
+# areal._ringcopy.Writer.put results that publish nothing (a sequence number is >= 0).
+_PUT_NO_ROOM, _PUT_WRONG_NBYTES, _PUT_TOO_LARGE, _PUT_CORRUPTED = -1, -2, -3, -4
+
+
+def _use_native(native: bool | None) -> bool:
+    """Whether a writer runs its hot path in ``areal._ringcopy`` (``native`` None: where it was
+    built; True: required; False: the pure-Python path)."""
     if native is None:
-        native = NATIVE is not None
+        return NATIVE is not None
     if native and NATIVE is None:
         raise RingError("native=True but areal._ringcopy is not built (run `pip install --no-deps -e .`)")
-    return NATIVE.copy_digest if native else None
+    return native
 
 
 class _Segment:
@@ -156,6 +172,7 @@ class _Segment:
         self.bell_wakeups = 0  # sleeps ended by the peer's doorbell rather than by the time slice
 
     _bell_off = 0  # OFF_WRITER_BELL or OFF_READER_BELL: where this side publishes its doorbell
+    _native = None  # the writer's areal._ringcopy.Writer (it holds a view of the mapping)
 
     def _validate_header(self) -> None:
         if self._word(OFF_MAGIC) != MAGIC:
@@ -263,6 +280,9 @@ class _Segment:
 
     def _unmap(self) -> None:
         # Every exported view must be released before the mmap can close.
+        if self._native is not None:
+            self._native.close()
+            self._native = None
         if self._bell is not None:
             self._bell.close()
             self._bell = None
@@ -291,7 +311,7 @@ class RingWriter(_Segment):
     _bell_off = OFF_WRITER_BELL
 
     def __init__(self, name: str, capacity_bytes: int = 64 << 20, *, native: bool | None = None) -> None:
-        self._copy_digest = _native_copy(native)
+        use_native = _use_native(native)
         if capacity_bytes < 128 or capacity_bytes % 8:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be a multiple of 8 and >= 128")
         final = segment_path(name)
@@ -320,12 +340,14 @@ class RingWriter(_Segment):
         self._write_pos = 0
         self._next_seq = 0
         self._seen_commit = 0  # the last commit_pos read; only ever behind the shared word
+        if use_native:
+            self._native = NATIVE.Writer(self._buf, self.capacity, self._max_payload, 0, 0, 0)
 
     @classmethod
     def attach(cls, name: str, *, native: bool | None = None) -> RingWriter:
         """Reopen an existing ring as its (new) writer, e.g. after the previous writer died."""
         self = cls.__new__(cls)
-        self._copy_digest = _native_copy(native)
+        use_native = _use_native(native)
         fd = os.open(segment_path(name), os.O_RDWR)
         try:
             _Segment.__init__(self, os.path.basename(segment_path(name)), fd)
@@ -336,6 +358,9 @@ class RingWriter(_Segment):
         self._seen_commit, self._write_pos = self._positions()
         self._next_seq = self._recover_next_seq()
         self._set_word(OFF_NEXT_SEQ, self._next_seq)
+        if use_native:
+            self._native = NATIVE.Writer(self._buf, self.capacity, self._max_payload, self._write_pos,
+                                         self._next_seq, self._seen_commit)
         return self
 
     def _recover_next_seq(self) -> int:
@@ -369,17 +394,33 @@ class RingWriter(_Segment):
     @property
     def next_seq(self) -> int:
         """Sequence number the next ``put`` will return."""
-        return self._next_seq
+        return self._native.next_seq if self._native is not None else self._next_seq
 
     def free_bytes(self) -> int:
         """Bytes not holding uncommitted records (a record may also need the rest of the lap).
 
         The controller admits new episodes only while this exceeds a few records' worth."""
-        return self.capacity - (self._write_pos - self._word(OFF_COMMIT_POS))
+        written = self._native.write_pos if self._native is not None else self._write_pos
+        return self.capacity - (written - self._word(OFF_COMMIT_POS))
 
     def put(self, payload: bytes | memoryview, timeout_s: float | None = None) -> int:
         """Append one record and return its sequence number; wait for space up to ``timeout_s``."""
         return self.put_parts((payload,), timeout_s)
+
+    def put_trajectory(self, traj: Trajectory, timeout_s: float | None = None) -> int:
+        """Append ``encode_trajectory(traj)`` as one record; as ``put``, but the native writer
+        emits the msgpack framing itself and copies the token buffers straight from ``traj``
+        (``protocol.split_trajectory``), without building a list of parts in Python."""
+        native = self._native
+        if native is None:
+            return self.put_parts(encode_trajectory_parts(traj), timeout_s)
+        values, head, tail = split_trajectory(traj)
+        seq = native.put_struct(values, head, tail, _BULK_FROM, _BULK_TO)
+        if seq < 0:
+            seq = self._put_slow(lambda: native.put_struct(values, head, tail, _BULK_FROM, _BULK_TO), seq, timeout_s)
+        if self._u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
+            self._ring_peer(OFF_READER_BELL)
+        return seq
 
     def put_parts(self, parts: Sequence[bytes | memoryview], timeout_s: float | None = None) -> int:
         """Append the concatenation of ``parts`` as one record (scatter-gather, one copy each).
@@ -392,19 +433,25 @@ class RingWriter(_Segment):
         Waits up to ``timeout_s`` (None: forever) for the reader to commit enough space, then
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
         """
-        # Hot path (~100k calls/s): locals instead of attribute lookups and method calls, frame
-        # words stored through the u64 view, one mmap.write per part.
+        native = self._native
+        if native is not None:  # the whole fast path in one C call; the slow paths stay here
+            declared = getattr(parts, "nbytes", -1)  # -1: the C side measures the parts
+            seq = native.put(parts, declared)
+            if seq < 0:
+                seq = self._put_slow(lambda: native.put(parts, declared), seq, timeout_s, declared)
+            if self._u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
+                self._ring_peer(OFF_READER_BELL)
+            return seq
+        # Pure-Python path (the fallback, and the benchmarks' same-run baseline): locals instead of
+        # attribute lookups and method calls, frame words stored through the u64 view, one
+        # mmap.write per part.
         n = getattr(parts, "nbytes", -1)  # RecordParts carries its total; checked after the copy
         if n < 0:
             n = 0
             for p in parts:  # byte lengths; any C-contiguous buffer (non-contiguous fails on copy)
                 n += p.nbytes if type(p) is memoryview else len(p) if type(p) is bytes else memoryview(p).nbytes
         if n > self._max_payload:
-            raise RecordTooLarge(
-                f"record of {n} bytes does not fit ring {self.name}: at most {self._max_payload} "
-                f"bytes per record (half the capacity of {self.capacity} bytes, less a "
-                f"{_FRAME_SIZE}-byte frame)"
-            )
+            raise self._too_large(n)
         padded = (n + 7) & ~7
         size = _FRAME_SIZE + padded
         u64, cap, mm = self._u64, self.capacity, self._mm
@@ -431,29 +478,20 @@ class RingWriter(_Segment):
         i = start >> 3
         u64[i + 1] = KIND_RECORD | n << 32
         u64[i + 2] = seq
-        copy_digest = self._copy_digest
-        if copy_digest is not None:
-            # Native: copy, zero padding and digest in one pass (areal._ringcopy); it checks the
-            # parts' total against n before writing anything.
-            d = copy_digest(self._buf, start + _FRAME_SIZE, parts, start + DIGEST_FROM, n)
-            if d is None:
-                raise RingError(f"ring {self.name}: parts.nbytes={n} is not the parts' total; the record is not published")
-            u64[i] = d
-        else:
-            mm.seek(start + _FRAME_SIZE)
-            write = mm.write
-            for p in parts:
-                write(p)
-            if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
-                raise RingError(
-                    f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
-                    "written; the record is not published"
-                )
-            if padded != n:
-                write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
-            # The digest is taken over what the ring now holds (hot in this core's cache), so a
-            # copy that went wrong is caught too, not only later damage.
-            u64[i] = digest(self._buf[start + DIGEST_FROM : start + size])
+        mm.seek(start + _FRAME_SIZE)
+        write = mm.write
+        for p in parts:
+            write(p)
+        if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
+            raise RingError(
+                f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
+                "written; the record is not published"
+            )
+        if padded != n:
+            write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
+        # The digest is taken over what the ring now holds (hot in this core's cache), so a
+        # copy that went wrong is caught too, not only later damage.
+        u64[i] = digest(self._buf[start + DIGEST_FROM : start + size])
         self._write_pos = w = w + size
         u64[_I_WRITE_POS] = w  # publish: the reader may now read it
         self._next_seq = seq + 1
@@ -461,6 +499,36 @@ class RingWriter(_Segment):
         if u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
             self._ring_peer(OFF_READER_BELL)
         return seq
+
+    def _put_slow(self, retry: Callable[[], int], code: int, timeout_s: float | None, declared: int = -1) -> int:
+        """The native put's slow paths: ``code`` is what it returned (nothing was published);
+        raise its error, or wait for room and ``retry()`` until a sequence number comes back."""
+        native = self._native
+        while True:
+            n = native.pending_nbytes  # the payload's bytes, as the C side measured them
+            if code == _PUT_TOO_LARGE:
+                raise self._too_large(n)
+            if code == _PUT_WRONG_NBYTES:
+                raise RingError(f"ring {self.name}: parts.nbytes={declared} but the parts hold {n} bytes; "
+                                "the record is not published")
+            if code == _PUT_CORRUPTED:
+                raise RingCorrupted(f"ring {self.name}: commit_pos={self._word(OFF_COMMIT_POS)} is beyond "
+                                    f"write_pos={native.write_pos} or not 8-aligned")
+            if code != _PUT_NO_ROOM:
+                raise RingError(f"ring {self.name}: areal._ringcopy returned {code}, which this module does not know")
+            size, w, cap = record_bytes(n), native.write_pos, self.capacity
+            room = cap - w % cap
+            self._wait_for_room(w + (room if room < size else 0) + size - cap, size, timeout_s)
+            code = retry()  # the C side re-reads commit_pos itself
+            if code >= 0:
+                return code
+
+    def _too_large(self, n: int) -> RecordTooLarge:
+        return RecordTooLarge(
+            f"record of {n} bytes does not fit ring {self.name}: at most {self._max_payload} "
+            f"bytes per record (half the capacity of {self.capacity} bytes, less a "
+            f"{_FRAME_SIZE}-byte frame)"
+        )
 
     def _wait_for_room(self, commit_needed: int, size: int, timeout_s: float | None) -> None:
         """Back-pressure: wait until the reader has committed up to ``commit_needed``."""

@@ -404,8 +404,7 @@ class Controller:
         if not good:
             self._group_failed(results[0][0])
             return
-        payloads = [encode_trajectory(trajectory_from_episode(o, s, group_id, len(good))) for o, s in good]
-        await self._publish(rings, payloads)
+        await self._publish(rings, [trajectory_from_episode(o, s, group_id, len(good)) for o, s in good])
 
     async def _run_workflow_group(self, engine: EngineClient, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         """One ``arun_episode(engine, data)`` call is one group: each exported row is one
@@ -436,24 +435,24 @@ class Controller:
         if not rows:
             self._group_failed(outcome)
             return
-        payloads = [encode_trajectory(trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)))
-                    for i, row in enumerate(rows.values())]
-        await self._publish(rings, payloads)
+        await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows))
+                                    for i, row in enumerate(rows.values())])
 
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1
         if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
             self.failure = f"the first {self.failed_groups} groups all failed; first episode: status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
 
-    async def _publish(self, rings: list[RingWriter], payloads: list[bytes]) -> None:
-        """A whole group into one ring (round-robin over ranks), in order; then it counts."""
+    async def _publish(self, rings: list[RingWriter], trajectories: list[Trajectory]) -> None:
+        """A whole group into one ring (round-robin over ranks), in order; then it counts.
+        ``put_trajectory`` frames each record straight into shared memory (no encoded copy)."""
         async with self.ring_lock:
             ring = rings[self.groups_written % len(rings)]
             self.groups_written += 1
-            for p in payloads:
-                await asyncio.to_thread(ring.put, p, 600.0)  # waits while the ring is full (back-pressure)
+            for traj in trajectories:
+                await asyncio.to_thread(ring.put_trajectory, traj, 600.0)  # waits while the ring is full (back-pressure)
                 if self.saved is not None:
-                    self.saved.write(frame(p))
+                    self.saved.write(frame(encode_trajectory(traj)))
         self.accepted_groups += 1
 
     async def _run_episode(self, runner: Any, gateway: Gateway, episode_id: str, problem: dict) -> tuple[EpisodeOutcome, Session]:

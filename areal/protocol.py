@@ -346,6 +346,22 @@ def encode_trajectory_parts(traj: Trajectory) -> RecordParts:
     return parts
 
 
+TRAJECTORY_BULK = (_HEAD, _BULK)  # Trajectory fields [_HEAD, _BULK) are the bulk buffers
+
+
+def split_trajectory(traj: Trajectory) -> tuple[tuple, bytes, bytes]:
+    """``(values, head, tail)``: the fields of ``traj`` as a tuple, the msgpack encoding of the
+    fields before the bulk buffers and that of the fields after them (``TRAJECTORY_BULK``).
+
+    For a writer that emits the record's framing itself (``areal._ringcopy.Writer.put_struct``):
+    the record is the array header of ``len(values)``, ``head`` without its fixarray header,
+    each bulk buffer as msgpack ``bin``, then ``tail`` without its header; exactly
+    ``encode_trajectory(traj)`` (a test pins it). ~0.6 us for any record size.
+    """
+    values = _astuple(traj)
+    return values, _encode(values[:_HEAD]), _encode(values[_BULK:])
+
+
 def decode_trajectory(buf: bytes | memoryview) -> Trajectory:
     """Decode a record of any schema up to ``TRAJECTORY_SCHEMA``; fields a record predates take
     their defaults. Buffer fields are views into ``buf``'s memory, which must outlive them."""

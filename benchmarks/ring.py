@@ -4,8 +4,9 @@ For 1k-, 8k- and 32k-token trajectories, one producer process builds a ``Traject
 then, per record, encodes it and hands it over; this process receives and decodes each one.
 Every path includes encode and decode, and every path moves every byte to the consumer's core:
 
-  * ring:  ``encode_trajectory_parts`` + ``RingWriter.put_parts`` (the token buffers are copied
-           once, straight into shared memory, and hashed there with XXH3-64) ->
+  * ring:  ``RingWriter.put_trajectory`` (one C call frames the record, copies the token buffers
+           once, straight into shared memory, hashing them with XXH3-64 as they go, and
+           publishes it) ->
            ``RingReader.get_view`` (digest verified in place: this reads the whole record) +
            ``decode_trajectory`` (zero-copy);
   * queue: ``encode_trajectory`` + ``multiprocessing.Queue.put`` -> ``get`` + decode;
@@ -23,19 +24,23 @@ The baselines run in the same invocation, interleaved with the ring, so backgrou
 all paths alike.
 
 Ring size: the main figures use a 4 MiB ring (37 8k-token records). A ring that stays in the
-last-level cache lets the writer copy into lines that are already cached (~27 GB/s here: ~3.9
+last-level cache lets the writer copy into lines that are already cached (~32 GB/s here: ~3.3
 us per 106 KB record); in a 64 MiB ring every lap goes out to DRAM and the same copy takes ~13
 us. The 8k rows ``*_64MiB_ring`` measure the production default (``ring_capacity_mb: 64``) in
 the same run, for comparison.
 
-Per-record cost split at 8k tokens (4 MiB ring, in-process, reader interleaved; CPU time):
-writer = ``encode_trajectory_parts`` ~2.6 us + ``put_parts`` ~5.0, of which the C copy + XXH3
-digest in one pass (``areal._ringcopy.copy_digest``, AVX2) ~3.9 and frame words, checks and
-publish ~1.1; reader = ``get_view`` ~3.4 (digest ~2 of it) + decode ~1.0. The pure-Python
-writer path (``native=False``: one ``mmap.write`` per part, then ``xxhash`` over the record in
-place) costs ~7.0 us in ``put_parts``; the 8k rows ``*_native_writer`` compare the two writer
-paths in the same run (writer and reader in separate processes, where the copy's stores miss
-into lines the reader's core last held, so both cost more than in-process).
+Per-record cost split at 8k tokens (4 MiB ring, in-process, CPU time): writer =
+``put_trajectory`` ~4.3 us = ``split_trajectory`` 0.45 (``astuple`` + two small msgspec
+encodings) + one C call ~3.9 (copy + XXH3 digest in one pass ~3.3, AVX2; msgpack framing, frame
+words, room check and publish ~0.5). Round 1 (Python framing around the C copy + digest):
+``encode_trajectory_parts`` 2.0-2.6 + ``put_parts`` ~5.7 = ~8.6 us. Reader = ``get_view`` ~3.4
+(the ``xxhash`` digest ~1.8 of it) + decode ~1.1. The pure-Python writer (``native=False``:
+``encode_trajectory_parts``, one ``mmap.write`` per part, then ``xxhash`` over the record in
+place) costs ~9 us; the 8k rows ``*_native_writer`` compare the two writer paths in the same
+run (writer and reader in separate processes, where the copy's stores miss into lines the
+reader's core last held, so both cost more than in-process). Cross-process, quick mode, on
+this shared machine: ~110k traj/s wall clock (writer busy ~4.6 us, reader ~4.2), against
+~14k for ``multiprocessing.Queue`` and ~72k for the pure-Python writer in the same run.
 
     python -m benchmarks.ring [--quick]
 """
@@ -57,7 +62,7 @@ import zmq
 
 from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.ring_layout import NATIVE
-from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
 
 SIZES = (1024, 8192, 32768)
 RING_BYTES = 4 << 20  # cache-resident (see the docstring); holds 37 8k-token records
@@ -94,7 +99,7 @@ def _produce_ring(name: str, capacity: int, tokens: int, count: int, native: boo
         for i in range(count):
             if i == WARMUP:
                 started, waited = time.process_time(), writer.wait_cpu_s
-            writer.put_parts(encode_trajectory_parts(traj), timeout_s=60)
+            writer.put_trajectory(traj, timeout_s=60)  # native: framing + copy + digest in one C call
         cpu[0] = (time.process_time() - started) / (count - WARMUP)
         cpu[1] = (writer.wait_cpu_s - waited) / (count - WARMUP)
         deadline = time.monotonic() + 60

@@ -120,8 +120,9 @@ def test_many_records_wrap_in_order(name, native):
         assert total > 5 * capacity  # really went around the ring several times
 
 
-def test_full_ring_raises_then_recovers(name):
-    with RingWriter(name, 4096) as w, RingReader(name) as r:
+@pytest.mark.parametrize("native", [NATIVE_OR_SKIP, False])
+def test_full_ring_raises_then_recovers(name, native):
+    with RingWriter(name, 4096, native=native) as w, RingReader(name) as r:
         puts = 0
         with pytest.raises(RingFull, match=name):
             while True:
@@ -136,8 +137,9 @@ def test_full_ring_raises_then_recovers(name):
         assert r.get(timeout_s=0) == b"y" * 1000
 
 
-def test_largest_record_fits_and_larger_is_refused(name):
-    with RingWriter(name, 4096) as w, RingReader(name) as r:
+@pytest.mark.parametrize("native", [NATIVE_OR_SKIP, False])
+def test_largest_record_fits_and_larger_is_refused(name, native):
+    with RingWriter(name, 4096, native=native) as w, RingReader(name) as r:
         w.put(b"a" * 100)  # the maximal record must wrap to the next lap once this is read
         assert r.get(timeout_s=0) == b"a" * 100
         biggest = b"b" * w.max_payload

@@ -5,6 +5,8 @@ The writer is a forked child of the test process (fork is ~1 ms here, a fresh in
 so the reader can check every byte, and contiguity across writer generations shows that no
 published record was lost or duplicated. The child reports each sequence number that ``put``
 returned through a pipe (after publishing): every reported one must reach the reader.
+Writer generations alternate between the C writer (``areal._ringcopy``, where built) and the
+pure-Python one, so both are killed mid-record and each attaches after the other's crash.
 Each test checks that it leaves nothing of its own in /dev/shm.
 """
 
@@ -17,6 +19,7 @@ import time
 import pytest
 
 from areal.buffer import SHM_DIR, RingFull, RingReader, RingWriter, ring_name, unlink_ring
+from areal.ring_layout import NATIVE
 
 _counter = itertools.count()
 
@@ -76,7 +79,7 @@ def test_writer_sigkilled_200_times_loses_nothing_and_never_tears(name):
 
             def write_forever() -> None:
                 os.close(report_r)
-                writer = RingWriter.attach(name)
+                writer = RingWriter.attach(name, native=NATIVE is not None and generation % 2 == 0)
                 while True:
                     seq = writer.put(payload_for(writer.next_seq), timeout_s=30)
                     os.write(report_w, seq.to_bytes(8, "little"))
@@ -91,7 +94,7 @@ def test_writer_sigkilled_200_times_loses_nothing_and_never_tears(name):
                 expected += 1
                 return True
 
-            for _ in range(200):
+            for generation in range(200):
                 before = expected
                 pid = _fork(write_forever)
                 started = time.monotonic()

@@ -1,6 +1,8 @@
 """The ring's C extension ``areal._ringcopy``: built wherever a compiler exists, bit-identical to
-the ``xxhash`` package for every length and kernel, and writing exactly the bytes the
-pure-Python writer path writes (so either writer pairs with the one reader)."""
+the ``xxhash`` package for every length and kernel, writing exactly the bytes the pure-Python
+writer path writes (so either writer pairs with the one reader), framing a Trajectory exactly
+as msgspec does (``put_trajectory``), and leaving its slow paths (no room, too large, corrupted
+commit_pos) to Python with nothing published."""
 
 import os
 import random
@@ -18,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from areal import buffer, ring_layout  # noqa: E402
-from areal.buffer import HEADER_BYTES, SHM_DIR, RingError, RingReader, RingWriter, ring_name, unlink_ring  # noqa: E402
+from areal.buffer import (HEADER_BYTES, SHM_DIR, RecordTooLarge, RingCorrupted, RingError, RingFull,  # noqa: E402
+                          RingReader, RingWriter, ring_name, unlink_ring)
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory  # noqa: E402
 from areal.ring_layout import NATIVE  # noqa: E402
 
 needs_native = pytest.mark.skipif(NATIVE is None, reason="areal._ringcopy not built")
@@ -175,7 +179,98 @@ def test_without_the_extension_the_ring_falls_back_to_python(names, monkeypatch)
         RingWriter(names[0], 4096, native=True)
     assert not os.path.exists(os.path.join(SHM_DIR, names[0]))
     with RingWriter(names[0], 4096) as w, RingReader(names[0]) as r:  # default: whatever is built
-        assert w._copy_digest is None
+        assert w._native is None
         w.put_parts([b"abc", memoryview(b"defgh")])
         assert r.get(timeout_s=0) == b"abcdefgh"
     assert ring_layout.digest is xxhash.xxh3_64_intdigest  # the reader's digest needs no extension
+
+
+def _trajectory(tokens: tuple[int, ...], seed: int = 0) -> Trajectory:
+    """Rows of the given lengths: buffers from empty to > 64 KiB (msgpack bin 8, 16 and 32)."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        TokenRow(input_ids=rng.integers(0, 8192, n, dtype=np.int32), loss_mask=np.ones(n, np.uint8),
+                 logprobs=-rng.random(n).astype(np.float32), versions=np.full(n, 3, np.int32), reward=0.5)
+        for n in tokens
+    ]
+    return Trajectory.from_rows(episode_id=f"ep-{seed}", group_id="g", group_size=2, reward=0.5, status="ok",
+                                rows=rows, timings={"agent_s": 0.5}, interaction_ids=[f"i{k}" for k in range(len(rows))],
+                                row_turns=[1] * len(rows))
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])
+def test_put_trajectory_stores_exactly_the_encoding(names, native):
+    """put_trajectory (native: msgpack framing emitted in C) stores encode_trajectory's bytes for
+    every bin header size, and the reader decodes them."""
+    trajs = [_trajectory(t, seed) for seed, t in enumerate([(), (0,), (10,), (40, 30), (1000,), (17_000,), (9, 20_000)])]
+    with RingWriter(names[0], 1 << 20, native=native) as w, RingReader(names[0]) as r:
+        for i, traj in enumerate(trajs):
+            assert w.put_trajectory(traj) == i
+            assert r.get(timeout_s=0) == encode_trajectory(traj)
+        w.put_trajectory(trajs[-1])
+        back = decode_trajectory(r.get_view(timeout_s=0))
+        assert bytes(back.input_ids) == bytes(trajs[-1].input_ids) and back.interaction_ids == ["i0", "i1"]
+        del back
+
+
+@needs_native
+def test_native_put_trajectory_and_python_put_parts_write_identical_rings(names):
+    """The C framing and the Python parts, wrapping a small ring: byte-identical data regions."""
+    trajs = [_trajectory((n, 300), n) for n in (5, 700, 2000, 90, 1500)] * 12
+    rings = {}
+    for name, native in zip(names, (True, False)):
+        with RingWriter(name, 1 << 17, native=native) as w, RingReader(name) as r:
+            for traj in trajs:
+                w.put_trajectory(traj)
+                assert r.get(timeout_s=0) == encode_trajectory(traj)
+            rings[native] = _data_region(name)
+    assert rings[True] == rings[False]
+
+
+@needs_native
+def test_native_put_slow_paths_publish_nothing(names):
+    big = _trajectory((3000,))
+    with RingWriter(names[0], 1 << 14, native=True) as w, RingReader(names[0]) as r:
+        with pytest.raises(RecordTooLarge, match=f"{len(encode_trajectory(big))} bytes"):
+            w.put_trajectory(big)
+        small = _trajectory((200,))
+        puts = 0
+        with pytest.raises(RingFull):
+            while True:
+                w.put_trajectory(small, timeout_s=0.02)
+                puts += 1
+        assert puts > 3 and w.next_seq == puts
+        assert r.get(timeout_s=0) == encode_trajectory(small)  # room for one more
+        assert w.put_trajectory(small, timeout_s=0) == puts
+        # A commit_pos beyond write_pos is corruption, never a reason to overwrite.
+        u64 = memoryview(w._buf).cast("Q")
+        saved = u64[buffer.OFF_COMMIT_POS >> 3]
+        u64[buffer.OFF_COMMIT_POS >> 3] = w._native.write_pos + 8
+        with pytest.raises(RingCorrupted, match="commit_pos"):
+            w.put(b"x" * 5000)
+        u64[buffer.OFF_COMMIT_POS >> 3] = saved
+        u64.release()
+        got = [r.get(timeout_s=0) for _ in range(puts)]
+        assert got == [encode_trajectory(small)] * puts and r.get(timeout_s=0) is None
+
+
+@needs_native
+def test_native_writer_checks_its_arguments_and_closes():
+    dest = bytearray(HEADER_BYTES + 4096)
+    assert NATIVE.LAYOUT == ring_layout._NATIVE_LAYOUT  # built from this layout, else not used
+    with pytest.raises(ValueError, match="does not hold a ring"):
+        NATIVE.Writer(dest, 8192, 1000, 0, 0, 0)
+    w = NATIVE.Writer(dest, 4096, 2024, 0, 0, 0)
+    values = (1, b"\x01\x02", 3)
+    with pytest.raises(ValueError, match="fixarray"):  # head must encode exactly values[:1]
+        w.put_struct(values, b"\x92\x01\x02", b"\x91\x03", 1, 2)
+    with pytest.raises(TypeError):
+        w.put_struct(list(values), b"\x91\x01", b"\x91\x03", 1, 2)
+    assert w.put_struct(values, b"\x91\x01", b"\x91\x03", 1, 2) == 0
+    assert bytes(dest[HEADER_BYTES + 24 : HEADER_BYTES + 24 + 6]) == b"\x93\x01\xc4\x02\x01\x02"
+    assert w.write_pos == 32 and w.next_seq == 1
+    w.close()
+    w.close()  # idempotent; the buffer is released
+    dest.append(0)  # a bytearray with an export cannot be resized
+    with pytest.raises(ValueError, match="closed"):
+        w.put([b"x"], 1)
