@@ -9,6 +9,11 @@
 - The template overlay that answers ``message.role`` and ``loop.first`` without the sandbox's
   exception path renders what transformers' own compiled template renders, including names that
   are dict methods, keys that start with an underscore, undefined keys and loop attributes.
+- ``PieceEncoder`` (cached pieces and words, the split pattern run by ``regex``) gives the
+  tokenizer's own ids for any text: ASCII, control characters, Unicode, added tokens and their
+  fragments; it refuses pipelines it does not reproduce, and the builder then uses the tokenizer.
+- A reply whose content the template rewrites (reasoning dropped) keeps the sampled tokens: the
+  child prompt is the parent's + sampled ids + what the template writes after the turn's end.
 
 The "model" here samples the canonical tokens of each reply (what the template writes for it),
 because equality with a full render is only defined for those.
@@ -19,10 +24,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
 from areal.gateway.qwen import build_qwen25_tokenizer
+from areal.gateway.pieces import PieceEncoder
 from areal.gateway.render import PromptBuilder, PromptIndex, _compile_dict_first, _hash_history, prefix_digest
 from areal.gateway.tree import Interaction
 
@@ -145,3 +154,86 @@ def test_dict_first_template_renders_what_the_sandbox_renders():
     expected = stock.render(messages=messages)
     assert fast.render(messages=messages) == expected
     assert "1/3 False False b user u False user 4" in expected  # the template exercised what it claims to
+
+
+_TEXT_PARTS = st.one_of(
+    st.text(st.characters(max_codepoint=127), max_size=24),  # every ASCII character, controls included
+    st.text(st.sampled_from(list(" \t\r\n'sSlLtTdDmMvVeErR09aZ.,!?{}\"*")), max_size=24),  # contractions, runs of space
+    st.text(max_size=12),  # any Unicode: those pieces go to the tokenizer whole
+    st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|im_end", "<tool_", "\u00e9", "e\u0301"]),
+)
+
+
+@pytest.mark.parametrize("which", ["embedded", "qwen25"])
+def test_piece_encoder_gives_the_tokenizers_ids(which):
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model()) if which == "embedded" else build_qwen25_tokenizer()
+    backend = tok.backend_tokenizer
+    encoder = PieceEncoder.build(backend)
+    assert encoder is not None  # both vocabularies use the pipeline it reproduces
+
+    @settings(max_examples=300, deadline=None)
+    @given(parts=st.lists(_TEXT_PARTS, max_size=8))
+    def check(parts: list[str]) -> None:
+        text = "".join(parts)
+        assert encoder.encode(text) == backend.encode(text, add_special_tokens=False).ids, repr(text)
+        assert encoder.encode(text) == backend.encode(text, add_special_tokens=False).ids, repr(text)  # from the caches
+
+    check()
+
+
+def test_piece_encoder_refuses_other_pipelines_and_the_builder_falls_back():
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    config = json.loads(tok.backend_tokenizer.to_str())
+    stripped = json.loads(json.dumps(config))
+    stripped["added_tokens"][2]["rstrip"] = True  # "<|im_end|>" would swallow the "\n" after it
+    other_split = json.loads(json.dumps(config))
+    other_split["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    lowercase = json.loads(json.dumps(config))
+    lowercase["normalizer"] = {"type": "Lowercase"}
+    for variant in (stripped, other_split, lowercase):
+        assert PieceEncoder.build(Tokenizer.from_str(json.dumps(variant))) is None
+    # the builder of a tokenizer without the fast encoder still builds exact prompts
+    tok.backend_tokenizer.encode_special_tokens = True  # one more thing the encoder does not reproduce
+    try:
+        builder = PromptBuilder(tok, [tok.convert_tokens_to_ids("<|im_end|>")])
+    finally:
+        tok.backend_tokenizer.encode_special_tokens = False
+    assert builder._pieces is None
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 3 + 4?"}]
+    assert builder.build(PromptIndex(), {}, messages, TOOLS).ids == _reference(tok, messages, TOOLS)
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_rewritten_reply_content_keeps_the_sampled_tokens(tokenizer, ended):
+    """The model sampled reasoning that the agent's message drops; the template writes only the
+    content, so the sampled text is not a prefix of the turn: the child still extends the sampled
+    ids exactly, then what the template writes after the turn's end (the end itself when the model
+    was cut before sampling it)."""
+    builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    index, interactions = PromptIndex(), {}
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 3 + 4?"}]
+    prompt = builder.build(index, interactions, messages, None)
+    sampled = tokenizer.encode("<think>3 plus 4</think>It is 7.", add_special_tokens=False)
+    if ended:
+        sampled.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    reply = {"role": "assistant", "content": "It is 7."}
+    _record(builder, index, interactions, prompt, 0, sampled, reply)
+    follow = messages + [reply, {"role": "user", "content": "And 4 + 5?"}]
+    child = builder.build(index, interactions, follow, None)
+    after = ("" if ended else "<|im_end|>") + "\n<|im_start|>user\nAnd 4 + 5?<|im_end|>\n<|im_start|>assistant\n"
+    assert child.parent_id == "i0" and index.drift == 0
+    assert child.ids == prompt.ids + sampled + tokenizer.encode(after, add_special_tokens=False)
+
+
+def test_kept_tools_render_in_their_own_key_order(tokenizer):
+    """Tools are kept as template data between turns; the same tools with keys in another order
+    are other template data (``tojson`` writes keys in order), so each renders as the wrapper does."""
+    builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    fn = TOOLS[0]["function"]
+    reordered = [{"function": {"parameters": fn["parameters"], "name": fn["name"], "description": fn["description"]},
+                  "type": "function"}]
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    kept = len(builder._tools_cache)  # the construction probe's tools
+    texts = [builder.render_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]
+    assert texts == [builder._wrapper_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]
+    assert texts[0] != texts[1] and len(builder._tools_cache) == kept + 2

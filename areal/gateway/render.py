@@ -11,28 +11,47 @@ of the same text is a different sequence to the trainer. So:
 The parent is found in O(1) by hashing: each recorded interaction is keyed by
 ``H(tools, raw prompt messages) ⊕ norm(reply)``; a request is looked up at its last few assistant
 messages. Only a tiny context (first message, the reply, the new messages) is rendered per turn,
-so the Python work of a turn does not grow with the history. What still touches the whole history
-runs at C speed, once per turn: one msgspec encode of the messages, one memcmp against the
-previous call's encoding, and one copy of the parent's ids into the new prompt list (the
-``Interaction`` owns a plain list). The hash itself is incremental: the encoding of
-``messages[:k]`` is a prefix of the encoding of ``messages``, and the previous call's encoding
-(less its closing ``]``) is a prefix of this one's, so the session keeps the hash state at that
-point (``HistoryHash``) and hashes only the new bytes; any other history hashes from the start.
+once: when the render writes the sampled text back verbatim after the cached render of the first
+message, everything after it is the reply turn's tail and the new messages; only a template that
+rewrites the reply (drops reasoning, say) costs a second render to find the turn's end. So the
+Python work of a turn does not grow with the history. What still touches the whole history runs at
+C speed, once per turn: one msgspec encode of the messages, one memcmp against the previous call's
+encoding, and one copy of the parent's ids into the new prompt list (``Interaction.prompt_ids`` is
+a plain list that the engine call and every reader share; the copy, and the garbage collector's
+walks over those lists, are the part of an episode that is quadratic). The hash itself is
+incremental: the encoding of ``messages[:k]`` is a prefix of the encoding of ``messages``, and the
+previous call's encoding (less its closing ``]``) is a prefix of this one's, so the session keeps
+the hash state at that point (``HistoryHash``) and hashes only the new bytes; any other history
+hashes from the start.
 
 Rendering calls the tokenizer's compiled Jinja template directly with what
 ``apply_chat_template`` would pass it (None-valued keys dropped, reasoning aliases, plain data,
 the special-tokens map), skipping its per-call wrapper; each message is prepared once per turn
-for all of the turn's renders. The template is compiled in an overlay of transformers' sandboxed
-environment (``_compile_dict_first``) that answers ``message.role`` and ``loop.first`` without
-the sandbox's exception path, with the sandbox's own answers. A probe conversation is rendered
-both ways at construction, and any difference (another transformers version) falls back to
-``apply_chat_template`` for good. Full renders (first turns, which repeat across the samples of
-one prompt) are cached by their digest in a small LRU shared by all sessions.
+for all of the turn's renders, and a tools list's template data is kept between turns (agents
+send the same tools every turn; keyed by its order-preserving encoding). The template is compiled
+in an overlay of transformers' sandboxed environment (``_compile_dict_first``) that answers
+``message.role`` and ``loop.first`` without the sandbox's exception path, with the sandbox's own
+answers. A probe conversation is rendered both ways at construction, and any difference (another
+transformers version) falls back to ``apply_chat_template`` for good. Full renders (first turns,
+which repeat across the samples of one prompt) are cached by their digest in a small LRU shared
+by all sessions.
 
-Where a turn's CPU goes (200-turn episode, embedded tokenizer, ``benchmarks/gateway.py``), in
-about equal parts: the two small renders, the tokenizer on the new text (its pre-tokenizer regex
-is most of it), the history encode + hash, and the copy of the parent's ids; then decoding the
-parent's sampled ids and preparing the messages.
+Tokenising goes through ``PieceEncoder`` (pieces.py) where it reproduces the tokenizer's pipeline exactly
+(checked by a probe at construction, else the Rust tokenizer): short pieces between added tokens
+that recur (the generation prompt, the "\\n" after a turn's end) are encoded once, and ASCII text
+is split into words by the same pattern and encoded from a word cache. Warm, that is ~2.5x
+cheaper than the tokenizer's own call (whose Oniguruma pre-tokenizer regex was a quarter of a
+turn); on text made only of never-seen words it is ~1.2x dearer.
+
+Where a turn's CPU goes (200-turn episode, embedded tokenizer, ``benchmarks/gateway.py``: ~55-70
+us a turn, ~28 us at 25 turns): about half stays flat: the one small render (~12 us), the reply
+keys and the hash checkpoint, decoding the parent's sampled ids (~4), preparing the messages and
+tokenising the new text (~3 each). The other half grows with the history, at C speed: the history
+encode + hash (~19 us at 200 turns), the copy of the parent's ids (~12) and the garbage
+collector's walks over the recorded id lists (~9; every ``Interaction`` holds its whole prompt,
+so an episode's ids are quadratic in its turns). Removing that half needs a different record,
+not a different builder: a prompt stored as its parent + a suffix, and the request's raw
+``messages`` bytes hashed instead of re-encoded.
 
 Invariants:
 - Sampled tokens are never re-rendered: a child's prompt starts with the parent's exact
@@ -62,9 +81,12 @@ from typing import Any, Callable
 
 import msgspec
 
+from areal.gateway.pieces import PieceEncoder
 from areal.gateway.tree import Interaction
 
 _encoder = msgspec.json.Encoder(order="deterministic")
+_ordered_encoder = msgspec.json.Encoder()  # keeps dict key order (the template sees it)
+_TOOLS_CACHE = 64  # tools lists kept as template data, across sessions
 _MAX_CANDIDATES = 4  # assistant messages tried as the parent's reply, newest first
 _FULL_CACHE = 1024  # full renders kept (ids by digest), across sessions
 _PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None},
@@ -218,7 +240,9 @@ class PromptBuilder:
         # its batch call without offsets is a third cheaper again than ``encode`` (same ids).
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._encode_fast = getattr(self._backend, "encode_batch_fast", None)
+        self._pieces = PieceEncoder.build(self._backend) if self._backend is not None else None
         self._full_cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._tools_cache: dict[bytes, list[Any]] = {}  # template data of a tools list, by its encoding
         self._templates: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
         self._template_kwargs: dict[str, Any] = {}
         self._compile_templates()
@@ -257,15 +281,9 @@ class PromptBuilder:
         """``render(n, generation)`` of ``messages[:n]``: each message is prepared once, for every render."""
         if not self._templates:
             return lambda n, generation: self._wrapper_text(messages[:n], tools, generation)
-        chat = []
-        for m in messages:  # what apply_chat_template hands the template (see the module docstring)
-            m = {k: v for k, v in m.items() if v is not None}
-            if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
-                reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
-                m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-            chat.append(m)
-        chat = _plain_json(chat, self._plain)
-        tools = _plain_json(tools or None, self._plain)
+        plain = self._plain
+        chat = [_template_message(m, plain) for m in messages]
+        tools = self._template_tools(tools) if tools else None
         template = self._templates[tools is not None]
         kwargs = self._template_kwargs
 
@@ -274,7 +292,21 @@ class PromptBuilder:
 
         return render
 
+    def _template_tools(self, tools: list[dict]) -> list[Any]:
+        """``_plain_json(tools)``, kept by the tools' order-preserving encoding: an agent sends the
+        same tools every turn, and their plain copy is most of a turn's preparation. Sharing one
+        copy across renders is safe: the sandbox is immutable, so no template can change it."""
+        key = _ordered_encoder.encode(tools)  # key order kept: ``tojson`` writes keys in order
+        plain = self._tools_cache.get(key)
+        if plain is None:
+            if len(self._tools_cache) >= _TOOLS_CACHE:
+                self._tools_cache.clear()
+            plain = self._tools_cache[key] = _plain_json(tools, self._plain)
+        return plain
+
     def encode(self, text: str) -> list[int]:
+        if self._pieces is not None:
+            return self._pieces.encode(text)
         if self._encode_fast is not None:
             return self._encode_fast([text], add_special_tokens=False)[0].ids
         if self._backend is not None:
@@ -304,8 +336,9 @@ class PromptBuilder:
               tools: list[dict] | None) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
         assistant_at = _newest_assistants(messages)
-        digest, newest, index.history = _hash_history(tools, messages, assistant_at[0] if assistant_at else None,
-                                                      index.history)
+        digest, newest, checkpoint = _hash_history(tools, messages, assistant_at[0] if assistant_at else None,
+                                                   index.history)
+        index.history = checkpoint
         for j, k in enumerate(assistant_at):
             head = newest if j == 0 else prefix_digest(tools, messages[:k])
             assert head is not None
@@ -313,7 +346,7 @@ class PromptBuilder:
             parent = interactions.get(parent_id) if parent_id is not None else None
             if parent is None:
                 continue
-            ids = self._extend(index, parent, messages[0], messages[k], messages[k + 1:], tools)
+            ids = self._extend(index, parent, messages[0], messages[k], messages[k + 1:], tools, checkpoint.tools)
             if ids is not None:
                 index.incremental += 1
                 return Prompt(ids=ids, prefix_digest=digest, parent_id=parent.id)
@@ -329,33 +362,57 @@ class PromptBuilder:
         index.by_key[key] = interaction.id
 
     def _extend(self, index: PromptIndex, parent: Interaction, first: dict, reply: dict, new: list[dict],
-                tools: list[dict] | None) -> list[int] | None:
+                tools: list[dict] | None, tools_enc: bytes) -> list[int] | None:
         """parent prompt + sampled ids + ids(template tail of the reply turn + new messages);
-        None when the template does not render the small context prefix-stably."""
+        None when the template does not render the small context prefix-stably. ``tools_enc``:
+        ``_encoder.encode(tools)``, already computed for the history hash."""
         render = self._renderer([first, reply, *new], tools)
-        head_key = prefix_digest(tools, [first])
+        head_hash = hashlib.blake2b(tools_enc, digest_size=16)  # == prefix_digest(tools, [first])
+        head_hash.update(b"\x00")
+        head_hash.update(_encoder.encode([first]))
+        head_key = head_hash.digest()
         head = index.heads.get(head_key)
         if head is None:  # one entry per (tools, first message): usually one per session
             head = index.heads[head_key] = render(1, True)
-        base = render(2, False)
         full = render(2 + len(new), True)
+        sampled = self.decode(parent.output_ids)
+        if full.startswith(head) and full.startswith(sampled, len(head)):
+            # The common case, in one render: the template writes the sampled text back verbatim, so
+            # what follows it in this context is the reply turn's tail and the new messages.
+            delta = full[len(head) + len(sampled):]
+        else:
+            delta = self._rewritten_delta(render, head, full, parent)
+            if delta is None:
+                return None
+        # One exact-size copy of the history (``a + b + c`` would copy it twice).
+        return parent.prompt_ids + (parent.output_ids + self.encode(delta))
+
+    def _rewritten_delta(self, render: Callable[[int, bool], str], head: str, full: str,
+                         parent: Interaction) -> str | None:
+        """The text after the sampled ids when the template does not write the sampled text back
+        (it rewrites the content, e.g. drops reasoning) but the sampled tokens stand: what it writes
+        after the reply turn's end (or the end itself, if none was sampled), then the new messages."""
+        base = render(2, False)
         if not base.startswith(head) or not full.startswith(base):
             return None
         turn = base[len(head):]  # the reply's turn as the template writes it
-        sampled = self.decode(parent.output_ids)
         eot = self.end_of_turn
-        if turn.startswith(sampled):
-            tail = turn[len(sampled):]
-        elif eot in turn:
-            # The template rewrites the content (e.g. drops reasoning) but the sampled tokens stand;
-            # keep only what it writes after the turn's end (or the end itself, if none was sampled).
-            ended = bool(parent.output_ids) and parent.output_ids[-1] in self.stop_token_ids
-            cut = turn.rindex(eot)
-            tail = turn[cut + len(eot):] if ended else turn[cut:]
-        else:
+        if eot not in turn:
             return None
-        # One exact-size copy of the history (``a + b + c`` would copy it twice).
-        return parent.prompt_ids + (parent.output_ids + self.encode(tail + full[len(base):]))
+        ended = bool(parent.output_ids) and parent.output_ids[-1] in self.stop_token_ids
+        cut = turn.rindex(eot)
+        return (turn[cut + len(eot):] if ended else turn[cut:]) + full[len(base):]
+
+
+def _template_message(message: dict, plain: Callable[[Any], Any]) -> dict:
+    """What ``apply_chat_template`` hands the template for one message, in one pass: None-valued
+    keys dropped, the reasoning aliases, plain JSON data (``_plain_json``)."""
+    m = {k if type(k) is str else plain(k): v if type(v) is str else _plain_json(v, plain)
+         for k, v in message.items() if v is not None}
+    if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
+        reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
 
 
 def _plain_json(value: Any, plain: Callable[[Any], Any]) -> Any:
