@@ -21,7 +21,8 @@ CPU (the same, less what they spent spinning or sleeping on an empty or full rin
 ``cpu_bound_trajectories_per_s`` = 1 / max(writer busy, reader busy) is the rate the path
 sustains with a core per side (the baselines block without spinning: their CPU is all busy).
 The baselines run in the same invocation, interleaved with the ring, so background load hits
-all paths alike.
+all paths alike. The ring's writer and reader are pinned to a core each; the baselines are not
+(see ``_run``: each path runs in its better setting).
 
 Ring size: the main figures use a 4 MiB ring (37 8k-token records). A ring that stays in the
 last-level cache lets the writer copy into lines that are already cached (~32 GB/s here: ~3.3
@@ -38,9 +39,10 @@ words, room check and publish ~0.5). Round 1 (Python framing around the C copy +
 ``encode_trajectory_parts``, one ``mmap.write`` per part, then ``xxhash`` over the record in
 place) costs ~9 us; the 8k rows ``*_native_writer`` compare the two writer paths in the same
 run (writer and reader in separate processes, where the copy's stores miss into lines the
-reader's core last held, so both cost more than in-process). Cross-process, quick mode, on
-this shared machine: ~110k traj/s wall clock (writer busy ~4.6 us, reader ~4.2), against
-~14k for ``multiprocessing.Queue`` and ~72k for the pure-Python writer in the same run.
+reader's core last held, so both cost more than in-process). Cross-process, quick mode, each
+side pinned to its core: 170-215k traj/s wall clock at 8k tokens, against 10-12k for
+``multiprocessing.Queue`` and 84-102k for the pure-Python writer in the same runs (unpinned the
+ring swung between 80k and 176k).
 
     python -m benchmarks.ring [--quick]
 """
@@ -160,17 +162,43 @@ def _consume(receive: Callable[[], object], tokens: int, count: int,
     return count / elapsed, cpu / count, wait / count
 
 
-def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float, float]]) -> Result:
+def _on_core(core: int | None, target: Callable[..., None], *args: object) -> None:
+    """The producer's entry point: pinned to ``core`` (None: anywhere), then ``target(*args)``."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    target(*args)
+
+
+def _cores() -> tuple[int, int] | None:
+    """(producer core, consumer core): two different cores this process may use, or None."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return (allowed[0], allowed[1]) if len(allowed) >= 2 else None
+
+
+def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float, float]],
+         pin: bool = False) -> Result:
+    """One producer process and this process as the consumer; with ``pin``, each on a core of
+    its own. The ring's two sides are pinned: unpinned, the scheduler now and then stacked both
+    on one core, and the same code's rate swung from 80k to 176k traj/s at 8k tokens between
+    repeats; pinned (as the controller and a trainer rank would be on separate cores) it is what
+    the code sustains. The baselines are not: their extra threads (a Queue's feeder, ZeroMQ's
+    I/O threads) need the second core too, and pinned they measured 20-50% slower, so they run
+    as the scheduler likes, which is their better case."""
     ctx = mp.get_context("spawn")  # no fork: the harness may hold threads
     cpu = ctx.Array("d", [float("nan"), 0.0])  # writer: CPU s per record, of which waiting
-    proc = ctx.Process(target=target, args=(*args, cpu))
+    cores = _cores() if pin else None
+    proc = ctx.Process(target=_on_core, args=(cores[0] if cores else None, target, *args, cpu))
+    before = os.sched_getaffinity(0)
     proc.start()
     try:
+        if cores:
+            os.sched_setaffinity(0, {cores[1]})
         rate, reader_cpu, reader_wait = consume()
         proc.join(timeout=60)
         assert proc.exitcode == 0, f"{target.__name__} exited with {proc.exitcode}"
         return Result(rate, cpu[0], reader_cpu, cpu[0] - cpu[1], reader_cpu - reader_wait)
     finally:
+        os.sched_setaffinity(0, before)
         if proc.is_alive():
             proc.kill()
             proc.join()
@@ -184,7 +212,7 @@ def run_ring(tokens: int, count: int, capacity: int = RING_BYTES, native: bool |
             return _consume(lambda: reader.get_view(timeout_s=60), tokens, count, lambda: reader.wait_cpu_s)
 
     try:
-        return _run(_produce_ring, (name, capacity, tokens, WARMUP + count, native), consume)
+        return _run(_produce_ring, (name, capacity, tokens, WARMUP + count, native), consume, pin=True)
     finally:
         unlink_ring(name)
 
