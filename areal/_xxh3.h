@@ -153,22 +153,26 @@ static void scramble_scalar(u64 *acc, const u8 *secret) {
 #include <immintrin.h>
 #define HAVE_X86 1
 
+/* One stripe (d0, d1: its two halves) into the accumulators a0, a1 (acc[0..3], acc[4..7]). */
+__attribute__((target("avx2"))) static inline void accumulate_avx2(__m256i *a0, __m256i *a1, __m256i d0, __m256i d1,
+                                                                   const u8 *secret) {
+    __m256i v0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
+    __m256i v1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
+    /* low 32 bits times high 32 bits of each lane */
+    __m256i m0 = _mm256_mul_epu32(v0, _mm256_srli_epi64(v0, 32));
+    __m256i m1 = _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32));
+    /* acc[i ^ 1] += d[i]: swap the two u64 of each 128-bit half */
+    *a0 = _mm256_add_epi64(*a0, _mm256_add_epi64(m0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
+    *a1 = _mm256_add_epi64(*a1, _mm256_add_epi64(m1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
+}
+
 __attribute__((target("avx2"))) static void stripes_avx2(u64 *acc, const u8 *p, size_t stripes,
                                                          const u8 *secret) {
     __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);
     __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
-    for (size_t s = 0; s < stripes; s++, p += STRIPE, secret += 8) {
-        __m256i d0 = _mm256_loadu_si256((const __m256i *)p);
-        __m256i d1 = _mm256_loadu_si256((const __m256i *)(p + 32));
-        __m256i v0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
-        __m256i v1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
-        /* low 32 bits times high 32 bits of each lane */
-        __m256i m0 = _mm256_mul_epu32(v0, _mm256_srli_epi64(v0, 32));
-        __m256i m1 = _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32));
-        /* acc[i ^ 1] += d[i]: swap the two u64 of each 128-bit half */
-        a0 = _mm256_add_epi64(a0, _mm256_add_epi64(m0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
-        a1 = _mm256_add_epi64(a1, _mm256_add_epi64(m1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
-    }
+    for (size_t s = 0; s < stripes; s++, p += STRIPE, secret += 8)
+        accumulate_avx2(&a0, &a1, _mm256_loadu_si256((const __m256i *)p),
+                        _mm256_loadu_si256((const __m256i *)(p + 32)), secret);
     _mm256_storeu_si256((__m256i *)acc, a0);
     _mm256_storeu_si256((__m256i *)(acc + 4), a1);
 }
@@ -195,12 +199,7 @@ __attribute__((target("avx2"))) static void copy_stripes_avx2(u64 *acc, u8 *dst,
         __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + 32));
         _mm256_storeu_si256((__m256i *)dst, d0);
         _mm256_storeu_si256((__m256i *)(dst + 32), d1);
-        __m256i v0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
-        __m256i v1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
-        __m256i m0 = _mm256_mul_epu32(v0, _mm256_srli_epi64(v0, 32));
-        __m256i m1 = _mm256_mul_epu32(v1, _mm256_srli_epi64(v1, 32));
-        a0 = _mm256_add_epi64(a0, _mm256_add_epi64(m0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
-        a1 = _mm256_add_epi64(a1, _mm256_add_epi64(m1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
+        accumulate_avx2(&a0, &a1, d0, d1, secret);
     }
     _mm256_storeu_si256((__m256i *)acc, a0);
     _mm256_storeu_si256((__m256i *)(acc + 4), a1);
