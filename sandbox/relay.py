@@ -44,8 +44,9 @@ class GatewayChannel:
     """One DEALER connection to the gateway (``areal.zmtp``), usable from the event loop that
     first uses it; a second loop (a second ``asyncio.run``) gets a connection of its own."""
 
-    def __init__(self, gateway_addr: str) -> None:
+    def __init__(self, gateway_addr: str, connect_timeout_s: float = 10.0) -> None:
         self.gateway_addr = gateway_addr
+        self.connect_timeout_s = connect_timeout_s  # how long a connect waits for the gateway to listen
         self._conn: zmtp.DealerProtocol | None = None
         self._connecting: asyncio.Task[zmtp.DealerProtocol] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,10 +61,17 @@ class GatewayChannel:
             self.close()  # first use, a new loop, or the last connection was lost: connect anew
             self._loop = loop
             self._connecting = loop.create_task(zmtp.connect_dealer(
-                self.gateway_addr, self._on_message, self._on_lost, max_frame=MAX_BODY + (1 << 20)))
+                self.gateway_addr, self._on_message, self._on_lost, max_frame=MAX_BODY + (1 << 20),
+                timeout_s=self.connect_timeout_s))
         if self._conn is None:
-            assert self._connecting is not None
-            self._conn = await asyncio.shield(self._connecting)  # concurrent requests share one connect
+            connecting = self._connecting
+            assert connecting is not None
+            try:
+                self._conn = await asyncio.shield(connecting)  # concurrent requests share one connect
+            except BaseException:
+                if connecting.done() and self._connecting is connecting:
+                    self._connecting = None  # it failed: the next request tries again
+                raise
         return self._conn
 
     def _on_message(self, frames: list[bytes]) -> None:
@@ -78,15 +86,18 @@ class GatewayChannel:
         """The gateway closed the connection: every request still waiting gets a 502 now (not a
         hang until the deadline); the next request connects again."""
         self._conn, self._connecting = None, None
-        body = b'{"error": {"message": "the connection to the gateway was lost", "type": "gateway_unavailable"}}'
         for request_id, queue in self._pending.items():
-            queue.put_nowait(GatewayReply(request_id=request_id, status=502, headers={"content-type": "application/json"},
-                                          body=body))
+            queue.put_nowait(_unavailable(request_id, "the connection to the gateway was lost"))
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> AsyncIterator[GatewayReply]:
-        """Send one request; yields its replies, the last one with ``more=False``."""
-        conn = await self._connection()
+        """Send one request; yields its replies, the last one with ``more=False`` (a 502 when the
+        gateway cannot be reached or goes away meanwhile)."""
         request_id = next(self._ids)
+        try:
+            conn = await self._connection()
+        except ConnectionError as e:
+            yield _unavailable(request_id, f"the gateway cannot be reached: {e}")
+            return
         queue: asyncio.Queue[GatewayReply] = asyncio.Queue()
         self._pending[request_id] = queue
         try:
@@ -106,6 +117,12 @@ class GatewayChannel:
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.close()
         self._conn, self._connecting, self._loop = None, None, None
+
+
+def _unavailable(request_id: int, message: str) -> GatewayReply:
+    """The 502 a relayed request gets when there is no gateway to answer it (OpenAI's error shape)."""
+    body = msgspec.json.encode({"error": {"message": message, "type": "gateway_unavailable"}})
+    return GatewayReply(request_id=request_id, status=502, headers={"content-type": "application/json"}, body=body)
 
 
 def _reply_headers(reply: GatewayReply) -> dict[str, str]:

@@ -194,6 +194,28 @@ def test_relay_channel_fails_waiting_requests_at_once_when_the_gateway_goes_away
     assert again.status == 200 and again.body == b"ok"
 
 
+def test_relay_channel_answers_502_when_no_gateway_listens_and_retries_later() -> None:
+    from sandbox.relay import GatewayChannel
+
+    async def main() -> tuple[GatewayReply, GatewayReply]:
+        address = _addr()
+        channel = GatewayChannel(address, connect_timeout_s=0.2)
+        replies = channel.request("GET", "/v1/models", {}, b"")
+        refused = await asyncio.wait_for(anext(replies), 5)
+        await replies.aclose()
+        router = await zmtp.Router.bind(address, lambda peer, frames: peer.send(msgspec.msgpack.encode(
+            GatewayReply(request_id=msgspec.msgpack.decode(frames[0], type=GatewayRequest).request_id, status=200,
+                         headers={}, body=b"up"))))
+        later = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
+        channel.close()
+        router.close()
+        return refused, later
+
+    refused, later = asyncio.run(main())
+    assert refused.status == 502 and b"cannot be reached" in refused.body and not refused.more
+    assert later.status == 200 and later.body == b"up"
+
+
 def test_addresses_other_than_ipc_and_tcp_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="inproc://x"):
         zmtp._endpoint("inproc://x")
