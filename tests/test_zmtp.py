@@ -163,6 +163,15 @@ def _blocking_round_trip(address: str) -> list[bytes]:
         dealer.close()
 
 
+async def _gateway_answering(address: str, body: bytes) -> zmtp.Router:
+    """A stand-in gateway answering every GatewayRequest with status 200 and ``body``."""
+    def answer(peer: zmtp.RouterPeer, frames: list[bytes]) -> None:
+        request_id = msgspec.msgpack.decode(frames[0], type=GatewayRequest).request_id
+        peer.send(msgspec.msgpack.encode(GatewayReply(request_id=request_id, status=200, headers={}, body=body)))
+
+    return await zmtp.Router.bind(address, answer)
+
+
 def test_relay_channel_fails_waiting_requests_at_once_when_the_gateway_goes_away() -> None:
     from sandbox.relay import GatewayChannel
 
@@ -182,8 +191,7 @@ def test_relay_channel_fails_waiting_requests_at_once_when_the_gateway_goes_away
         lost = await asyncio.wait_for(pending, 5)
         await replies.aclose()
         # the next request connects again (to a new gateway on the same path)
-        router = await zmtp.Router.bind(address, lambda peer, frames: peer.send(msgspec.msgpack.encode(
-            GatewayReply(request_id=msgspec.msgpack.decode(frames[0], type=GatewayRequest).request_id, status=200, headers={}, body=b"ok"))))
+        router = await _gateway_answering(address, b"ok")
         again = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
         channel.close()
         router.close()
@@ -203,9 +211,7 @@ def test_relay_channel_answers_502_when_no_gateway_listens_and_retries_later() -
         replies = channel.request("GET", "/v1/models", {}, b"")
         refused = await asyncio.wait_for(anext(replies), 5)
         await replies.aclose()
-        router = await zmtp.Router.bind(address, lambda peer, frames: peer.send(msgspec.msgpack.encode(
-            GatewayReply(request_id=msgspec.msgpack.decode(frames[0], type=GatewayRequest).request_id, status=200,
-                         headers={}, body=b"up"))))
+        router = await _gateway_answering(address, b"up")
         later = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
         channel.close()
         router.close()
