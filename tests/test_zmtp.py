@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
+from typing import Any
 
 import msgspec
 import pytest
@@ -172,53 +173,57 @@ async def _gateway_answering(address: str, body: bytes) -> zmtp.Router:
     return await zmtp.Router.bind(address, answer)
 
 
-def test_relay_channel_fails_waiting_requests_at_once_when_the_gateway_goes_away() -> None:
-    from sandbox.relay import GatewayChannel
-
-    async def main() -> tuple[GatewayReply, GatewayReply]:
-        address = _addr()
-        received = asyncio.Event()
-
-        def on_message(peer: zmtp.RouterPeer, frames: list[bytes]) -> None:
-            received.set()  # never answered: the gateway "dies" with the request in flight
-
-        router = await zmtp.Router.bind(address, on_message)
-        channel = GatewayChannel(address)
-        replies = channel.request("POST", "/v1/chat/completions", {}, b"{}")
-        pending = asyncio.ensure_future(anext(replies))
-        await asyncio.wait_for(received.wait(), 5)
-        router.close()
-        lost = await asyncio.wait_for(pending, 5)
-        await replies.aclose()
-        # the next request connects again (to a new gateway on the same path)
-        router = await _gateway_answering(address, b"ok")
-        again = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
+async def _next_request_once_a_gateway_listens(channel: Any, address: str, body: bytes) -> GatewayReply:
+    """Start ``_gateway_answering(address, body)``, send one request on ``channel`` (the relay's
+    GatewayChannel, which must connect again), return its reply, then close both."""
+    router = await _gateway_answering(address, body)
+    try:
+        return await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
+    finally:
         channel.close()
         router.close()
-        return lost, again
-
-    lost, again = asyncio.run(main())
-    assert lost.status == 502 and b"lost" in lost.body and not lost.more
-    assert again.status == 200 and again.body == b"ok"
 
 
-def test_relay_channel_answers_502_when_no_gateway_listens_and_retries_later() -> None:
+async def _lost_mid_request(channel: Any, address: str) -> GatewayReply:
+    """The gateway takes the request and goes away before answering it."""
+    received = asyncio.Event()
+
+    def on_message(peer: zmtp.RouterPeer, frames: list[bytes]) -> None:
+        received.set()  # never answered: the gateway "dies" with the request in flight
+
+    router = await zmtp.Router.bind(address, on_message)
+    replies = channel.request("POST", "/v1/chat/completions", {}, b"{}")
+    pending = asyncio.ensure_future(anext(replies))
+    await asyncio.wait_for(received.wait(), 5)
+    router.close()
+    lost = await asyncio.wait_for(pending, 5)
+    await replies.aclose()
+    return lost
+
+
+async def _nothing_listening(channel: Any, address: str) -> GatewayReply:
+    """No gateway has bound the address: the connect times out."""
+    replies = channel.request("GET", "/v1/models", {}, b"")
+    refused = await asyncio.wait_for(anext(replies), 5)
+    await replies.aclose()
+    return refused
+
+
+@pytest.mark.parametrize(("first", "says"), [(_lost_mid_request, b"was lost"), (_nothing_listening, b"cannot be reached")],
+                         ids=["gateway goes away mid-request", "no gateway listens"])
+def test_relay_channel_answers_502_without_a_gateway_and_connects_again_later(first: Any, says: bytes) -> None:
+    """A waiting request gets its 502 at once (not a hang until the deadline), and the next
+    request connects again, to a new gateway on the same path."""
     from sandbox.relay import GatewayChannel
 
     async def main() -> tuple[GatewayReply, GatewayReply]:
         address = _addr()
         channel = GatewayChannel(address, connect_timeout_s=0.2)
-        replies = channel.request("GET", "/v1/models", {}, b"")
-        refused = await asyncio.wait_for(anext(replies), 5)
-        await replies.aclose()
-        router = await _gateway_answering(address, b"up")
-        later = await asyncio.wait_for(anext(channel.request("GET", "/v1/models", {}, b"")), 5)
-        channel.close()
-        router.close()
-        return refused, later
+        failed = await first(channel, address)
+        return failed, await _next_request_once_a_gateway_listens(channel, address, b"up")
 
-    refused, later = asyncio.run(main())
-    assert refused.status == 502 and b"cannot be reached" in refused.body and not refused.more
+    failed, later = asyncio.run(main())
+    assert failed.status == 502 and says in failed.body and not failed.more
     assert later.status == 200 and later.body == b"up"
 
 
