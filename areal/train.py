@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from areal.config import TrainConfig, from_dict, to_dict
 from areal.controller import train
+from areal.utils.aio import run as run_loop
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
@@ -35,7 +36,7 @@ def main(cfg: DictConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     try:
-        summary = asyncio.run(_until_signalled(train(config, run_dir)))
+        summary = run_loop(_until_signalled(train(config, run_dir)))
     except (asyncio.CancelledError, KeyboardInterrupt):
         # Every child (engine, trainer, sandboxes) was stopped on the way out; say where things are.
         print(f"\nrun interrupted; partial results in {run_dir}", file=sys.stderr)

@@ -20,7 +20,20 @@ baseline.
   call makes, so no gateway can add less than the ZMTP echo. On this 2-vCPU KVM guest, where
   waking a thread on an idle vCPU costs ~20 µs, libzmq's echo measured 120-240 µs p50 (each
   message crosses an I/O thread on each side) and the ZMTP echo about a third less. The ZeroMQ
-  door is also timed through libzmq's own DEALER (the "with libzmq's client" row).
+  door is also timed through libzmq's own DEALER (the "with libzmq's client" row), and through
+  a second gateway process with its core taken out (``_serve_gateway(core="none")``: the door, a
+  task, one ``/generate`` over the engine client, a fixed reply): the "plumbing only" row, so the
+  added latency splits into plumbing and core in the same run.
+- Where the time goes, as measured (2 vCPUs, idle machine): the three processes of a call run
+  one after the other, mostly on one vCPU (each write wakes the next process on the writer's
+  CPU), so the latency a gateway adds is about its own CPU per call, user plus kernel. With the
+  instant engine that was ~230 µs of gateway CPU per call: ~70 µs in the kernel (two reads, two
+  writes, two epoll waits, the context switches; the engine spends ~30 µs on its one read and
+  write), and in user space ~100 µs of the core's Python run cold between calls (the same code
+  warm, in a loop, costs 26-46 µs) plus the loop, ZMTP and HTTP plumbing. All processes here
+  run on uvloop (``areal.utils.aio``), which took ~20-30 µs off the gateway's added latency
+  against asyncio's loop in interleaved A/B runs. Tried without gain in such A/B runs:
+  ``gc.freeze()`` after start-up, a busy-polling loop (pinned or not), pinning.
 - Requests/s on one core: several client processes keep the gateway busy; the figure is calls
   answered per CPU-second of the gateway process (read from /proc, every thread), so other load on this shared
   2-core machine does not count against it. Baseline: the instant engine's own calls per
@@ -50,6 +63,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from areal.utils.aio import run as run_loop
 
 # ---- the instant engine ----------------------------------------------------------------------
 
@@ -175,15 +190,33 @@ def launch_instant_engine(reply_ids: list[int], cpu: int | None = None) -> Insta
 # ---- the gateway under test, in its own process -------------------------------------------
 
 
-async def _serve_gateway(engine_url: str, ipc_dir: str) -> None:
+async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> None:
+    """A gateway serving ZeroMQ and HTTP; prints its addresses and a session key, then serves.
+
+    ``core="none"`` keeps the front doors and the engine client and takes the gateway's core out:
+    every request makes one ``/generate`` call with the benchmark's prompt ids and the params a
+    real request sends, and is answered with a small fixed body. Timed next to the full gateway,
+    it splits the added latency into the plumbing (ZMTP door, task, HTTP hop to the engine, on
+    this loop) and the core (parsing, validation, the prompt, tool parsing, recording, the reply).
+    """
     from transformers import AutoTokenizer
 
     from areal.embedded import ensure_embedded_model
     from areal.engine.client import EngineClient
     from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
+    from areal.gateway.contract import Reply
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     gateway = Gateway(EngineClient(engine_url), tokenizer, GatewayConfig(session_idle_s=0))
+    if core == "none":
+        prompt_ids = _prompt_ids()
+        params = {"max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "stop_token_ids": gateway.stop_token_ids}
+
+        async def engine_only(req: Any) -> Reply:
+            result = await gateway.engine.generate(prompt_ids, params, return_logprob=True)
+            return Reply(status=200, body={"completion_tokens": len(result.output_ids)})
+
+        gateway.dispatch = engine_only  # type: ignore[method-assign]  (this process only)
     runner, http_url = await serve_http(gateway)
     address = f"ipc://{ipc_dir}/gateway.sock"
     ready = asyncio.Event()
@@ -199,9 +232,9 @@ async def _serve_gateway(engine_url: str, ipc_dir: str) -> None:
 class GatewayProcess:
     """A gateway serving ZeroMQ and HTTP in its own process group, with one open session."""
 
-    def __init__(self, engine_url: str, cpu: int | None = None) -> None:
+    def __init__(self, engine_url: str, cpu: int | None = None, core: str = "full") -> None:
         self.ipc_dir = tempfile.mkdtemp(prefix="gwbench-")
-        cmd = [sys.executable, "-m", "benchmarks.gateway", "gateway", engine_url, self.ipc_dir]
+        cmd = [sys.executable, "-m", "benchmarks.gateway", "gateway", engine_url, self.ipc_dir, core]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         root = Path(__file__).resolve().parent.parent
@@ -376,7 +409,7 @@ def _serve_echo(kind: str, address: str) -> None:
             print(address, flush=True)
             await asyncio.get_running_loop().create_future()
 
-        asyncio.run(serve())
+        run_loop(serve())
     if kind == "zmq":
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         sock.bind(address)
@@ -488,8 +521,10 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
     }
     echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in _FLOORS} if floors else {}
     clients.update(echoes)
+    coreless = GatewayProcess(engine_url, core="none") if floors else None
     if floors:  # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
         clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
+        clients["zmq no core"] = BlockingZmqClient(coreless.zmq, coreless.key, _chat_body(max_tokens))
     for client in clients.values():
         for _ in range(10):
             client.call()
@@ -520,6 +555,13 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
                      "baseline": f"direct {engine} p50", "baseline_value": direct50,
                      "note": "the ZeroMQ door called through a pyzmq DEALER instead of areal.zmtp's"})
         clients.pop("zmq libzmq").close()
+        rows.append({"benchmark": "gateway", "metric": f"added p50 zmq, plumbing only (no core), {engine} engine",
+                     "value": _p(lat["zmq no core"], 0.5) * 1e6 - direct50, "unit": "us",
+                     "baseline": f"direct {engine} p50", "baseline_value": direct50,
+                     "note": "a gateway process with its core taken out: the ZMTP door, a task, one /generate over "
+                             "the engine client, a fixed reply; the rest of 'added p50 zmq' is the core's"})
+        clients.pop("zmq no core").close()
+        coreless.stop()
     for name, echo in echoes.items():
         echo.close()
         del clients[name]
@@ -723,9 +765,9 @@ def _pin(argv: list[str]) -> list[str]:
 if __name__ == "__main__":
     args = _pin(sys.argv[1:])
     if args[:1] == ["instant-engine"]:
-        asyncio.run(_serve_instant([int(x) for x in args[1].split(",")], 0))
+        run_loop(_serve_instant([int(x) for x in args[1].split(",")], 0))
     elif args[:1] == ["gateway"]:
-        asyncio.run(_serve_gateway(args[1], args[2]))
+        run_loop(_serve_gateway(args[1], args[2], args[3]))
     elif args[:1] == ["echo"]:
         _serve_echo(args[1], args[2])
     else:

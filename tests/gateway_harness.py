@@ -1,6 +1,9 @@
 """A real Gateway serving HTTP and ZeroMQ from its own event-loop thread, for tests whose clients
 block (sync SDKs, hypothesis) or run their own loops (async SDKs via asyncio.run).
 
+The thread runs the loop production runs the gateway on (``areal.utils.aio.loop_factory``:
+uvloop), so every SDK, fuzz and multi-turn test goes through the same loop as a training run.
+
 Only this thread touches the Gateway; tests read its state through ``call`` (which runs a
 function on the gateway's loop and waits), so nothing races with a request being served.
 """
@@ -19,11 +22,12 @@ from transformers import AutoTokenizer
 
 from areal.engine.client import EngineClient
 from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
+from areal.utils.aio import loop_factory
 
 
 class GatewayThread:
     def __init__(self, engine_url: str, model_dir: str | Path, **config: Any) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = (loop_factory() or asyncio.new_event_loop)()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.ipc_dir = tempfile.mkdtemp(prefix="gwtest-")

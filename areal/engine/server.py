@@ -56,6 +56,7 @@ from aiohttp import web
 
 from areal.engine.batch import FORWARDS, Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
 from areal.engine.sampling import RequestError, SamplingParams, is_int, parse_sampling_params
+from areal.utils.aio import run as run_loop
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 GROUP_BACKENDS = ("gloo", "nccl")
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-log", default=None, help="append every finished generation as JSON lines to this file")
     p.add_argument("--forward", default="auto", choices=FORWARDS, help="lean forward, HF's, or lean where it applies")
-    asyncio.run(serve(ServerConfig(**vars(p.parse_args(argv)))))
+    run_loop(serve(ServerConfig(**vars(p.parse_args(argv)))))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
             │  workflow ─► an agent spec "MODULE:ATTR" or ".py:ATTR" (runs sandboxed or inline)
             │            └► an object (AgentWorkflow / RolloutWorkflow) handed over as ``agent=``
             ▼
-        asyncio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
+        areal.utils.aio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
 
 Workflows, and where they run:
 - a string path (``"areal.workflow.openai.math_agent.MathAgent"``) or a class: becomes the agent
@@ -27,7 +27,6 @@ The run directory is ``<cluster.fileroot>/<experiment_name>/<trial_name>``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import json
@@ -41,6 +40,7 @@ from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig, from_dict, to_dict
 from areal.dataset import EmbeddedDataset
+from areal.utils.aio import run as run_loop
 from areal.utils.dynamic_import import import_from_string
 
 GATEWAY_MAX_TOKENS_CAP = 1024  # the gateway's default cap; raised when gconfig asks for more
@@ -167,5 +167,5 @@ class PPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "areal_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(tcfg), indent=2))
-        self.summary = asyncio.run(controller_train(tcfg, self.run_dir, **extra))
+        self.summary = run_loop(controller_train(tcfg, self.run_dir, **extra))
         return self.summary
