@@ -19,7 +19,7 @@ baseline.
   both ends, and over TCP. A gateway call makes the ZeroMQ hop on top of the TCP hop a direct
   call makes, so no gateway can add less than the ZMTP echo. On this 2-vCPU KVM guest, where
   waking a thread on an idle vCPU costs ~20 µs, libzmq's echo measured 120-240 µs p50 (each
-  message crosses an I/O thread on each side) and the ZMTP echo about a third less. The ZeroMQ
+  message crosses an I/O thread on each side) and the ZMTP echo 62-71 µs (uvloop). The ZeroMQ
   door is also timed through libzmq's own DEALER (the "with libzmq's client" row), and through
   a second gateway process with its core taken out (``_serve_gateway(core="none")``: the door, a
   task, one ``/generate`` over the engine client, a fixed reply): the "plumbing only" row, so the
