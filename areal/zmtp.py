@@ -37,6 +37,7 @@ import asyncio
 import errno
 import logging
 import os
+import select
 import socket
 import stat
 import time
@@ -407,22 +408,32 @@ async def connect_dealer(address: str, on_message: Callable[[list[bytes]], None]
 
 
 class Dealer:
-    """A blocking DEALER (benchmarks, scripts): ``send(payload)``, ``recv() -> frames``."""
+    """A blocking DEALER (benchmarks, scripts): ``send(payload)``, ``recv() -> frames``.
+
+    It waits for replies in ``poll()`` (POLLIN), then reads, as the relay's event loop does
+    (epoll). A reader blocked in ``recv()`` on a Unix stream socket is woken whenever the peer
+    reads what this side sent (the kernel's ``unix_write_space`` wakes the socket's whole wait
+    queue for the freed send space), so each request cost a spurious wake-up, and the peer that
+    read it paid for waking this process, on another vCPU an interprocessor interrupt; ``poll()``
+    is woken for input only.
+    """
 
     def __init__(self, address: str, *, max_frame: int = 64 << 20, timeout_s: float = 10.0) -> None:
         self.sock = _connect_socket(address, timeout_s)
-        self.sock.settimeout(timeout_s)
         self.sock.sendall(greeting(as_server=False))
         self.parser = Parser(b"DEALER", frozenset((b"ROUTER",)), max_frame)
         self.pending: list[list[bytes]] = []
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN)
         while not self.parser.ready:  # nothing may be sent before both READYs have passed
-            self._read()
-        self.sock.settimeout(None)
+            self._read(timeout_s)
 
     def send(self, payload: bytes) -> None:
         self.sock.sendall(frame_header(len(payload)) + payload)
 
-    def _read(self) -> None:
+    def _read(self, timeout_s: float | None = None) -> None:
+        if not self._poll.poll(None if timeout_s is None else timeout_s * 1000):
+            raise TimeoutError(f"no answer from the peer within {timeout_s} s")
         data = self.sock.recv(1 << 16)
         if not data:
             raise ConnectionError("the peer closed the connection")

@@ -2,7 +2,8 @@
 
 Covered: a pyzmq (libzmq) DEALER talking to our ROUTER and our DEALERs (asyncio and blocking)
 talking to a pyzmq ROUTER, byte for byte; replies routed to the right one of several peers;
-frames split at every byte; long frames; PING/PONG; the relay's channel failing its waiting
+frames split at every byte; long frames; PING/PONG; the blocking DEALER sleeping once per reply
+(no spurious wake-up) and timing out on a silent peer; the relay's channel failing its waiting
 requests at once when the gateway goes away; and hostile peers (bad greeting, oversized frame,
 traffic before the handshake, a wrong socket type, endless MORE frames): each is dropped while
 the ROUTER goes on serving everyone else.
@@ -232,3 +233,57 @@ def test_addresses_other_than_ipc_and_tcp_are_refused_by_name() -> None:
         zmtp._endpoint("inproc://x")
     assert zmtp._endpoint("tcp://127.0.0.1:5555") == ("tcp", ("127.0.0.1", 5555))
     assert zmtp._endpoint("ipc://@abstract") == ("unix", "\0abstract")
+
+
+def _slow_echo_in_thread(address: str, delay_s: float) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """Our ROUTER on a loop in a thread, answering each message ``delay_s`` after reading it."""
+    loop = asyncio.new_event_loop()
+    bound = threading.Event()
+
+    def on_message(peer: zmtp.RouterPeer, frames: list[bytes]) -> None:
+        loop.call_later(delay_s, peer.send, b"echo:" + b"".join(frames))
+
+    async def start() -> None:
+        await zmtp.Router.bind(address, on_message)
+        bound.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
+    thread.start()
+    assert bound.wait(10)
+    return loop, thread
+
+
+def test_blocking_dealer_sleeps_once_per_reply_and_times_out_on_a_silent_peer() -> None:
+    """The blocking Dealer waits for input in poll(): a reader blocked in recv() on a Unix socket
+    is also woken when the peer reads the request (the kernel wakes the socket's wait queue for
+    the freed send space), so it slept twice per call. And a peer that never finishes the
+    handshake is a TimeoutError after ``timeout_s``, not a hang."""
+    import resource
+    import socket
+
+    address = _addr()
+    loop, thread = _slow_echo_in_thread(address, 0.02)
+    try:
+        dealer = zmtp.Dealer(address)
+        dealer.send(b"warm")
+        assert dealer.recv() == [b"echo:warm"]
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        for i in range(10):
+            dealer.send(b"%d" % i)
+            assert dealer.recv() == [b"echo:%d" % i]
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        dealer.close()
+        assert sleeps <= 13, f"{sleeps} sleeps for 10 replies: woken by something other than the reply"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never greets
+    path = tempfile.mkdtemp(prefix="zmtp-test-") + "/silent.sock"
+    silent.bind(path)
+    silent.listen(1)
+    try:
+        with pytest.raises(TimeoutError, match="within 0.3 s"):
+            zmtp.Dealer(f"ipc://{path}", timeout_s=0.3)
+    finally:
+        silent.close()
