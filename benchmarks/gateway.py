@@ -12,7 +12,10 @@ baseline.
   (below) and against the embedded CPU engine (greedy, 8 tokens). All three paths use blocking
   clients of a few µs each (a raw keep-alive HTTP socket, a blocking DEALER), so the difference
   is the gateway's, not the client libraries': with aiohttp's client on the direct path, ~200 µs
-  of client CPU inflated the baseline. With the instant engine, the gateway process's CPU per
+  of client CPU inflated the baseline. The blocking DEALER waits for replies in ``poll()``, as
+  the relay's event loop does: blocked in ``recv()`` on the Unix socket it was also woken each
+  time the gateway read a request (``areal.zmtp.Dealer``), which cost ~12 µs a call that no
+  agent pays. With the instant engine, the gateway process's CPU per
   call (all its threads, from /proc schedstat in ns) is reported too, against the engine's CPU
   per direct call. Transport floors take turns with the rest: a request-sized message to an echo
   server and back over the gateway's own ZMTP code (``areal.zmtp`` at both ends), over libzmq at
@@ -27,13 +30,25 @@ baseline.
 - Where the time goes, as measured (2 vCPUs, idle machine): the three processes of a call run
   one after the other, mostly on one vCPU (each write wakes the next process on the writer's
   CPU), so the latency a gateway adds is about its own CPU per call, user plus kernel. With the
-  instant engine that was ~230 µs of gateway CPU per call: ~70 µs in the kernel (two reads, two
-  writes, two epoll waits, the context switches; the engine spends ~30 µs on its one read and
-  write), and in user space ~100 µs of the core's Python run cold between calls (the same code
-  warm, in a loop, costs 26-46 µs) plus the loop, ZMTP and HTTP plumbing. All processes here
-  run on uvloop (``areal.utils.aio``), which took ~20-30 µs off the gateway's added latency
-  against asyncio's loop in interleaved A/B runs. Tried without gain in such A/B runs:
-  ``gc.freeze()`` after start-up, a busy-polling loop (pinned or not), pinning.
+  instant engine that was ~210-230 µs of gateway CPU per call: ~80 µs in the kernel (two reads,
+  two writes, two epoll waits, the context switches; the TCP send to the engine alone ~20 µs),
+  and in user space the core's Python run cold between calls (the same code warm, in a loop,
+  costs 26-46 µs) plus the loop, ZMTP and HTTP plumbing. Gateway variants timed in turns against
+  one engine (client on vCPU 0, the rest on vCPU 1; medians of 4 rounds of 1,500 calls, added
+  latency / gateway CPU per call): the door alone, answering without an engine call, -27 µs /
+  69 µs; door + a raw HTTP exchange with the engine +79 / 113; door + the engine client (decode
+  included) +117 / 134; the full gateway +201 / 227. All processes run on uvloop
+  (``areal.utils.aio``), ~20-30 µs better than asyncio's loop. Tried without gain in such A/B
+  runs: ``gc.freeze()``, a busy-polling loop (pinned or not), pinning the gateway alone, glibc
+  malloc on transparent huge pages, and the gateway's modules compiled to C with Cython (within
+  ±10 µs: the cost is the work itself, allocations, library calls and cold caches, not bytecode
+  dispatch). Debian's statically linked python3.11 ran the same gateway 19-28 µs faster than
+  this venv's pyenv build (shared libpython).
+- Placement: unpinned, the scheduler now and then wakes a process on the other, idle vCPU, which
+  costs tens of µs on this guest (halt polling off); a gateway call has four wake-ups where a
+  direct call has two, so the unpinned figure carries more of that and swings by ±30 µs between
+  runs. ``one_vcpu_rows`` pins all three processes to one vCPU and measures again in the same
+  run (~150 µs added where unpinned gave ~245 in one run): the gap is placement, not work.
 - Requests/s on one core: several client processes keep the gateway busy; the figure is calls
   answered per CPU-second of the gateway process (read from /proc, every thread), so other load on this shared
   2-core machine does not count against it. Baseline: the instant engine's own calls per
@@ -519,21 +534,34 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
         "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
         "http": BlockingHttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
     }
-    echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in _FLOORS} if floors else {}
-    clients.update(echoes)
-    coreless = GatewayProcess(engine_url, core="none") if floors else None
-    if floors:  # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
-        clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
-        clients["zmq no core"] = BlockingZmqClient(coreless.zmq, coreless.key, _chat_body(max_tokens))
-    for client in clients.values():
-        for _ in range(10):
-            client.call()
-    lat: dict[str, list[float]] = {k: [] for k in clients}
-    for _ in range(n):
-        for name, client in clients.items():
-            t0 = time.perf_counter()
-            client.call()
-            lat[name].append(time.perf_counter() - t0)
+    echoes: dict[str, EchoProcess] = {}
+    coreless: GatewayProcess | None = None
+    try:
+        if floors:
+            echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in _FLOORS}
+            clients.update(echoes)
+            coreless = GatewayProcess(engine_url, core="none")
+            # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
+            clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
+            clients["zmq no core"] = BlockingZmqClient(coreless.zmq, coreless.key, _chat_body(max_tokens))
+        for client in clients.values():
+            for _ in range(10):
+                client.call()
+        lat: dict[str, list[float]] = {k: [] for k in clients}
+        for _ in range(n):
+            for name, client in clients.items():
+                t0 = time.perf_counter()
+                client.call()
+                lat[name].append(time.perf_counter() - t0)
+    finally:
+        for name in ("zmq libzmq", "zmq no core"):
+            if name in clients:
+                clients.pop(name).close()
+        for name, echo in echoes.items():  # an echo is its own client
+            clients.pop(name, None)
+            echo.close()
+        if coreless is not None:
+            coreless.stop()
     rows = []
     direct50, direct99 = _p(lat["direct"], 0.5) * 1e6, _p(lat["direct"], 0.99) * 1e6
     for door in ("zmq", "http"):
@@ -554,17 +582,11 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
                      "value": _p(lat["zmq libzmq"], 0.5) * 1e6 - direct50, "unit": "us",
                      "baseline": f"direct {engine} p50", "baseline_value": direct50,
                      "note": "the ZeroMQ door called through a pyzmq DEALER instead of areal.zmtp's"})
-        clients.pop("zmq libzmq").close()
         rows.append({"benchmark": "gateway", "metric": f"added p50 zmq, plumbing only (no core), {engine} engine",
                      "value": _p(lat["zmq no core"], 0.5) * 1e6 - direct50, "unit": "us",
                      "baseline": f"direct {engine} p50", "baseline_value": direct50,
                      "note": "a gateway process with its core taken out: the ZMTP door, a task, one /generate over "
                              "the engine client, a fixed reply; the rest of 'added p50 zmq' is the core's"})
-        clients.pop("zmq no core").close()
-        coreless.stop()
-    for name, echo in echoes.items():
-        echo.close()
-        del clients[name]
     if engine_pid is not None:
         cpu = {}
         for name, client in clients.items():
@@ -579,6 +601,55 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
     for client in clients.values():
         client.close()
     return rows
+
+
+def _threads(pid: int) -> list[int]:
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def one_vcpu_rows(engine: str, engine_url: str, gateway: GatewayProcess, engine_pid: int, prompt_ids: list[int], n: int,
+                  max_tokens: int) -> list[dict]:
+    """Added latency with the client, the gateway and the engine pinned to one vCPU, direct and
+    ZeroMQ calls taking turns; every thread's affinity is put back afterwards.
+
+    Unpinned, the three processes of a gateway call mostly run one after another on one vCPU, but
+    now and then the scheduler wakes one on the other, idle vCPU. On this KVM guest (guest halt
+    polling off) such a wake-up costs tens of µs, and a gateway call has four wake-ups where a
+    direct call has two, so the unpinned figure carries more of that cost and swings from run to
+    run. Pinned, no call wakes another vCPU: what is left is the gateway's own cost (its CPU,
+    user and kernel). This row is the same-run measure of that part, next to the unpinned one.
+    """
+    pids = (os.getpid(), gateway.popen.pid, engine_pid)
+    saved = {tid: os.sched_getaffinity(tid) for pid in pids for tid in _threads(pid)}
+    cpu = min(os.sched_getaffinity(0))
+    clients = {"direct": BlockingHttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
+               "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens))}
+    try:
+        for tid in saved:
+            os.sched_setaffinity(tid, {cpu})
+        lat: dict[str, list[float]] = {k: [] for k in clients}
+        for _ in range(10):
+            for client in clients.values():
+                client.call()
+        for _ in range(n):
+            for name, client in clients.items():
+                t0 = time.perf_counter()
+                client.call()
+                lat[name].append(time.perf_counter() - t0)
+    finally:
+        for tid, cpus in saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+        for client in clients.values():
+            client.close()
+    direct50 = _p(lat["direct"], 0.5) * 1e6
+    return [{"benchmark": "gateway", "metric": f"added p50 zmq, all on one vCPU, {engine} engine",
+             "value": _p(lat["zmq"], 0.5) * 1e6 - direct50, "unit": "us", "baseline": f"direct {engine} p50, one vCPU",
+             "baseline_value": direct50,
+             "note": "client, gateway and engine pinned to one vCPU: no call wakes a process on another vCPU "
+                     "(one_vcpu_rows); the unpinned row is the headline"}]
 
 
 def _load_client(door: str, url: str, key: str | None, body: bytes, concurrency: int, start_at: float, stop_at: float,
@@ -732,6 +803,7 @@ def main(quick: bool) -> list[dict]:
         try:
             rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid,
                                  floors=True)
+            rows += one_vcpu_rows("instant", engine.url, gateway, engine.popen.pid, prompt_ids, n, max_tokens=64)
             seconds = 3.0 if quick else 10.0
             gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
             eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)

@@ -135,6 +135,8 @@ HEADLINES = (
              "direct"),
     Headline("gateway added latency p50 (ZeroMQ via libzmq's client)", "gateway", "added p50 zmq with libzmq's client*",
              "direct"),
+    Headline("gateway added latency p50, all three processes on one vCPU", "gateway",
+             "added p50 zmq, all on one vCPU, instant engine", "direct"),
     Headline("gateway added latency p50, plumbing only (core taken out)", "gateway",
              "added p50 zmq, plumbing only (no core), instant engine", "direct"),
     Headline("gateway added latency p99 (ZeroMQ, instant engine)", "gateway", "added p99 zmq, instant engine", "direct"),
