@@ -512,6 +512,21 @@ _FLOORS = {
 }
 
 
+def take_turns(clients: dict[str, Any], n: int, warmup: int = 10) -> dict[str, list[float]]:
+    """Seconds per call of each client, over ``n`` rounds in which every client makes one call
+    in turn (after ``warmup`` untimed calls each), so all of them share the same background."""
+    for client in clients.values():
+        for _ in range(warmup):
+            client.call()
+    lat: dict[str, list[float]] = {k: [] for k in clients}
+    for _ in range(n):
+        for name, client in clients.items():
+            t0 = time.perf_counter()
+            client.call()
+            lat[name].append(time.perf_counter() - t0)
+    return lat
+
+
 def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int,
                  engine_pid: int | None = None, floors: bool = False) -> list[dict]:
     """Latency added per call over ZeroMQ and HTTP against direct engine calls, and (with
@@ -544,15 +559,7 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
             # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
             clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
             clients["zmq no core"] = BlockingZmqClient(coreless.zmq, coreless.key, _chat_body(max_tokens))
-        for client in clients.values():
-            for _ in range(10):
-                client.call()
-        lat: dict[str, list[float]] = {k: [] for k in clients}
-        for _ in range(n):
-            for name, client in clients.items():
-                t0 = time.perf_counter()
-                client.call()
-                lat[name].append(time.perf_counter() - t0)
+        lat = take_turns(clients, n)
     finally:
         for name in ("zmq libzmq", "zmq no core"):
             if name in clients:
@@ -627,15 +634,7 @@ def one_vcpu_rows(engine: str, engine_url: str, gateway: GatewayProcess, engine_
     try:
         for tid in saved:
             os.sched_setaffinity(tid, {cpu})
-        lat: dict[str, list[float]] = {k: [] for k in clients}
-        for _ in range(10):
-            for client in clients.values():
-                client.call()
-        for _ in range(n):
-            for name, client in clients.items():
-                t0 = time.perf_counter()
-                client.call()
-                lat[name].append(time.perf_counter() - t0)
+        lat = take_turns(clients, n)
     finally:
         for tid, cpus in saved.items():
             try:
