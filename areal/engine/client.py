@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import operator
 import os
 import shutil
 import subprocess
@@ -100,7 +99,6 @@ class _GenerateResponse(msgspec.Struct):
 
 
 _response_decoder = msgspec.json.Decoder(_GenerateResponse)
-_first = operator.itemgetter(0)
 _json_encoder = msgspec.json.Encoder()
 
 
@@ -448,8 +446,7 @@ class EngineClient:
                 resubmit_aborted: bool) -> GenerateResult | None:
         """The result to hand back for a finished segment, or None when it is to be resubmitted
         (an abort the caller did not ask for, with tokens still to sample)."""
-        caller_aborted = self._abort_all_count != abort_all_seen or (
-            bool(self._aborted) and any(rid.startswith(prefix) for prefix in self._aborted))
+        caller_aborted = self._abort_all_count != abort_all_seen or any(rid.startswith(prefix) for prefix in self._aborted)
         if final.finish_reason != "abort" or caller_aborted or not resubmit_aborted:
             return final
         if budget is not None and len(final.output_ids) >= budget:
@@ -572,9 +569,7 @@ def _stitch(done: GenerateResult | None, resp: _GenerateResponse, prompt_tokens:
     of the segments before it (``done``)."""
     meta = resp.meta_info
     reason = "" if meta.finish_reason is None else meta.finish_reason.get("type", "abort")
-    logprobs = list(map(_first, meta.output_token_logprobs))  # floats already (the field's type)
-    if None in logprobs:  # SGLang sends null where it has no logprob
-        logprobs = [0.0 if lp is None else lp for lp in logprobs]
+    logprobs = [0.0 if lp is None else float(lp) for lp, _, _ in meta.output_token_logprobs]
     tops = [[(float(lp or 0.0), t) for lp, t, _ in (pos or [])] for pos in meta.output_top_logprobs] if meta.output_top_logprobs else []
     ids = resp.output_ids
     versions = [meta.weight_version] * len(ids)
