@@ -26,7 +26,13 @@ baseline.
   door is also timed through libzmq's own DEALER (the "with libzmq's client" row), and through
   a second gateway process with its core taken out (``_serve_gateway(core="none")``: the door, a
   task, one ``/generate`` over the engine client, a fixed reply): the "plumbing only" row, so the
-  added latency splits into plumbing and core in the same run.
+  added latency splits into plumbing and core in the same run. A third gateway process takes the
+  engine client out as well (``core="raw"``: a prebuilt ``/generate`` written and its answer read
+  on one connection): the "door + raw engine exchange" row is the floor under any request path
+  on this loop that makes the engine call. Unpinned it added 101 µs (median of 6 interleaved
+  rounds) to 148 µs (one run of the latency rows, 1,000 calls, against 259 µs for the full
+  gateway and 169 µs for plumbing only): a Python request path here has nothing left of the
+  150 µs target for the engine client and the core.
 - Where the time goes, as measured (2 vCPUs, idle machine): the three processes of a call run
   one after the other, mostly on one vCPU (each write wakes the next process on the writer's
   CPU), so the latency a gateway adds is about its own CPU per call, user plus kernel. With the
@@ -76,6 +82,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +220,12 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
     real request sends, and is answered with a small fixed body. Timed next to the full gateway,
     it splits the added latency into the plumbing (ZMTP door, task, HTTP hop to the engine, on
     this loop) and the core (parsing, validation, the prompt, tool parsing, recording, the reply).
+
+    ``core="raw"`` takes the engine client out too: each request writes a prebuilt ``/generate``
+    request on one keep-alive connection and reads the answer's bytes (the engine client's
+    connection protocol, nothing above it), one request at a time as the latency rows send them.
+    That is the least a gateway on this loop can add while still making the engine call: the
+    floor under any Python request path here, measured in the same run.
     """
     from transformers import AutoTokenizer
 
@@ -232,6 +245,26 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
             return Reply(status=200, body={"completion_tokens": len(result.output_ids)})
 
         gateway.dispatch = engine_only  # type: ignore[method-assign]  (this process only)
+    elif core == "raw":
+        from areal.engine.client import _Answer  # the engine client's connection, without the client
+
+        url = urllib.parse.urlsplit(engine_url)
+        body = _engine_body(_prompt_ids(), 64)
+        head = (f"POST /generate HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(lambda: _Answer(loop), url.hostname, url.port)
+
+        async def raw_exchange(req: Any) -> Reply:
+            try:
+                status, answer = await conn.send(head, body)
+            finally:
+                conn.waiter = None
+            return Reply(status=200, body={"engine_status": status, "engine_bytes": len(answer)})
+
+        gateway.dispatch = raw_exchange  # type: ignore[method-assign]  (this process only)
+    elif core != "full":
+        raise ValueError(f"core must be 'full', 'none' or 'raw', got {core!r}")
     runner, http_url = await serve_http(gateway)
     address = f"ipc://{ipc_dir}/gateway.sock"
     ready = asyncio.Event()
@@ -550,25 +583,26 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
         "http": BlockingHttpClient(gateway.http + "/v1/chat/completions", _chat_body(max_tokens), gateway.key),
     }
     echoes: dict[str, EchoProcess] = {}
-    coreless: GatewayProcess | None = None
+    stripped: dict[str, GatewayProcess] = {}  # client name -> gateway with parts taken out
     try:
         if floors:
             echoes = {f"{kind} echo": EchoProcess(kind, len(_chat_body(max_tokens))) for kind in _FLOORS}
             clients.update(echoes)
-            coreless = GatewayProcess(engine_url, core="none")
             # the same gateway door through libzmq's own DEALER instead of areal.zmtp's
             clients["zmq libzmq"] = BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens), libzmq=True)
-            clients["zmq no core"] = BlockingZmqClient(coreless.zmq, coreless.key, _chat_body(max_tokens))
+            for name, core in (("zmq no core", "none"), ("zmq raw exchange", "raw")):
+                stripped[name] = GatewayProcess(engine_url, core=core)
+                clients[name] = BlockingZmqClient(stripped[name].zmq, stripped[name].key, _chat_body(max_tokens))
         lat = take_turns(clients, n)
     finally:
-        for name in ("zmq libzmq", "zmq no core"):
+        for name in ("zmq libzmq", *stripped):
             if name in clients:
                 clients.pop(name).close()
         for name, echo in echoes.items():  # an echo is its own client
             clients.pop(name, None)
             echo.close()
-        if coreless is not None:
-            coreless.stop()
+        for process in stripped.values():
+            process.stop()
     rows = []
     direct50, direct99 = _p(lat["direct"], 0.5) * 1e6, _p(lat["direct"], 0.99) * 1e6
     for door in ("zmq", "http"):
@@ -594,6 +628,12 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
                      "baseline": f"direct {engine} p50", "baseline_value": direct50,
                      "note": "a gateway process with its core taken out: the ZMTP door, a task, one /generate over "
                              "the engine client, a fixed reply; the rest of 'added p50 zmq' is the core's"})
+        rows.append({"benchmark": "gateway", "metric": f"added p50 zmq, door + raw engine exchange, {engine} engine",
+                     "value": _p(lat["zmq raw exchange"], 0.5) * 1e6 - direct50, "unit": "us",
+                     "baseline": f"direct {engine} p50", "baseline_value": direct50,
+                     "note": "a gateway process with its core and its engine client taken out: the ZMTP door, a task, "
+                             "a prebuilt /generate written and its answer read on one connection, a fixed reply; the "
+                             "least a request path on this loop adds while making the engine call"})
     if engine_pid is not None:
         cpu = {}
         for name, client in clients.items():
