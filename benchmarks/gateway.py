@@ -28,10 +28,10 @@ baseline.
   task, one ``/generate`` over the engine client, a fixed reply): the "plumbing only" row, so the
   added latency splits into plumbing and core in the same run. A third gateway process takes the
   engine client out as well (``core="raw"``: a prebuilt ``/generate`` written and its answer read
-  on one connection): the "door + raw engine exchange" row is the floor under any request path
-  on this loop that makes the engine call. Unpinned it added 101 µs (median of 6 interleaved
+  on one connection): the "door + raw engine exchange" row is the floor under this gateway's
+  request path (its door, a task, one engine exchange). Unpinned it added 101 µs (median of 6 interleaved
   rounds) to 148 µs (one run of the latency rows, 1,000 calls, against 259 µs for the full
-  gateway and 169 µs for plumbing only): a Python request path here has nothing left of the
+  gateway and 169 µs for plumbing only): on this path nothing, or 49 µs at best, is left of the
   150 µs target for the engine client and the core.
 - Where the time goes, as measured (2 vCPUs, idle machine): the three processes of a call run
   one after the other, mostly on one vCPU (each write wakes the next process on the writer's
@@ -224,8 +224,8 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
     ``core="raw"`` takes the engine client out too: each request writes a prebuilt ``/generate``
     request on one keep-alive connection and reads the answer's bytes (the engine client's
     connection protocol, nothing above it), one request at a time as the latency rows send them.
-    That is the least a gateway on this loop can add while still making the engine call: the
-    floor under any Python request path here, measured in the same run.
+    That is the least this gateway's door can add while still making the engine call, measured
+    in the same run.
     """
     from transformers import AutoTokenizer
 
@@ -632,8 +632,8 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
                      "value": _p(lat["zmq raw exchange"], 0.5) * 1e6 - direct50, "unit": "us",
                      "baseline": f"direct {engine} p50", "baseline_value": direct50,
                      "note": "a gateway process with its core and its engine client taken out: the ZMTP door, a task, "
-                             "a prebuilt /generate written and its answer read on one connection, a fixed reply; the "
-                             "least a request path on this loop adds while making the engine call"})
+                             "a prebuilt /generate written and its answer read on one connection, a fixed reply: the "
+                             "least this door adds while making the engine call"})
     if engine_pid is not None:
         cpu = {}
         for name, client in clients.items():
