@@ -29,10 +29,9 @@ baseline.
   added latency splits into plumbing and core in the same run. A third gateway process takes the
   engine client out as well (``core="raw"``: a prebuilt ``/generate`` written and its answer read
   on one connection): the "door + raw engine exchange" row is the floor under this gateway's
-  request path (its door, a task, one engine exchange). Unpinned it added 101 µs (median of 6 interleaved
-  rounds) to 148 µs (one run of the latency rows, 1,000 calls, against 259 µs for the full
-  gateway and 169 µs for plumbing only): on this path nothing, or 49 µs at best, is left of the
-  150 µs target for the engine client and the core.
+  request path (its door, a task, one engine exchange). Unpinned it added 101-194 µs in the runs
+  of 2026-11-21 (118 µs in a quick bench where the full gateway added 238 and plumbing only 129),
+  so on this path little or nothing is left of the 150 µs target for the engine client and core.
 - Where the time goes, as measured (2 vCPUs, idle machine): the three processes of a call run
   one after the other, mostly on one vCPU (each write wakes the next process on the writer's
   CPU), so the latency a gateway adds is about its own CPU per call, user plus kernel. With the

@@ -139,7 +139,7 @@ HEADLINES = (
              "added p50 zmq, all on one vCPU, instant engine", "direct"),
     Headline("gateway added latency p50, plumbing only (core taken out)", "gateway",
              "added p50 zmq, plumbing only (no core), instant engine", "direct"),
-    Headline("gateway added latency p50, door + raw engine exchange (Python floor)", "gateway",
+    Headline("gateway added latency p50, door + raw engine exchange (the door's floor)", "gateway",
              "added p50 zmq, door + raw engine exchange, instant engine", "direct"),
     Headline("gateway added latency p99 (ZeroMQ, instant engine)", "gateway", "added p99 zmq, instant engine", "direct"),
     Headline("gateway added latency p50 (ZeroMQ, embedded engine)", "gateway", "added p50 zmq, embedded engine", "direct"),
