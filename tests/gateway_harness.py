@@ -79,15 +79,28 @@ class GatewayThread:
         Path(self.ipc_dir).rmdir()
 
 
-@pytest.fixture(scope="module")
-def served():
-    """A GatewayThread over a freshly launched embedded engine, shared by one test module."""
-    from areal.embedded import ensure_embedded_model
+def _serve(model_dir: Path) -> Any:
     from areal.engine.client import launch_embedded_engine
 
-    model_dir = ensure_embedded_model()
     engine = launch_embedded_engine(str(model_dir))
     gw = GatewayThread(engine.url, model_dir)
     yield gw
     gw.stop()
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A GatewayThread over a freshly launched embedded engine (default model), shared by one module."""
+    from areal.embedded import ensure_embedded_model
+
+    yield from _serve(ensure_embedded_model())
+
+
+@pytest.fixture(scope="module")
+def served_scripted():
+    """The same over the scripted model (``areal.embedded.scripted``): greedy replies by contract,
+    for tests that need a tool call, a tool loop that ends, or a given text, on every build."""
+    from areal.embedded import ensure_scripted_model
+
+    yield from _serve(ensure_scripted_model())

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=2", "valid_dataset.size=4",
         "eval_samples=1", "train_dataset.size=50"]
@@ -54,32 +56,39 @@ def _load(path: str):
 
 
 def test_openai_agents_example_workflow_records_every_trajectory_with_its_reward():
+    """The example's workflow, greedy, on the scripted model (replies fixed by contract on every
+    build): each sample's calculator agent calls the tool, gets 42, answers \\boxed{42}. Every call
+    is recorded with the episode's reward, discounted once per later turn."""
     from areal.api.cli_args import AgentRLConfig
-    from areal.embedded import ensure_embedded_model
+    from areal.embedded import ensure_scripted_model
+    from areal.embedded.scripted import AFTER_TOOL_TEXT, CALL_TEXT
     from areal.engine.client import EngineClient, launch_embedded_engine
     from areal.utils.hf_utils import load_hf_tokenizer
 
     example = _load("examples/openai-agents/train_agents.py")
     cfg = AgentRLConfig()
-    tok = load_hf_tokenizer("embedded")
-    workflow = example.OpenAIAgentWorkflow(cfg.agent_builder_path, {}, cfg.reward_fn_path,
-                                           cfg.gconfig.new(n_samples=2, max_new_tokens=48), tok)
-    proc = launch_embedded_engine(str(ensure_embedded_model()))
+    model_dir = str(ensure_scripted_model())
+    tok = load_hf_tokenizer(model_dir)
+    workflow = example.OpenAIAgentWorkflow("areal.workflow.openai_agent.math_agent.build_calculator_agent", {},
+                                           cfg.reward_fn_path, cfg.gconfig.new(n_samples=2, max_new_tokens=48, temperature=0.0), tok)
+    proc = launch_embedded_engine(model_dir)
     try:
         async def episode() -> dict:
             engine = EngineClient(proc.url)
             try:
-                return await workflow.arun_episode(engine, {"messages": [{"role": "user", "content": "What is 2 plus 3?"}], "answer": "5"})
+                return await workflow.arun_episode(engine, {"messages": [{"role": "user", "content": "What is 6 times 7?"}], "answer": "42"})
             finally:
                 await engine.close()
 
         rows = asyncio.run(episode())
     finally:
         proc.stop()
-    assert len(rows) >= 2  # one client per sample, at least one call each
+    assert len(rows) == 4  # two samples, a tool call and an answer each
+    texts = sorted(tok.decode([t for t, m in zip(r.input_ids, r.loss_mask) if m], skip_special_tokens=False) for r in rows.values())
+    assert texts == sorted([AFTER_TOOL_TEXT + tok.eos_token, CALL_TEXT + tok.eos_token] * 2)
     for row in rows.values():
-        assert len(row.input_ids) == len(row.loss_mask) == len(row.logprobs) and sum(row.loss_mask) > 0
-        assert row.reward in (0.0, 1.0) or 0.0 <= row.reward <= 1.0
+        assert len(row.input_ids) == len(row.loss_mask) == len(row.logprobs)
+    assert sorted(r.reward for r in rows.values()) == pytest.approx([0.9, 0.9, 1.0, 1.0])
 
 
 def test_openai_agents_example_via_the_local_launcher(tmp_path):

@@ -164,7 +164,13 @@ def test_stream_of_an_empty_answer_has_one_text_block_and_reports_the_stop_seque
 # ---- end to end: real Gateway over HTTP, embedded engine, the anthropic SDK unchanged ---------
 
 
-from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
+from gateway_harness import served_scripted  # noqa: E402,F401  (module fixture: a gateway on the scripted model)
+
+
+@pytest.fixture(scope="module")
+def served(served_scripted):
+    """This module's gateway serves the scripted model: greedy replies fixed by contract, any build."""
+    return served_scripted
 
 
 GREEDY = {"temperature": 0}  # anthropic 2.11's create() has no temperature argument: it travels in the body

@@ -203,7 +203,13 @@ def test_stream_of_an_empty_answer_still_has_a_message_item():
 # ---- end to end: real Gateway over HTTP, embedded engine, openai SDK and OpenAI Agents SDK -----
 
 
-from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
+from gateway_harness import served_scripted  # noqa: E402,F401  (module fixture: a gateway on the scripted model)
+
+
+@pytest.fixture(scope="module")
+def served(served_scripted):
+    """This module's gateway serves the scripted model: greedy replies fixed by contract, any build."""
+    return served_scripted
 
 
 def _client(gw, key):

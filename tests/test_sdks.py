@@ -1,10 +1,12 @@
 """Every agent SDK in shared/notes/dependencies.md, unchanged, through a real Gateway (HTTP) to
-the embedded model: a plain, a streaming and a tool-call request each.
+the real engine: a plain, a streaming and a tool-call request each.
 
-The tool requests use the prompt the embedded model was SFT-trained on (TOOL_SYSTEM_PROMPT and
-the exact CALCULATOR_TOOL schema), greedy, so the model calls ``calculator`` reliably. After each
-SDK's requests, every recorded interaction is replayed straight to the engine (greedy, same
-prompt ids, same max_tokens) and must hold exactly the tokens the engine produces.
+The engine serves the scripted model (``areal.embedded.scripted``), whose greedy reply is fixed by
+the conversation's shape on every build: with tools offered it calls ``calculator`` with
+``{"expression": "6*7"}``, after a tool result and without tools it answers in text. So each SDK
+must hand its caller a real tool call, whatever CPU built the model. After each SDK's requests,
+every recorded interaction is replayed straight to the engine (greedy, same prompt ids, same
+max_tokens) and must hold exactly the tokens the engine produces.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import json
 import pytest
 
 from areal.embedded.corpus import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT
+from areal.embedded.scripted import AFTER_TOOL_TEXT, CALL_ARGUMENTS, PLAIN_TEXT
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 TOOL_QUESTION = "What is 23*7?"
 MAX_TOKENS = 48
 
 
-from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
+from gateway_harness import served_scripted  # noqa: E402,F401  (module fixture: a gateway on the scripted model)
 
 
 def _calculate(expression: str) -> str:
@@ -39,13 +42,13 @@ def _check_recorded(gw, key: str, calls: int) -> list:
     return inters
 
 
-def test_openai_sdk(served):
+def test_openai_sdk(served_scripted):
     from openai import AsyncOpenAI
 
-    key = served.open_session("openai")
+    key = served_scripted.open_session("openai")
 
     async def go():
-        client = AsyncOpenAI(base_url=served.http + "/v1", api_key=key, max_retries=0)
+        client = AsyncOpenAI(base_url=served_scripted.http + "/v1", api_key=key, max_retries=0)
         kw = {"model": "m", "temperature": 0, "max_tokens": MAX_TOKENS}
         plain = await client.chat.completions.create(messages=[{"role": "user", "content": QUESTION}], **kw)
         stream = await client.chat.completions.create(messages=[{"role": "user", "content": QUESTION}], stream=True, **kw)
@@ -56,18 +59,20 @@ def test_openai_sdk(served):
         return plain, streamed, tool
 
     plain, streamed, tool = asyncio.run(go())
-    assert plain.choices[0].message.content and streamed == plain.choices[0].message.content
-    assert tool.choices[0].finish_reason == "tool_calls" and tool.choices[0].message.tool_calls[0].function.name == "calculator"
-    inters = _check_recorded(served, key, 3)
+    assert plain.choices[0].message.content == PLAIN_TEXT and streamed == PLAIN_TEXT
+    (call,) = tool.choices[0].message.tool_calls
+    assert tool.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == CALL_ARGUMENTS
+    inters = _check_recorded(served_scripted, key, 3)
     assert inters[0].id == plain.id and inters[2].id == tool.id
 
 
-def test_openai_agents_sdk_default_responses_api(served):
+def test_openai_agents_sdk_default_responses_api(served_scripted):
     from agents import Agent, FunctionTool, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
-    key = served.open_session("agents")
+    key = served_scripted.open_session("agents")
     seen: list[str] = []
 
     async def invoke(ctx, args: str) -> str:
@@ -80,7 +85,7 @@ def test_openai_agents_sdk_default_responses_api(served):
     settings = ModelSettings(temperature=0, max_tokens=MAX_TOKENS)
 
     async def go():
-        model = OpenAIResponsesModel(model="m", openai_client=AsyncOpenAI(base_url=served.http + "/v1", api_key=key, max_retries=0))
+        model = OpenAIResponsesModel(model="m", openai_client=AsyncOpenAI(base_url=served_scripted.http + "/v1", api_key=key, max_retries=0))
         plain = await Runner.run(Agent(name="plain", model=model, model_settings=settings), QUESTION)
         run = Runner.run_streamed(Agent(name="stream", model=model, model_settings=settings), QUESTION)
         deltas = [e.data.delta async for e in run.stream_events()
@@ -90,20 +95,20 @@ def test_openai_agents_sdk_default_responses_api(served):
         return plain, "".join(deltas), run.final_output, tool
 
     plain, streamed, streamed_final, tool = asyncio.run(go())
-    assert plain.final_output and streamed and streamed_final.strip() == streamed.strip()
-    assert seen, "the agent never called the tool"
-    _check_recorded(served, key, 4)
+    assert plain.final_output == PLAIN_TEXT and streamed == PLAIN_TEXT and streamed_final == PLAIN_TEXT
+    assert seen == [CALL_ARGUMENTS["expression"]] and tool.final_output == AFTER_TOOL_TEXT
+    _check_recorded(served_scripted, key, 4)
 
 
-def test_anthropic_sdk(served):
+def test_anthropic_sdk(served_scripted):
     from anthropic import AsyncAnthropic
 
-    key = served.open_session("anthropic")
+    key = served_scripted.open_session("anthropic")
     fn = CALCULATOR_TOOL["function"]
     tool_spec = {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
 
     async def go():
-        client = AsyncAnthropic(base_url=served.http, api_key=key, max_retries=0)
+        client = AsyncAnthropic(base_url=served_scripted.http, api_key=key, max_retries=0)
         kw = {"model": "m", "max_tokens": MAX_TOKENS, "extra_body": {"temperature": 0}}  # create() has no temperature argument
         plain = await client.messages.create(messages=[{"role": "user", "content": QUESTION}], **kw)
         async with client.messages.stream(messages=[{"role": "user", "content": QUESTION}], **kw) as stream:
@@ -113,17 +118,18 @@ def test_anthropic_sdk(served):
         return plain, streamed, tool
 
     plain, streamed, tool = asyncio.run(go())
-    assert plain.content[0].text and streamed == plain.content[0].text
-    assert tool.stop_reason == "tool_use" and any(b.type == "tool_use" and b.name == "calculator" for b in tool.content)
-    inters = _check_recorded(served, key, 3)
+    assert plain.content[0].text == PLAIN_TEXT and streamed == PLAIN_TEXT
+    uses = [b for b in tool.content if b.type == "tool_use"]
+    assert tool.stop_reason == "tool_use" and [(u.name, u.input) for u in uses] == [("calculator", CALL_ARGUMENTS)]
+    inters = _check_recorded(served_scripted, key, 3)
     assert [inters[0].id, inters[2].id] == [plain.id, tool.id]
 
 
-def test_langchain_chat_openai(served):
+def test_langchain_chat_openai(served_scripted):
     from langchain_openai import ChatOpenAI
 
-    key = served.open_session("langchain")
-    llm = ChatOpenAI(base_url=served.http + "/v1", api_key=key, model="m", temperature=0, max_tokens=MAX_TOKENS, max_retries=0)
+    key = served_scripted.open_session("langchain")
+    llm = ChatOpenAI(base_url=served_scripted.http + "/v1", api_key=key, model="m", temperature=0, max_tokens=MAX_TOKENS, max_retries=0)
 
     async def go():
         plain = await llm.ainvoke(QUESTION)
@@ -132,19 +138,19 @@ def test_langchain_chat_openai(served):
         return plain, streamed, tool
 
     plain, streamed, tool = asyncio.run(go())
-    assert plain.content and streamed == plain.content
-    assert tool.tool_calls and tool.tool_calls[0]["name"] == "calculator" and "expression" in tool.tool_calls[0]["args"]
-    _check_recorded(served, key, 3)
+    assert plain.content == PLAIN_TEXT and streamed == PLAIN_TEXT
+    assert [(c["name"], c["args"]) for c in tool.tool_calls] == [("calculator", CALL_ARGUMENTS)]
+    _check_recorded(served_scripted, key, 3)
 
 
-def test_camel_chat_agent(served):
+def test_camel_chat_agent(served_scripted):
     from camel.agents import ChatAgent
     from camel.models import ModelFactory
     from camel.toolkits import FunctionTool
     from camel.types import ModelPlatformType
     from camel.utils import BaseTokenCounter
 
-    tok = served.gateway.tokenizer
+    tok = served_scripted.gateway.tokenizer
 
     class HFTokenCounter(BaseTokenCounter):  # without one, CAMEL downloads a tiktoken encoding
         def count_tokens_from_messages(self, messages: list) -> int:
@@ -156,12 +162,12 @@ def test_camel_chat_agent(served):
         def decode(self, token_ids: list[int]) -> str:
             return tok.decode(token_ids)
 
-    key = served.open_session("camel")
+    key = served_scripted.open_session("camel")
 
     def model(stream: bool):
         config = {"temperature": 0, "max_tokens": MAX_TOKENS, "stream": stream}
         return ModelFactory.create(model_platform=ModelPlatformType.OPENAI_COMPATIBLE_MODEL, model_type="m",
-                                   url=served.http + "/v1", api_key=key, token_counter=HFTokenCounter(), model_config_dict=config)
+                                   url=served_scripted.http + "/v1", api_key=key, token_counter=HFTokenCounter(), model_config_dict=config)
 
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression with + - * and parentheses."""
@@ -173,8 +179,9 @@ def test_camel_chat_agent(served):
     tool_agent = ChatAgent(system_message=TOOL_SYSTEM_PROMPT, model=model(False),
                            tools=[FunctionTool(calculator, openai_tool_schema=CALCULATOR_TOOL)])
     tool = tool_agent.step(TOOL_QUESTION)
-    assert plain.msgs[0].content and streamed
-    assert streamed == plain.msgs[0].content or chunks[-1].msgs[0].content == plain.msgs[0].content  # deltas or snapshots
+    assert plain.msgs[0].content == PLAIN_TEXT
+    assert streamed == PLAIN_TEXT or chunks[-1].msgs[0].content == PLAIN_TEXT  # deltas or snapshots
     records = tool.info["tool_calls"]
-    assert records and records[0].tool_name == "calculator" and records[0].result == _calculate(records[0].args["expression"])
-    _check_recorded(served, key, 4)  # plain, stream, tool call, answer after the tool result
+    assert [(r.tool_name, r.args, r.result) for r in records] == [("calculator", CALL_ARGUMENTS, "42")]
+    assert tool.msgs[0].content == AFTER_TOOL_TEXT
+    _check_recorded(served_scripted, key, 4)  # plain, stream, tool call, answer after the tool result

@@ -17,7 +17,13 @@ import httpx
 import pytest
 
 from areal.gateway.parsers import TOOL_PARSERS, forced_tool_prefix, parse_output, takes_no_arguments
-from gateway_harness import served  # noqa: F401  (module fixture: a gateway on the embedded engine)
+from gateway_harness import served_scripted  # noqa: F401  (module fixture: a gateway on the scripted model)
+
+
+@pytest.fixture(scope="module")
+def served(served_scripted):
+    """This module's gateway serves the scripted model: greedy replies fixed by contract, any build."""
+    return served_scripted
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",

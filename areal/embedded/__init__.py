@@ -6,16 +6,21 @@ template, SFT-trained on synthetic arithmetic word problems so that it is right 
 wrong often (room for RL). See ``corpus.py`` (task, reward), ``tokenizer.py`` (BPE, template),
 ``build.py`` (SFT, evaluation, CLI).
 
+A second model is built the same way for tests of mechanics: ``ensure_scripted_model()`` (see
+``scripted.py``), whose greedy output is a fixed function of the conversation's shape on every
+build, so that a test needing a tool call gets one whatever CPU built the model.
+
 Cache layout and invariants::
 
     $AREAL_CACHE/embedded/            (AREAL_CACHE defaults to ~/.cache/areal; or cache_dir)
-        <key>/                        complete model dir; appears only by an atomic rename
+        <key>/                        complete model dir (default or scripted); appears only by an atomic rename
             config.json model.safetensors generation_config.json tokenizer.json ...
             build_info.json           config, key, params, build seconds, held-out accuracy
         <key>.lock                    flock held while building <key>
         .<key>.XXXX/                  a build in progress (removed if the build fails)
 
-- ``<key>`` hashes the builder's source files and its config: editing either rebuilds.
+- ``<key>`` hashes the builder's source files and its config (whose class names the model):
+  editing either rebuilds.
 - A present ``<key>/`` is complete (rename is atomic), so a cache hit takes no lock, imports no
   torch and returns in milliseconds. Concurrent builders serialise on the lock; the second finds
   the finished directory and returns it.
@@ -35,9 +40,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EmbeddedConfig", "ensure_embedded_model", "embedded_cache_root", "cache_key"]
+__all__ = ["EmbeddedConfig", "ensure_embedded_model", "ensure_scripted_model", "embedded_cache_root", "cache_key"]
 
 _SOURCES = ("__init__.py", "corpus.py", "tokenizer.py", "build.py")
+_SCRIPTED_SOURCES = _SOURCES + ("scripted.py",)
 BUILD_INFO = "build_info.json"
 # Builds performed by this process; tests assert that a cache hit leaves it unchanged.
 build_count = 0
@@ -68,7 +74,10 @@ class EmbeddedConfig:
     retry_share: float = 0.06  # wrong answer, user complaint, corrected answer
     prompt_loss: bool = True  # also train on non-assistant tokens (see build.tokenize_conversations)
     eval_problems: int = 200  # held-out test problems evaluated at the end of the build
-    num_threads: int = 2
+    # One torch thread: on 2 idle cores a second thread buys 1.5x, but two spin-waiting threads
+    # lose 3-4x (and far more under heavier load) when another process keeps a core busy, while
+    # one thread keeps its speed (benchmarks/build.py measures both, same run).
+    num_threads: int = 1
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "tokenizer_conversations", "hidden_size", "intermediate_size",
@@ -102,12 +111,16 @@ def embedded_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("AREAL_CACHE", Path.home() / ".cache" / "areal")) / "embedded"
 
 
-def cache_key(config: EmbeddedConfig) -> str:
-    """Hex digest over the builder's source files and the config."""
+def cache_key(config: "EmbeddedConfig | ScriptedConfig") -> str:
+    """Hex digest over the builder's source files, the config's class and its fields."""
+    from areal.embedded.scripted import ScriptedConfig
+
+    sources = _SCRIPTED_SOURCES if isinstance(config, ScriptedConfig) else _SOURCES
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in _SOURCES:
+    for name in sources:
         h.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+    h.update(type(config).__name__.encode() + b"\0")
     h.update(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -123,8 +136,24 @@ def ensure_embedded_model(
     ``cache_dir`` replaces ``$AREAL_CACHE/embedded`` as the folder holding ``<key>/`` dirs.
     ``force`` rebuilds even on a hit (the old directory is swapped out atomically).
     """
+    return _ensure(config or EmbeddedConfig(), cache_dir, progress, force)
+
+
+def ensure_scripted_model(
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    config: "ScriptedConfig | None" = None,
+    force: bool = False,
+) -> Path:
+    """The scripted test model's directory (``scripted.py``), built on a miss like the default."""
+    from areal.embedded.scripted import ScriptedConfig
+
+    return _ensure(config or ScriptedConfig(), cache_dir, progress, force)
+
+
+def _ensure(config: "EmbeddedConfig | ScriptedConfig", cache_dir: str | os.PathLike | None,
+            progress: bool, force: bool) -> Path:
     global build_count
-    config = config or EmbeddedConfig()
     root = embedded_cache_root(cache_dir)
     key = cache_key(config)
     final = root / key
@@ -136,10 +165,14 @@ def ensure_embedded_model(
         if not force and (final / BUILD_INFO).is_file():
             return final  # a concurrent builder finished while we waited
         from areal.embedded.build import build_model_dir  # heavy imports only on a miss
+        from areal.embedded.scripted import ScriptedConfig, build_scripted_dir
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
-            build_model_dir(config, tmp, progress=progress, key=key)
+            if isinstance(config, ScriptedConfig):
+                build_scripted_dir(config, tmp, progress=progress, key=key)
+            else:
+                build_model_dir(config, tmp, progress=progress, key=key)
             if final.exists():  # --force: move the old one aside, then swap in the new one
                 old = Path(tempfile.mkdtemp(prefix=f".{key}.old.", dir=root))
                 os.rename(final, old / "model")

@@ -1,12 +1,16 @@
 """Build the embedded model: corpus -> tokenizer -> tiny Qwen2 -> SFT -> save -> held-out eval.
 
-Run ``python -m areal.embedded.build [--cache-dir D] [--force]``: builds on a cache miss, then
-prints the path, parameter count, build time and held-out accuracy (greedy and sampled at
-temperature 1.0, per difficulty level). Library entry: ``areal.embedded.ensure_embedded_model``.
+Run ``python -m areal.embedded.build [--cache-dir D] [--force] [--with-scripted]``: builds on a
+cache miss, then prints the path, parameter count, build time and held-out accuracy (greedy and
+sampled at temperature 1.0, per difficulty level). ``--with-scripted`` also builds the scripted
+test model (``scripted.py``) in a second process, alongside (each build runs one torch thread).
+Library entry: ``areal.embedded.ensure_embedded_model``.
 
 Invariants:
 - Deterministic for a config on a given machine/thread count: every RNG is seeded from
-  ``config.seed`` and torch runs on ``config.num_threads`` threads.
+  ``config.seed`` and torch runs on ``config.num_threads`` threads. Across CPUs whose kernels sum
+  in another order (AVX-512 or not) the weights differ, and so do the greedy answers: tests that
+  need a given form of output use the scripted model (``scripted.py``), not this one.
 - SFT trains on exactly the RL rendering: ``apply_chat_template([user], add_generation_prompt=
   True)`` followed by the assistant reply and ``<|im_end|>``; loss only on the assistant turns
   listed in ``train_turns`` (the deliberate wrong answer of a retry transcript is context only).
@@ -20,6 +24,8 @@ import argparse
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -288,8 +294,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build (if needed) the embedded default model.")
     parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
     parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
+    parser.add_argument("--with-scripted", action="store_true",
+                        help="also build the scripted test model, in a second process alongside")
     args = parser.parse_args()
-    path = ensure_embedded_model(args.cache_dir, progress=True, force=args.force)
+    scripted = None
+    if args.with_scripted:
+        cmd = [sys.executable, "-m", "areal.embedded.scripted"] + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+        scripted = subprocess.Popen(cmd + (["--force"] if args.force else []))
+    try:
+        path = ensure_embedded_model(args.cache_dir, progress=True, force=args.force)
+    finally:
+        if scripted is not None and scripted.wait() != 0:
+            raise SystemExit(f"the scripted test model's build failed (exit status {scripted.returncode})")
     info = read_build_info(path)
     print(f"path:        {path}")
     print(f"parameters:  {info['parameters']:,}  (vocab {info['vocab_size']})")

@@ -1,0 +1,83 @@
+"""The embedded model's build on a busy machine: build time with one core kept busy by another
+process against the same build on idle cores, same run; and the old two-thread build beside it.
+
+Each build is a fresh process building into a fresh temporary cache, so nothing is reused. The
+build is the default model's recipe shortened (fewer SFT steps, a small held-out evaluation): the
+question is how the time scales with load, and every step of the full build costs the same.
+The load is a busy loop in a separate process, started before the build and killed (by PID) after.
+
+Rows: build seconds with one core busy vs idle, for the default (one torch thread) and for the
+old default (two threads, which spin-wait on each other when a core is taken); and one thread
+vs two on idle cores, the price of the robust choice. Target (issue 17): loaded <= 1.5x idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _build_once(threads: int, steps: int) -> float:
+    """Wall seconds of one build in a child process (a fresh cache directory, deleted after)."""
+    with tempfile.TemporaryDirectory(prefix="bench-build-") as cache:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.build", "--child", "--threads", str(threads),
+                              "--steps", str(steps), "--cache-dir", cache],
+                             cwd=ROOT, capture_output=True, text=True, timeout=1800, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def _loaded(threads: int, steps: int) -> float:
+    """``_build_once`` while a busy loop keeps one core busy."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let the scheduler settle the hog on a core
+        return _build_once(threads, steps)
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def _child(threads: int, steps: int, cache_dir: str) -> None:
+    from areal.embedded import EmbeddedConfig, ensure_embedded_model
+
+    config = EmbeddedConfig(sft_steps=steps, warmup_steps=min(100, steps // 4), eval_problems=40, num_threads=threads)
+    t0 = time.monotonic()
+    ensure_embedded_model(cache_dir, progress=False, config=config)
+    print(json.dumps({"seconds": time.monotonic() - t0}))
+
+
+def main(quick: bool) -> list[dict]:
+    steps = 300 if quick else 1000
+    name = f"embedded_build_{steps}_steps"
+    idle1, busy1 = _build_once(1, steps), _loaded(1, steps)
+    idle2, busy2 = _build_once(2, steps), _loaded(2, steps)
+    return [
+        {"benchmark": name, "metric": "build seconds, one core busy (default: 1 thread)", "value": busy1, "unit": "s",
+         "baseline": "same build, idle cores", "baseline_value": idle1},
+        {"benchmark": name, "metric": "build seconds, one core busy (old default: 2 threads)", "value": busy2,
+         "unit": "s", "baseline": "same build, idle cores", "baseline_value": idle2},
+        {"benchmark": name, "metric": "build seconds, idle (default: 1 thread)", "value": idle1, "unit": "s",
+         "baseline": "2 threads, idle cores", "baseline_value": idle2},
+    ]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="embedded-build time idle vs one core busy (or one child build)")
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        _child(args.threads, args.steps, args.cache_dir)
+    else:
+        for row in main(args.quick):
+            print(json.dumps(row))
