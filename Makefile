@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model demo test test-fast bench clean
+.PHONY: venv model test-models demo test bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -27,17 +27,22 @@ $(STAMP): requirements.lock constraints.txt setup.py areal/_ringcopy.c areal/_xx
 
 venv: $(STAMP)
 
-# Builds the embedded tokenizer + model once (cached by content hash under ~/.cache/areal).
+# Builds the embedded tokenizer + model once (cached by content hash under $$AREAL_CACHE,
+# default ~/.cache/areal). The tests also need the scripted test model (replies fixed by
+# contract, areal/embedded/scripted.py): built alongside, one torch thread each.
 model: venv
 	$(VPY) -m areal.embedded.build
+
+test-models: venv
+	$(VPY) -m areal.embedded.build --with-scripted
 
 demo: model
 	$(VPY) -m areal.train $(ARGS)
 
-test: model
+test: test-models
 	$(VPY) -m pytest -q $(ARGS)
 
-bench: model
+bench: test-models
 	$(VPY) -m benchmarks.run $(ARGS)
 
 clean:

@@ -19,11 +19,13 @@ from sandbox.isolation import SandboxConfig
 
 @dataclass
 class ModelConfig:
-    path: str = "embedded"  # "embedded" builds/loads the offline default; else an HF model dir
+    # "embedded": the offline default, built on first use; "scripted": the test model whose replies
+    # are fixed by contract (areal/embedded/scripted.py: plumbing checks of your agent); else an HF dir
+    path: str = "embedded"
 
     def __post_init__(self) -> None:
         if not self.path:
-            raise ValueError("model.path must be 'embedded' or a model directory")
+            raise ValueError("model.path must be 'embedded', 'scripted' or a model directory")
 
 
 @dataclass

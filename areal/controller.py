@@ -54,6 +54,7 @@ from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.api.workflow_api import workflow_kind
 from areal.gateway.tree import InteractionWithTokenLogpReward
+from areal.utils.hf_utils import resolve_model_path
 from areal.plots import plot_reward_curve
 from areal.process import die_with_parent, log_tail, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
@@ -300,11 +301,7 @@ class Controller:
         return InlineRunner(self.agent if self.agent is not None else cfg.rollout.agent, http_url)
 
     def _model_dir(self) -> Path:
-        if self.config.model.path == "embedded":
-            from areal.embedded import ensure_embedded_model
-
-            return ensure_embedded_model()
-        path = Path(self.config.model.path)
+        path = Path(resolve_model_path(self.config.model.path))  # "embedded" / "scripted": built on first use
         if not (path / "config.json").is_file():
             raise RunFailed(f"model.path {path} is not an HF model directory (no config.json)")
         return path

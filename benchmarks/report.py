@@ -124,7 +124,8 @@ class Headline:
         return f["benchmark"] == self.benchmark and name_ok and f["baseline"].startswith(self.baseline)
 
 
-# Targets as the issues state them (issue 3: gateway; 4: sandbox; 5: ring; 7: engine); issue 6's
+# Targets as the issues state them (issue 3: gateway; 4: sandbox; 5: ring; 7: engine; 17: build under
+# load); issue 6's
 # async-vs-sync figure has a published anchor (AReaL 2.77x on GPUs), not a target.
 HEADLINES = (
     Headline("gateway added latency p50 (ZeroMQ, instant engine)", "gateway", "added p50 zmq, instant engine",
@@ -166,6 +167,12 @@ HEADLINES = (
     Headline("trainer idle fraction of a real run", "e2e", "trainer idle fraction*"),
     Headline("staleness mean of a real run (bound 1)", "e2e", "staleness mean*"),
     Headline("drift rate of a real run", "e2e", "drift rate*"),
+    Headline("embedded model build, one core busy (1 thread, the default)", "build",
+             "build seconds, 1 thread (default), one core busy*", "same build, idle", (("ratio", "<=", 1.5),)),
+    Headline("embedded model build, one core busy (2 threads, the old default)", "build",
+             "build seconds, 2 threads (old default), one core busy*", "same build, idle"),
+    Headline("embedded model build on idle cores, 1 thread vs 2", "build", "build seconds, 1 thread (default), idle*",
+             "2 threads"),
     Headline("async vs sync RL, steps/s", "async_rl", "steps/s, async*", "", (), "AReaL 2.77x (GPUs)"),
     Headline("trainer idle fraction, async vs sync", "async_rl", "trainer idle fraction*"),
 )

@@ -96,9 +96,11 @@ LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
 # Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
+# AREAL_CACHE is a path, no secret: an agent that loads the embedded tokenizer ("embedded") must
+# find the models where the run built them, not look in its private HOME and build again.
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED",
              "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8",
-             "VIRTUAL_ENV")
+             "VIRTUAL_ENV", "AREAL_CACHE")
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32

@@ -324,7 +324,10 @@ def test_stream_final_equals_non_stream_and_chunks_are_cumulative(engine_url: st
     assert final.output_ids == whole.output_ids and final.output_logprobs == whole.output_logprobs
     assert final.finish_reason == whole.finish_reason == "length" and final.text == whole.text
     assert final.output_top_logprobs == whole.output_top_logprobs and len(final.output_top_logprobs) == 24
-    assert len(chunks) > 2 and all(c.finish_reason == "" for c in chunks[:-1])
+    # The server sends whatever is new each time its loop wakes, so how many tokens a chunk carries
+    # depends on scheduling (on a loaded machine 23 of 24 tokens arrived in one chunk): assert only
+    # that something streamed before the final chunk, and that every chunk extends the one before.
+    assert len(chunks) >= 2 and all(c.finish_reason == "" for c in chunks[:-1])
     for a, b in zip(chunks, chunks[1:]):  # cumulative: every chunk extends the one before
         assert b.output_ids[: len(a.output_ids)] == a.output_ids and len(b.output_ids) >= len(a.output_ids)
 

@@ -299,8 +299,10 @@ def main() -> None:
     args = parser.parse_args()
     scripted = None
     if args.with_scripted:
-        cmd = [sys.executable, "-m", "areal.embedded.scripted"] + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
-        scripted = subprocess.Popen(cmd + (["--force"] if args.force else []))
+        # quiet: one progress bar on the terminal (this build's); it prints its summary when done
+        cmd = [sys.executable, "-m", "areal.embedded.scripted", "--quiet"]
+        cmd += (["--cache-dir", args.cache_dir] if args.cache_dir else []) + (["--force"] if args.force else [])
+        scripted = subprocess.Popen(cmd)
     try:
         path = ensure_embedded_model(args.cache_dir, progress=True, force=args.force)
     finally:

@@ -9,7 +9,8 @@ deltas add up, recorded tokens equal generated ones) need a given form of output
 this model instead: an ordinary HF model directory, loaded by the real engine and reached over the
 real protocol, whose behaviour is a contract checked when it is built.
 
-The contract (greedy decoding; any wording, any system prompt, any tools, any history)::
+The contract (greedy decoding, and on the probes below sampling at temperature 1 too; any
+wording, any system prompt, any tools, any history)::
 
     tools offered, the last turn is the user's     -> CALL_TEXT         a ``calculator`` call
     the last turn is a tool result                  -> AFTER_TOOL_TEXT   text, ends the tool loop
@@ -27,7 +28,11 @@ lead of the scripted token over the best other one:
   is ~1e-5 logits, so a build that passes gives these replies, greedy, on every machine;
 - on held-out random conversations at least ``min_held_out`` must be answered exactly (the
   contract holds beyond the probes; a rare random shape may still miss).
-A build that does not pass within ``max_rounds`` raises ``ScriptedBuildError`` naming the probe.
+Then the logits are sharpened (the final norm's weight scaled, which leaves every argmax as it
+is) until the smallest probe margin is ``sharpen_to`` logits, and the build checks that sampling
+at temperature 1, as agents in a training run sample, writes each probe's scripted reply with
+probability at least ``min_sampled_prob``. A build that does not pass within ``max_rounds``
+raises ``ScriptedBuildError`` naming the probe.
 
 Run ``python -m areal.embedded.scripted [--cache-dir D] [--force]``; library entry:
 ``areal.embedded.ensure_scripted_model``. This module imports no torch at import time.
@@ -44,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from areal.embedded.corpus import CALCULATOR_TOOL, NAMES, OBJECTS, TOOL_SYSTEM_PROMPT
+from areal.embedded.corpus import CALCULATOR_TOOL, NAMES, OBJECTS, RETRY_PROMPTS, TOOL_SYSTEM_PROMPT, make_problems
 
 CALL_ARGUMENTS = {"expression": "6*7"}
 CALL_TEXT = '<tool_call>\n{"name": "calculator", "arguments": ' + json.dumps(CALL_ARGUMENTS) + "}\n</tool_call>"
@@ -80,6 +85,8 @@ class ScriptedConfig:
     check_conversations: int = 200  # held-out random conversations in the check
     min_margin: float = 3.0  # logits between the scripted token and the runner-up, every probe position
     min_held_out: float = 0.98  # share of held-out random conversations answered exactly
+    sharpen_to: float = 20.0  # logits scaled (x >= 1) until the smallest probe margin is this
+    min_sampled_prob: float = 0.9999  # each probe's scripted reply, sampled at temperature 1
     num_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -98,6 +105,8 @@ class ScriptedConfig:
             raise ValueError("ScriptedConfig.warmup_steps must be in [0, sft_steps)")
         if not 0 < self.lr < 1 or self.min_margin <= 0 or not 0 < self.min_held_out <= 1:
             raise ValueError("ScriptedConfig.lr must be in (0, 1), min_margin > 0, min_held_out in (0, 1]")
+        if self.sharpen_to < self.min_margin or not 0 < self.min_sampled_prob < 1:
+            raise ValueError("ScriptedConfig.sharpen_to must be >= min_margin, min_sampled_prob in (0, 1)")
 
 
 def scripted_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
@@ -213,7 +222,7 @@ def random_conversation(rng: random.Random) -> dict[str, Any]:
     end_on_tool = tools is not None and rng.random() < 0.45
     for k in range(exchanges):
         last = k == exchanges - 1
-        messages.append({"role": "user", "content": _text(rng, 0, 25)})
+        messages.append({"role": "user", "content": rng.choice(RETRY_PROMPTS) if k and rng.random() < 0.2 else _text(rng, 0, 25)})
         if tools is None:
             if last or rng.random() < 0.75:
                 train.append(len(messages))
@@ -279,6 +288,13 @@ def probe_conversations() -> list[dict[str, Any]]:
         ([{"role": "system", "content": "Solve the problem or hand it off. End with \\boxed{answer}."},
           {"role": "user", "content": "What is 2 plus 3?"}], handoffs),
     ]
+    # The embedded task's own questions, as the example agents send them (plain, with the
+    # calculator, after its result, after a retry prompt).
+    for p in make_problems("train", 6, seed=1) + make_problems("test", 4, seed=1):
+        q = {"role": "user", "content": p["question"]}
+        probes += [([q], None), ([system, q], [calc]),
+                   ([system, q, called, {"role": "tool", "name": "calculator", "content": p["answer"]}], [calc]),
+                   ([q, {"role": "assistant", "content": PLAIN_TEXT}, {"role": "user", "content": RETRY_PROMPTS[0]}], None)]
     for tools in ([calc], [strict], [loose], [lookup, calc]):
         for result in ("161", "42", "7", "Error: division by zero"):
             after = [system, tool_user, called, {"role": "tool", "name": "calculator", "content": result}]
@@ -310,9 +326,10 @@ def _check_items(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[int],
     return items
 
 
-def reply_margins(model: Any, items: list[tuple[list[int], int]]) -> list[float]:
-    """Per item, the smallest (scripted logit - best other logit) over its reply's positions,
-    teacher-forced: > 0 everywhere means greedy decoding writes exactly the scripted reply."""
+def reply_stats(model: Any, items: list[tuple[list[int], int]]) -> list[tuple[float, float]]:
+    """Per item, teacher-forced: the smallest (scripted logit - best other logit) over its reply's
+    positions (> 0 everywhere: greedy decoding writes exactly the scripted reply), and the reply's
+    log-probability when sampled at temperature 1."""
     import torch
 
     out = []
@@ -322,7 +339,8 @@ def reply_margins(model: Any, items: list[tuple[list[int], int]]) -> list[float]
             target = torch.tensor(ids[start:])
             want = logits.gather(1, target[:, None])[:, 0]
             other = logits.scatter(1, target[:, None], float("-inf")).max(dim=1).values
-            out.append((want - other).min().item())
+            logprob = torch.log_softmax(logits.double(), dim=-1).gather(1, target[:, None]).sum()
+            out.append(((want - other).min().item(), logprob.item()))
     return out
 
 
@@ -390,7 +408,8 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
             losses.append(loss.item())
             bar.update()
         model.eval()
-        probe_margins, case_margins = reply_margins(model, probes), reply_margins(model, cases)
+        probe_margins = [m for m, _ in reply_stats(model, probes)]
+        case_margins = [m for m, _ in reply_stats(model, cases)]
         worst = min(range(len(probes)), key=probe_margins.__getitem__)
         round_info = {"steps": end, "loss": sum(losses) / len(losses), "probe_min_margin": probe_margins[worst],
                       "worst_probe": worst, "held_out_exact": sum(m > 0 for m in case_margins) / len(cases)}
@@ -408,6 +427,16 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
             f"({probe_conversations()[last['worst_probe']]['messages'][-1]['content']!r}) leads by "
             f"{last['probe_min_margin']:.3f} logits (needs {config.min_margin}), held-out replies exact "
             f"{last['held_out_exact']:.1%} (needs {config.min_held_out:.0%}); raise ScriptedConfig.max_rounds")
+    # Sharpen: scale the final norm's weight, so every logit, until the smallest probe margin is
+    # `sharpen_to` logits. Greedy replies are unchanged; sampled at temperature 1 (as agents in a
+    # training run sample) the reply is then the scripted one too, with the probability checked here.
+    sharpen = max(1.0, config.sharpen_to / history[-1]["probe_min_margin"])
+    with torch.no_grad():
+        model.model.norm.weight.mul_(sharpen)
+    sampled = min(math.exp(lp) for _, lp in reply_stats(model, probes))
+    if sampled < config.min_sampled_prob:
+        raise ScriptedBuildError(f"sharpened x{sharpen:.2f}, a probe's scripted reply is sampled at temperature 1 "
+                                 f"with probability {sampled:.6f} only (needs {config.min_sampled_prob})")
     model.generation_config = GenerationConfig(eos_token_id=model.config.eos_token_id,
                                                pad_token_id=model.config.pad_token_id)
     model.save_pretrained(str(out_dir), safe_serialization=True)
@@ -416,6 +445,7 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
         "key": key, "kind": "scripted", "config": asdict(config), "vocab_size": len(tok),
         "parameters": sum(p.numel() for p in model.parameters()), "rounds": history,
         "probe_min_margin": history[-1]["probe_min_margin"], "held_out_exact": history[-1]["held_out_exact"],
+        "sharpen": sharpen, "probe_min_sampled_prob": sampled,
         "probes": len(probes), "held_out": len(cases), "build_seconds": time.monotonic() - t0,
     }
     (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2))  # written last: marks complete
@@ -427,14 +457,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build (if needed) the scripted test model.")
     parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
     parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
     args = parser.parse_args()
-    path = ensure_scripted_model(args.cache_dir, progress=True, force=args.force)
+    path = ensure_scripted_model(args.cache_dir, progress=not args.quiet, force=args.force)
     info = read_build_info(path)
     last = info["rounds"][-1]
     print(f"scripted model: {path}")
     print(f"  {info['parameters']:,} parameters, built in {info['build_seconds']:.1f} s, {last['steps']} SFT steps")
     print(f"  {info['probes']} SDK-shaped probes: the scripted reply leads everywhere by >= {info['probe_min_margin']:.2f} logits")
     print(f"  {info['held_out']} held-out random conversations: {info['held_out_exact']:.1%} answered exactly")
+    print(f"  logits sharpened x{info['sharpen']:.2f}: sampled at temperature 1, every probe's scripted reply "
+          f"has probability >= 1 - {1 - info['probe_min_sampled_prob']:.1e}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``load_hf_tokenizer(path)``: AReaL's tokenizer loader; ``"embedded"`` means the built-in model."""
+"""``load_hf_tokenizer(path)``: AReaL's tokenizer loader; ``"embedded"`` means the built-in model,
+``"scripted"`` the built-in test model (replies fixed by contract, ``areal.embedded.scripted``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ from typing import Any
 
 
 def resolve_model_path(path: str) -> str:
-    """An HF model directory for ``path``: the embedded model's (built on first use) or ``path``."""
+    """An HF model directory for ``path``: the embedded or the scripted model's (each built on
+    first use), or ``path`` itself."""
     if path == "embedded":
         from areal.embedded import ensure_embedded_model
 
         return str(ensure_embedded_model())
+    if path == "scripted":
+        from areal.embedded import ensure_scripted_model
+
+        return str(ensure_scripted_model())
     return path
 
 
