@@ -39,7 +39,12 @@ test-models: venv
 demo: model
 	$(VPY) -m areal.train $(ARGS)
 
-test: test-models
+# The Node agent test's npm dependency (the official openai client), from the npm registry.
+NODE_AGENT := tests/node_agent
+$(NODE_AGENT)/node_modules/.package-lock.json: $(NODE_AGENT)/package.json $(NODE_AGENT)/package-lock.json
+	npm ci --prefix $(NODE_AGENT) --no-audit --no-fund
+
+test: test-models $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(ARGS)
 
 bench: test-models

@@ -27,7 +27,9 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import msgspec
 
 from areal.protocol import EpisodeOutcome
 
@@ -128,21 +130,95 @@ def _load_module(target: str) -> Any:
     return importlib.import_module(target)
 
 
+FLOAT_RANGE = (-sys.float_info.max, sys.float_info.max)  # what a float can hold: the range before the run's own
+_NAMED = 5  # bad entries quoted in one error message; the rest are counted
+
+
 def outcome_from_result(episode_id: str, result: Any, wall_s: float = 0.0) -> EpisodeOutcome:
     """Map ``run()``'s return value: a number is the episode reward, a dict maps completion ids
-    to rewards. Anything else is an error outcome naming the type (the episode is not trained on)."""
-    if isinstance(result, bool) or result is None:
-        return EpisodeOutcome(episode_id, "error", error=f"run() returned {result!r}; expected a float or a {{completion_id: reward}} dict", wall_s=wall_s)
-    if isinstance(result, (int, float)):
-        if not math.isfinite(result):
-            return EpisodeOutcome(episode_id, "error", error=f"run() returned a non-finite reward {result!r}", wall_s=wall_s)
-        return EpisodeOutcome(episode_id, "ok", reward=float(result), wall_s=wall_s)
+    to rewards. Anything else, a non-finite number, or a dict with a non-string key or a value that
+    is not a finite number, is an error outcome naming the bad entries (not trained on).
+
+    Whether the ids are this episode's and the rewards within ``rollout.reward_range`` is checked
+    by the controller (``check_episode_rewards``), which alone knows both."""
+
+    def error(message: str) -> EpisodeOutcome:
+        return EpisodeOutcome(episode_id, "error", error=message, wall_s=wall_s)
+
     if isinstance(result, dict):
-        bad = [k for k, v in result.items() if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))]
-        if bad:
-            return EpisodeOutcome(episode_id, "error", error=f"run() returned a dict with non str->number entries: {bad[:3]!r}", wall_s=wall_s)
+        problems = []
+        for k, v in result.items():
+            why = [f"key of type {type(k).__name__}, not a completion id string"] if not isinstance(k, str) else []
+            why += [w for w in [_reward_problem(v, *FLOAT_RANGE)] if w]
+            if why:
+                problems.append(f"{_quote(k)} -> {_quote(v)} ({'; '.join(why)})")
+        if problems:
+            return error(f"run() returned a {{completion_id: reward}} dict with bad entries: {_listed(problems)}")
         return EpisodeOutcome(episode_id, "ok", rewards_by_id={k: float(v) for k, v in result.items()}, wall_s=wall_s)
-    return EpisodeOutcome(episode_id, "error", error=f"run() returned {type(result).__name__}; expected a float or a dict", wall_s=wall_s)
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        if why := _reward_problem(result, *FLOAT_RANGE):
+            return error(f"run() returned the reward {_quote(result)} ({why})")
+        return EpisodeOutcome(episode_id, "ok", reward=float(result), wall_s=wall_s)
+    return error(f"run() returned {_quote(result)} of type {type(result).__name__}; expected a float or a {{completion_id: reward}} dict")
+
+
+def check_episode_rewards(outcome: EpisodeOutcome, recorded: Mapping[str, float | None],
+                          reward_range: Sequence[float]) -> EpisodeOutcome:
+    """``outcome`` if every reward of this ok episode is one it may give, else an error outcome
+    (not trained on) naming each bad entry with its id and value.
+
+    ``recorded`` maps the episode's own completion ids (its gateway session's interactions) to the
+    reward already set on it (``set_reward`` through the gateway or a client), None when unset.
+    Checked: the float reward, every entry of a {completion_id: reward} dict (the id must be one
+    of ``recorded``), and every reward already set: each a finite number within ``reward_range`` ([low, high]). The
+    controller calls this for every outcome, whoever produced it: a sandboxed agent's outcome is
+    the agent's word, and ``outcome_from_result`` cannot know the episode's ids or the range.
+    """
+    if outcome.status != "ok":
+        return outcome
+    low, high = reward_range
+    problems = []
+    if outcome.reward is not None and (why := _reward_problem(outcome.reward, low, high)):
+        problems.append(f"the episode reward {_quote(outcome.reward)} ({why})")
+    for k, v in outcome.rewards_by_id.items():
+        whys = [] if isinstance(k, str) and k in recorded else ["not a completion id of this episode"]
+        whys += [w for w in [_reward_problem(v, low, high)] if w]
+        if whys:
+            problems.append(f"{_quote(k)} -> {_quote(v)} ({'; '.join(whys)})")
+    for k, v in recorded.items():
+        if v is not None and (why := _reward_problem(v, low, high)):
+            problems.append(f"{_quote(k)} -> {_quote(v)} set with set_reward ({why})")
+    if not problems:
+        return outcome
+    ids = list(recorded)
+    own = ", ".join(_quote(i) for i in ids[:_NAMED]) + (f" and {len(ids) - _NAMED} more" if len(ids) > _NAMED else "")
+    return msgspec.structs.replace(
+        outcome, status="error", reward=None, rewards_by_id={},
+        error=f"rewards this episode cannot give (rollout.reward_range [{low:g}, {high:g}]; its completion ids: "
+              f"{own or 'none'}): {_listed(problems)}",
+    )
+
+
+def _reward_problem(value: Any, low: float, high: float) -> str | None:
+    """Why ``value`` cannot be a reward within [low, high], or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"of type {type(value).__name__}, not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not finite"
+    if not low <= value <= high:  # exact for ints of any size (float(10**400) would overflow)
+        return f"outside [{low:g}, {high:g}]"
+    return None
+
+
+def _quote(x: Any) -> str:
+    """``repr`` cut to a readable length: an agent's key or value may be any size."""
+    text = repr(x)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} chars)"
+
+
+def _listed(problems: list[str]) -> str:
+    more = len(problems) - _NAMED
+    return "; ".join(problems[:_NAMED]) + (f"; and {more} more" if more > 0 else "")
 
 
 def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -> EpisodeOutcome:

@@ -63,6 +63,9 @@ class RolloutConfig:
     max_concurrent_episodes: int = 64
     deadline_s: float = 60.0  # wall-clock limit of one episode
     temperature: float = 1.0  # sampling temperature the agents use; the trainer scores with the same
+    # [low, high]: a reward outside it (or not finite, or naming another episode's completions)
+    # makes that episode an error, not a trajectory. Rewards travel as float32, hence the cap.
+    reward_range: list[float] = field(default_factory=lambda: [-1e4, 1e4])
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
 
     def __post_init__(self) -> None:
@@ -75,6 +78,13 @@ class RolloutConfig:
             raise ValueError("rollout.deadline_s must be positive")
         if ":" not in self.agent:
             raise ValueError(f"rollout.agent must be MODULE:ATTR, got {self.agent!r}")
+        r, f32_max = self.reward_range, 3.4028234663852886e38  # the largest float32 (Trajectory.row_rewards)
+        if (not isinstance(r, (list, tuple)) or len(r) != 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in r)
+                or not -f32_max <= r[0] < r[1] <= f32_max):
+            raise ValueError(f"rollout.reward_range must be [low, high] with finite numbers low < high within "
+                             f"+-{f32_max:.4g} (rewards travel as float32), got {r!r}")
+        self.reward_range = [float(r[0]), float(r[1])]
 
 
 @dataclass

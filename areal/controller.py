@@ -15,9 +15,12 @@ where ``version`` is the trainer's latest published policy. With a bound of 0 th
 synchronous; with 1, the next step's rollouts overlap the current optimizer step.
 
 Failure policy: a failed episode (error, timeout, crash) is logged with its reason in
-``episodes.jsonl`` and counted in the metrics; it is not trained on. A group whose episodes all
-failed is replaced by a new prompt. If the first ``2 * groups_per_step`` groups all fail, the run
-stops with the first failure's reason rather than spinning. A dead engine or trainer stops the
+``episodes.jsonl`` and counted in the metrics; it is not trained on. An episode whose rewards lie
+(not finite, outside ``rollout.reward_range``, of a wrong type, or naming completions that are
+not its own) is such a failure, its error naming the bad entries: it affects neither the other
+episodes of its group nor the run. A group whose episodes all failed is replaced by a new
+prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
+failure's reason rather than spinning. A dead engine or trainer stops the
 run with a named error and the tail of its log.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -45,7 +49,7 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import agent_run, load_agent, outcome_from_exception, outcome_from_result
+from areal.agent import agent_run, check_episode_rewards, load_agent, outcome_from_exception, outcome_from_result
 from areal.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import normalize_row
@@ -58,7 +62,9 @@ from areal.utils.hf_utils import resolve_model_path
 from areal.plots import plot_reward_curve
 from areal.process import die_with_parent, log_tail, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
+from areal.jsonl import json_line
 from areal.trainer import TrainerConfig
+from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
 
 
@@ -127,11 +133,11 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
 
     Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
     rewards the named rows; rows it does not name keep a reward set through the gateway
-    (``set_reward``), else 0.
+    (``set_reward``), else 0. ``outcome`` has passed ``check_episode_rewards`` against
+    ``session``: every id it names is one of the session's (else ``KeyError``).
     """
     for inter_id, r in outcome.rewards_by_id.items():
-        if inter_id in session.interactions:
-            session.set_reward(inter_id, r)
+        session.set_reward(inter_id, r)
     exported = session.export_interactions("individual")
     rows, versions = [], []
     for row in exported.values():
@@ -294,11 +300,21 @@ class Controller:
         if self.workflow_kind == "rollout":
             return None
         if cfg.rollout.openai.mode == "subproc":
-            runner = await Zygote.start(self.agent_spec, gateway_addr, cfg.sandbox, str(self.run_dir / "sandbox"))
+            runner = await Zygote.start(self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"))
             for w in runner.ready.warnings:
                 tqdm.write(f"[sandbox] warning: {w}")
             return runner
         return InlineRunner(self.agent if self.agent is not None else cfg.rollout.agent, http_url)
+
+    def _sandbox_config(self) -> SandboxConfig:
+        """The configured sandbox, with this run's directory masked in every episode's root, and
+        the top-level directory holding it when that lies in the working directory (``runs/``
+        with Hydra's default layout): other runs' checkpoints and logs are not the agent's."""
+        run_dir, cwd = self.run_dir.resolve(), Path.cwd().resolve()
+        hide = [str(run_dir)]
+        if run_dir.is_relative_to(cwd) and run_dir != cwd:
+            hide.append(str(cwd / run_dir.relative_to(cwd).parts[0]))
+        return dataclasses.replace(self.config.sandbox, hide=[*self.config.sandbox.hide, *hide])
 
     def _model_dir(self) -> Path:
         path = Path(resolve_model_path(self.config.model.path))  # "embedded" / "scripted": built on first use
@@ -421,14 +437,16 @@ class Controller:
                 raise TypeError(f"arun_episode must return dict[str, InteractionWithTokenLogpReward] or None, got {type(rows).__name__}")
             outcome = EpisodeOutcome(episode_id, "ok" if rows else "error", error="" if rows else f"arun_episode returned {rows!r}",
                                      wall_s=time.monotonic() - t0)
-        rows = rows or {}
+        if rows:  # the workflow's rewards get the same check as an agent's
+            outcome = check_episode_rewards(outcome, {i: r.reward for i, r in rows.items()}, self.config.rollout.reward_range)
+        rows = rows if outcome.status == "ok" else {}
         self.window.append(outcome)
         record = {"episode_id": episode_id, "group_id": group_id, "status": outcome.status,
                   "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
                   "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}), "interactions": len(rows),
                   "output_tokens": sum(sum(r.loss_mask) for r in rows.values()), "wall_s": round(outcome.wall_s, 4),
                   "exit_signal": 0, "error": outcome.error[-2000:]}
-        self.episode_log.write(json.dumps(record) + "\n")
+        self.episode_log.write(json_line(record))
         if not rows:
             self._group_failed(outcome)
             return
@@ -458,6 +476,10 @@ class Controller:
             outcome = await runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s)
         finally:
             session = gateway.close_session(key)
+        # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
+        # checked against this episode's own completions and the configured range here, once.
+        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()},
+                                        self.config.rollout.reward_range)
         self.window.append(outcome)
         return outcome, session
 
@@ -470,7 +492,7 @@ class Controller:
             "output_tokens": sum(len(i.output_ids) for i in inters), "wall_s": round(o.wall_s, 4),
             "exit_signal": o.exit_signal, "error": o.error[-2000:],
         }
-        self.episode_log.write(json.dumps(record) + "\n")
+        self.episode_log.write(json_line(record))
 
     # ---- trainer reports ------------------------------------------------------------------
 
@@ -507,7 +529,7 @@ class Controller:
         row = {"step": r.step, "version": r.version, "consumed": r.consumed, **r.metrics,
                **{f"episodes_{k}": v for k, v in statuses.items()}, "time": time.time()}
         self.step_metrics.append(row)
-        self.metrics_log.write(json.dumps(row) + "\n")
+        self.metrics_log.write(json_line(row))
         self.metrics_log.flush()
         self.episode_log.flush()
 

@@ -11,6 +11,8 @@ Invariants:
   the same in its group's mean and std whatever its number of rows (turns), and all rows of an
   episode are normalised with their group's statistics.
 - Per-turn returns (``turn_returns``) discount later rewards by ``gamma`` per row, in row order.
+- Advantage statistics are computed in float64 and returned as float32: a group's variance
+  squares its rewards, which overflows float32 from rewards of about 1.8e19 on (NaN advantages).
 - ``token_logprobs`` / ``head_logprobs`` never materialise a (tokens, vocab) tensor beyond one
   chunk: the forward keeps only the per-token log-sum-exp, the backward recomputes the softmax
   chunk by chunk (``head_logprobs`` also recomputes the lm head, so not even the logits exist).
@@ -33,35 +35,36 @@ DEFAULT_CHUNK_ELEMS = 1 << 24  # (rows x vocab) floats per head chunk: 64 MiB in
 def group_advantages(rewards: torch.Tensor, group_ids: list[str], eps: float = 1e-6) -> torch.Tensor:
     """GRPO advantages: ``(r - mean_group) / (std_group + eps)``, std over the population.
 
-    rewards: (N,) one reward per trajectory; group_ids: N group names. Returns (N,) float32.
+    rewards: (N,) one reward per trajectory; group_ids: N group names. Returns (N,) float32
+    (computed in float64).
     """
     if rewards.ndim != 1 or rewards.shape[0] != len(group_ids):
         raise ValueError(f"rewards shape {tuple(rewards.shape)} does not match {len(group_ids)} group_ids")
-    rewards = rewards.to(torch.float32)
+    rewards = rewards.to(torch.float64)
     index: dict[str, int] = {}
     gid = torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
     n_groups = len(index)
-    counts = torch.zeros(n_groups).index_add_(0, gid, torch.ones_like(rewards))
-    mean = torch.zeros(n_groups).index_add_(0, gid, rewards) / counts
+    counts = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, torch.ones_like(rewards))
+    mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, rewards) / counts
     centred = rewards - mean[gid]
-    var = torch.zeros(n_groups).index_add_(0, gid, centred * centred) / counts
+    var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, gid, centred * centred) / counts
     std = var.sqrt()
     # The float mean of identical rewards need not equal them exactly (3 * 0.1 / 3 != 0.1), and
     # round-off divided by eps would be noise of order 1e-2: force constant groups to exactly 0.
-    hi = torch.full((n_groups,), -torch.inf).scatter_reduce_(0, gid, rewards, "amax")
-    lo = torch.full((n_groups,), torch.inf).scatter_reduce_(0, gid, rewards, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce_(0, gid, rewards, "amax")
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce_(0, gid, rewards, "amin")
     centred = torch.where((hi == lo)[gid], torch.zeros_like(centred), centred)
-    return centred / (std[gid] + eps)
+    return (centred / (std[gid] + eps)).to(torch.float32)
 
 
-def turn_returns(row_rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+def turn_returns(row_rewards: torch.Tensor, gamma: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Discounted return of each row (turn): ``G_k = sum_{j >= k} gamma^(j - k) r_j``.
 
-    row_rewards: (K,) rewards of one episode's rows in order. Returns (K,) float32.
+    row_rewards: (K,) rewards of one episode's rows in order. Returns (K,) of ``dtype``.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    out = torch.empty(row_rewards.shape[0], dtype=torch.float32)
+    out = torch.empty(row_rewards.shape[0], dtype=dtype)
     acc = 0.0
     for k in range(row_rewards.shape[0] - 1, -1, -1):
         acc = float(row_rewards[k]) + gamma * acc
@@ -75,6 +78,7 @@ def episode_advantages(returns: list[torch.Tensor], group_ids: list[str], eps: f
     returns: one (K_i,) tensor of row returns per episode; group_ids: one group per episode. The
     group's mean and population std weigh each row 1 / K_i, so every episode counts once however
     many turns it has; with one return per episode this is exactly ``group_advantages``.
+    Returns float32 tensors, computed in float64.
     """
     if len(returns) != len(group_ids):
         raise ValueError(f"{len(returns)} episodes but {len(group_ids)} group_ids")
@@ -82,21 +86,22 @@ def episode_advantages(returns: list[torch.Tensor], group_ids: list[str], eps: f
         raise ValueError("every episode needs a non-empty (K,) tensor of row returns")
     index: dict[str, int] = {}
     gid = torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
-    rows = torch.cat([r.to(torch.float32) for r in returns])  # (R,)
+    f64 = torch.float64
+    rows = torch.cat([r.to(f64) for r in returns])  # (R,)
     sizes = torch.tensor([r.shape[0] for r in returns])
     row_gid = gid.repeat_interleave(sizes)
-    w = (1.0 / sizes.to(torch.float32)).repeat_interleave(sizes)  # each episode weighs 1
+    w = (1.0 / sizes.to(f64)).repeat_interleave(sizes)  # each episode weighs 1
     n_groups = len(index)
-    wsum = torch.zeros(n_groups).index_add_(0, row_gid, w)
-    mean = torch.zeros(n_groups).index_add_(0, row_gid, w * rows) / wsum
+    wsum = torch.zeros(n_groups, dtype=f64).index_add_(0, row_gid, w)
+    mean = torch.zeros(n_groups, dtype=f64).index_add_(0, row_gid, w * rows) / wsum
     centred = rows - mean[row_gid]
-    std = (torch.zeros(n_groups).index_add_(0, row_gid, w * centred * centred) / wsum).sqrt()
+    std = (torch.zeros(n_groups, dtype=f64).index_add_(0, row_gid, w * centred * centred) / wsum).sqrt()
     # As in group_advantages: constant groups are exactly 0, not round-off divided by eps.
-    hi = torch.full((n_groups,), -torch.inf).scatter_reduce_(0, row_gid, rows, "amax")
-    lo = torch.full((n_groups,), torch.inf).scatter_reduce_(0, row_gid, rows, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=f64).scatter_reduce_(0, row_gid, rows, "amax")
+    lo = torch.full((n_groups,), torch.inf, dtype=f64).scatter_reduce_(0, row_gid, rows, "amin")
     const = (hi == lo)[row_gid]
     adv = torch.where(const, torch.zeros_like(centred), centred / torch.where(const, 1.0, std[row_gid] + eps))
-    return list(torch.split(adv, sizes.tolist()))
+    return list(torch.split(adv.to(torch.float32), sizes.tolist()))
 
 
 class _ChunkedTokenLogprob(torch.autograd.Function):

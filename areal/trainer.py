@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from areal.jsonl import json_line
 from areal.checkpoint import DataPosition, latest_checkpoint, load_checkpoint, save_checkpoint
 from areal.fsdp import FullWeights, checkpoint_states, clip_grad_norm, is_sharded, set_gradient_sync, shard_policy
 from areal.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
@@ -264,15 +265,20 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
 
     Rows that all carry the episode's reward (a float reward), or no reward at all, share the
     episode reward as their return; rows that carry their own rewards (a {completion_id: reward}
-    dict) get discounted per-turn returns.
+    dict) get discounted per-turn returns. Returns are float64 (a float32 group variance overflows
+    on large rewards); a non-finite reward is a ``ValueError`` naming its episode: the controller
+    fails such episodes, so one reaching the trainer is a bug of whatever wrote the ring.
     """
     returns = []
     for t in trajs:
-        rr = torch.from_numpy(t.array("row_rewards").astype(np.float32))
-        if rr.numel() == 0 or bool((rr == np.float32(t.reward)).all()) or not bool(rr.any()):
-            returns.append(torch.full((max(rr.numel(), 1),), float(t.reward)))
+        rr32 = t.array("row_rewards")  # (K,) float32 on the wire
+        if not (np.isfinite(t.reward) and np.isfinite(rr32).all()):
+            raise ValueError(f"episode {t.episode_id} (group {t.group_id}) reached the trainer with a non-finite reward: "
+                             f"episode reward {t.reward!r}, row rewards {rr32.tolist()[:8]}")
+        if rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any()):
+            returns.append(torch.full((max(rr32.size, 1),), float(t.reward), dtype=torch.float64))
         else:
-            returns.append(turn_returns(rr, turn_discount))
+            returns.append(turn_returns(torch.from_numpy(rr32.astype(np.float64)), turn_discount, dtype=torch.float64))
     adv = episode_advantages(returns, [t.group_id for t in trajs], eps)
     return [a[: t.array("row_lens").shape[0]] for a, t in zip(adv, trajs)]
 
@@ -662,13 +668,13 @@ def train(config: TrainerConfig, reporter: Reporter | None, rank: int = 0, world
             metrics = train_step(scorer, optimizer, trajs, config, version=step - 1, reference=reference)
             metrics["step_s"] = time.perf_counter() - t0
             with open(episodes_log, "a") as f:
-                f.write(json.dumps({"step": step, "episodes": [t.episode_id for t in trajs]}) + "\n")
+                f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
             (consumed, pending) = _all_reduce([float(collector.consumed),
                                                float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
             if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
                 metrics["pending_trajectories"] = pending
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:
-                    f.write(json.dumps({"step": step, "version": step, "consumed": int(consumed), **metrics}) + "\n")
+                    f.write(json_line({"step": step, "version": step, "consumed": int(consumed), **metrics}))
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 if sharded:  # the collective half of the save, on every rank
                     ckpt_model.gather()

@@ -5,9 +5,10 @@
       └─fork─► episode process (new session = own process group), ahead of its spawn (a warm
                slot, sandbox/zygote.py): every step below runs before the spawn arrives
                  enter(): join cgroups · [not root: unshare user, uid/gid 0 inside mapped to
-                 the zygote's own] · unshare net (lo up) · unshare mount (every mount made
-                 read-only, private /tmp tmpfs, empty /dev/shm tmpfs, gateway socket bound back
-                 in) · rlimits · no_new_privs · scrubbed env
+                 the zygote's own] · unshare net (lo up) · unshare mount + pivot_root into a
+                 minimal read-only root (sandbox/rootfs.py: programs, an /etc allow-list, the
+                 interpreter and the agent's code; private /tmp tmpfs, empty /dev/shm tmpfs,
+                 gateway socket bound in) · rlimits · no_new_privs · scrubbed env
                  └─fork─► agent, PID 1 of a new PID namespace (fresh read-only /proc,
                           capabilities dropped, then the seccomp filter of sandbox/seccomp.py);
                           the episode process waits and forwards its exit status
@@ -40,14 +41,20 @@ What is covered (each line has an attack in tests/test_sandbox_attacks.py):
   can be signalled, ptraced or have its /proc/<pid>/environ read; everything dies with the
   agent, so a daemonised grandchild or a deadline kill leaves nothing behind), pids cgroup
   (fork bombs stop at ``max_pids``).
-- memory: cgroup v1 memory limit (OOM kills are reported as "oom"; tmpfs pages count too),
-  RLIMIT_AS.
+- memory: cgroup v1 memory limit on the pages really used (OOM kills are reported as "oom";
+  tmpfs pages count too). RLIMIT_AS is off by default (``address_space_bytes``): Node, Bun and
+  other runtimes reserve tens of GiB of address space they never touch, and a cap on it fails
+  them in every episode (tests/test_node_agent.py).
 - CPU time (RLIMIT_CPU and the wall-clock deadline), open files, file size (also caps the
   per-episode log, so a stdout flood ends with EFBIG), no core dumps.
-- files: every mount is read-only (mount_setattr AT_RECURSIVE) except a private size-capped
-  tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on /dev/shm, so the trainer's
-  shared-memory rings are invisible; /proc is the namespace's own, read-only. Secrets in the
-  controller's environment are not inherited (allow-list below).
+- files: the episode's root is minimal (sandbox/rootfs.py): the system's programs and libraries,
+  an allow-list of /etc (no shadow, no ssh keys), the interpreter and sys.path, the agent's own
+  directory and ``sandbox.expose``, all read-only; the run directory (checkpoints, logs) and
+  ``sandbox.hide`` masked. Home directories, /root, /var, /run, /sys and other users' and runs'
+  files are absent, so a root-owned 0600 file is not readable even by the agent's uid 0. Writable:
+  a private size-capped tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on
+  /dev/shm, so the trainer's shared-memory rings are invisible; /proc is the namespace's own,
+  read-only. Secrets in the controller's environment are not inherited (allow-list below).
 - privileges: no_new_privs; all capabilities dropped in the agent (bounding set included), so
   root inside cannot remount, raise rlimits or leave its cgroup; a seccomp deny-list (ptrace,
   mount, namespaces, kernel modules, bpf, keyrings, io_uring, ...; see sandbox/seccomp.py).
@@ -62,8 +69,11 @@ What is not covered:
 - CPU shares/quotas (no cpu cgroup): a spinning agent takes a core until its deadline.
 - disk bandwidth; the per-episode log on the host disk is bounded only by RLIMIT_FSIZE.
 - the cgroup v2 hierarchy (only v1 controllers are used; v2-only hosts skip the cgroup layer).
-- readable files: everything world-readable on the host's filesystem (outside /tmp) can be
-  read, e.g. the project's code and model files; only writing is prevented.
+- readable files inside what is exposed: a project directory on sys.path is exposed whole but
+  for the run directory and ``sandbox.hide``, so a secret kept inside the project (a .env file)
+  is readable; keep secrets outside it, or hide them. Without the readonly_root layer (skipped,
+  or refused by the kernel and warned about) the host's root is visible, and writable where the
+  agent's uid may write.
 - anything under /tmp that the agent module imports lazily after the fork is hidden by the
   private /tmp unless it is on sys.path (the module itself is imported by the zygote before).
 """
@@ -83,7 +93,7 @@ import struct
 import tempfile
 from dataclasses import dataclass, field
 
-from sandbox import seccomp
+from sandbox import rootfs, seccomp
 
 log = logging.getLogger("sandbox.isolation")
 
@@ -107,7 +117,6 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1  # x86_64, Linux >= 5.12
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -117,7 +126,10 @@ class SandboxConfig:
 
     deadline_s: float = 600.0  # wall-clock deadline when SpawnEpisode/run_episode gives none
     cpu_seconds: int | None = 600  # RLIMIT_CPU (SIGXCPU, then SIGKILL) of each process
-    address_space_bytes: int | None = 8 << 30  # RLIMIT_AS; threads reserve arenas, keep it generous
+    # RLIMIT_AS, off by default: runtimes reserve far more address space than they touch (Node's V8
+    # and WebAssembly reserve tens of GiB), so a cap on it fails them; memory_limit_bytes (the
+    # cgroup) bounds the pages really used.
+    address_space_bytes: int | None = None
     max_processes: int | None = 4096  # RLIMIT_NPROC (per uid; ignored for root, see max_pids)
     open_files: int | None = 1024  # RLIMIT_NOFILE
     file_size_bytes: int | None = 64 << 20  # RLIMIT_FSIZE: largest file, including the episode log
@@ -129,6 +141,10 @@ class SandboxConfig:
     log_tail_bytes: int = 4096  # how much of the episode log a failed outcome carries
     skip_layers: list[str] = field(default_factory=list)  # layers not to apply, from LAYERS
     warm_slots: int = 2  # episode processes kept set up (every layer applied) and waiting for a spawn
+    # The minimal root (sandbox/rootfs.py): extra paths episodes may read (model or tool files), and
+    # paths masked even inside an exposed directory (the controller adds its run directory).
+    expose: list[str] = field(default_factory=list)
+    hide: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -147,6 +163,12 @@ class SandboxConfig:
             raise ValueError(f"sandbox.log_tail_bytes must be >= 0, got {self.log_tail_bytes}")
         if not os.path.isdir(self.temp_root):
             raise ValueError(f"sandbox.temp_root {self.temp_root!r} is not a directory")
+        for p in self.expose:
+            if not os.path.isabs(p) or not os.path.exists(p):
+                raise ValueError(f"sandbox.expose entry {p!r} is not an existing absolute path")
+        for p in self.hide:
+            if not os.path.isabs(p):
+                raise ValueError(f"sandbox.hide entry {p!r} is not an absolute path")
         unknown = sorted(set(self.skip_layers) - set(LAYERS))
         if unknown:
             raise ValueError(f"sandbox.skip_layers has unknown layer(s) {unknown}; known: {list(LAYERS)}")
@@ -228,21 +250,13 @@ def _code_dirs_under_tmp() -> list[str]:
     return kept
 
 
-def _readonly_everything() -> None:
-    """Make every mount of this (private) mount namespace read-only, recursively, in one call.
-    Mounts made afterwards (the tmpfs on /tmp and /dev/shm, /proc) are writable as asked."""
-    attr = struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clr, propagation, userns
-    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/",
-                       ctypes.c_uint(_AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
-    _check(rc, "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
-
-
-def _private_tmp(size: int, keep_path: str, readonly_root: bool = False, shm_size: int = 1 << 20) -> None:
+def _private_tmp(size: int, keep_path: str, shm_size: int = 1 << 20) -> None:
     """New mount namespace with a tmpfs on /tmp and an empty one on /dev/shm (the trainer's
-    rings and other processes' segments live there). Kept visible: ``keep_path`` (the gateway
-    socket), and, read-only, the code the agent imports lazily if it lives under /tmp (without
-    this, a project cloned into /tmp would lose its own virtualenv inside the sandbox). With
-    ``readonly_root`` everything else is read-only too."""
+    rings and other processes' segments live there), the host's root otherwise as it is: the
+    mountns layer without readonly_root (whose minimal root, sandbox/rootfs.py, replaces all of
+    this). Kept visible: ``keep_path`` (the gateway socket), and, read-only, the code the agent
+    imports lazily if it lives under /tmp (without this, a project cloned into /tmp would lose
+    its own virtualenv inside the sandbox)."""
     keep = os.path.realpath(keep_path) if keep_path else ""
     _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # keep our mounts from propagating to the host
@@ -251,8 +265,6 @@ def _private_tmp(size: int, keep_path: str, readonly_root: bool = False, shm_siz
     binds = [(d, os.open(d, os.O_PATH), True) for d in _code_dirs_under_tmp()]
     if keep.startswith("/tmp/"):
         binds.append((keep, os.open(keep, os.O_PATH), False))
-    if readonly_root:
-        _readonly_everything()
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=1777")
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, f"size={shm_size},mode=1777")
@@ -346,9 +358,10 @@ def _probe_layer(layer: str, config: SandboxConfig) -> None:
     elif layer == "mountns":
         _private_tmp(1 << 20, "")
     elif layer == "readonly_root":  # a namespace of its own: never touch the host's mount table
-        _unshare(_CLONE_NEWNS, "CLONE_NEWNS")
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-        _readonly_everything()
+        secret = "/etc/shadow" if os.path.exists("/etc/shadow") else ""
+        rootfs.enter_minimal_root(rootfs.plan_root([], [], [])[0], 1 << 20, 1 << 20, "")
+        if secret and os.path.exists(secret):
+            raise OSError(f"the minimal root still shows {secret}")
     elif layer == "pidns":
         _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
         pid = os.fork()
@@ -408,8 +421,10 @@ def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResou
     return EpisodeResources(name=name, cgroups=cgroups, host_tmp=host_tmp)
 
 
-def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str) -> str:
-    """Episode child side: apply every available layer but the PID namespace; returns the home dir."""
+def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str,
+          plan: rootfs.RootPlan | None = None) -> str:
+    """Episode child side: apply every available layer but the PID namespace; returns the home dir.
+    ``plan``: the minimal root (``rootfs.plan_root``), used when the readonly_root layer is on."""
     if "session" in layers:
         os.setsid()  # own process group: the zygote kills the episode with one killpg
     for d in res.cgroups:
@@ -424,9 +439,13 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
         _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
         _loopback_up()
     home = res.host_tmp
-    if "mountns" in layers:
-        _private_tmp(config.tmp_size_bytes, gateway_path, readonly_root="readonly_root" in layers,
-                     shm_size=config.shm_size_bytes)
+    if "mountns" in layers and "readonly_root" in layers:
+        if plan is None:
+            raise ValueError("the readonly_root layer needs a RootPlan (rootfs.plan_root)")
+        rootfs.enter_minimal_root(plan, config.tmp_size_bytes, config.shm_size_bytes, gateway_path)
+        home = "/tmp"
+    elif "mountns" in layers:
+        _private_tmp(config.tmp_size_bytes, gateway_path, shm_size=config.shm_size_bytes)
         home = "/tmp"
     if "rlimits" in layers:
         _rlimits(config)

@@ -70,7 +70,7 @@ from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode
                             ZygoteOutbound, ZygoteReady, frame)
 from areal.agent import AgentRun, load_agent, outcome_from_result
 from areal.process import die_with_parent, log_tail
-from sandbox import isolation, keys
+from sandbox import isolation, keys, rootfs
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
 if TYPE_CHECKING:
@@ -184,8 +184,8 @@ class ZygoteServer:
     deadlines, report."""
 
     def __init__(self, run: AgentRun, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
-                 ctrl_out: int, layers: list[str]) -> None:
-        self.run, self.agent, self.gateway_addr = run, agent, gateway_addr
+                 ctrl_out: int, layers: list[str], plan: rootfs.RootPlan | None = None) -> None:
+        self.run, self.agent, self.gateway_addr, self.plan = run, agent, gateway_addr, plan
         self.config, self.log_dir, self.ctrl_out, self.layers = config, log_dir, ctrl_out, layers
         self.gateway_path = gateway_addr.removeprefix("ipc://")
         self.slots: dict[int, _Slot] = {}  # by pid: idle and busy, until reaped and (if busy) reported
@@ -365,7 +365,7 @@ class ZygoteServer:
             os.dup2(logfd, 2)
             os.close(devnull)
             os.close(logfd)
-            isolation.enter(self.config, self.layers, res, self.gateway_path)
+            isolation.enter(self.config, self.layers, res, self.gateway_path, self.plan)
             if "pidns" in self.layers:
                 isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers,
                                                   readonly_proc="readonly_root" in self.layers)
@@ -670,6 +670,23 @@ class Zygote:
         self._dead = self._dead or "closed"
 
 
+def agent_paths(spec: str) -> list[str]:
+    """What of the agent's own its episodes must read: the directory of an exec program or of a
+    .py file (its helpers, a node_modules beside it), and the embedded models' cache (an agent may
+    load the embedded tokenizer). A module named by import path lives on sys.path, exposed anyway."""
+    from areal.agent import EXEC_PREFIX, PROJECT_ROOT
+    from areal.embedded import embedded_cache_root
+
+    out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []
+    target = spec[len(EXEC_PREFIX):] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
+    if spec.startswith(EXEC_PREFIX) or target.endswith(".py"):
+        for base in (os.getcwd(), str(PROJECT_ROOT)):  # where load_agent looks, in its order
+            path = os.path.join(base, target)
+            if os.path.isfile(path):
+                return out + [os.path.dirname(os.path.realpath(path))]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sandbox.zygote")
     parser.add_argument("--agent", required=True, help="MODULE:ATTR")
@@ -695,15 +712,19 @@ def main(argv: list[str] | None = None) -> None:
         log.info("anthropic SDK not installed; not preloaded")
     _warm_up_sdks()
     run = load_agent(args.agent)
+    # Masked even where exposed: the episodes' logs (the controller adds its whole run directory).
+    plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)],
+                                           agent_paths(args.agent))
     if threading.active_count() > 1:
         log.warning("%d threads exist before forking; they do not exist in the episodes", threading.active_count())
     layers, warnings = isolation.probe(config)
+    warnings += plan_warnings if "readonly_root" in layers else []
     layers = [layer for layer in layers if layer not in config.skip_layers]
     if "cgroup" in layers:
         for d in isolation.sweep_stale_cgroups():
             log.info("removed stale cgroup %s", d)
     gc.freeze()  # keep imported objects out of later collections: fewer copy-on-write page faults
-    server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers)
+    server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers, plan)
     try:
         server.refill()  # before ZygoteReady: the first episodes find their slots set up
         server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import ctypes
+import errno
 import os
 import re
 import signal
@@ -258,6 +259,25 @@ class AttackAgent:
                   | {"mkdir cgroup": lambda: os.mkdir("/sys/fs/cgroup/pids/areal/escape"),
                      "sysctl": lambda: write("/proc/sys/kernel/hostname")})
         return 1.0
+
+    async def read_files(self, data: dict, **kw: Any) -> float:
+        def read(path: str) -> None:
+            with open(path, "rb") as f:
+                f.read(1)
+
+        def listing(path: str) -> None:  # a directory that shows anything the run did not expose
+            shown = sorted(os.listdir(path))
+            if [n for n in shown if n not in data.get("allowed_entries", [])]:
+                return None
+            raise FileNotFoundError(errno.ENOENT, f"only {shown}")
+
+        _attempts({p: lambda p=p: read(p) for p in data["paths"]}
+                  | {f"ls {d}": lambda d=d: listing(d) for d in data.get("dirs", [])})
+        return 1.0
+
+    async def read_exposed(self, data: dict, **kw: Any) -> float:
+        with open(data["path"]) as f:
+            return float(f.read() == data["expect"])
 
     async def read_environ(self, data: dict, **kw: Any) -> float:
         for pid in filter(str.isdigit, os.listdir("/proc")):  # whatever is visible must not hold it

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -40,12 +41,49 @@ ANSWER = "42"
 SECRET = "attack-secret-" + uuid.uuid4().hex
 LIMITS = dict(deadline_s=30.0, memory_limit_bytes=256 << 20, max_pids=64, tmp_size_bytes=16 << 20,
               file_size_bytes=4 << 20, shm_size_bytes=1 << 20)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TAG = uuid.uuid4().hex[:12]
+
+
+class HostSecrets:
+    """Files a real user's machine holds that no episode may read, made for real on this host:
+    a root-owned 0600 file outside /tmp, one in root's home, one in another user's home, and
+    the trainer's checkpoint in this run's directory (inside the project, which is exposed, and
+    masked by sandbox.hide as the controller masks its run directory). Plus a file named by
+    sandbox.expose, which episodes must be able to read."""
+
+    def __init__(self) -> None:
+        self.var_dir = f"/var/lib/areal-attack-{TAG}"
+        self.home = f"/home/areal-attack-{TAG}"
+        self.run_dir = os.path.join(REPO, "runs", f"areal-attack-{TAG}")
+        self.exposed_dir = f"/var/lib/areal-expose-{TAG}"
+        self.files = {
+            "root_0600": os.path.join(self.var_dir, "credentials"),
+            "root_home": f"/root/.areal-attack-{TAG}",
+            "user_home": os.path.join(self.home, ".netrc"),
+            "checkpoint": os.path.join(self.run_dir, "checkpoints", "step-2", "model.safetensors"),
+        }
+        self.exposed = os.path.join(self.exposed_dir, "tool-data.txt")
+        for path in [*self.files.values(), self.exposed]:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write("secret" if path != self.exposed else "tool data")
+        for path in self.files.values():
+            os.chmod(path, 0o600)
+        os.chown(self.home, 65534, 65534)  # another user's home
+        os.chown(self.files["user_home"], 65534, 65534)
+
+    def remove(self) -> None:
+        for d in (self.var_dir, self.home, self.run_dir, self.exposed_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        os.unlink(self.files["root_home"])
 
 
 class World:
     """Gateway + stand-in engine + zygote, all driven from one background event loop."""
 
     def __init__(self, tmp: str) -> None:
+        self.secrets = HostSecrets()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -79,8 +117,9 @@ class World:
         self.http_runner, http_url = await serve_http(self.gateway)
         self.http_port = int(http_url.rsplit(":", 1)[1])
         with zygote_env(SECRET_TOKEN=SECRET):
-            self.zygote = await Zygote.start("sandbox_agents:AttackAgent", self.gateway_addr,
-                                             SandboxConfig(**LIMITS), os.path.join(tmp, "log"))
+            config = SandboxConfig(**LIMITS, expose=[self.secrets.exposed_dir], hide=[self.secrets.run_dir])
+            self.zygote = await Zygote.start("sandbox_agents:AttackAgent", self.gateway_addr, config,
+                                             os.path.join(tmp, "log"))
 
     async def _stop(self) -> None:
         await self.zygote.close()
@@ -93,6 +132,7 @@ class World:
         run(self.loop, self._stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
+        self.secrets.remove()
 
     async def episode(self, data: dict, deadline_s: float | None = None, key: str | None = None) -> EpisodeOutcome:
         eid = f"{data['case']}-{uuid.uuid4().hex[:8]}"
@@ -190,7 +230,27 @@ def test_write_outside_the_temp_dir(world):
     finally:
         os.rmdir(outside)
     assert out.status == "error" and "every attempt was blocked" in out.error
-    assert out.error.count("Read-only file system") == 5, out.error  # 3 paths, the cgroup dir, /proc/sys
+    # 3 paths, the cgroup dir, /proc/sys: each refused as read-only, or absent from the minimal root
+    assert out.error.count("Read-only file system") + out.error.count("No such file or directory") == 5, out.error
+
+
+def test_read_files_the_run_does_not_expose(world):
+    """Root's 0600 file outside /tmp, /etc/shadow, root's home, another user's home, this run's
+    checkpoint: all absent from the episode's root (the agent is uid 0 without capabilities, so
+    a visible root-owned file would be readable). /root and /home show nothing of their own."""
+    secrets = world.secrets
+    paths = [*secrets.files.values(), "/etc/shadow", "/etc/gshadow", "/etc/ssh/ssh_host_ed25519_key"]
+    for path in paths[:-1]:
+        assert os.path.exists(path), path  # the host really holds them
+    out = world.attack({"case": "read_files", "paths": paths, "dirs": ["/root", "/home"],
+                        "allowed_entries": [".pyenv", ".cache"]})  # the interpreter, the models (as on this host)
+    assert out.status == "error" and "every attempt was blocked" in out.error, out.error
+    assert out.error.count("FileNotFoundError") == len(paths) + 2, out.error
+
+
+def test_a_path_named_in_sandbox_expose_is_readable(world):
+    out = run(world.loop, world.episode({"case": "read_exposed", "path": world.secrets.exposed, "expect": "tool data"}))
+    assert (out.status, out.reward) == ("ok", 1.0), out.error
 
 
 def test_read_another_process_environ(world):

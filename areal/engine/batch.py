@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import glob
-import json
 import os
 import queue
 import threading
@@ -53,6 +52,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from areal.jsonl import json_line
 from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
 from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_int, sample_next
 
@@ -479,8 +479,8 @@ class Engine:
         c.requests_served += 1
         c.aborted += (r.finish_reason or {}).get("type") == "abort"
         if self.request_log is not None:
-            self.request_log.write(json.dumps({"rid": r.rid, "input_ids": r.input_ids, "output_ids": r.output_ids,
-                                               "output_logprobs": r.logprobs, "weight_version": r.weight_version}) + "\n")
+            self.request_log.write(json_line({"rid": r.rid, "input_ids": r.input_ids, "output_ids": r.output_ids,
+                                              "output_logprobs": r.logprobs, "weight_version": r.weight_version}))
         r.future.set_result(r)
         r.notify()
 

@@ -21,6 +21,7 @@ export, tensors with a batch dim of 1. Not covered: rewards per token.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import msgspec
@@ -81,8 +82,12 @@ def set_final_reward(interactions: dict[str, Interaction], reward: float) -> str
 
 
 def _check_reward(reward: Any) -> float:
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
-        raise TypeError(f"reward must be a finite number, got {reward!r}")
+    """``reward`` as a float: ``TypeError`` if it is not a number, ``ValueError`` if not finite
+    (inf as well as NaN: either poisons every advantage of its group)."""
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise TypeError(f"reward must be a finite number, got {reward!r} of type {type(reward).__name__}")
+    if not -sys.float_info.max <= reward <= sys.float_info.max:  # NaN fails too; exact for huge ints
+        raise ValueError(f"reward must be a finite number, got {reward!r}")
     return float(reward)
 
 

@@ -1,0 +1,225 @@
+"""The episode's filesystem: a minimal read-only root made of bind mounts, entered by pivot_root.
+
+    host                                      episode root (a tmpfs, read-only once built)
+    /usr /bin→usr/bin /lib /lib64 …  ─ro─►   same paths, symlinks as they were     programs, libraries
+    /etc/{passwd,hosts,ssl,…}         ─ro─►   /etc/{…}            an allow-list (ETC_ALLOW); no shadow
+    python prefixes, sys.path dirs    ─ro─►   same paths          the interpreter, site-packages, code
+    the agent's dir, sandbox.expose   ─ro─►   same paths          what the agent needs, named in config
+    sandbox.hide (under any of those) ─ro─►   an empty directory  the run directory: checkpoints, logs
+    the gateway's socket              ─────►  same path           the one way out
+    /dev/{null,zero,full,random,urandom,tty} ► /dev/…             /dev/shm: an empty tmpfs
+                                              /tmp: a private size-capped tmpfs (HOME, TMPDIR)
+                                              /proc: the PID namespace's own (fork_into_pid_namespace),
+                                                     over a read-only bind of the host's
+
+Everything else of the host is absent, not merely protected: home directories and /root (ssh
+keys, .netrc, tracker tokens, cloud credentials), /etc's secrets, /var, /run, /sys, other users'
+files, other runs. This matters because under a root zygote the agent is uid 0: capabilities
+are dropped, but an owner's permission check still passes, so a root-owned mode-0600 file that is
+visible is readable. A file is readable only if the plan names it or a directory above it.
+
+The plan (``plan_root``) is made once in the zygote, where the host is visible; every episode
+builds its root from it (``enter_minimal_root``) in its own mount namespace, before the spawn
+arrives (a warm slot), so the mounts cost no episode latency. Paths are resolved to real paths
+and nested ones dropped, so each exposed tree is one recursive bind.
+
+Refused as too broad to expose (a sys.path entry such as the zygote's working directory, or a
+``sandbox.expose`` entry): ``/``, ``/tmp``, and any home directory or a directory above one. A user whose
+agent lives in a home directory exposes that project's directory, not the home.
+
+Invariants:
+- The new root and every bind in it are read-only (one recursive ``mount_setattr``) before the
+  writable /tmp and /dev/shm are mounted; binds under /tmp (a venv or a checkout there) are made
+  inside the private /tmp from file descriptors opened before anything was hidden.
+- The old root is detached (``umount2(MNT_DETACH)``) right after ``pivot_root``: no path leads
+  back to it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pwd
+import struct
+import sys
+from dataclasses import dataclass
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What programs read from /etc: users and groups (without password hashes), name resolution, TLS
+# roots, the dynamic linker's cache, time zone, MIME and protocol tables, the OS's name.
+ETC_ALLOW = ("passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
+             "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates",
+             "ca-certificates.conf", "pki", "crypto-policies", "mime.types", "os-release", "debian_version",
+             "alternatives", "protocols", "services", "networks", "magic", "magic.mime")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_CLONE_NEWNS, _MNT_DETACH = 0x00020000, 2
+_SYS_PIVOT_ROOT, _SYS_MOUNT_SETATTR = 155, 442  # x86_64
+_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+
+
+@dataclass(frozen=True)
+class RootPlan:
+    """What an episode's root holds; made by ``plan_root`` in the zygote."""
+
+    binds: tuple[str, ...]  # paths (directories or files) bound read-only at the same path
+    links: tuple[tuple[str, str], ...]  # (path, target): symlinks recreated, e.g. /bin -> usr/bin
+    hide: tuple[str, ...]  # paths inside ``binds`` replaced by an empty read-only directory or file
+
+
+def home_dirs() -> set[str]:
+    """Home directories of people: root's, every login user's (uid >= 1000, not nobody) and
+    $HOME. System accounts' homes (/bin for sync, /usr/games, /var/spool/...) are not homes."""
+    people = [p.pw_dir for p in pwd.getpwall() if p.pw_uid == 0 or 1000 <= p.pw_uid < 65534]
+    homes = {os.path.realpath(h) for h in [*people, os.path.expanduser("~")] if h not in ("", "/", "/nonexistent")}
+    return homes - {"/"}
+
+
+def broad_paths() -> set[str]:
+    """``/``, the shared temp dirs, and every home directory with the directories above it:
+    never exposed whole."""
+    out = {"/", "/tmp", "/var/tmp", "/dev/shm"}
+    for home in home_dirs():
+        while home not in ("/", ""):
+            out.add(home)
+            home = os.path.dirname(home)
+    return out
+
+
+def python_paths() -> list[str]:
+    """The interpreter's prefixes and every sys.path directory (site-packages, project code)."""
+    return [p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+                        *sys.path) if p and os.path.exists(p)]
+
+
+def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[RootPlan, list[str]]:
+    """The plan for ``expose`` (config: must exist, not too broad) plus the system, Python and
+    ``extra`` paths (the agent's own; skipped with a warning when too broad); returns
+    (plan, warnings)."""
+    broad, homes, warnings = broad_paths(), home_dirs(), []
+    for p in expose:
+        if not os.path.isabs(p) or not os.path.exists(p):
+            raise ValueError(f"sandbox.expose entry {p!r} is not an existing absolute path")
+        if os.path.realpath(p) in broad:
+            raise ValueError(f"sandbox.expose entry {p!r} is / or a home directory (or above one): "
+                             "expose the project or file inside it")
+    links = tuple((d, os.readlink(d)) for d in SYSTEM_DIRS if os.path.islink(d))
+    # Targets: /etc entries at their own path (a symlinked resolv.conf must still be /etc/resolv.conf);
+    # every other path at its real path and, when it differs, at the path as named too.
+    targets = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    targets += [f"/etc/{n}" for n in ETC_ALLOW if os.path.exists(f"/etc/{n}")]
+    for p in [*python_paths(), *extra, *expose]:
+        p = os.path.abspath(p)
+        forms = {p, os.path.realpath(p)}
+        if forms & broad:
+            if forms & homes:  # code may live there (a zygote started in a home directory): say so
+                warnings.append(f"not exposed to episodes: {p} (a home directory); "
+                                "put the agent's code in a project directory or name one in sandbox.expose")
+            continue
+        targets += sorted(forms)
+    kept: list[str] = []
+    for p in sorted(set(targets)):
+        if not any(_inside(p, k) for k in kept):
+            kept.append(p)
+    hidden = sorted({h for h in (os.path.abspath(h) for h in hide) for k in kept if _inside(h, k) and h != k})
+    return RootPlan(binds=tuple(kept), links=links, hide=tuple(hidden)), warnings
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _readonly_tree(path: str) -> None:
+    attr = struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clr, propagation, userns
+    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path.encode(),
+                       ctypes.c_uint(_AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
+    _check(rc, f"mount_setattr({path}, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
+
+
+def _mountpoint(path: str, is_dir: bool) -> None:
+    if is_dir:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if not os.path.exists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _bind(fd: int, target: str, is_dir: bool, readonly: bool) -> None:
+    _mountpoint(target, is_dir)
+    _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
+    if readonly:
+        _readonly_tree(target)
+
+
+def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str) -> None:
+    """A new mount namespace whose root holds only ``plan`` (read-only), a private /tmp, an empty
+    /dev/shm, the devices of DEVICES and the gateway's socket; and the host's /proc, read-only,
+    which the PID namespace's own /proc then covers (``fork_into_pid_namespace``). It must be
+    there: in a user namespace the kernel mounts a new proc only where a fully visible one exists."""
+    _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing of ours propagates to the host
+    # Every source is opened before the staging tmpfs goes over /tmp (O_PATH: no access needed).
+    sources = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in plan.binds]
+    devices = [(f"/dev/{d}", os.open(f"/dev/{d}", os.O_PATH)) for d in DEVICES if os.path.exists(f"/dev/{d}")]
+    sock = os.path.realpath(socket_path) if socket_path else ""
+    sock_fd = os.open(sock, os.O_PATH) if sock else -1
+    proc_fd = os.open("/proc", os.O_PATH)
+    root = "/tmp"  # staging: a tmpfs over /tmp, in this namespace only; it becomes /
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    late = []  # under /tmp: bound inside the private /tmp, which is mounted after the read-only pass
+    for path, fd, is_dir in sources:
+        if path == "/tmp" or path.startswith("/tmp/"):
+            late.append((path, fd, is_dir))
+        else:
+            _bind(fd, root + path, is_dir, readonly=False)  # made read-only with the whole root below
+    for path, target in plan.links:
+        os.symlink(target, root + path)
+    for path in plan.hide:
+        if os.path.exists(root + path) and not (path == "/tmp" or path.startswith("/tmp/")):
+            _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755") \
+                if os.path.isdir(root + path) else _mount("/dev/null", root + path, None, _MS_BIND)
+    for path, fd in devices:
+        _mountpoint(root + path, is_dir=False)
+        _mount(f"/proc/self/fd/{fd}", root + path, None, _MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    for d in ("/proc", "/tmp", "/dev/shm"):
+        os.makedirs(root + d, mode=0o755, exist_ok=True)
+    _mount(f"/proc/self/fd/{proc_fd}", root + "/proc", None, _MS_BIND | _MS_REC)
+    if sock and not sock.startswith("/tmp/"):
+        _bind(sock_fd, root + sock, is_dir=False, readonly=False)
+    _readonly_tree(root)
+    _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_size},mode=1777")
+    for path, fd, is_dir in late:
+        _bind(fd, root + path, is_dir, readonly=True)
+    if sock.startswith("/tmp/"):
+        _bind(sock_fd, root + sock, is_dir=False, readonly=False)
+    for path in plan.hide:  # hidden paths under /tmp (a run directory there)
+        if (path == "/tmp" or path.startswith("/tmp/")) and os.path.isdir(root + path):
+            _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k,mode=0755")
+    _mount("tmpfs", root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, f"size={shm_size},mode=1777")
+    for _, fd, _ in sources:
+        os.close(fd)
+    for fd in [fd for _, fd in devices] + [f for f in (sock_fd, proc_fd) if f != -1]:
+        os.close(fd)
+    os.chdir(root)
+    # pivot_root(".", "."): the old root is stacked under the new one; detach it at once.
+    _check(_libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT), b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", _MNT_DETACH), "umount2(old root)")
+    os.chdir("/")
