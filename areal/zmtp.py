@@ -16,6 +16,9 @@ loop's own socket removes those hand-offs. The wire format is ZeroMQ's: libzmq p
     frame      := flags(1) size(1 | 8, big-endian) body     flags: 1 MORE, 2 LONG, 4 COMMAND
     command    := frame with COMMAND set; body := name-len(1) name data
 
+Past 600 lines on purpose: both ends of the hop (ROUTER, asyncio and blocking DEALERs), the one
+parser they share and the door's budgets are one boundary, and each part is ~100-200 lines.
+
 Scope: DEALER ⇄ ROUTER only (the one pattern the agent hop uses), NULL security (the hop stays
 on one machine; sessions are authenticated by their API keys above it), PING answered with
 PONG. A message is a list of frames; these peers send one-frame messages.
@@ -29,6 +32,24 @@ Invariants:
   dropped, as libzmq's ROUTER does. A peer that does not read its answers is not read from
   either (its transport's high-water mark pauses reading), so it cannot grow the gateway's
   buffers without bound.
+
+Budgets (``DoorLimits``): the ROUTER is the sandboxes' one way out and lives in the controller,
+so no peer may take it for everyone. Each connection is charged to an owner:
+
+    accept ─► owner = the peer process (SO_PEERCRED pid over ipc://, the host over tcp://)
+           └► first request carrying a live session key ─► Router.claim ─► owner = that session
+
+and each owner, and the door as a whole, has a budget of connections and of bytes held (partial
+frames being received, plus the bodies of its requests being served, which the application adds
+to ``Owner.inflight_bytes``). A connection over its owner's budget is closed; at the door's
+connection cap a new connection evicts the oldest one that never carried a session key (a
+healthy relay sends its request right after the handshake), else it is refused; over the door's
+byte budget the largest buffer of the owner holding the most goes. Each cut is logged (WARNING,
+naming the owner and the limit; an owner's 1st, 2nd, 4th, 8th, ... refusal of each kind, so a
+flood of connections writes a few lines, not thousands).
+Covered: fd exhaustion by idle connections, memory held in partial frames, by one process or by
+many (the door-wide caps). Not covered: an owner's fair share of the loop's CPU (the gateway
+bounds request work itself: in-flight requests per session, tokenisation off the loop).
 """
 
 from __future__ import annotations
@@ -37,11 +58,14 @@ import asyncio
 import errno
 import logging
 import os
+import resource
 import select
 import socket
 import stat
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -216,6 +240,70 @@ def _endpoint(address: str) -> tuple[str, Any]:
 # ---- ROUTER (the gateway's side) ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DoorLimits:
+    """What a ROUTER lets its peers hold (module docstring, "Budgets"). A "session" here is a
+    connection's owner: its peer process until the application ``claim``s the connection for a
+    session. The names are the gateway's config fields (``GatewayConfig``), which fill these."""
+
+    max_connections: int = 0  # open connections in all; 0: half the process's soft RLIMIT_NOFILE
+    max_connections_per_session: int = 64
+    max_buffered_bytes: int = 256 << 20  # partial frames + bodies being served, all owners together
+    max_buffered_bytes_per_session: int = 32 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0 (0: from RLIMIT_NOFILE), got {self.max_connections}")
+        for name in ("max_connections_per_session", "max_buffered_bytes", "max_buffered_bytes_per_session"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_buffered_bytes < self.max_buffered_bytes_per_session:
+            raise ValueError(f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                             f"max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session})")
+
+    def connection_cap(self) -> int:
+        """``max_connections``, or half the soft RLIMIT_NOFILE: the other half stays for what the
+        process needs besides this door (engine and HTTP connections, sandbox pipes, files)."""
+        if self.max_connections:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return 1 << 16 if soft == resource.RLIM_INFINITY else max(8, soft // 2)
+
+
+class Owner:
+    """Who a connection's usage is charged to, with the counters its budgets are checked against.
+    ``inflight`` and ``inflight_bytes`` are kept by the application for the requests it serves."""
+
+    __slots__ = ("buffered", "connections", "inflight", "inflight_bytes", "key", "name", "refused", "session")
+
+    def __init__(self, key: Hashable, name: str, session: bool) -> None:
+        self.key, self.name, self.session = key, name, session
+        self.connections = 0
+        self.buffered = 0  # bytes in its connections' partial frames
+        self.inflight = 0  # requests being served
+        self.inflight_bytes = 0  # their frames' bytes
+        self.refused: dict[str, int] = {}  # connections cut off / requests refused, by kind, for the log
+
+    @property
+    def held(self) -> int:
+        return self.buffered + self.inflight_bytes
+
+
+def _peer_identity(transport: asyncio.BaseTransport) -> tuple[Hashable, str]:
+    """(owner key, name for the log) of the process at the other end: its pid from SO_PEERCRED
+    over a Unix socket (the host's pid even for a peer in its own PID namespace), its host over
+    TCP. Where neither is known, the connection is its own owner."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX and hasattr(socket, "SO_PEERCRED"):
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if pid > 0:
+            return ("pid", pid), f"pid {pid} (uid {uid})"
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return ("host", peer[0]), f"host {peer[0]}"
+    return ("connection", id(transport)), f"connection {id(transport):#x}"
+
+
 class RouterPeer(asyncio.Protocol):
     """One connected DEALER. ``send(payload)`` writes a one-frame message to it."""
 
@@ -223,27 +311,42 @@ class RouterPeer(asyncio.Protocol):
         self.router = router
         self.parser = Parser(b"ROUTER", frozenset((b"DEALER",)), router.max_frame)
         self.transport: asyncio.Transport | None = None
+        self.owner: Owner = router.nobody
+        self.held = 0  # bytes of partial frames in ``parser``, as charged to ``owner``
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.router.peers.add(self)
-        transport.write(greeting(as_server=True))  # type: ignore[attr-defined]  (READY follows the peer's greeting)
+        if self.router.admit(self, transport):
+            transport.write(greeting(as_server=True))  # type: ignore[attr-defined]  (READY follows the peer's greeting)
 
     def data_received(self, data: bytes) -> None:
+        router = self.router
         try:
             messages = self.parser.feed(data)
         except ProtocolError as e:
-            self.router.refused += 1
-            log.warning("zmtp: dropping a connection to %s: %s", self.router.address, e)
+            router.refused += 1
+            log.warning("zmtp: dropping a connection of %s to %s: %s", self.owner.name, router.address, e)
             assert self.transport is not None
             self.transport.abort()
+            router.forget(self)
             return
+        parts = self.parser.parts
+        held = len(self.parser.buf) + (sum(map(len, parts)) if parts else 0)
+        if held != self.held:
+            grown = held - self.held
+            self.held = held
+            self.owner.buffered += grown
+            router.buffered += grown
+            if grown > 0 and router.over_budget(self):
+                return
         if self.parser.replies:
             assert self.transport is not None
             self.transport.write(b"".join(self.parser.replies))
             self.parser.replies.clear()
         for message in messages:
-            self.router.on_message(self, message)
+            if self.transport is None or self.transport.is_closing():
+                break  # cut off by the answer to an earlier message of this read: the rest is not served
+            router.on_message(self, message)
 
     def send(self, payload: bytes) -> bool:
         """Queue one single-frame message; False (dropped) when the peer has gone."""
@@ -266,7 +369,7 @@ class RouterPeer(asyncio.Protocol):
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.router.peers.discard(self)
+        self.router.forget(self)
         self.transport = None
 
 
@@ -274,19 +377,30 @@ class Router:
     """A ROUTER bound to ``address``; ``on_message(peer, frames)`` is called for every message, on
     the loop, and answers with ``peer.send(payload)``. ``await Router.bind(...)``, then ``close()``."""
 
-    def __init__(self, address: str, on_message: Callable[[RouterPeer, list[bytes]], None], max_frame: int) -> None:
+    def __init__(self, address: str, on_message: Callable[[RouterPeer, list[bytes]], None], max_frame: int,
+                 limits: DoorLimits | None = None) -> None:
         self.address = address
         self.on_message = on_message
         self.max_frame = max_frame
-        self.peers: set[RouterPeer] = set()
+        self.limits = limits or DoorLimits()
+        if self.limits.max_buffered_bytes_per_session < max_frame:
+            raise ValueError(f"max_buffered_bytes_per_session ({self.limits.max_buffered_bytes_per_session}) must hold "
+                             f"one largest frame ({max_frame} bytes), or the largest request could never arrive")
+        self.cap = self.limits.connection_cap()
+        self.peers: dict[RouterPeer, None] = {}  # insertion order = age: eviction takes the oldest
+        self.owners: dict[Hashable, Owner] = {}
+        self.nobody = Owner(("nobody",), "no one", False)  # a peer's owner before it is admitted
+        self.buffered = 0  # bytes in all peers' partial frames
+        self.inflight_bytes = 0  # bytes of the requests being served (kept by the application)
         self.refused = 0  # connections dropped for breaking the protocol
+        self.cut = 0  # connections closed for going over a budget
         self._server: asyncio.AbstractServer | None = None
         self._path: str | None = None
 
     @classmethod
     async def bind(cls, address: str, on_message: Callable[[RouterPeer, list[bytes]], None], *,
-                   max_frame: int = 64 << 20) -> Router:
-        router = cls(address, on_message, max_frame)
+                   max_frame: int = 16 << 20, limits: DoorLimits | None = None) -> Router:
+        router = cls(address, on_message, max_frame, limits)
         kind, where = _endpoint(address)
         loop = asyncio.get_running_loop()
         if kind == "unix":
@@ -295,6 +409,107 @@ class Router:
         else:
             router._server = await loop.create_server(lambda: RouterPeer(router), *where)
         return router
+
+    # ---- budgets ------------------------------------------------------------------------------
+
+    def _owner(self, key: Hashable, name: str, session: bool) -> Owner:
+        owner = self.owners.get(key)
+        if owner is None:
+            owner = self.owners[key] = Owner(key, name, session)
+        return owner
+
+    def settle(self, owner: Owner) -> None:
+        """Forget an owner that holds nothing any more (its refusal counts go with it)."""
+        idle = owner.connections == 0 and owner.inflight == 0 and owner.buffered == 0 and owner.inflight_bytes == 0
+        if idle and self.owners.get(owner.key) is owner:
+            del self.owners[owner.key]
+
+    def admit(self, peer: RouterPeer, transport: asyncio.BaseTransport) -> bool:
+        """Charge a new connection to its peer process; False when it was cut off at once."""
+        key, name = _peer_identity(transport)
+        owner = peer.owner = self._owner(key, name, False)
+        owner.connections += 1
+        self.peers[peer] = None
+        limit = self.limits.max_connections_per_session
+        if owner.connections > limit:
+            self.cut_off(peer, f"{owner.connections} open connections exceed max_connections_per_session={limit}")
+            return False
+        if len(self.peers) > self.cap:
+            victim = next((p for p in self.peers if not p.owner.session and p.owner is not owner), None)
+            if victim is None:
+                self.cut_off(peer, f"all {self.cap} connections of the door are in use (max_connections)")
+                return False
+            self.cut_off(victim, f"evicted for a new connection: the door holds its {self.cap} connections "
+                                 f"(max_connections) and this one never carried a session key")
+        return True
+
+    def claim(self, peer: RouterPeer, key: Hashable, name: str) -> Owner | None:
+        """Charge ``peer`` to the session ``key`` from now on (its request carried that session's
+        key; a claimed connection stays with its session). Returns that session's owner when it
+        already holds its limit of connections, ``peer`` untouched: the caller queues an error
+        reply and then ``cut_off(peer, ..., flush=True, against=owner)``."""
+        old = peer.owner
+        if old.session or peer not in self.peers:
+            return None
+        new = self._owner(key, name, True)  # a refused claim leaves it non-empty: it is at its limit
+        if new.connections >= self.limits.max_connections_per_session:
+            return new
+        old.connections -= 1
+        old.buffered -= peer.held
+        new.connections += 1
+        new.buffered += peer.held
+        peer.owner = new
+        self.settle(old)
+        return None
+
+    def over_budget(self, peer: RouterPeer) -> bool:
+        """After ``peer``'s buffer grew: cut what is over its owner's or the door's byte budget;
+        True when ``peer`` itself was cut."""
+        owner, limits = peer.owner, self.limits
+        if owner.held > limits.max_buffered_bytes_per_session:
+            self.cut_off(peer, f"it holds {owner.held} bytes in partial frames and requests being served, over "
+                               f"max_buffered_bytes_per_session={limits.max_buffered_bytes_per_session}")
+            return True
+        while self.buffered + self.inflight_bytes > limits.max_buffered_bytes and self.buffered > 0:
+            # the largest buffer of the owner holding the most: whoever is filling the door
+            top = max((p.owner for p in self.peers if p.held), key=lambda o: o.held)
+            victim = max((p for p in self.peers if p.owner is top), key=lambda p: p.held)
+            self.cut_off(victim, f"the door holds {self.buffered + self.inflight_bytes} bytes, over "
+                                 f"max_buffered_bytes={limits.max_buffered_bytes}, and this owner holds the most "
+                                 f"({top.held} bytes)")
+            if victim is peer:
+                return True
+        return False
+
+    def report(self, owner: Owner, kind: str, detail: str) -> None:
+        """Count a refusal of ``kind`` against ``owner`` and log it: the 1st, 2nd, 4th, 8th, ... one."""
+        n = owner.refused[kind] = owner.refused.get(kind, 0) + 1
+        if n & (n - 1) == 0:
+            log.warning("zmtp %s: %s: %s: %s (%d so far)", self.address, owner.name, kind, detail, n)
+
+    def cut_off(self, peer: RouterPeer, reason: str, *, flush: bool = False, against: Owner | None = None) -> None:
+        """Close ``peer`` for going over a budget, logged against its owner (or ``against``: the
+        session it tried to join); ``flush`` lets what was queued to it (an error reply) go out first."""
+        self.cut += 1
+        self.report(against or peer.owner, "cut off a connection", reason)
+        if peer.transport is not None:
+            if flush:
+                peer.transport.close()
+            else:
+                peer.transport.abort()
+        self.forget(peer)
+
+    def forget(self, peer: RouterPeer) -> None:
+        """Release what ``peer`` was charged with (idempotent: a cut peer's connection_lost comes later)."""
+        if peer not in self.peers:
+            return
+        del self.peers[peer]
+        owner = peer.owner
+        owner.connections -= 1
+        owner.buffered -= peer.held
+        self.buffered -= peer.held
+        peer.held = 0
+        self.settle(owner)
 
     def close(self) -> None:
         if self._server is not None:

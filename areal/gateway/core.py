@@ -31,16 +31,26 @@ that does not parse comes back as text. A named function not in ``tools`` is a 4
 
 Deliberately not honoured: streaming needs an engine with ``generate_stream``; without one,
 ``stream`` is a 400.
+
+Work a request may cost (an episode must not starve the gateway, which serves every episode from
+one loop): the ZeroMQ door's budgets (connections, bytes held, requests in flight) are in
+``server.serve_zmq`` and ``areal.zmtp``. Here: a prompt whose text already holds more characters
+than the context could hold tokens (``PromptBuilder.min_tokens``) is a 400 before it is
+tokenised; text longer than ``tokenize_off_loop_chars`` is tokenised in a worker thread (the Rust
+tokenizer releases the GIL), one such text per session at a time, so the loop goes on serving;
+the shared render cache is bounded in bytes and a session's entries go when it closes or expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -52,6 +62,9 @@ from areal.gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
 from areal.gateway.tree import Interaction
 from areal.protocol import GatewayRequest
+
+if TYPE_CHECKING:
+    from areal.zmtp import Router
 
 
 @dataclass
@@ -69,11 +82,41 @@ class GatewayConfig:
     session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
     tool_parser: str | None = "qwen25"  # tool-call format of the model (parsers.TOOL_PARSERS); None: no tool calls
     reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS); None: all text is content
+    # Budgets of the ZeroMQ door (the sandboxes' one way out; ``areal.zmtp.DoorLimits``). A connection
+    # counts against its peer process (its pid) until a request on it carries a live session key,
+    # then against that session. Over a budget: the connection is closed, or the request answered
+    # 429, and a WARNING names the session (its episode id) or the process.
+    max_connections: int = 0  # ZeroMQ connections open at once; 0: half the process's soft RLIMIT_NOFILE
+    max_connections_per_session: int = 64  # a relay uses one per event loop
+    max_buffered_bytes: int = 256 << 20  # partial frames + bodies of requests being served, all together
+    max_buffered_bytes_per_session: int = 32 << 20  # the same for one session; at least one largest frame
+    max_inflight_per_session: int = 64  # requests of one session being served at once; more: 429
+    # Tokenising: text longer than this (characters) is tokenised in a worker thread, one text per
+    # session at a time, so a huge prompt does not stall the loop that serves every episode.
+    tokenize_off_loop_chars: int = 65536
+    tokenize_threads: int = 2  # worker threads for that
+    render_cache_bytes: int = 64 << 20  # full renders kept across the sessions that share them (ids at 36 B each)
+
+    @property
+    def zmq_frame_bytes(self) -> int:
+        """The largest ZMTP frame the door reads: a body twice ``max_body_bytes`` (+ 1 MiB of
+        headers) still arrives, to get its 413; past that the connection is dropped unread."""
+        return 2 * self.max_body_bytes + (1 << 20)
 
     def __post_init__(self) -> None:
-        for name in ("context_length", "max_tokens_cap", "default_max_tokens", "max_body_bytes", "max_messages", "max_n"):
+        for name in ("context_length", "max_tokens_cap", "default_max_tokens", "max_body_bytes", "max_messages", "max_n",
+                     "max_connections_per_session", "max_buffered_bytes", "max_buffered_bytes_per_session",
+                     "max_inflight_per_session", "tokenize_off_loop_chars", "tokenize_threads", "render_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"gateway.{name} must be positive, got {getattr(self, name)}")
+        if self.max_connections < 0:
+            raise ValueError(f"gateway.max_connections must be >= 0 (0: half of RLIMIT_NOFILE), got {self.max_connections}")
+        if self.max_buffered_bytes_per_session < self.zmq_frame_bytes:
+            raise ValueError(f"gateway.max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session}) must hold one "
+                             f"largest frame, 2 * gateway.max_body_bytes + 1 MiB = {self.zmq_frame_bytes} bytes")
+        if self.max_buffered_bytes < self.max_buffered_bytes_per_session:
+            raise ValueError(f"gateway.max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                             f"gateway.max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session})")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("gateway.default_max_tokens must not exceed gateway.max_tokens_cap")
         if self.session_idle_s < 0:
@@ -95,6 +138,7 @@ class Session:
     index: PromptIndex = field(default_factory=PromptIndex)
     last_used: float = field(default_factory=time.monotonic)
     expired: bool = False
+    tokenizing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one off-loop tokenisation at a time
 
     @property
     def drift(self) -> int:
@@ -129,10 +173,14 @@ class Gateway:
         self.stop_token_ids = sorted(
             {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int) and t >= 0}
         )
-        self.prompts = PromptBuilder(tokenizer, self.stop_token_ids)
+        self.prompts = PromptBuilder(tokenizer, self.stop_token_ids, cache_bytes=self.config.render_cache_bytes)
         self.decode_text = text_decoder(tokenizer)  # ids -> text without special tokens (what clients see)
+        self.doors: list[Router] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
         self._n_calls = 0
         self._next_sweep = 0.0
+        self._tokenize_pool: ThreadPoolExecutor | None = None  # started at the first large text
+        self._tokenizing = 0  # texts being tokenised off the loop now
+        self._tokenized_off_loop = 0
 
     # ---- sessions (controller side, in-process) -------------------------------------------
 
@@ -144,6 +192,7 @@ class Gateway:
     def close_session(self, key: str) -> Session:
         """Remove and return a session, live or expired; KeyError if neither."""
         session = self.sessions.pop(key, None) or self.expired.pop(key)
+        self.prompts.release(session.index)
         return session
 
     def expire_idle(self, now: float | None = None) -> list[Session]:
@@ -155,6 +204,7 @@ class Gateway:
         for s in gone:
             s.expired = True
             self.expired[s.key] = self.sessions.pop(s.key)
+            self.prompts.release(s.index)  # it serves no more requests: its cached renders go now
         return gone
 
     def metrics(self) -> dict[str, float]:
@@ -166,6 +216,14 @@ class Gateway:
             "drift": sum(s.index.drift for s in live),
             "incremental_prompts": sum(s.index.incremental for s in live),
             "full_prompts": sum(s.index.full for s in live),
+            "render_cache_entries": len(self.prompts.cache),
+            "render_cache_bytes": self.prompts.cache_bytes,
+            "tokenizing_off_loop": self._tokenizing,
+            "tokenized_off_loop": self._tokenized_off_loop,
+            "zmq_connections": sum(len(d.peers) for d in self.doors),
+            "zmq_buffered_bytes": sum(d.buffered for d in self.doors),
+            "zmq_inflight_bytes": sum(d.inflight_bytes for d in self.doors),
+            "zmq_cut_off": sum(d.cut for d in self.doors),
         }
 
     def session_for(self, key: str) -> Session:
@@ -183,19 +241,37 @@ class Gateway:
 
     # ---- completions (what the front-ends call) ---------------------------------------------
 
-    def _prepare(self, session: Session, turn: Turn) -> tuple[Prompt, dict, str]:
-        """(prompt, engine params, forced text); a forced tool-call opening's ids end the prompt."""
+    async def _prepare(self, session: Session, turn: Turn) -> tuple[Prompt, dict, str]:
+        """(prompt, engine params, forced text); a forced tool-call opening's ids end the prompt.
+        A prompt that cannot fit is refused before its text is tokenised when its characters
+        alone show it, else once its ids are counted."""
         validate_turn(turn, self.config)
-        prompt = self.prompts.build(session.index, session.interactions, turn.messages, turn.tools)
+        s, context = turn.sampling, self.config.context_length
+        plan = self.prompts.plan(session.index, session.interactions, turn.messages, turn.tools)
+        floor = plan.known + self.prompts.min_tokens(plan.text)
+        if floor + s.max_tokens > context:
+            raise RequestError(
+                400,
+                f"prompt of {len(plan.text)} characters to tokenise after {plan.known} tokens (at least {floor} tokens: "
+                f"no token stands for more than {self.prompts.chars_per_token} characters) plus max_tokens {s.max_tokens} "
+                f"exceeds the context length of {context}",
+                param="messages",
+            )
+        tail = await self._tokenize(session, plan.text) if plan.text else []
         forced = forced_text(turn, self.config)
+        forced_ids = self.prompts.encode(forced) if forced else []
+        size = plan.known + len(tail) + len(forced_ids)
+        # kept for the sessions sharing it only if accepted, and for a session still open (one closed
+        # or expired meanwhile has had its entries released already)
+        keep = size + s.max_tokens <= context and self.sessions.get(session.key) is session
+        prompt = self.prompts.finish(plan, tail, session.index, cache=keep)
         if forced:  # not sampled: recorded as prompt (loss mask 0), so a follow-up extends it exactly
-            prompt.ids = prompt.ids + self.prompts.encode(forced)  # a new list: build's may be cached
-        s = turn.sampling
-        if len(prompt.ids) + s.max_tokens > self.config.context_length:
+            prompt.ids = prompt.ids + forced_ids  # a new list: finish's may be cached
+        if len(prompt.ids) + s.max_tokens > context:
             raise RequestError(
                 400,
                 f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length "
-                f"of {self.config.context_length}",
+                f"of {context}",
                 param="messages",
             )
         params: dict[str, Any] = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
@@ -204,9 +280,26 @@ class Gateway:
             params["stop"] = list(s.stop)
         return prompt, params, forced
 
+    async def _tokenize(self, session: Session, text: str) -> list[int]:
+        """ids(text): on the loop when short; else in a worker thread, one text per session at a
+        time (a session's next large text waits for its last), so one episode's huge prompts hold
+        at most one thread and the loop keeps serving the others."""
+        if len(text) <= self.config.tokenize_off_loop_chars:
+            return self.prompts.encode(text)
+        async with session.tokenizing:
+            if self._tokenize_pool is None:
+                self._tokenize_pool = ThreadPoolExecutor(self.config.tokenize_threads, thread_name_prefix="gateway-tokenize")
+            self._tokenizing += 1
+            try:
+                ids = await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, self.prompts.encode_large, text)
+            finally:
+                self._tokenizing -= 1
+        self._tokenized_off_loop += 1
+        return ids
+
     async def complete(self, session: Session, turn: Turn, *, response_id: str | None = None) -> list[Choice]:
         """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
-        prompt, params, forced = self._prepare(session, turn)
+        prompt, params, forced = await self._prepare(session, turn)
         s = turn.sampling
         self._n_calls += 1
         calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn))
@@ -216,13 +309,17 @@ class Gateway:
         ids = choice_ids(s.n, response_id)
         return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
 
-    def complete_stream(self, session: Session, turn: Turn, *, response_id: str | None = None) -> AsyncIterator[ChoiceDelta]:
-        """Deltas as the engine produces tokens; each choice's "done" delta is its last."""
+    async def complete_stream(self, session: Session, turn: Turn, *, response_id: str | None = None) -> AsyncIterator[ChoiceDelta]:
+        """Deltas as the engine produces tokens; each choice's "done" delta is its last. A request
+        the core refuses raises at the first ``__anext__``, before anything is streamed."""
         if not hasattr(self.engine, "generate_stream"):
             raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
-        prompt, params, forced = self._prepare(session, turn)
+        prompt, params, forced = await self._prepare(session, turn)
         self._n_calls += 1
-        return stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced)
+        deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced)
+        async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
+            async for delta in deltas:
+                yield delta
 
     # ---- routing --------------------------------------------------------------------------
 

@@ -33,8 +33,18 @@ in an overlay of transformers' sandboxed environment (``_compile_dict_first``) t
 ``message.role`` and ``loop.first`` without the sandbox's exception path, with the sandbox's own
 answers. A probe conversation is rendered both ways at construction, and any difference (another
 transformers version) falls back to ``apply_chat_template`` for good. Full renders (first turns,
-which repeat across the samples of one prompt) are cached by their digest in a small LRU shared
-by all sessions.
+which repeat across the samples of one prompt) are cached by their digest in an LRU shared by
+the sessions that used them: bounded in bytes (``render_cache_bytes``, ids counted at 36 bytes:
+a list slot + an int object), and an entry goes when the last session holding it is released
+(closed or expired), so no cache outlives its sessions. A render is cached only once its prompt
+was accepted (it fits the context).
+
+A build is two steps so that the caller can tokenise a long text off its event loop: ``plan``
+(hash, match, render: everything but the tokenizer) and ``finish`` (given the text's ids);
+``build`` does both at once. ``min_tokens(text)`` is a floor on the ids of a text from its
+length alone, for refusing a prompt that cannot fit before tokenising it: in a byte-level BPE
+every vocabulary entry is one character per byte, so no token stands for more characters than
+the longest entry has (x4 under NFC, which composes at most 4 code points into one).
 
 Tokenising goes through ``PieceEncoder`` (pieces.py) where it reproduces the tokenizer's pipeline exactly
 (checked by a probe at construction, else the Rust tokenizer): short pieces between added tokens
@@ -89,6 +99,9 @@ _ordered_encoder = msgspec.json.Encoder()  # keeps dict key order (the template 
 _TOOLS_CACHE = 64  # tools lists kept as template data, across sessions
 _MAX_CANDIDATES = 4  # assistant messages tried as the parent's reply, newest first
 _FULL_CACHE = 1024  # full renders kept (ids by digest), across sessions
+_ID_BYTES = 36  # what one cached id costs: its list slot (8) + its int object (28; ids > 256 are not shared)
+_TOOLS_CACHE_BYTES = 4 << 20  # tools lists kept, counted by their encodings (their template data is a few times that)
+_NFC_SLACK = 4  # NFC composes at most 4 code points into one (the longest canonical decomposition)
 _PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None},
           {"role": "assistant", "content": "a", "reasoning_content": "r"},
           {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "id": "c",
@@ -123,6 +136,7 @@ class PromptIndex:
     full: int = 0  # calls rendered in full
     heads: dict[bytes, str] = field(default_factory=dict)  # render([first message]) by H(tools, first)
     history: HistoryHash | None = None  # the last call's hash state (a cache: checked byte for byte)
+    cached: set[bytes] = field(default_factory=set)  # digests of the shared full renders this session holds
 
 
 @dataclass
@@ -131,6 +145,30 @@ class Prompt:
     prefix_digest: bytes  # H(tools, messages) of this call, for the key of its replies
     parent_id: str | None = None
     drift: bool = False
+
+
+@dataclass
+class PromptPlan:
+    """A prompt before its last text is tokenised: ``head + sampled + ids(text)``."""
+
+    head: list[int]  # the parent's prompt ids; a cached full render's ids; or [] (a render to tokenise)
+    sampled: list[int]  # the parent's sampled ids, or []
+    text: str  # still to tokenise ("" for a cache hit)
+    prefix_digest: bytes
+    parent_id: str | None = None
+    drift: bool = False
+    cache_key: bytes | None = None  # a full render that missed the cache: kept under this digest once tokenised
+
+    @property
+    def known(self) -> int:
+        """Ids already known (the text's are not)."""
+        return len(self.head) + len(self.sampled)
+
+
+@dataclass
+class _Render:
+    ids: list[int]
+    holders: set[int]  # id() of each session's PromptIndex holding it (``release`` drops them)
 
 
 def _text(content: Any) -> str:
@@ -229,7 +267,7 @@ def reply_key(prefix: bytes, reply: dict) -> str:
 class PromptBuilder:
     """Chat template + tokenizer, with incremental rendering on a session's recorded tokens."""
 
-    def __init__(self, tokenizer: Any, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, stop_token_ids: list[int], cache_bytes: int = 64 << 20) -> None:
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -241,8 +279,12 @@ class PromptBuilder:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._encode_fast = getattr(self._backend, "encode_batch_fast", None)
         self._pieces = PieceEncoder.build(self._backend) if self._backend is not None else None
-        self._full_cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self.cache: OrderedDict[bytes, _Render] = OrderedDict()  # full renders by digest, oldest first
+        self.cache_bytes = 0  # ids in ``cache`` * _ID_BYTES
+        self.cache_limit = cache_bytes
+        self.chars_per_token = _chars_per_token(self._backend)  # None: no floor known for this tokenizer
         self._tools_cache: dict[bytes, list[Any]] = {}  # template data of a tools list, by its encoding
+        self._tools_cache_bytes = 0
         self._templates: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
         self._template_kwargs: dict[str, Any] = {}
         self._compile_templates()
@@ -299,9 +341,14 @@ class PromptBuilder:
         key = _ordered_encoder.encode(tools)  # key order kept: ``tojson`` writes keys in order
         plain = self._tools_cache.get(key)
         if plain is None:
-            if len(self._tools_cache) >= _TOOLS_CACHE:
+            plain = _plain_json(tools, self._plain)
+            if len(key) > _TOOLS_CACHE_BYTES // 8:  # no agent's tools are this large: not worth an eighth of it
+                return plain
+            if len(self._tools_cache) >= _TOOLS_CACHE or self._tools_cache_bytes + len(key) > _TOOLS_CACHE_BYTES:
                 self._tools_cache.clear()
-            plain = self._tools_cache[key] = _plain_json(tools, self._plain)
+                self._tools_cache_bytes = 0
+            self._tools_cache[key] = plain
+            self._tools_cache_bytes += len(key)
         return plain
 
     def encode(self, text: str) -> list[int]:
@@ -313,6 +360,20 @@ class PromptBuilder:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_large(self, text: str) -> list[int]:
+        """``encode`` for a long text, safe to call from a worker thread: the Rust tokenizer (which
+        releases the GIL; ``PieceEncoder`` gives the same ids, by its invariant, but runs Python
+        and fills its caches with words it will not see again)."""
+        if self._encode_fast is not None:
+            return self._encode_fast([text], add_special_tokens=False)[0].ids
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def min_tokens(self, text: str) -> int:
+        """A floor on ``len(encode(text))`` from the text's length alone (0 where none is known)."""
+        return -(-len(text) // self.chars_per_token) if self.chars_per_token else 0
+
     def decode(self, ids: list[int]) -> str:
         if self._backend is not None:
             return self._backend.decode(ids, skip_special_tokens=False)
@@ -321,20 +382,15 @@ class PromptBuilder:
     def full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, True))
 
-    def _full_cached(self, digest: bytes, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        """``full`` by the digest of (tools, messages); a copy, so callers may keep it as their own."""
-        ids = self._full_cache.get(digest)
-        if ids is None:
-            ids = self._full_cache[digest] = self.full(messages, tools)
-            if len(self._full_cache) > _FULL_CACHE:
-                self._full_cache.popitem(last=False)
-        else:
-            self._full_cache.move_to_end(digest)
-        return list(ids)
-
     def build(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict],
               tools: list[dict] | None) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
+        plan = self.plan(index, interactions, messages, tools)
+        return self.finish(plan, self.encode(plan.text) if plan.text else [], index)
+
+    def plan(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict],
+             tools: list[dict] | None) -> PromptPlan:
+        """Everything of ``build`` but tokenising the text that ends the prompt."""
         assistant_at = _newest_assistants(messages)
         digest, newest, checkpoint = _hash_history(tools, messages, assistant_at[0] if assistant_at else None,
                                                    index.history)
@@ -346,14 +402,62 @@ class PromptBuilder:
             parent = interactions.get(parent_id) if parent_id is not None else None
             if parent is None:
                 continue
-            ids = self._extend(index, parent, messages[0], messages[k], messages[k + 1:], tools, checkpoint.tools)
-            if ids is not None:
+            delta = self._extend(index, parent, messages[0], messages[k], messages[k + 1:], tools, checkpoint.tools)
+            if delta is not None:
                 index.incremental += 1
-                return Prompt(ids=ids, prefix_digest=digest, parent_id=parent.id)
+                return PromptPlan(head=parent.prompt_ids, sampled=parent.output_ids, text=delta, prefix_digest=digest,
+                                  parent_id=parent.id)
         index.full += 1
         drift = bool(assistant_at)
         index.drift += drift
-        return Prompt(ids=self._full_cached(digest, messages, tools), prefix_digest=digest, drift=drift)
+        cached = self.cache.get(digest)
+        if cached is not None:
+            self.cache.move_to_end(digest)
+            cached.holders.add(id(index))
+            index.cached.add(digest)
+            return PromptPlan(head=cached.ids, sampled=[], text="", prefix_digest=digest, drift=drift)
+        return PromptPlan(head=[], sampled=[], text=self.render_text(messages, tools, True), prefix_digest=digest,
+                          drift=drift, cache_key=digest)
+
+    def finish(self, plan: PromptPlan, ids: list[int], index: PromptIndex, *, cache: bool = True) -> Prompt:
+        """The prompt of ``plan`` given ``ids`` = ids(plan.text); a full render is kept in the shared
+        cache, held by ``index``'s session, when ``cache`` (the caller accepted the prompt)."""
+        if plan.parent_id is not None:  # one exact-size copy of the history (``a + b + c`` would copy it twice)
+            ids = plan.head + (plan.sampled + ids)
+        elif plan.cache_key is None:  # a cache hit: a copy, so callers may keep it as their own
+            ids = list(plan.head)
+        elif cache:
+            self._keep(plan.cache_key, ids, index)
+            ids = list(ids)
+        return Prompt(ids=ids, prefix_digest=plan.prefix_digest, parent_id=plan.parent_id, drift=plan.drift)
+
+    def _keep(self, digest: bytes, ids: list[int], index: PromptIndex) -> None:
+        size = len(ids) * _ID_BYTES
+        if size > self.cache_limit:
+            return
+        old = self.cache.pop(digest, None)  # two requests rendered it at once: one entry
+        holders = {id(index)} if old is None else old.holders | {id(index)}
+        if old is not None:
+            self.cache_bytes -= len(old.ids) * _ID_BYTES
+        self.cache[digest] = _Render(ids, holders)
+        self.cache_bytes += size
+        index.cached.add(digest)
+        while len(self.cache) > _FULL_CACHE or self.cache_bytes > self.cache_limit:
+            _, gone = self.cache.popitem(last=False)
+            self.cache_bytes -= len(gone.ids) * _ID_BYTES
+
+    def release(self, index: PromptIndex) -> None:
+        """A session is done (closed or expired): drop what only it held, and its own caches."""
+        for digest in index.cached:
+            entry = self.cache.get(digest)
+            if entry is not None:
+                entry.holders.discard(id(index))
+                if not entry.holders:
+                    del self.cache[digest]
+                    self.cache_bytes -= len(entry.ids) * _ID_BYTES
+        index.cached.clear()
+        index.heads.clear()
+        index.history = None
 
     def record(self, index: PromptIndex, prompt: Prompt, interaction: Interaction, reply: dict) -> None:
         """Make ``interaction`` findable as the parent of calls that extend ``reply``."""
@@ -362,10 +466,10 @@ class PromptBuilder:
         index.by_key[key] = interaction.id
 
     def _extend(self, index: PromptIndex, parent: Interaction, first: dict, reply: dict, new: list[dict],
-                tools: list[dict] | None, tools_enc: bytes) -> list[int] | None:
-        """parent prompt + sampled ids + ids(template tail of the reply turn + new messages);
-        None when the template does not render the small context prefix-stably. ``tools_enc``:
-        ``_encoder.encode(tools)``, already computed for the history hash."""
+                tools: list[dict] | None, tools_enc: bytes) -> str | None:
+        """The text after the parent's prompt + sampled ids: the template's tail of the reply turn +
+        the new messages; None when the template does not render the small context prefix-stably.
+        ``tools_enc``: ``_encoder.encode(tools)``, already computed for the history hash."""
         render = self._renderer([first, reply, *new], tools)
         head_hash = hashlib.blake2b(tools_enc, digest_size=16)  # == prefix_digest(tools, [first])
         head_hash.update(b"\x00")
@@ -379,13 +483,8 @@ class PromptBuilder:
         if full.startswith(head) and full.startswith(sampled, len(head)):
             # The common case, in one render: the template writes the sampled text back verbatim, so
             # what follows it in this context is the reply turn's tail and the new messages.
-            delta = full[len(head) + len(sampled):]
-        else:
-            delta = self._rewritten_delta(render, head, full, parent)
-            if delta is None:
-                return None
-        # One exact-size copy of the history (``a + b + c`` would copy it twice).
-        return parent.prompt_ids + (parent.output_ids + self.encode(delta))
+            return full[len(head) + len(sampled):]
+        return self._rewritten_delta(render, head, full, parent)
 
     def _rewritten_delta(self, render: Callable[[int, bool], str], head: str, full: str,
                          parent: Interaction) -> str | None:
@@ -402,6 +501,26 @@ class PromptBuilder:
         ended = bool(parent.output_ids) and parent.output_ids[-1] in self.stop_token_ids
         cut = turn.rindex(eot)
         return (turn[cut + len(eot):] if ended else turn[cut:]) + full[len(base):]
+
+
+def _chars_per_token(backend: Any) -> int | None:
+    """The most characters of text one token can stand for, or None where this is not known: a
+    byte-level BPE (no unknown token: every byte has one) with no normaliser or NFC, and added
+    tokens that do not swallow whitespace beside them (lstrip/rstrip)."""
+    if backend is None:
+        return None
+    try:
+        pre = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
+        normalizer = json.loads(backend.normalizer.__getstate__()) if backend.normalizer is not None else {}
+        model, added = backend.model, backend.get_added_tokens_decoder()
+    except (AttributeError, TypeError, ValueError):
+        return None
+    steps = pre.get("pretokenizers") or [pre]
+    if (type(model).__name__ != "BPE" or not any(step.get("type") == "ByteLevel" for step in steps)
+            or normalizer.get("type", "NFC") != "NFC" or any(t.lstrip or t.rstrip for t in added.values())):
+        return None
+    longest = max(map(len, backend.get_vocab(with_added_tokens=True)))
+    return longest * (_NFC_SLACK if normalizer else 1)
 
 
 def _template_message(message: dict, plain: Callable[[Any], Any]) -> dict:

@@ -15,7 +15,9 @@
 
 Invariants: a session key resolves to its own session only, so another session's interaction
 ids are simply not found (404) — never read or rewarded. Keys are compared in constant time.
-Every exception a client can cause becomes a Reply here; the server loops never see one.
+Every exception a client can cause becomes a Reply here; the server loops never see one. That
+includes nesting: JSON nested deeper than the decoder's recursion limit (~1,000 levels) is a 400,
+and so is a RecursionError from anything that walks a request later (templates, hashing).
 """
 
 from __future__ import annotations
@@ -46,16 +48,19 @@ async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
     try:
         return await _route(gateway, req, path)
     except RequestError as e:
-        return _error(path, e.status, e.message, e.kind, e.param)
+        return error_reply(path, e.status, e.message, e.kind, e.param)
+    except RecursionError:  # a request nested deeper than the code that walks it can recurse
+        return error_reply(path, 400, "request is nested too deeply to process", "invalid_request_error")
     except EngineUnavailable as e:
-        return _error(path, 503, f"inference engine unavailable: {e}", "engine_unavailable")
+        return error_reply(path, 503, f"inference engine unavailable: {e}", "engine_unavailable")
     except EngineError as e:
         if e.status in _ENGINE_CLIENT_ERRORS:  # the engine refused what the request asked for
-            return _error(path, 400, f"inference engine refused the request: {e.message}", "invalid_request_error")
-        return _error(path, 502, f"inference engine error: {e}", "engine_error")
+            return error_reply(path, 400, f"inference engine refused the request: {e.message}", "invalid_request_error")
+        return error_reply(path, 502, f"inference engine error: {e}", "engine_error")
 
 
-def _error(path: str, status: int, message: str, kind: str, param: str | None = None) -> Reply:
+def error_reply(path: str, status: int, message: str, kind: str, param: str | None = None) -> Reply:
+    """An error in the shape of the API at ``path`` (Anthropic's on /v1/messages, OpenAI's elsewhere)."""
     if path == "/v1/messages":
         body = anthropic.error_body(status, message, _ANTHROPIC_KINDS.get(kind, kind))
     else:
@@ -102,22 +107,25 @@ def json_object(body: bytes) -> dict:
         obj = msgspec.json.decode(body)
     except (msgspec.DecodeError, UnicodeDecodeError) as e:  # invalid UTF-8 surfaces as the latter
         raise RequestError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # msgspec stops at ~1,000 levels of arrays/objects
+        raise RequestError(400, "request body is JSON nested too deeply (the limit is about 1,000 levels)") from None
     if not isinstance(obj, dict):
         raise RequestError(400, "request body must be a JSON object")
     return obj
 
 
-def _key(req: GatewayRequest) -> str:
+def request_key(req: GatewayRequest) -> str:
+    """The API key a request carries (OpenAI: Authorization: Bearer; Anthropic: x-api-key)."""
     auth = req.headers.get("authorization", "")
     return auth[7:].strip() if auth.lower().startswith("bearer ") else req.headers.get("x-api-key", "")
 
 
 def _session(gateway: Gateway, req: GatewayRequest) -> Session:
-    return gateway.session_for(_key(req))
+    return gateway.session_for(request_key(req))
 
 
 def _admin(gateway: Gateway, req: GatewayRequest) -> None:
-    if not hmac.compare_digest(_key(req).encode(), gateway.admin_key.encode()):
+    if not hmac.compare_digest(request_key(req).encode(), gateway.admin_key.encode()):
         raise RequestError(401, "admin routes need the admin key", kind="authentication_error")
 
 
