@@ -66,6 +66,13 @@ class RolloutConfig:
     # [low, high]: a reward outside it (or not finite, or naming another episode's completions)
     # makes that episode an error, not a trajectory. Rewards travel as float32, hence the cap.
     reward_range: list[float] = field(default_factory=lambda: [-1e4, 1e4])
+    # A dead sandbox zygote is restarted (its in-flight groups re-admitted) at most this often;
+    # one more death stops the run, naming it.
+    max_zygote_restarts: int = 3
+    # The run stops when this share of the last failure_window episodes failed (error, timeout,
+    # crash, oom; not the infrastructure failures a restart absorbs), whatever it accepted before.
+    max_failure_rate: float = 0.9
+    failure_window: int = 0  # 0: max(64, 2 x groups_per_step x n_samples)
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
 
     def __post_init__(self) -> None:
@@ -85,6 +92,12 @@ class RolloutConfig:
             raise ValueError(f"rollout.reward_range must be [low, high] with finite numbers low < high within "
                              f"+-{f32_max:.4g} (rewards travel as float32), got {r!r}")
         self.reward_range = [float(r[0]), float(r[1])]
+        if self.max_zygote_restarts < 0:
+            raise ValueError(f"rollout.max_zygote_restarts must be >= 0, got {self.max_zygote_restarts}")
+        if not 0 < self.max_failure_rate <= 1:
+            raise ValueError(f"rollout.max_failure_rate must be in (0, 1], got {self.max_failure_rate}")
+        if self.failure_window < 0:
+            raise ValueError(f"rollout.failure_window must be >= 0 (0: automatic), got {self.failure_window}")
 
 
 @dataclass

@@ -27,6 +27,7 @@ run with a named error and the tail of its log.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -215,6 +216,14 @@ class Controller:
         self.failure: str | None = None
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
+        r = config.rollout
+        # Whether each of the last episodes failed (infrastructure failures absorbed by a restart
+        # excluded): the failure-rate stop rule reads it.
+        self.recent_failed: collections.deque[bool] = collections.deque(
+            maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples))
+        self.zygote_restarts = 0
+        self.sandbox_generation = 0  # bumped by every zygote restart
+        self.restart_lock = asyncio.Lock()
         self.groups_written = 0
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
@@ -409,11 +418,25 @@ class Controller:
         self.wake.set()
 
     async def _run_group(self, runner: Any, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+        """Run one group; a group cut short by the sandbox zygote's death is logged and run again
+        (same prompt, new episode ids) once the zygote is restarted."""
         n = self.config.rollout.n_samples
-        results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{group_id}-e{i}", problem) for i in range(n)))
+        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
+            generation = self.sandbox_generation
+            prefix = group_id if attempt == 0 else f"{group_id}-retry{attempt}"
+            results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem) for i in range(n)))
+            infrastructure = isinstance(runner, Zygote) and any(o.status == "crashed" for o, _ in results) and (
+                not runner.alive or self.sandbox_generation != generation)
+            for o, s in results:
+                if infrastructure and o.status == "crashed":
+                    o = msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
+                self._log_episode(o, s, group_id)
+            if not infrastructure:
+                break
+            if not await self._restart_sandbox(runner, next(o.error for o, _ in results if o.status == "crashed")):
+                return
+        self._count_failures([(o, o.status != "ok" or not s.interactions) for o, s in results])
         good = [(o, s) for o, s in results if o.status == "ok" and s.interactions]
-        for o, s in results:
-            self._log_episode(o, s, group_id)
         if not good:
             self._group_failed(results[0][0])
             return
@@ -441,6 +464,7 @@ class Controller:
             outcome = check_episode_rewards(outcome, {i: r.reward for i, r in rows.items()}, self.config.rollout.reward_range)
         rows = rows if outcome.status == "ok" else {}
         self.window.append(outcome)
+        self._count_failures([(outcome, not rows)])
         record = {"episode_id": episode_id, "group_id": group_id, "status": outcome.status,
                   "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
                   "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}), "interactions": len(rows),
@@ -452,6 +476,34 @@ class Controller:
             return
         await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows))
                                     for i, row in enumerate(rows.values())])
+
+    async def _restart_sandbox(self, zygote: Zygote, reason: str) -> bool:
+        """Restart a dead zygote (once, whichever group notices first); False, with the run's
+        failure set, when ``rollout.max_zygote_restarts`` restarts are spent."""
+        async with self.restart_lock:
+            if zygote.alive:  # another group restarted it already
+                return True
+            limit = self.config.rollout.max_zygote_restarts
+            if self.zygote_restarts >= limit:
+                self.failure = self.failure or (f"the sandbox zygote died {self.zygote_restarts + 1} times "
+                                                f"(rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}")
+                return False
+            self.zygote_restarts += 1
+            tqdm.write(f"[sandbox] the zygote died; restarting it ({self.zygote_restarts}/{limit}): {reason.splitlines()[0][:300]}")
+            await zygote.restart()
+            self.sandbox_generation += 1
+            return True
+
+    def _count_failures(self, outcomes: list[tuple[EpisodeOutcome, bool]]) -> None:
+        """Feed the failure-rate window with (outcome, failed): failed is a status other than ok,
+        or no interaction recorded. Sets the run's failure once the window is full and the share
+        of failed episodes in it reaches ``rollout.max_failure_rate``."""
+        self.recent_failed.extend(failed for _, failed in outcomes)
+        window, bound = self.recent_failed, self.config.rollout.max_failure_rate
+        if len(window) == window.maxlen and sum(window) >= bound * len(window) and self.failure is None:
+            example = next((o for o, failed in outcomes if failed), outcomes[0][0])
+            self.failure = (f"{sum(window)} of the last {len(window)} episodes failed (rollout.max_failure_rate="
+                            f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}")
 
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1

@@ -1,0 +1,114 @@
+"""The sandbox zygote killed (SIGKILL) in the middle of a real training run.
+
+Without supervision every later episode came back at once as ``crashed: zygote not running``,
+failed groups were replaced without end, and a minute wrote 634,096 crashed episodes to
+``episodes.jsonl``. Now the controller restarts the zygote, logs the groups it cut short as
+infrastructure failures and runs them again; past ``rollout.max_zygote_restarts`` the run stops,
+naming the death, after a bounded number of lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = '''
+import asyncio
+from openai import AsyncOpenAI
+
+async def run(data, **kw):
+    await asyncio.sleep(0.4)  # long enough that a kill lands with episodes in flight
+    client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0)
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=8)
+    return 1.0
+'''
+
+
+def _zygotes(pid: int) -> list[int]:
+    """Child processes of ``pid`` running sandbox.zygote (read from /proc; killed by PID only)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"sandbox.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(int(child))
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    (tmp_path / "slow_agent.py").write_text(AGENT)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+           "model.path=scripted", "rollout.openai.mode=subproc", "trainer.steps=3", "rollout.groups_per_step=2",
+           "rollout.n_samples=2", "data.eval_size=0", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: set[int] = set()
+    deadline = time.monotonic() + 240
+    log = run_dir / "episodes.jsonl"
+    while len(killed) < kills and proc.poll() is None and time.monotonic() < deadline:
+        lines = len(log.read_text().splitlines()) if log.exists() else 0
+        live = [z for z in _zygotes(proc.pid) if z not in killed]
+        if live and lines >= 2 * (len(killed) + 1):  # some episodes done since the last kill
+            os.kill(live[0], signal.SIGKILL)
+            killed.add(live[0])
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=300)
+    assert len(killed) == kills, (killed, err[-3000:])
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), [json.loads(x) for x in log.read_text().splitlines()]
+
+
+def test_a_killed_zygote_is_restarted_and_its_groups_run_again(tmp_path):
+    proc, episodes = _run_and_kill(tmp_path, 1, [])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "[sandbox] the zygote died; restarting it (1/3)" in proc.stdout + proc.stderr
+    cut = [e for e in episodes if e["status"] == "crashed"]
+    assert cut and all(e["error"].startswith("infrastructure failure, group re-admitted:") for e in cut), cut
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+
+
+def test_past_its_restart_bound_the_run_stops_naming_the_zygote(tmp_path):
+    proc, episodes = _run_and_kill(tmp_path, 2, ["rollout.max_zygote_restarts=1"])
+    assert proc.returncode != 0
+    assert "the sandbox zygote died 2 times (rollout.max_zygote_restarts=1)" in proc.stderr, proc.stderr[-3000:]
+    assert len(episodes) <= 3 * 4 * 2 + 8  # bounded: nothing like a hot loop of crashed episodes
+
+
+FAILING_LATER = '''
+from openai import AsyncOpenAI
+
+calls = 0
+
+async def run(data, **kw):
+    global calls
+    calls += 1
+    if calls > 8:
+        raise RuntimeError("this agent broke after its first 8 episodes")
+    client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], max_retries=0)
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=8)
+    return 1.0
+'''
+
+
+def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp_path):
+    """The old stop rule fired only while no group had been accepted: a run that had accepted some
+    and then failed every episode replaced failed groups for ever."""
+    (tmp_path / "failing_later.py").write_text(FAILING_LATER)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                           f"rollout.agent={tmp_path / 'failing_later.py'}:run", "model.path=scripted",
+                           "rollout.openai.mode=inline", "trainer.steps=50", "rollout.groups_per_step=2",
+                           "rollout.n_samples=2", "data.eval_size=0", "rollout.failure_window=8"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "8 of the last 8 episodes failed (rollout.max_failure_rate=0.9)" in proc.stderr, proc.stderr[-3000:]
+    assert "this agent broke after its first 8 episodes" in proc.stderr
+    episodes = (run_dir / "episodes.jsonl").read_text().splitlines()
+    assert 16 <= len(episodes) <= 8 + 8 + 4 * 2  # the 8 good ones, the window of failures, groups in flight
