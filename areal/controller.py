@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -609,13 +610,35 @@ class Controller:
 
 
 def read_saved_trajectories(path: Path) -> list[Trajectory]:
-    """Read back ``trajectories.bin`` (written with ``save_trajectories=true``)."""
+    """Read back ``trajectories.bin`` (written with ``save_trajectories=true``): every complete
+    record. A file cut short (a full disk, a kill mid-write) keeps the records before the cut,
+    and the cut is reported (a ``UserWarning`` naming the offset and the bytes dropped)."""
     data, out, pos = path.read_bytes(), [], 0
     while pos < len(data):
-        (n,) = FRAME_HEADER.unpack_from(data, pos)
-        out.append(decode_trajectory(data[pos + 4 : pos + 4 + n]))
-        pos += 4 + n
+        n = FRAME_HEADER.unpack_from(data, pos)[0] if len(data) - pos >= FRAME_HEADER.size else None
+        if n is None or len(data) - pos - FRAME_HEADER.size < n:
+            warnings.warn(f"{path}: cut at byte {pos} of {len(data)} (an incomplete record); "
+                          f"read the {len(out)} complete records before it", stacklevel=2)
+            break
+        try:
+            out.append(decode_trajectory(data[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + n]))
+        except msgspec.DecodeError as e:
+            warnings.warn(f"{path}: record {len(out)} at byte {pos} does not decode ({e}); "
+                          f"read the {len(out)} complete records before it", stacklevel=2)
+            break
+        pos += FRAME_HEADER.size + n
     return out
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """A run directory holds one run: refuse one that already holds a run's records (a rerun
+    into it would append a second run's steps and episodes to the first's)."""
+    held = {name: sum(1 for _ in open(run_dir / name)) for name in ("metrics.jsonl", "episodes.jsonl")
+            if (run_dir / name).is_file() and (run_dir / name).stat().st_size}
+    if held:
+        what = ", ".join(f"{name} with {n} lines" for name, n in held.items())
+        raise RunFailed(f"run directory {run_dir} already holds a run ({what}); a run directory holds one run: "
+                        "choose another (hydra.run.dir=...) or remove it")
 
 
 async def train(config: TrainConfig, run_dir: Path, *, agent: Any | None = None, dataset: list[dict] | None = None,
@@ -627,4 +650,5 @@ async def train(config: TrainConfig, run_dir: Path, *, agent: Any | None = None,
     ({question|messages, answer}) replacing the embedded train / held-out problems.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_fresh_run_dir(run_dir)
     return await Controller(config, run_dir, agent=agent, dataset=dataset, eval_dataset=eval_dataset).run()
