@@ -37,6 +37,7 @@ import random
 import secrets
 import socket
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ from areal.agent import agent_run, check_episode_rewards, load_agent, outcome_fr
 from areal.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import normalize_row
-from areal.engine.client import EngineClient, launch_embedded_engine
+from areal.engine.client import EngineClient, EngineProcess, launch_embedded_engine
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.api.workflow_api import workflow_kind
@@ -215,6 +216,7 @@ class Controller:
         self.failed_groups = 0
         self.wake = asyncio.Event()
         self.failure: str | None = None
+        self.engine_proc: EngineProcess | None = None  # the engine this run launched (engine.kind=embedded)
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         r = config.rollout
@@ -251,6 +253,9 @@ class Controller:
                 )
                 stack.callback(engine_proc.stop)
                 urls = [engine_proc.url]
+                self.engine_proc = engine_proc
+                watcher = asyncio.create_task(self._watch_engine(engine_proc))
+                stack.callback(watcher.cancel)  # before the engine's own stop (callbacks run last-in first)
             engine = EngineClient(urls[0])
             stack.push_async_callback(engine.close)
             gateway = Gateway(engine, tokenizer, cfg.gateway)
@@ -299,7 +304,7 @@ class Controller:
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
-                raise RunFailed(self.failure)
+                raise RunFailed(self._with_engine_death(self.failure))
             eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             return self._finish(eval_before, eval_after)
 
@@ -505,6 +510,31 @@ class Controller:
             example = next((o for o, failed in outcomes if failed), outcomes[0][0])
             self.failure = (f"{sum(window)} of the last {len(window)} episodes failed (rollout.max_failure_rate="
                             f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}")
+
+    def _engine_death(self) -> str | None:
+        """What ended the run's own engine, or None while it runs (or when the run launched none)."""
+        proc = self.engine_proc
+        if proc is None or proc.alive():
+            return None
+        rc = proc.popen.returncode
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        return f"the inference engine (pid {proc.pid}) died ({how}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
+
+    def _with_engine_death(self, failure: str) -> str:
+        """``failure``, led by the engine's death when the engine died: a trainer's weight push or
+        an episode's 503 that failed because of it is a consequence, not the cause."""
+        death = self._engine_death()
+        if death is None or failure.startswith(death):
+            return failure
+        return f"{death}\nthen: {failure}" if failure else death
+
+    async def _watch_engine(self, proc: EngineProcess) -> None:
+        """Notice the engine's death within half a second, whatever the trainer or the rollouts
+        are doing (waiting for data, pushing weights, evaluating), and stop the run naming it."""
+        while proc.alive():
+            await asyncio.sleep(0.5)
+        self.failure = self._with_engine_death(self.failure or "")
+        self.wake.set()
 
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1

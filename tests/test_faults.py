@@ -1,6 +1,6 @@
-"""The sandbox zygote killed (SIGKILL) in the middle of a real training run.
+"""Components killed (SIGKILL) in the middle of a real training run, and runs that keep failing.
 
-Without supervision every later episode came back at once as ``crashed: zygote not running``,
+The sandbox zygote: without supervision every later episode came back at once as ``crashed: zygote not running``,
 failed groups were replaced without end, and a minute wrote 634,096 crashed episodes to
 ``episodes.jsonl``. Now the controller restarts the zygote, logs the groups it cut short as
 infrastructure failures and runs them again; past ``rollout.max_zygote_restarts`` the run stops,
@@ -30,16 +30,20 @@ async def run(data, **kw):
 '''
 
 
-def _zygotes(pid: int) -> list[int]:
-    """Child processes of ``pid`` running sandbox.zygote (read from /proc; killed by PID only)."""
+def _children(pid: int, module: bytes) -> list[int]:
+    """Child processes of ``pid`` running ``module`` (read from /proc; killed by PID only)."""
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         try:
-            if b"sandbox.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if module in Path(f"/proc/{child}/cmdline").read_bytes():
                 out.append(int(child))
         except FileNotFoundError:
             pass
     return out
+
+
+def _zygotes(pid: int) -> list[int]:
+    return _children(pid, b"sandbox.zygote")
 
 
 def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -112,3 +116,26 @@ def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp
     assert "this agent broke after its first 8 episodes" in proc.stderr
     episodes = (run_dir / "episodes.jsonl").read_text().splitlines()
     assert 16 <= len(episodes) <= 8 + 8 + 4 * 2  # the 8 good ones, the window of failures, groups in flight
+
+
+def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
+    """The trainer waits for data (bound 0) while slow episodes run: nothing else would notice."""
+    (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
+                             "rollout.openai.mode=inline", "trainer.steps=20", "rollout.groups_per_step=1",
+                             "rollout.n_samples=2", "rollout.max_head_offpolicyness=0", "data.eval_size=0"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, engine = time.monotonic() + 120, None
+    while engine is None and proc.poll() is None and time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        engines = _children(proc.pid, b"areal.engine.server")
+        if engines and metrics.exists() and metrics.read_text():  # a step trained: mid-run
+            engine = engines[0]
+            os.kill(engine, signal.SIGKILL)
+        time.sleep(0.05)
+    assert engine is not None, proc.communicate(timeout=60)[1][-3000:]
+    out, err = proc.communicate(timeout=60)  # before: it ran on until a 600 s no-data timeout
+    assert proc.returncode != 0
+    assert f"the inference engine (pid {engine}) died (signal SIGKILL); log tail" in err, err[-3000:]
