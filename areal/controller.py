@@ -228,6 +228,7 @@ class Controller:
         self.sandbox_generation = 0  # bumped by every zygote restart
         self.restart_lock = asyncio.Lock()
         self.groups_written = 0
+        self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
         self.metrics_log = open(run_dir / "metrics.jsonl", "a")
@@ -237,6 +238,27 @@ class Controller:
     # ---- the run --------------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
+        try:
+            return await self._run()
+        finally:  # the trainer has stopped: its trained-episode lists are final
+            self._report_untrained()
+
+    def _report_untrained(self) -> None:
+        """List the episodes that reached the ring but no optimizer step (the run ended first) in
+        ``untrained_episodes.json``, so no accepted episode disappears without a word."""
+        trained: set[str] = set()
+        for path in self.run_dir.glob("trained_episodes-r*.jsonl"):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):  # a line cut by a killed trainer
+                    trained.update(json.loads(line)["episodes"])
+        untrained = [e for e in self.published if e not in trained]
+        if untrained:
+            why = self.failure or "the run reached its last step with these still in the ring"
+            (self.run_dir / "untrained_episodes.json").write_text(json.dumps(
+                {"reason": why[:4000], "episodes": untrained}, indent=1))
+            tqdm.write(f"{len(untrained)} accepted episodes were not trained (listed in untrained_episodes.json)")
+
+    async def _run(self) -> dict[str, Any]:
         cfg = self.config
         sock_dir = Path(tempfile.mkdtemp(prefix=f"areal-{self.run_id}-"))  # ipc paths must stay short
         async with contextlib.AsyncExitStack() as stack:
@@ -430,7 +452,7 @@ class Controller:
         for attempt in range(self.config.rollout.max_zygote_restarts + 1):
             generation = self.sandbox_generation
             prefix = group_id if attempt == 0 else f"{group_id}-retry{attempt}"
-            results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem) for i in range(n)))
+            results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
             infrastructure = isinstance(runner, Zygote) and any(o.status == "crashed" for o, _ in results) and (
                 not runner.alive or self.sandbox_generation != generation)
             for o, s in results:
@@ -549,16 +571,28 @@ class Controller:
             self.groups_written += 1
             for traj in trajectories:
                 await asyncio.to_thread(ring.put_trajectory, traj, 600.0)  # waits while the ring is full (back-pressure)
+                self.published.append(traj.episode_id)
                 if self.saved is not None:
                     self.saved.write(frame(encode_trajectory(traj)))
         self.accepted_groups += 1
 
-    async def _run_episode(self, runner: Any, gateway: Gateway, episode_id: str, problem: dict) -> tuple[EpisodeOutcome, Session]:
+    async def _run_episode(self, runner: Any, gateway: Gateway, episode_id: str, problem: dict,
+                           group_id: str) -> tuple[EpisodeOutcome, Session]:
         key = gateway.open_session(episode_id)
+        t0 = time.monotonic()
         try:
             outcome = await runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s)
-        finally:
+        except asyncio.CancelledError:  # the run is stopping: the episode still gets its one line
             session = gateway.close_session(key)
+            why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
+            cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}",
+                                 wall_s=time.monotonic() - t0)
+            self._log_episode(cut, session, group_id)
+            raise
+        except BaseException:
+            gateway.close_session(key)
+            raise
+        session = gateway.close_session(key)
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
         outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()},

@@ -139,3 +139,12 @@ def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     out, err = proc.communicate(timeout=60)  # before: it ran on until a 600 s no-data timeout
     assert proc.returncode != 0
     assert f"the inference engine (pid {engine}) died (signal SIGKILL); log tail" in err, err[-3000:]
+    # Every episode that started has exactly one line; those cut off by the stop say why.
+    episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    ids = [e["episode_id"] for e in episodes]
+    assert len(ids) == len(set(ids))
+    cancelled = [e for e in episodes if e["status"] == "cancelled"]
+    assert cancelled and all(f"the inference engine (pid {engine}) died" in e["error"] for e in cancelled), episodes
+    untrained = run_dir / "untrained_episodes.json"
+    if untrained.exists():  # accepted but not trained when the run stopped: listed, and each has its line
+        assert set(json.loads(untrained.read_text())["episodes"]) <= {e["episode_id"] for e in episodes if e["status"] == "ok"}
