@@ -40,7 +40,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -63,7 +62,7 @@ from areal.api.workflow_api import workflow_kind
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.utils.hf_utils import resolve_model_path
 from areal.plots import plot_reward_curve
-from areal.process import die_with_parent, log_tail, stop_group
+from areal.process import die_with_parent, log_tail, owned_temp_dir, reclaim_temp_dirs, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
 from areal.jsonl import json_line
 from areal.trainer import TrainerConfig
@@ -260,7 +259,9 @@ class Controller:
 
     async def _run(self) -> dict[str, Any]:
         cfg = self.config
-        sock_dir = Path(tempfile.mkdtemp(prefix=f"areal-{self.run_id}-"))  # ipc paths must stay short
+        for folder in reclaim_temp_dirs():  # socket folders and engine scratch of runs that were killed
+            tqdm.write(f"[run] removed the stale temp folder {folder}")
+        sock_dir = Path(owned_temp_dir("run"))  # ipc paths must stay short
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(shutil.rmtree, sock_dir, True)
             model_dir = self._model_dir()

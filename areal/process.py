@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
 import signal
 import subprocess
+import tempfile
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,3 +48,36 @@ def log_tail(path: str | os.PathLike, limit: int = 4000) -> str:
     with open(path, "rb") as f:
         f.seek(max(0, os.path.getsize(path) - limit))
         return f.read().decode(errors="replace")
+
+
+# Temp folders named for the process that owns them: ``areal-<kind>-<owner pid>-<random>``.
+_OWNED = re.compile(r"^areal-(run|engine|sglang|vllm)-(\d+)-")
+
+
+def owned_temp_dir(kind: str) -> str:
+    """A new temp folder ``areal-<kind>-<this pid>-XXXX``: ``reclaim_temp_dirs`` removes it once
+    this process is gone, if it was not removed (a SIGKILL skips every cleanup)."""
+    return tempfile.mkdtemp(prefix=f"areal-{kind}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def reclaim_temp_dirs(root: str | None = None) -> list[str]:
+    """Remove the ``owned_temp_dir`` folders under ``root`` (the temp dir) whose owner is dead
+    (socket folders and engine scratch of killed runs); returns them. Call at start."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    for name in sorted(os.listdir(root)):
+        m = _OWNED.match(name)
+        if m and not _alive(int(m.group(2))) and os.path.isdir(os.path.join(root, name)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(os.path.join(root, name))
+    return removed

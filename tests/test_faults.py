@@ -148,3 +148,19 @@ def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     untrained = run_dir / "untrained_episodes.json"
     if untrained.exists():  # accepted but not trained when the run stopped: listed, and each has its line
         assert set(json.loads(untrained.read_text())["episodes"]) <= {e["episode_id"] for e in episodes if e["status"] == "ok"}
+
+
+def test_temp_folders_of_dead_runs_are_reclaimed_and_live_ones_kept(tmp_path):
+    """A SIGKILLed run skips its cleanup: its socket folder and engine scratch are removed by the
+    next start (``reclaim_temp_dirs``), named for their owner's pid; a live owner's are kept."""
+    from areal.process import reclaim_temp_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    stale = [tmp_path / f"areal-run-{dead.pid}-x1", tmp_path / f"areal-engine-{dead.pid}-x2"]
+    live = [tmp_path / f"areal-engine-{os.getpid()}-x3", tmp_path / "areal-unrelated-1-x4"]
+    for d in stale + live:
+        d.mkdir()
+        (d / "gateway.sock").write_text("")
+    assert sorted(reclaim_temp_dirs(str(tmp_path))) == sorted(str(d) for d in stale)
+    assert [d.exists() for d in stale + live] == [False, False, True, True]

@@ -34,7 +34,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -46,6 +45,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from areal.process import owned_temp_dir
 from areal.process import die_with_parent, log_tail, stop_group
 
 
@@ -651,7 +651,7 @@ def launch_embedded_engine(
     request_log: str | None = None,
 ) -> EngineProcess:
     """Start the embedded engine and wait until it has written its URL to the ready file."""
-    run_dir = tempfile.mkdtemp(prefix="areal-engine-")
+    run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
     cmd = [sys.executable, "-m", "areal.engine.server", "--model-path", model_path,

@@ -27,12 +27,12 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+from areal.process import owned_temp_dir
 from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult, wait_healthy
 from areal.process import die_with_parent
 
@@ -198,7 +198,7 @@ def launch_sglang_server(model_path: str, port: int, *, host: str = "127.0.0.1",
     if importlib.util.find_spec("sglang") is None:
         raise RuntimeError("sglang is not installed in this environment (it needs CUDA; on a GPU machine "
                            "`pip install sglang`); use launch_embedded_engine on CPU")
-    run_dir = tempfile.mkdtemp(prefix="areal-sglang-")
+    run_dir = owned_temp_dir("sglang")
     log_path = log_path or os.path.join(run_dir, "sglang.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(sglang_command(model_path, port, host, **flags), stdout=log, stderr=subprocess.STDOUT,

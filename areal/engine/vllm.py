@@ -36,13 +36,13 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
+from areal.process import owned_temp_dir
 from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message, wait_healthy
 from areal.process import die_with_parent
 
@@ -293,7 +293,7 @@ def launch_vllm_server(
     timeout_s: float = 600, log_path: str | None = None, extra_args: tuple[str, ...] = (),
 ) -> EngineProcess:
     """Start vLLM's OpenAI server with ``python`` (a venv holding vllm) and wait for ``/health``."""
-    run_dir = tempfile.mkdtemp(prefix="areal-vllm-")
+    run_dir = owned_temp_dir("vllm")
     log_path = log_path or os.path.join(run_dir, "vllm.log")
     port = _free_port()  # the server binds it itself a moment later; a clash fails loudly, below
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
