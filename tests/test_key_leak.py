@@ -1,0 +1,122 @@
+"""No episode finds another session's key in its memory, whatever earlier episodes sent back.
+
+Issue 18, item 2: an agent scanning its own memory found a key that was not its own, in episodes
+of the third and fourth groups of a run. Here a real zygote runs ``WAVES`` waves of ``WAVE``
+episodes of tests/sandbox_agents.py:AttackAgent.leak_own_key, one after the other, with
+``warm_slots=WAVE``: the slots of wave k+2 are forked while wave k+1 is handed over, after wave
+k's outcomes went back through the zygote. Every episode scans its writable memory for the
+session-key format, then puts its own key into everything that goes back (stdout, stderr, the
+exception that becomes its outcome's error), so every fork after the first wave happens in a
+zygote that has handled keys of finished episodes.
+
+The world is real: ``areal.gateway.Gateway`` served over ZeroMQ (ipc://), the embedded model's
+tokenizer, sessions opened and closed around each episode as the controller does. Only the
+engine is a stand-in (SGLang's ``/generate`` on loopback, always "42").
+
+The scan cannot pass vacuously: every episode must find its own key (in its environment and its
+arguments) and ``DECOY``, a string of the key format that reaches it only inside its dataset row;
+besides those it may find only ``GUESS``, a constant of the agent module's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import threading
+
+from aiohttp import web
+from test_sandbox import run, zygote_env
+from transformers import AutoTokenizer
+
+from areal.embedded import ensure_embedded_model
+from areal.engine.client import EngineClient
+from areal.gateway import Gateway, serve_zmq
+from areal.protocol import EpisodeOutcome
+from sandbox.isolation import SandboxConfig
+from sandbox.zygote import Zygote
+
+# areal/gateway/core.py: "sk-areal-" + secrets.token_urlsafe(24), i.e. 32 characters of base64url.
+KEY_PATTERN = r"sk-areal-[A-Za-z0-9_-]{32}"
+DECOY = "sk-areal-" + "DECOYdecoy-_" * 2 + "DECOYdec"
+GUESS = "sk-areal-" + "A" * 32  # AttackAgent.forge_key's guess: a constant of the agent's code, no session
+WAVES, WAVE = 4, 6
+ANSWER = "42"
+
+
+async def _engine(tok: AutoTokenizer) -> web.AppRunner:
+    output_ids = tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"text": ANSWER, "output_ids": output_ids, "meta_info": {
+            "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(output_ids), "weight_version": "0",
+            "output_token_logprobs": [[-0.5, t, None] for t in output_ids]}})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+async def _waves(tmp: str) -> list[tuple[str, str, EpisodeOutcome]]:
+    """(episode id, key, outcome) of every episode, each wave started once the last one ended."""
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    engine = await _engine(tok)
+    gateway = Gateway(EngineClient(f"http://127.0.0.1:{engine.addresses[0][1]}"), tok)
+    addr, ready = f"ipc://{tmp}/gateway.sock", asyncio.Event()
+    door = asyncio.ensure_future(serve_zmq(gateway, addr, ready))
+    await ready.wait()
+    config = SandboxConfig(deadline_s=30.0, memory_limit_bytes=512 << 20, max_pids=64, warm_slots=WAVE)
+    with zygote_env():
+        zygote = await Zygote.start("sandbox_agents:AttackAgent", addr, config, os.path.join(tmp, "log"))
+
+    async def episode(eid: str) -> tuple[str, str, EpisodeOutcome]:
+        key = gateway.open_session(eid)
+        try:
+            out = await zygote.run_episode(eid, {"case": "leak_own_key", "pattern": KEY_PATTERN, "decoy": DECOY}, key)
+        finally:
+            gateway.close_session(key)
+        return eid, key, out
+
+    try:
+        results = []
+        for w in range(WAVES):
+            results += await asyncio.gather(*(episode(f"wave{w}-e{i}") for i in range(WAVE)))
+        return results
+    finally:
+        await zygote.close()
+        door.cancel()
+        await engine.cleanup()
+        await gateway.engine.close()
+
+
+def test_no_episode_finds_another_sessions_key(tmp_path):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        results = run(loop, _waves(str(tmp_path)), timeout=240)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    owner = {key: eid for eid, key, _ in results}
+    reports, leaks = {}, []
+    for eid, key, out in results:
+        match = re.search(r"scan=(\{\"own_found\".*?\})=end", out.error)
+        assert out.status == "error" and match, f"{eid}: {out.status} {out.error[-3000:]}"
+        report = reports[eid] = json.loads(match.group(1))
+        foreign = [k for k in report["others"] if k not in (DECOY, GUESS)]
+        leaks += [f"{eid} found the key of {owner.get(k, repr(k))}"
+                  f"{' (the gateway accepted it)' if k in report['others_accepted'] else ''}" for k in foreign]
+    assert leaks == [], "\n".join(leaks)
+    for eid, key, out in results:
+        report = reports[eid]
+        assert report["own_found"] and DECOY in report["others"], f"{eid}: the scan missed a key it holds: {report}"
+        assert report["scanned_bytes"] > 16 << 20 and report["answer"] == ANSWER, report
+        assert report["others_accepted"] == [], report  # the decoy is no session
+        assert key not in out.error, f"{eid}: its own key came back in its outcome: {out.error[-2000:]}"
