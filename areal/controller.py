@@ -498,7 +498,7 @@ class Controller:
                   "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
                   "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}), "interactions": len(rows),
                   "output_tokens": sum(sum(r.loss_mask) for r in rows.values()), "wall_s": round(outcome.wall_s, 4),
-                  "exit_signal": 0, "error": outcome.error[-2000:]}
+                  "exit_signal": 0, "error": reason(outcome.error), "log_tail": outcome.log_tail}
         self.episode_log.write(json_line(record))
         if not rows:
             self._group_failed(outcome)
@@ -608,7 +608,7 @@ class Controller:
             "reward": o.reward if o.reward is not None else sum(o.rewards_by_id.values()),
             "versions": sorted({i.version for i in inters}), "interactions": len(inters),
             "output_tokens": sum(len(i.output_ids) for i in inters), "wall_s": round(o.wall_s, 4),
-            "exit_signal": o.exit_signal, "error": o.error[-2000:],
+            "exit_signal": o.exit_signal, "error": reason(o.error), "log_tail": o.log_tail,
         }
         self.episode_log.write(json_line(record))
 
@@ -672,6 +672,17 @@ class Controller:
         plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
+
+
+def reason(error: str) -> str:
+    """A failure's reason for the record: whole up to REASON_CHARS, else its head and a count of
+    what was cut (an agent's exception message may be any size)."""
+    if len(error) <= REASON_CHARS:
+        return error
+    return f"{error[:REASON_CHARS]}... ({len(error) - REASON_CHARS} more characters)"
 
 
 def read_saved_trajectories(path: Path) -> list[Trajectory]:

@@ -102,6 +102,7 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     exit_signal: int | None = None
     exit_code: int | None = None
     wall_s: float = 0.0
+    log_tail: str = ""  # the end of a failed episode's log (stdout and stderr), apart from the reason
 
 
 ZygoteInbound = Union[SpawnEpisode, Shutdown]

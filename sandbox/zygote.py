@@ -513,6 +513,11 @@ class ZygoteServer:
             frames = slot.result.frames()
             try:
                 if not frames:
+                    buf, start = slot.result.buf, slot.result.start
+                    declared = FRAME_HEADER.unpack_from(buf, start)[0] if slot.result.end - start >= 4 else 0
+                    if declared + 4 > RESULT_LIMIT:
+                        raise msgspec.DecodeError(f"the agent's result is {declared} bytes, over the limit of "
+                                                  f"{RESULT_LIMIT} bytes a result may have")
                     raise msgspec.DecodeError(f"{slot.result.end} bytes, not a whole frame")
                 reported = self.outcome_decoder.decode(frames[0])
             except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
@@ -523,9 +528,9 @@ class ZygoteServer:
         if outcome.status == "ok":
             os.unlink(slot.log_path)  # keep logs of failed episodes only
             return outcome
+        # Apart from the reason, so that a long log never pushes the reason out of the record.
         tail = keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes))
-        note = f"\n--- agent log tail ({slot.log_path}) ---\n{tail}" if tail else ""
-        return msgspec.structs.replace(outcome, error=outcome.error + note)
+        return msgspec.structs.replace(outcome, log_tail=f"--- {slot.log_path} ---\n{tail}" if tail else "")
 
     def _kill(self, slot: _Slot) -> None:
         for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid

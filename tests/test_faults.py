@@ -164,3 +164,31 @@ def test_temp_folders_of_dead_runs_are_reclaimed_and_live_ones_kept(tmp_path):
         (d / "gateway.sock").write_text("")
     assert sorted(reclaim_temp_dirs(str(tmp_path))) == sorted(str(d) for d in stale)
     assert [d.exists() for d in stale + live] == [False, False, True, True]
+
+
+NOISY_FAILURE = '''
+import sys
+
+async def run(data, **kw):
+    sys.stdout.write("x" * 2_000_000)  # a long log
+    raise ValueError("the real reason, at the head" + "!" * 40_000)
+'''
+
+
+def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
+    """Before, the record kept the last 2,000 characters of reason + log: a long log left only
+    'xxxx...'. Now the reason leads (cut only past 16,000 characters, saying so) and the log
+    tail is its own bounded field."""
+    (tmp_path / "noisy.py").write_text(NOISY_FAILURE)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                           f"rollout.agent={tmp_path / 'noisy.py'}:run", "model.path=scripted",
+                           "rollout.openai.mode=subproc", "trainer.steps=1", "rollout.groups_per_step=1",
+                           "rollout.n_samples=2", "data.eval_size=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0  # every group failed
+    episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert episodes and all(e["status"] == "error" for e in episodes)
+    for e in episodes:
+        assert e["error"].startswith("Traceback") and "ValueError: the real reason, at the head" in e["error"]
+        assert e["error"].endswith("more characters)") and len(e["error"]) < 16_100
+        assert e["log_tail"].startswith("--- ") and e["log_tail"].rstrip().endswith("x" * 100) and len(e["log_tail"]) < 5_000

@@ -332,7 +332,7 @@ def test_forge_another_sessions_key(world):
 
 def test_flood_stdout_and_stderr(world):
     out = world.attack({"case": "flood"})
-    assert out.status == "error" and "File too large" in out.error
-    log_path = out.error.split("--- agent log tail (", 1)[1].split(")", 1)[0]
+    assert out.status == "error" and "File too large" in out.error  # the reason, first and whole
+    log_path = out.log_tail.split("--- ", 1)[1].split(" ---", 1)[0]
     assert os.path.getsize(log_path) <= LIMITS["file_size_bytes"]
-    assert len(out.error) < 16 << 10  # the outcome carries a tail, not the flood
+    assert len(out.error) < 16 << 10 and len(out.log_tail) < 16 << 10  # a tail, apart, not the flood
