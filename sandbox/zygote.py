@@ -45,8 +45,9 @@ Invariants:
   from. The zygote's environment is already the agents' allow-listed one (a fork inherits the
   exec-time block).
 
-The controller side (``Zygote``) lives here too: one module per process boundary. That is why
-this module runs past 800 lines; the key hygiene it relies on is in sandbox/keys.py.
+The controller side (``Zygote``) lives here too: one module per process boundary. What runs in an
+episode process around the agent (its relay, the spawn it reads, run() itself) is in
+sandbox/episode.py; the key hygiene this module relies on is in sandbox/keys.py.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import inspect
 import json
 import logging
 import os
@@ -67,19 +67,15 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode, ZygoteInbound,
                             ZygoteOutbound, ZygoteReady, frame)
-from areal.agent import AgentRun, load_agent, outcome_from_result
+from areal.agent import AgentRun, load_agent
 from areal.process import die_with_parent, log_tail
-from sandbox import isolation, keys, rootfs
+from sandbox import episode, isolation, keys, rootfs
 from sandbox.isolation import EpisodeResources, SandboxConfig
-
-if TYPE_CHECKING:
-    from sandbox.relay import Relay
 
 log = logging.getLogger("sandbox.zygote")
 _encoder = msgspec.msgpack.Encoder()
@@ -87,82 +83,6 @@ DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empt
 REPORT_LIMIT_S = 10.0  # how long a reporter may take (it reads agents' logs: a FIFO there must not hang us)
 RESULT_LIMIT = 16 << 20  # result bytes kept per episode; an agent cannot make the zygote buffer without bound
 RESULT_INITIAL_BYTES = 64 << 10
-
-
-def _start_relay(gateway_addr: str) -> Relay:
-    """In a slot, before its spawn arrives: the relay's port is bound and its thread starts.
-    The relay knows no key: the agent sends its own in every request."""
-    from sandbox.relay import Relay
-
-    return Relay.start(gateway_addr, wait=False)  # requests queue in the backlog until it serves
-
-
-def _run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay) -> EpisodeOutcome:
-    """In the agent process, once the spawn arrived: hand run() its endpoints, await it."""
-    import httpx
-
-    from sandbox.relay import ZmqTransport
-
-    data = json.loads(spawn.data)
-    base_url = f"{relay.base_url}/v1"
-    os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key,
-                      ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key)
-
-    async def main() -> object:
-        transport = ZmqTransport(gateway_addr)
-        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None) as client:
-            result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
-            return await result if inspect.isawaitable(result) else result
-
-    return outcome_from_result(spawn.episode_id, asyncio.run(main()))
-
-
-def _read_spawn(fd: int) -> SpawnEpisode | None:
-    """In a slot: block until the zygote hands over one SpawnEpisode frame; None at EOF."""
-    buf = bytearray()
-    while len(buf) < 4 or len(buf) < 4 + FRAME_HEADER.unpack_from(buf)[0]:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return None
-        buf += chunk
-    msg = msgspec.msgpack.Decoder(ZygoteInbound).decode(memoryview(buf)[4:])
-    if not isinstance(msg, SpawnEpisode):
-        raise TypeError(f"a slot expects SpawnEpisode, got {type(msg).__name__}")
-    return msg
-
-
-_WARM_CHAT = {"id": "w", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "w"}}]}
-_WARM_MESSAGE = {"id": "w", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
-                 "content": [{"type": "text", "text": "w"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
-
-
-def _warm_up_sdks() -> None:
-    """Make one call with each SDK against an in-process httpx transport, in the zygote.
-
-    The SDKs import their resource modules and build response models on first use (~0.4 s for
-    openai); paying that once here, before the fork, saves it in every episode. No socket and
-    no thread is created.
-    """
-    import httpx
-    import openai
-
-    async def calls() -> None:
-        transport = httpx.MockTransport(lambda request: httpx.Response(200, json=_WARM_CHAT))
-        async with httpx.AsyncClient(transport=transport) as http:
-            client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
-            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
-        try:  # anthropic >= 2.11 ships its own fork of httpx, `httpx2`
-            import anthropic
-            import httpx2
-        except ImportError:
-            return
-        transport2 = httpx2.MockTransport(lambda request: httpx2.Response(200, json=_WARM_MESSAGE))
-        async with httpx2.AsyncClient(transport=transport2) as http2:
-            claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http2)
-            await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
-
-    asyncio.run(calls())
 
 
 @dataclass
@@ -388,17 +308,17 @@ class ZygoteServer:
                 isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers,
                                                   readonly_proc="readonly_root" in self.layers)
             isolation.finish_agent_setup(self.layers)
-            relay = _start_relay(self.gateway_addr)
+            relay = episode.start_relay(self.gateway_addr)
         except BaseException:  # process boundary: a failed setup becomes the episode's outcome
             setup_error = traceback.format_exc()
-        spawn = _read_spawn(spawn_r)
+        spawn = episode.read_spawn(spawn_r)
         if spawn is None:  # the zygote closed an idle slot
             os._exit(0)
         try:
             if setup_error:
                 outcome = EpisodeOutcome(spawn.episode_id, "error", error=setup_error)
             else:
-                outcome = _run_agent(self.run, spawn, self.gateway_addr, relay)
+                outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay)
         except BaseException:  # process boundary: whatever happened becomes the outcome
             outcome = EpisodeOutcome(spawn.episode_id, "error", error=traceback.format_exc())
         encoded = bytearray(frame(_encoder.encode(outcome)))
@@ -751,23 +671,6 @@ class Zygote:
         self._dead = self._dead or "closed"
 
 
-def agent_paths(spec: str) -> list[str]:
-    """What of the agent's own its episodes must read: the directory of an exec program or of a
-    .py file (its helpers, a node_modules beside it), and the embedded models' cache (an agent may
-    load the embedded tokenizer). A module named by import path lives on sys.path, exposed anyway."""
-    from areal.agent import EXEC_PREFIX, PROJECT_ROOT
-    from areal.embedded import embedded_cache_root
-
-    out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []
-    target = spec[len(EXEC_PREFIX):] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
-    if spec.startswith(EXEC_PREFIX) or target.endswith(".py"):
-        for base in (os.getcwd(), str(PROJECT_ROOT)):  # where load_agent looks, in its order
-            path = os.path.join(base, target)
-            if os.path.isfile(path):
-                return out + [os.path.dirname(os.path.realpath(path))]
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sandbox.zygote")
     parser.add_argument("--agent", required=True, help="MODULE:ATTR")
@@ -791,11 +694,11 @@ def main(argv: list[str] | None = None) -> None:
         import anthropic  # noqa: F401
     except ImportError:
         log.info("anthropic SDK not installed; not preloaded")
-    _warm_up_sdks()
+    episode.warm_up_sdks()
     run = load_agent(args.agent)
     # Masked even where exposed: the episodes' logs (the controller adds its whole run directory).
     plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)],
-                                           agent_paths(args.agent))
+                                           episode.agent_paths(args.agent))
     if threading.active_count() > 1:
         log.warning("%d threads exist before forking; they do not exist in the episodes", threading.active_count())
     layers, warnings = isolation.probe(config)

@@ -63,4 +63,4 @@ def test_node_agent_with_the_official_openai_client_runs_under_the_default_sandb
 def test_an_address_space_cap_is_what_failed_node(served_scripted):
     """The cause, kept visible: the old default cap (8 GiB of address space) fails the same agent."""
     (outcome, _), = _run_episodes(served_scripted, SandboxConfig(address_space_bytes=8 << 30), 1)
-    assert outcome.status == "error" and "Out of memory" in outcome.error, outcome.error
+    assert outcome.status == "error" and "Out of memory" in outcome.log_tail, (outcome.error, outcome.log_tail)
