@@ -57,7 +57,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _CLONE_NEWNS, _MNT_DETACH = 0x00020000, 2
-_SYS_PIVOT_ROOT, _SYS_MOUNT_SETATTR = 155, 442  # x86_64
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, 155)
+_SYS_MOUNT_SETATTR = 442  # the same on every architecture (numbered after the syscall tables merged)
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 
 
