@@ -26,7 +26,7 @@ import os
 import re
 import threading
 
-from aiohttp import web
+from instant_engine import start_instant_engine
 from test_sandbox import run, zygote_env
 from transformers import AutoTokenizer
 
@@ -45,28 +45,10 @@ WAVES, WAVE = 4, 6
 ANSWER = "42"
 
 
-async def _engine(tok: AutoTokenizer) -> web.AppRunner:
-    output_ids = tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-
-    async def generate(request: web.Request) -> web.Response:
-        body = await request.json()
-        return web.json_response({"text": ANSWER, "output_ids": output_ids, "meta_info": {
-            "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
-            "completion_tokens": len(output_ids), "weight_version": "0",
-            "output_token_logprobs": [[-0.5, t, None] for t in output_ids]}})
-
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner
-
-
 async def _waves(tmp: str) -> list[tuple[str, str, EpisodeOutcome]]:
     """(episode id, key, outcome) of every episode, each wave started once the last one ended."""
     tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
-    engine = await _engine(tok)
+    engine = await start_instant_engine(tok, ANSWER)
     gateway = Gateway(EngineClient(f"http://127.0.0.1:{engine.addresses[0][1]}"), tok)
     addr, ready = f"ipc://{tmp}/gateway.sock", asyncio.Event()
     door = asyncio.ensure_future(serve_zmq(gateway, addr, ready))

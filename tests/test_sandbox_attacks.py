@@ -26,7 +26,6 @@ from multiprocessing import shared_memory
 from typing import Any
 
 import pytest
-from aiohttp import web
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
@@ -35,6 +34,7 @@ from areal.gateway import Gateway, serve_http, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, SandboxConfig
 from sandbox.zygote import Zygote
+from instant_engine import start_instant_engine
 from test_sandbox import busy_children, idle_slots, processes_with_arg, run, zygote_env
 
 ANSWER = "42"
@@ -93,22 +93,10 @@ class World:
         run(self.loop, self._start(tmp))
 
     async def _start(self, tmp: str) -> None:
-        output_ids = self.tok.encode(ANSWER, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
-
-        async def generate(request: web.Request) -> web.Response:
-            body = await request.json()
+        def count() -> None:
             self.generate_calls += 1
-            return web.json_response({"text": ANSWER, "output_ids": output_ids, "meta_info": {
-                "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(output_ids), "weight_version": "0",
-                "output_token_logprobs": [[-0.5, t, None] for t in output_ids]}})
 
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        self.engine_runner = web.AppRunner(app, access_log=None)
-        await self.engine_runner.setup()
-        site = web.TCPSite(self.engine_runner, "127.0.0.1", 0)
-        await site.start()
+        self.engine_runner = await start_instant_engine(self.tok, ANSWER, on_call=count)
         self.engine_port = self.engine_runner.addresses[0][1]
         self.gateway = Gateway(EngineClient(f"http://127.0.0.1:{self.engine_port}"), self.tok)
         ready = asyncio.Event()

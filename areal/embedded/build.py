@@ -170,18 +170,26 @@ def train_sft(
     model.train()
     losses = []
     bar = tqdm(batches, desc="embedded SFT", disable=not progress, unit="step")
-    for ids, mask, labels in bar:
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+    for batch in bar:
+        losses.append(sft_step(model, opt, sched, batch))
         if len(losses) % 20 == 0:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / 20:.3f}")
     model.eval()
     return losses
+
+
+def sft_step(model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
+             batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
+    """One optimizer step on a ``(input_ids, attention_mask, labels)`` batch (gradient norm
+    clipped to 1); returns its loss."""
+    ids, mask, labels = batch
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
 
 
 @torch.no_grad()

@@ -351,7 +351,7 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     from areal.embedded import BUILD_INFO
-    from areal.embedded.build import make_batches, render_plain, tokenize_conversations
+    from areal.embedded.build import make_batches, render_plain, sft_step, tokenize_conversations
     from areal.embedded.corpus import make_sft_conversations
     from areal.embedded.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 
@@ -398,14 +398,8 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     for start, end in zip(bounds, bounds[1:]):
         model.train()
         losses = []
-        for ids, mask, labels in batches[start:end]:
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
+        for batch in batches[start:end]:
+            losses.append(sft_step(model, opt, sched, batch))
             bar.update()
         model.eval()
         probe_margins = [m for m, _ in reply_stats(model, probes)]
