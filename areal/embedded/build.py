@@ -39,6 +39,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from areal.embedded import BUILD_INFO, EmbeddedConfig, ensure_embedded_model, read_build_info
+from areal.embedded.scripted import ScriptedConfig
 from areal.embedded.corpus import Problem, make_leveled_problems, make_sft_conversations, math_reward
 from areal.embedded.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_tokenizer
 
@@ -126,8 +127,9 @@ def make_batches(
     return batches
 
 
-def make_model(config: EmbeddedConfig, tok: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """A freshly initialised tiny Qwen2 with tied embeddings, sized to the tokenizer."""
+def make_model(config: EmbeddedConfig | ScriptedConfig, tok: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """A freshly initialised tiny Qwen2 with tied embeddings, sized to the tokenizer (both the
+    default and the scripted model: the two configs share the size fields and the seed)."""
     vocab = math.ceil(len(tok) / 64) * 64  # padded like Qwen's 151936, for aligned matmuls
     qcfg = Qwen2Config(
         vocab_size=vocab,

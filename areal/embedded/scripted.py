@@ -348,12 +348,12 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     """Build the scripted model into ``out_dir`` (an empty directory that the caller renames)."""
     import torch
     from tqdm import tqdm
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig
 
     from areal.embedded import BUILD_INFO
-    from areal.embedded.build import make_batches, render_plain, sft_step, tokenize_conversations
+    from areal.embedded.build import make_batches, make_model, render_plain, sft_step, tokenize_conversations
     from areal.embedded.corpus import make_sft_conversations
-    from areal.embedded.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tokenizer
+    from areal.embedded.tokenizer import train_tokenizer
 
     t0 = time.monotonic()
     torch.set_num_threads(config.num_threads)
@@ -373,15 +373,7 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     steps = config.sft_steps + config.round_steps * config.max_rounds
     batches = make_batches(examples, config.batch_size, steps, tok.pad_token_id, config.seed)
 
-    torch.manual_seed(config.seed)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=-(-len(tok) // 64) * 64, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-        max_position_embeddings=config.max_positions, tie_word_embeddings=True, rope_theta=10_000.0,
-        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids(EOS_TOKEN),
-        pad_token_id=tok.convert_tokens_to_ids(PAD_TOKEN), dtype="float32",
-    ))
+    model = make_model(config, tok)  # the default model's architecture at these sizes (seeded there)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
