@@ -11,7 +11,7 @@ ARGS    ?=
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
-$(STAMP): requirements.lock constraints.txt setup.py areal/_ringcopy.c areal/_xxh3.h
+$(STAMP): requirements.lock constraints.txt setup.py areal/ring/native/_ringcopy.c areal/ring/native/_xxh3.h
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 	  echo "using the machine's torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	  $(PY) -m venv --system-site-packages $(VENV) && \

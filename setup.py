@@ -1,4 +1,4 @@
-"""Build of the optional C extension ``areal._ringcopy`` (the ring writer's hot path + XXH3-64).
+"""Build of the optional C extension ``areal.ring._ringcopy`` (the ring writer's hot path + XXH3-64).
 
 pyproject.toml stays the metadata source; this file only declares the extension. It is
 ``optional``: on a machine without a C compiler ``pip install -e .`` still succeeds and the ring
@@ -12,9 +12,9 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "areal._ringcopy",
-            sources=["areal/_ringcopy.c"],
-            depends=["areal/_xxh3.h"],
+            "areal.ring._ringcopy",
+            sources=["areal/ring/native/_ringcopy.c"],
+            depends=["areal/ring/native/_xxh3.h"],
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )

@@ -1,9 +1,10 @@
 """Typed configuration of one training run.
 
-Hydra composes `conf/*.yaml` at the entry point (`areal/train.py`); the result is converted at
-once into these dataclasses by `from_dict`, which rejects unknown keys naming their full path.
-Library code never sees a DictConfig. Each dataclass validates itself in ``__post_init__``.
-Components with their own config (gateway, sandbox) keep it next to their code.
+Hydra composes `conf/*.yaml` at the entry point (`areal/train.py`) against this schema (registered
+with Hydra's ConfigStore, so an unknown key or a value of the wrong type fails at composition),
+and converts the result at once into these dataclasses (`OmegaConf.to_object`). Library code
+never sees a DictConfig. Each dataclass validates itself in ``__post_init__``. Components with a
+config of their own (gateway, sandbox, trainer) keep it next to their code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.gateway import GatewayConfig
+from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
 
 
@@ -101,40 +103,6 @@ class RolloutConfig:
 
 
 @dataclass
-class TrainerSection:
-    steps: int = 350
-    lr: float = 3e-5
-    clip_eps: float = 0.2
-    max_grad_norm: float = 1.0
-    threads: int = 1
-    # Tokens packed into one forward pass. Packed attention is masked, not varlen, on CPU, so its
-    # cost grows with the square of this: small micro-batches are much faster here.
-    micro_batch_tokens: int = 1024
-    loss: str = "grpo"  # grpo (clip against the engine's logprobs) | ppo (decoupled, proximal recomputed)
-    minibatches: int = 1  # optimizer updates per batch; must divide groups_per_step / ranks
-    dual_clip: float | None = None  # dual-clip constant c (> 1) for negative advantages
-    behav_weight_cap: float | None = None  # ppo: cap on exp(proximal - behaviour)
-    kl_coef: float = 0.0  # KL to the initial weights (0 = no reference model)
-    kl_estimator: str = "k3"  # k1 | k3
-    turn_discount: float = 1.0  # discount of per-turn returns when rows carry their own rewards
-    checkpoint_every: int = 0  # steps between atomic trainer checkpoints (0 = none)
-    ranks: int = 1  # trainer processes (torchrun, DDP over gloo on CPU); each reads its own ring
-    parallel: str = "ddp"  # ddp (replicated weights) | fsdp2 (sharded per decoder layer; NCCL on GPUs, gloo on CPU)
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"trainer.steps must be >= 1, got {self.steps}")
-        if not self.lr > 0:
-            raise ValueError(f"trainer.lr must be positive, got {self.lr}")
-        if self.loss not in ("grpo", "ppo"):
-            raise ValueError(f"trainer.loss must be grpo or ppo, got {self.loss!r}")
-        if self.parallel not in ("ddp", "fsdp2"):
-            raise ValueError(f"trainer.parallel must be ddp or fsdp2, got {self.parallel!r}")
-        if self.ranks < 1 or self.minibatches < 1 or self.checkpoint_every < 0:
-            raise ValueError("trainer.ranks and trainer.minibatches must be >= 1, trainer.checkpoint_every >= 0")
-
-
-@dataclass
 class DataConfig:
     train_size: int = 4000  # problems drawn from the embedded task's train split
     eval_size: int = 500  # held-out problems scored before and after training (0 = skip)
@@ -156,7 +124,7 @@ class TrainConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    trainer: TrainerSection = field(default_factory=TrainerSection)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
@@ -164,29 +132,24 @@ class TrainConfig:
             raise ValueError("ring_capacity_mb must be >= 1")
 
 
-def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
-    """Build dataclass ``cls`` from a plain dict, recursing into dataclass-typed fields.
-
-    Unknown keys raise ``ValueError`` naming the full dotted path, so a typo in an override
-    (``trainer.stpes=3``) fails loudly instead of being ignored.
-    """
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(path + k for k in unknown)}; valid: {', '.join(sorted(names))}")
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            kwargs[name] = from_dict(hint, value, f"{path}{name}.")
-        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
-            kwargs[name] = float(value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
-
-
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
+
+
+def describe(cls: type = TrainConfig, prefix: str = "") -> list[str]:
+    """``key: type = default`` for every key of ``cls``, dataclass sections expanded, in order."""
+    hints, lines = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            lines.extend(describe(hint, f"{prefix}{f.name}."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        lines.append(f"{prefix}{f.name}: {kind} = {default!r}")
+    return lines
+
+
+if __name__ == "__main__":  # python -m areal.config: every key of the run's config, with its type
+    print("\n".join(describe()))

@@ -52,7 +52,7 @@ import zmq.asyncio
 from tqdm import tqdm
 
 from areal.agent import agent_run, check_episode_rewards, load_agent, outcome_from_exception, outcome_from_result
-from areal.buffer import RingWriter, reclaim_stale, ring_name
+from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import normalize_row
 from areal.engine.client import EngineClient, EngineProcess, launch_embedded_engine
@@ -62,10 +62,10 @@ from areal.api.workflow_api import workflow_kind
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.utils.hf_utils import resolve_model_path
 from areal.plots import plot_reward_curve
-from areal.process import die_with_parent, log_tail, owned_temp_dir, reclaim_temp_dirs, stop_group
+from areal.process import die_with_parent, log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
 from areal.jsonl import json_line
-from areal.trainer import TrainerConfig
+from areal.trainer.config import TrainerJob
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
 
@@ -239,8 +239,10 @@ class Controller:
     async def run(self) -> dict[str, Any]:
         try:
             return await self._run()
-        finally:  # the trainer has stopped: its trained-episode lists are final
+        finally:  # the trainer has stopped: its trained-episode lists are final, nothing writes
             self._report_untrained()
+            for path in remove_partial_writes(self.run_dir):
+                tqdm.write(f"[run] removed the partial write {path}")
 
     def _report_untrained(self) -> None:
         """List the episodes that reached the ring but no optimizer step (the run ended first) in
@@ -362,34 +364,12 @@ class Controller:
 
     def _start_trainer(self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str) -> subprocess.Popen:
         cfg = self.config
-        tcfg = TrainerConfig(
-            model_path=str(model_dir),
-            ring_name=rings[0],
-            ring_names=rings if len(rings) > 1 else [],
-            engine_urls=urls,
-            report_addr=report_addr,
-            run_dir=str(self.run_dir),
-            steps=cfg.trainer.steps,
-            groups_per_step=cfg.rollout.groups_per_step,
-            lr=cfg.trainer.lr,
-            clip_eps=cfg.trainer.clip_eps,
-            temperature=cfg.rollout.temperature,
-            max_grad_norm=cfg.trainer.max_grad_norm,
-            seed=cfg.seed,
-            threads=cfg.trainer.threads,
-            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
-            loss=cfg.trainer.loss,
-            minibatches=cfg.trainer.minibatches,
-            dual_clip=cfg.trainer.dual_clip,
-            behav_weight_cap=cfg.trainer.behav_weight_cap,
-            kl_coef=cfg.trainer.kl_coef,
-            kl_estimator=cfg.trainer.kl_estimator,
-            turn_discount=cfg.trainer.turn_discount,
-            checkpoint_every=cfg.trainer.checkpoint_every,
-            parallel=cfg.trainer.parallel,
-        )
+        job = TrainerJob(model_path=str(model_dir), ring_name=rings[0], ring_names=rings if len(rings) > 1 else [],
+                         engine_urls=urls, report_addr=report_addr, run_dir=str(self.run_dir),
+                         groups_per_step=cfg.rollout.groups_per_step, temperature=cfg.rollout.temperature,
+                         seed=cfg.seed, trainer=cfg.trainer)
         path = self.run_dir / "trainer_config.json"
-        path.write_text(tcfg.to_json())
+        path.write_text(job.to_json())
         log = open(self.run_dir / "trainer.log", "ab")
         launcher = [sys.executable, "-m", "areal.trainer"]
         if len(rings) > 1:  # torchrun: one process per rank, DDP over gloo on CPU

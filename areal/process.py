@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -68,6 +69,21 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return True
     return True
+
+
+def remove_partial_writes(root: Path, depth: int = 3) -> list[Path]:
+    """Remove the ``.tmp-*`` files and folders under ``root`` (to ``depth`` levels): writes that
+    were cut before their rename into place (checkpoints, weight versions). Call only once no
+    process writes there (the run's end)."""
+    removed = []
+    for level in range(1, depth + 1):
+        for path in sorted(root.glob("/".join(["*"] * (level - 1) + [".tmp-*"]))):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def reclaim_temp_dirs(root: str | None = None) -> list[str]:

@@ -354,7 +354,7 @@ def split_trajectory(traj: Trajectory) -> tuple[tuple, bytes, bytes]:
     """``(values, head, tail)``: the fields of ``traj`` as a tuple, the msgpack encoding of the
     fields before the bulk buffers and that of the fields after them (``TRAJECTORY_BULK``).
 
-    For a writer that emits the record's framing itself (``areal._ringcopy.Writer.put_struct``):
+    For a writer that emits the record's framing itself (``areal.ring._ringcopy.Writer.put_struct``):
     the record is the array header of ``len(values)``, ``head`` without its fixarray header,
     each bulk buffer as msgpack ``bin``, then ``tail`` without its header; exactly
     ``encode_trajectory(traj)`` (a test pins it). ~0.6 us for any record size.

@@ -1,6 +1,8 @@
 """Entry point: `python -m areal.train [key=value ...]` (Hydra; `-m` for sweeps).
 
-Composes `conf/config.yaml`, converts it at once into the typed `TrainConfig`, saves the resolved
+Composes `conf/config.yaml` over the `TrainConfig` schema (registered with Hydra's ConfigStore:
+an unknown key or a wrong type fails at composition, and `--cfg job` prints every key), converts
+it at once into the typed `TrainConfig` (`OmegaConf.to_object`), saves the resolved
 config as JSON in the run directory, and runs the loop of `areal.controller`. In a multirun
 (`-m`), each run then rebuilds the sweep summary (`areal.sweep`) in the sweep directory. Runs are
 isolated by construction: the controller names sockets and shared memory by a per-run id and
@@ -19,18 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from areal.config import TrainConfig, from_dict, to_dict
+from areal.config import TrainConfig, to_dict
 from areal.controller import train
 from areal.utils.aio import run as run_loop
+
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> dict:
-    config = from_dict(TrainConfig, OmegaConf.to_container(cfg, resolve=True))
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, TrainConfig)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per agent request otherwise
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The memory-flat lm head: CPU time and peak memory of logprobs + backward over a 151,936-token
-vocabulary, chunked (areal.loss.head_logprobs: logits recomputed chunk by chunk, never whole)
+vocabulary, chunked (areal.trainer.loss.head_logprobs: logits recomputed chunk by chunk, never whole)
 against the plain way (full (tokens, vocab) logits, log_softmax, gather, autograd), same run.
 
 Each variant runs in a subprocess of its own so that its peak RSS (ru_maxrss) is its own; CPU
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _measure(variant: str, tokens: int) -> dict[str, float]:
     """Run one variant here (in the child); returns CPU seconds and peak RSS growth in MiB."""
-    from areal.loss import head_logprobs
+    from areal.trainer.loss import head_logprobs
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

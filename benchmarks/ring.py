@@ -62,8 +62,8 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
-from areal.ring_layout import NATIVE
+from areal.ring.buffer import RingReader, RingWriter, ring_name, unlink_ring
+from areal.ring.layout import NATIVE
 from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
 
 SIZES = (1024, 8192, 32768)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from areal.loss import group_advantages
+from areal.trainer.loss import group_advantages
 from areal.protocol import TokenRow, Trajectory
 
 
@@ -59,7 +59,9 @@ def main(quick: bool) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from areal.embedded import ensure_embedded_model
-    from areal.trainer import PolicyScorer, TrainerConfig, train_step
+    from areal.trainer.packing import PolicyScorer
+    from areal.trainer.step import train_step
+    from areal.trainer.config import TrainerConfig
 
     torch.set_num_threads(1)
     path = ensure_embedded_model()
@@ -70,8 +72,7 @@ def main(quick: bool) -> list[dict]:
     vocab = model.config.vocab_size
     batches = [[_clip(t, vocab) for t in b] for b in batches]  # token ids must be < vocab
     tokens = [sum(t.num_tokens for t in b) for b in batches]
-    config = TrainerConfig(model_path=str(path), ring_name="unused", engine_urls=[], report_addr="tcp://x:1",
-                           run_dir="unused", steps=steps, groups_per_step=4, micro_batch_tokens=1024)
+    config = TrainerConfig(steps=steps, micro_batch_tokens=1024)
 
     def timed(fn) -> float:
         fn(batches[0])  # warm-up

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from areal.buffer import (  # noqa: E402
+from areal.ring.buffer import (  # noqa: E402
     FRAME,
     FRAME_OFF_DIGEST,
     FRAME_OFF_KIND,
@@ -48,12 +48,12 @@ from areal.buffer import (  # noqa: E402
     ring_name,
     unlink_ring,
 )
-from areal.ring_layout import NATIVE  # noqa: E402
+from areal.ring.layout import NATIVE  # noqa: E402
 from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts  # noqa: E402
 
 _counter = itertools.count()
-# native=True where areal._ringcopy is built (test_ring_native.py fails where it should be and is not)
-NATIVE_OR_SKIP = pytest.param(True, marks=pytest.mark.skipif(NATIVE is None, reason="areal._ringcopy not built"))
+# native=True where areal.ring._ringcopy is built (test_ring_native.py fails where it should be and is not)
+NATIVE_OR_SKIP = pytest.param(True, marks=pytest.mark.skipif(NATIVE is None, reason="areal.ring._ringcopy not built"))
 
 
 def payload_for(seq: int) -> bytes:
@@ -334,7 +334,7 @@ def test_get_view_is_zero_copy_and_commits_on_the_next_call(name):
 def test_second_live_reader_is_refused(name):
     with RingWriter(name, 4096), RingReader(name):
         proc = subprocess.run(
-            [sys.executable, "-c", f"from areal.buffer import RingReader; RingReader({name!r}, timeout_s=1)"],
+            [sys.executable, "-c", f"from areal.ring.buffer import RingReader; RingReader({name!r}, timeout_s=1)"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )
         assert proc.returncode != 0 and "already has a live reader" in proc.stderr
@@ -368,7 +368,7 @@ def test_any_damaged_word_of_a_record_is_caught_by_get_view(name, offset):
 
 def test_reclaim_stale_removes_dead_segments_only(name):
     dead = ring_name(f"t{os.getpid()}dead{next(_counter)}", 0)
-    code = f"from areal.buffer import RingWriter; RingWriter({dead!r}, 4096)"  # dies without unlinking
+    code = f"from areal.ring.buffer import RingWriter; RingWriter({dead!r}, 4096)"  # dies without unlinking
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
     tmp = os.path.join(SHM_DIR, f".{dead}.999999999.tmp")  # a creator that died mid-creation
     open(tmp, "wb").close()

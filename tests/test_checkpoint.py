@@ -17,10 +17,11 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM
 
-from areal.buffer import RingWriter, unlink_ring
-from areal.checkpoint import DataPosition, latest_checkpoint
+from areal.ring.buffer import RingWriter, unlink_ring
+from areal.trainer.checkpoint import DataPosition, latest_checkpoint
 from areal.protocol import encode_trajectory
-from areal.trainer import TrainerConfig
+from areal.trainer.config import TrainerJob
+from trainer_jobs import make_job
 from test_trainer import TEMPERATURE, make_group, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def feed(name: str, trajs: list) -> RingWriter:
     return writer
 
 
-def start(config: TrainerConfig, tmp_path: Path, *extra: str) -> subprocess.Popen:
+def start(config: TrainerJob, tmp_path: Path, *extra: str) -> subprocess.Popen:
     path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.json"
     path.write_text(config.to_json())
     return subprocess.Popen([sys.executable, "-m", "areal.trainer", "--config", str(path), *extra], cwd=ROOT,
@@ -62,8 +63,8 @@ def test_sigkill_at_a_random_step_then_resume_trains_every_trajectory_once(tmp_p
     try:
         base = dict(model_path=str(model_dir), engine_urls=[], report_addr=f"tcp://127.0.0.1:{port}", steps=STEPS,
                     groups_per_step=1, lr=1e-3, temperature=TEMPERATURE, record_timeout_s=30, checkpoint_every=1)
-        straight = TrainerConfig(ring_name=names[0], run_dir=str(tmp_path / "straight"), **base)
-        killed = TrainerConfig(ring_name=names[1], run_dir=str(tmp_path / "killed"), **base)
+        straight = make_job(ring_name=names[0], run_dir=str(tmp_path / "straight"), **base)
+        killed = make_job(ring_name=names[1], run_dir=str(tmp_path / "killed"), **base)
         procs.append(start(killed, tmp_path))
         kill_after = random.Random().randint(1, STEPS - 2)  # trained steps seen before the kill
         deadline = time.monotonic() + 120
@@ -103,7 +104,7 @@ def test_sigkill_at_a_random_step_then_resume_trains_every_trajectory_once(tmp_p
 
 
 def test_checkpoint_holds_pending_records_in_arrival_order(tmp_path):
-    from areal.trainer import GroupCollector
+    from areal.trainer.step import GroupCollector
 
     model = make_model(tmp_path / "m", with_tokenizer=False)
     rng = np.random.default_rng(8)

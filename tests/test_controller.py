@@ -11,7 +11,8 @@ import pytest
 
 from areal.agent import load_agent, outcome_from_result
 from areal.api.workflow_api import RolloutWorkflow
-from areal.config import TrainConfig, from_dict
+from areal.config import TrainConfig
+from areal.dataclass_config import build_dataclass
 from areal.controller import Controller, train, trajectory_from_episode, trajectory_from_row
 from areal.experimental.openai import ArealOpenAI
 from areal.gateway.tree import InteractionWithTokenLogpReward
@@ -126,7 +127,7 @@ def test_subproc_mode_refuses_an_agent_object_it_cannot_import(tmp_path):
         async def run(self, data, **kw):
             return 1.0
 
-    cfg = from_dict(TrainConfig, {"rollout": {"openai": {"mode": "subproc"}}})
+    cfg = build_dataclass(TrainConfig, {"rollout": {"openai": {"mode": "subproc"}}})
     with pytest.raises(ValueError, match="rollout.openai.mode=subproc needs an agent"):
         Controller(cfg, tmp_path, agent=Local())
     with pytest.raises(ValueError, match="dataset is empty"):
@@ -157,7 +158,7 @@ def test_rollout_workflow_object_with_a_custom_dataset_trains(tmp_path):
 
     workflow = EchoWorkflow(load_hf_tokenizer("embedded"))
     rows = [{"question": f"What is {a} plus {a}?", "answer": str(2 * a), "tag": a} for a in (2, 3, 4)]
-    cfg = from_dict(TrainConfig, {"trainer": {"steps": 2}, "rollout": {"groups_per_step": 1, "openai": {"mode": "inline"}},
+    cfg = build_dataclass(TrainConfig, {"trainer": {"steps": 2}, "rollout": {"groups_per_step": 1, "openai": {"mode": "inline"}},
                                   "data": {"eval_size": 0, "eval_samples": 1}})
     summary = asyncio.run(train(cfg, tmp_path, agent=workflow, dataset=rows, eval_dataset=rows[:2]))
     assert summary["steps"] == 2 and summary["eval_before"]["n"] == 2 and summary["eval_after"]["n"] == 2

@@ -559,7 +559,7 @@ def test_sglang_command_construction() -> None:
 def test_trainer_push_pauses_and_running_generations_resume_with_per_token_versions(engine_url: str, model_dir: Path) -> None:
     """The trainer's weight push: pause (abort) -> update -> continue. The running generation comes
     back partial, the client resubmits it, and each token carries the version that sampled it."""
-    from areal.trainer import push_weights
+    from areal.trainer.publish import push_weights
 
     async def run() -> tuple:
         client = EngineClient(engine_url)

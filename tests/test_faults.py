@@ -9,13 +9,18 @@ naming the death, after a bounded number of lines.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = '''
@@ -192,3 +197,52 @@ def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
         assert e["error"].startswith("Traceback") and "ValueError: the real reason, at the head" in e["error"]
         assert e["error"].endswith("more characters)") and len(e["error"]) < 16_100
         assert e["log_tail"].startswith("--- ") and e["log_tail"].rstrip().endswith("x" * 100) and len(e["log_tail"]) < 5_000
+
+
+@pytest.mark.parametrize("component", ["zygote", "engine", "trainer"])
+def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, component):
+    """SIGKILL one component at a random point of a short run (the seed is in every message).
+    Whatever the point: the zygote's death is absorbed (the run finishes), the engine's or the
+    trainer's stops the run naming it; every episode has one line; the accepted-but-untrained
+    ones are listed; no partial write and no temp folder of the run is left behind."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    after_lines, extra_s = rng.randint(1, 10), rng.uniform(0.0, 1.5)
+    why = f"seed {seed}: kill the {component} after {after_lines} episode lines + {extra_s:.2f} s"
+    (tmp_path / "slow_agent.py").write_text(AGENT)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
+                             "rollout.openai.mode=subproc", "trainer.steps=4", "rollout.groups_per_step=2",
+                             "rollout.n_samples=2", "data.eval_size=0", "trainer.checkpoint_every=1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    module = {"zygote": b"sandbox.zygote", "engine": b"areal.engine.server", "trainer": b"areal.trainer"}[component]
+    log, killed, deadline = run_dir / "episodes.jsonl", None, time.monotonic() + 240
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= after_lines:
+            time.sleep(extra_s)
+            victims = _children(proc.pid, module)
+            if victims:
+                os.kill(victims[0], signal.SIGKILL)
+                killed = victims[0]
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=300)
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if proc.returncode == 0:  # the death was absorbed, or came after the last step's work was done
+        assert steps == [1, 2, 3, 4], (why, steps, err[-3000:])
+    else:
+        named = {"zygote": "the sandbox zygote died", "engine": f"the inference engine (pid {killed}) died (signal SIGKILL)",
+                 "trainer": "trainer process exited with code"}[component]
+        assert component != "zygote" and named in err, (why, err[-3000:])
+    if component == "zygote":
+        cut = [json.loads(x) for x in log.read_text().splitlines() if '"crashed"' in x]
+        assert all(e["error"].startswith("infrastructure failure, group re-admitted:") for e in cut), (why, cut)
+    episodes = [json.loads(x) for x in log.read_text().splitlines()]
+    ids = [e["episode_id"] for e in episodes]
+    assert len(ids) == len(set(ids)), why
+    assert all(e["status"] in ("ok", "crashed", "cancelled", "error", "timeout") for e in episodes), why
+    untrained = run_dir / "untrained_episodes.json"
+    if untrained.exists():
+        assert set(json.loads(untrained.read_text())["episodes"]) <= {e["episode_id"] for e in episodes if e["status"] == "ok"}, why
+    assert not list(run_dir.rglob(".tmp-*")), (why, list(run_dir.rglob(".tmp-*")))
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"areal-*-{proc.pid}-*")), why

@@ -1,11 +1,11 @@
-"""Unit tests for areal/loss.py against hand-computed values."""
+"""Unit tests for areal/trainer/loss.py against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from areal.loss import (
+from areal.trainer.loss import (
     decoupled_ppo_loss,
     episode_advantages,
     group_advantages,

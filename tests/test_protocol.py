@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal.buffer import RingReader, RingWriter, ring_name, unlink_ring
+from areal.ring.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.protocol import (
     FRAME_HEADER,
     TRAJECTORY_SCHEMA,

@@ -22,13 +22,14 @@ import pytest
 import torch
 
 from areal.agent import check_episode_rewards, outcome_from_result
-from areal.config import RolloutConfig, TrainConfig, from_dict
+from areal.config import RolloutConfig, TrainConfig
+from areal.dataclass_config import build_dataclass
 from areal.controller import Controller
 from areal.gateway import Interaction, Session
 from areal.gateway import tree
 from areal.protocol import EpisodeOutcome, TokenRow, TrainerReport, Trajectory
 from areal.jsonl import json_line
-from areal.trainer import compute_advantages
+from areal.trainer.step import compute_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
 RANGE = [-1e4, 1e4]
@@ -111,7 +112,7 @@ def test_many_bad_entries_are_counted_and_long_ones_cut():
 
 def test_reward_range_is_a_validated_config_field():
     assert RolloutConfig().reward_range == [-1e4, 1e4]
-    cfg = from_dict(TrainConfig, {"rollout": {"reward_range": [-1, 2]}})
+    cfg = build_dataclass(TrainConfig, {"rollout": {"reward_range": [-1, 2]}})
     assert cfg.rollout.reward_range == [-1.0, 2.0]
     assert check_episode_rewards(EpisodeOutcome("e", "ok", reward=3.0), {}, cfg.rollout.reward_range).status == "error"
     for bad in ([1, 0], [0, 0], [NAN, 1], [0, INF], [0], [0, 1, 2], ["a", 1], [True, 2], [0, 1e39], 5):

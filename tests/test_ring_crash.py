@@ -5,7 +5,7 @@ The writer is a forked child of the test process (fork is ~1 ms here, a fresh in
 so the reader can check every byte, and contiguity across writer generations shows that no
 published record was lost or duplicated. The child reports each sequence number that ``put``
 returned through a pipe (after publishing): every reported one must reach the reader.
-Writer generations alternate between the C writer (``areal._ringcopy``, where built) and the
+Writer generations alternate between the C writer (``areal.ring._ringcopy``, where built) and the
 pure-Python one, so both are killed mid-record and each attaches after the other's crash.
 Each test checks that it leaves nothing of its own in /dev/shm.
 """
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from areal.buffer import SHM_DIR, RingFull, RingReader, RingWriter, ring_name, unlink_ring
-from areal.ring_layout import NATIVE
+from areal.ring.buffer import SHM_DIR, RingFull, RingReader, RingWriter, ring_name, unlink_ring
+from areal.ring.layout import NATIVE
 
 _counter = itertools.count()
 

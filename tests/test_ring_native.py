@@ -1,4 +1,4 @@
-"""The ring's C extension ``areal._ringcopy``: built wherever a compiler exists, bit-identical to
+"""The ring's C extension ``areal.ring._ringcopy``: built wherever a compiler exists, bit-identical to
 the ``xxhash`` package for every length and kernel, writing exactly the bytes the pure-Python
 writer path writes (so either writer pairs with the one reader), framing a Trajectory exactly
 as msgspec does (``put_trajectory``), and leaving its slow paths (no room, too large, corrupted
@@ -19,13 +19,14 @@ import xxhash
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from areal import buffer, ring_layout  # noqa: E402
-from areal.buffer import (HEADER_BYTES, SHM_DIR, RecordTooLarge, RingCorrupted, RingError, RingFull,  # noqa: E402
+from areal.ring import buffer  # noqa: E402
+from areal.ring import layout as ring_layout  # noqa: E402
+from areal.ring.buffer import (HEADER_BYTES, SHM_DIR, RecordTooLarge, RingCorrupted, RingError, RingFull,  # noqa: E402
                           RingReader, RingWriter, ring_name, unlink_ring)
 from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory  # noqa: E402
-from areal.ring_layout import NATIVE  # noqa: E402
+from areal.ring.layout import NATIVE  # noqa: E402
 
-needs_native = pytest.mark.skipif(NATIVE is None, reason="areal._ringcopy not built")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="areal.ring._ringcopy not built")
 
 
 def _compiler() -> str | None:
@@ -39,7 +40,7 @@ def test_native_module_is_built_where_a_compiler_exists():
     if _compiler() is None:
         pytest.skip("no C compiler: the pure-Python ring path is expected")
     assert NATIVE is not None, (
-        "a C compiler exists but areal._ringcopy did not build or import; run "
+        "a C compiler exists but areal.ring._ringcopy did not build or import; run "
         "`python -m pip install --no-deps -e .` and read its build output"
     )
 

@@ -14,7 +14,6 @@ import json
 import os
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import aiohttp

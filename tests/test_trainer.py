@@ -20,7 +20,7 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from areal.buffer import RingReader, RingWriter, unlink_ring
+from areal.ring.buffer import RingReader, RingWriter, unlink_ring
 from areal.protocol import (
     TokenRow,
     TrainerDone,
@@ -30,7 +30,11 @@ from areal.protocol import (
     Trajectory,
     encode_trajectory,
 )
-from areal.trainer import GroupCollector, TrainerConfig, copy_tokenizer_files, micro_batch_logits, pack_rows
+from areal.trainer.config import TrainerConfig, TrainerJob
+from trainer_jobs import make_job
+from areal.trainer.packing import micro_batch_logits, pack_rows
+from areal.trainer.publish import copy_tokenizer_files
+from areal.trainer.step import GroupCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 300
@@ -175,7 +179,7 @@ def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     EngineStub.calls = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EngineStub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = TrainerConfig(
+    config = make_job(
         model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
         engine_urls=[f"http://127.0.0.1:{server.server_address[1]}"], run_dir=str(tmp_path / "run"),
         steps=3, groups_per_step=2, lr=1e-3, temperature=TEMPERATURE, micro_batch_tokens=24,
@@ -236,7 +240,7 @@ def test_trainer_reports_failure_on_bad_engine_url(tmp_path, ring):
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    config = TrainerConfig(
+    config = make_job(
         model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
         engine_urls=[f"http://127.0.0.1:{dead}"], run_dir=str(tmp_path / "run"), steps=2,
         groups_per_step=1, temperature=TEMPERATURE, record_timeout_s=30,
@@ -293,14 +297,16 @@ def test_group_collector_keeps_partial_groups(ring):
 def test_config_validation_names_the_field_and_round_trips():
     base = dict(model_path="m", ring_name="r", engine_urls=[], report_addr="tcp://127.0.0.1:5",
                 run_dir="d", steps=1, groups_per_step=1)
-    cfg = TrainerConfig(**base)
-    assert TrainerConfig.from_json(cfg.to_json()) == cfg
+    job = make_job(**base)
+    assert TrainerJob.from_json(job.to_json()) == job
     for field, bad in [("steps", 0), ("lr", 0.0), ("clip_eps", 1.5), ("engine_urls", ["localhost:1"]),
-                       ("report_addr", "nowhere"), ("keep_versions", 0)]:
+                       ("report_addr", "nowhere"), ("keep_versions", 0), ("micro_batch_tokens", True)]:
         with pytest.raises(ValueError, match=field):
-            TrainerConfig(**{**base, field: bad})
+            make_job(**{**base, field: bad})
     with pytest.raises(ValueError, match="bogus"):
-        TrainerConfig.from_json(json.dumps({**base, "bogus": 1}))
+        TrainerJob.from_json(json.dumps({**base, "bogus": 1}))
+    with pytest.raises(ValueError, match="trainer.lr must be a number"):
+        TrainerJob.from_json(json.dumps({**{k: v for k, v in base.items() if k != "steps"}, "trainer": {"lr": "fast"}}))
 
 
 def test_copy_tokenizer_files_tolerates_a_model_dir_without_them(tmp_path):
@@ -316,20 +322,19 @@ def test_copy_tokenizer_files_tolerates_a_model_dir_without_them(tmp_path):
 
 def _sgd_delta(model_dir: Path, trajs: list[Trajectory], micro_batch_tokens: int, **overrides) -> dict[str, torch.Tensor]:
     """Parameter change of one train_step with SGD(lr=1) and no clipping: minus the gradient."""
-    from areal.trainer import PolicyScorer, train_step
+    from areal.trainer.packing import PolicyScorer
+    from areal.trainer.step import train_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    config = TrainerConfig(model_path=str(model_dir), ring_name="unused", engine_urls=[], report_addr="tcp://x:1",
-                           run_dir="unused", steps=1, groups_per_step=2, temperature=TEMPERATURE, max_grad_norm=1e9,
-                           micro_batch_tokens=micro_batch_tokens, **overrides)
+    config = TrainerConfig(steps=1, max_grad_norm=1e9, micro_batch_tokens=micro_batch_tokens, **overrides)
     train_step(PolicyScorer(model, TEMPERATURE), torch.optim.SGD(model.parameters(), lr=1.0), trajs, config, version=0)
     return {n: p.detach() - before[n] for n, p in model.named_parameters()}
 
 
 def _padded_grad(model_dir: Path, trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
     """The same GRPO gradient from a plain right-padded (B, T) batch with an attention mask."""
-    from areal.loss import group_advantages
+    from areal.trainer.loss import group_advantages
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.group_id for t in trajs])
@@ -373,8 +378,8 @@ def test_packed_equals_padded_and_micro_batches_1x8_equal_8x1(tmp_path):
 MEMORY_SCRIPT = r"""  # argv: micro_batch_tokens, prompt tokens per 512-token row
 import resource, sys, torch, numpy as np
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from areal.packing import PolicyScorer, pack_rows
-from areal.loss import grpo_loss
+from areal.trainer.packing import PolicyScorer, pack_rows
+from areal.trainer.loss import grpo_loss
 from areal.protocol import TokenRow, Trajectory
 torch.set_num_threads(1)
 V, ROWS, T, PROMPT = 151936, 16, 512, int(sys.argv[2])
@@ -407,7 +412,7 @@ def test_memory_is_flat_in_vocabulary_16x512_tokens_151936_vocab(tmp_path):
     Qwen2.5's vocabulary, every token scored: each row is one prompt token and 511 sampled ones
     (the first token of a row has no state before it to be scored from), 8,176 scored in all.
     Full (tokens, vocab) logits would be 8176 * 151936 * 4 B = 5.0 GB, doubled by their gradient;
-    the chunked, recomputing head (areal/loss.py) must stay far below the 3 GB bound. The hidden
+    the chunked, recomputing head (areal/trainer/loss.py) must stay far below the 3 GB bound. The hidden
     size is tiny: the head's memory is set by the vocabulary, and its time stays ~15 s of CPU."""
     script = tmp_path / "mem.py"
     script.write_text(MEMORY_SCRIPT)
@@ -428,7 +433,8 @@ GOLDEN = ROOT / "tests" / "golden" / "trainer_loss_trace.json"
 def test_golden_loss_trace(tmp_path):
     """A fixed tiny model and fixed trajectories, 4 steps of each loss: losses and grad norms must
     match the checked-in trace. Regenerate (after an intended change) with AREAL_REGEN_GOLDEN=1."""
-    from areal.trainer import PolicyScorer, train_step
+    from areal.trainer.packing import PolicyScorer
+    from areal.trainer.step import train_step
 
     model_dir = tmp_path / "m"
     model = make_model(model_dir, with_tokenizer=False)
@@ -438,9 +444,7 @@ def test_golden_loss_trace(tmp_path):
     for loss in ("grpo", "ppo"):
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        config = TrainerConfig(model_path=str(model_dir), ring_name="unused", engine_urls=[], report_addr="tcp://x:1",
-                               run_dir="unused", steps=4, groups_per_step=2, lr=3e-3, temperature=TEMPERATURE,
-                               micro_batch_tokens=32, loss=loss, minibatches=2 if loss == "ppo" else 1,
+        config = TrainerConfig(steps=4, lr=3e-3, micro_batch_tokens=32, loss=loss, minibatches=2 if loss == "ppo" else 1,
                                dual_clip=3.0, behav_weight_cap=4.0 if loss == "ppo" else None, kl_coef=0.05)
         reference = PolicyScorer(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), TEMPERATURE)
         opt = torch.optim.AdamW(m.parameters(), lr=config.lr)

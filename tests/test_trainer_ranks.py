@@ -20,9 +20,10 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM
 
-from areal.buffer import RingWriter, unlink_ring
+from areal.ring.buffer import RingWriter, unlink_ring
 from areal.protocol import TrainerDone, TrainerMessage, TrainerReport, encode_trajectory
-from areal.trainer import TrainerConfig
+from areal.trainer.config import TrainerJob
+from trainer_jobs import make_job
 from test_trainer import TEMPERATURE, make_group, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def torchrun(nproc: int) -> list[str]:
             "127.0.0.1", "--master-port", str(free_port()), "-m", "areal.trainer"]
 
 
-def run(cmd: list[str], config: TrainerConfig, tmp_path: Path) -> list:
+def run(cmd: list[str], config: TrainerJob, tmp_path: Path) -> list:
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     config.report_addr = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
@@ -94,7 +95,7 @@ def reference(tmp_path_factory) -> Reference:
         for g in groups:
             for t in g:
                 writer.put(encode_trajectory(t))
-        one = TrainerConfig(model_path=str(model_dir), ring_name=name, run_dir=str(tmp / "run"), **BASE)
+        one = make_job(model_path=str(model_dir), ring_name=name, run_dir=str(tmp / "run"), **BASE)
         msgs = run([sys.executable, "-m", "areal.trainer"], one, tmp)
     finally:
         writer.close()
@@ -139,7 +140,7 @@ def assert_reports_match(ref: Reference, reports: list[TrainerReport], keys: tup
 def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     rings = TwoRings(reference)
     try:
-        two = TrainerConfig(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
+        two = make_job(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
                             run_dir=str(tmp_path / "two"), **BASE)
         msgs2 = run(torchrun(2), two, tmp_path)
     finally:
@@ -165,7 +166,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
     if the optimizer moments were lost or given to the wrong shards."""
     rings = TwoRings(reference)
     try:
-        first = TrainerConfig(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
+        first = make_job(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
                               run_dir=str(tmp_path / "fsdp"), checkpoint_every=1, parallel="fsdp2",
                               **{**BASE, "steps": 1})
         msgs_a = run(torchrun(2), first, tmp_path)
@@ -206,7 +207,7 @@ def test_fsdp2_nccl_on_gpus_matches_one_cpu_rank(reference, tmp_path):
                 for t in g:
                     writer.put(encode_trajectory(t))
         names = rings.names if rings else [single]
-        cfg = TrainerConfig(model_path=str(reference.model_dir), ring_name=names[0], ring_names=names,
+        cfg = make_job(model_path=str(reference.model_dir), ring_name=names[0], ring_names=names,
                             run_dir=str(tmp_path / "gpu"), parallel="fsdp2", **BASE)
         msgs = run(torchrun(ranks), cfg, tmp_path)
     finally:

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from areal.engine.client import EngineClient, launch_embedded_engine
 from http_json import post
-from areal.weight_sync import (
+from areal.trainer.weight_sync import (
     CollectiveWeightPush,
     WeightUpdateError,
     free_port,
@@ -240,9 +240,9 @@ def test_trainer_with_collective_weight_sync_serves_its_final_weights(tmp_path: 
     and no weight directory was written."""
     from test_trainer import TEMPERATURE, make_group, make_model, run_trainer
 
-    from areal.buffer import RingWriter, unlink_ring
+    from areal.ring.buffer import RingWriter, unlink_ring
     from areal.protocol import TrainerDone, TrainerReport, encode_trajectory
-    from areal.trainer import TrainerConfig
+    from trainer_jobs import make_job
 
     model_dir = tmp_path / "model"
     model = make_model(model_dir, with_tokenizer=False)
@@ -254,7 +254,7 @@ def test_trainer_with_collective_weight_sync_serves_its_final_weights(tmp_path: 
         for g in range(2):
             for traj in make_group(model, f"g{g}", rng, size=2):
                 writer.put(encode_trajectory(traj))
-        config = TrainerConfig(model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
+        config = make_job(model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
                                engine_urls=[engine.url], run_dir=str(tmp_path / "run"), steps=2, groups_per_step=1,
                                lr=1e-3, temperature=TEMPERATURE, record_timeout_s=30, weight_sync="collective")
         rc, msgs = run_trainer(config, tmp_path)

@@ -16,13 +16,13 @@ rejected rather than silently ignored. Guides extend the configs by subclassing
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
+
+from areal.dataclass_config import build_dataclass
 
 from sandbox.isolation import SandboxConfig
 
@@ -252,7 +252,7 @@ def load_expr_config(argv: list[str], config_cls: type[T]) -> tuple[T, str | Non
             raise ValueError(f"override {item!r} must be key=value")
     merged = OmegaConf.merge(base, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
     data = OmegaConf.to_container(merged, resolve=True)
-    return build_config(config_cls, data or {}), config_file
+    return build_dataclass(config_cls, data or {}), config_file
 
 
 def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -276,39 +276,3 @@ def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     if config_file is not None and not Path(config_file).is_file():
         raise FileNotFoundError(f"config file {config_file} does not exist")
     return config_file, rest
-
-
-def build_config(cls: type[T], data: dict[str, Any], path: str = "") -> T:
-    """Dataclass ``cls`` from plain data, recursing into (optional) dataclass fields."""
-    if not isinstance(data, dict):
-        raise ValueError(f"config section {path.rstrip('.') or '<root>'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)  # resolves each field in the module of the class that declares it
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(path + k for k in unknown)} for {cls.__name__}; "
-                         f"valid: {', '.join(sorted(names))}")
-    return cls(**{name: _coerce(hints[name], value, f"{path}{name}") for name, value in data.items()})
-
-
-def _coerce(hint: Any, value: Any, path: str) -> Any:
-    if value is None:
-        return None
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, path) if len(inner) == 1 else value
-    if dataclasses.is_dataclass(hint):
-        return build_config(hint, value, path + ".")
-    if hint is float and isinstance(value, (int, str)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{path} must be a number, got {value!r}") from None
-    if hint is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # trial_name=2 on the command line is YAML's int 2
-    if hint in (int, str, bool) and not isinstance(value, hint):
-        raise ValueError(f"{path} must be {hint.__name__}, got {value!r}")
-    return value

@@ -38,7 +38,8 @@ from typing import Any
 
 from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
-from areal.config import TrainConfig, from_dict, to_dict
+from areal.config import TrainConfig, to_dict
+from areal.dataclass_config import build_dataclass
 from areal.dataset import EmbeddedDataset
 from areal.utils.aio import run as run_loop
 from areal.utils.dynamic_import import import_from_string
@@ -104,7 +105,7 @@ def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_e
                "deadline_s": r.request_timeout, "temperature": g.temperature, "openai": {"mode": r.openai.mode}}
     if agent_spec is not None:
         rollout["agent"] = agent_spec
-    return from_dict(TrainConfig, {
+    return build_dataclass(TrainConfig, {
         "experiment_name": config.experiment_name,
         "seed": config.seed,
         "model": {"path": config.actor.path},

@@ -1,6 +1,6 @@
 """Shared-memory ring: the segment's byte layout, the record frame and its checksum, and naming.
 
-Both ends of the ring (``areal.buffer``: ``RingWriter``, ``RingReader``) share what is defined
+Both ends of the ring (``areal.ring.buffer``: ``RingWriter``, ``RingReader``) share what is defined
 here; the record state machine, waiting and crash handling are described there. This module
 holds no state: constants, the frame's checksum, segment names, and the start-up reclaim of
 segments left by crashed runs.
@@ -42,9 +42,9 @@ truncation or a wrong length, a record overwritten by a later lap, any change of
 the payload, damaged padding. Not detected: a collision of a 64-bit hash (2**-64 per damaged
 record; the ring defends against crashes and bugs, not an adversary).
 
-Native writer path: ``areal._ringcopy`` (C, built by ``pip install -e .`` from setup.py; the
-hash in ``areal/_xxh3.h``) runs the writer's whole fast path in one call (``Writer.put`` and
-``Writer.put_struct``, see ``areal.buffer``) and computes the same XXH3-64 while it copies
+Native writer path: ``areal.ring._ringcopy`` (C, built by ``pip install -e .`` from setup.py; the
+hash in ``areal/ring/native/_xxh3.h``) runs the writer's whole fast path in one call (``Writer.put`` and
+``Writer.put_struct``, see ``areal.ring.buffer``) and computes the same XXH3-64 while it copies
 (each 1 KiB block is hashed from the registers it was copied through, AVX2 where the CPU has
 it): ~3.3 us per 106 KB record against ~5.7 us for ``mmap.write`` + ``xxhash``. It writes the
 same bytes and the same digest (tests/test_ring_native.py), so either writer pairs with any
@@ -98,18 +98,18 @@ _NATIVE_LAYOUT = {
     "frame_bytes": FRAME.size, "kind_record": KIND_RECORD, "kind_wrap": KIND_WRAP,
 }
 try:
-    from areal import _ringcopy as NATIVE
+    from areal.ring import _ringcopy as NATIVE
 except ImportError:  # an optional extension: a machine without a C compiler still runs the ring
     NATIVE = None
     logging.getLogger(__name__).warning(
-        "areal._ringcopy is not built (no C compiler at install?): the shared-memory ring uses its "
+        "areal.ring._ringcopy is not built (no C compiler at install?): the shared-memory ring uses its "
         "pure-Python writer, ~4 us more per 8k-token record; `pip install --no-deps -e .` builds it"
     )
 else:
     if getattr(NATIVE, "LAYOUT", None) != _NATIVE_LAYOUT:  # a stale build from an older layout or API
         NATIVE = None
         logging.getLogger(__name__).warning(
-            "areal._ringcopy was built from another ring layout or API: the ring uses its pure-Python "
+            "areal.ring._ringcopy was built from another ring layout or API: the ring uses its pure-Python "
             "writer; rebuild it with `pip install --no-deps -e .`"
         )
 

@@ -14,7 +14,7 @@ Invariants:
   unless a single row is longer (it then gets a micro-batch of its own). Rows without a single
   trained token are skipped.
 - ``PolicyScorer`` never builds (tokens, vocab) logits: the lm head is applied in chunks inside
-  ``areal.loss.head_logprobs``. It is an ``nn.Module`` so that DDP can wrap it (DDP only
+  ``areal.trainer.loss.head_logprobs``. It is an ``nn.Module`` so that DDP can wrap it (DDP only
   all-reduces gradients of forwards that go through its own ``__call__``).
 
 Not covered: models whose head is more than a bias-free linear layer (logit soft-capping,
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from areal.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
+from areal.trainer.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
 from areal.protocol import Trajectory
 
 

@@ -1,4 +1,4 @@
-/* areal._ringcopy: the ring writer's whole hot path in one call, and its copy + XXH3-64 digest.
+/* areal.ring._ringcopy: the ring writer's whole hot path in one call, and its copy + XXH3-64 digest.
 
 Purpose: at 8k tokens a ring record is ~106 KB and the writer's budget is ~5 us. In Python the
 copy (mmap.write per part) and the digest (the xxhash wheel, SSE2 only) are two passes over the
@@ -8,7 +8,7 @@ copied (while it is still in L1; AVX2 or AVX-512 where the CPU has it), and publ
 
 API (all hold the GIL: a few microseconds; releasing it could cost a 5 ms switch interval):
   Writer(mapping, capacity, max_payload, write_pos, next_seq, seen_commit)
-      The ring writer's fast path over a mapped segment (areal.ring_layout's layout: header page,
+      The ring writer's fast path over a mapped segment (areal.ring.layout's layout: header page,
       then ``capacity`` data bytes). ``put(parts, nbytes)`` appends the concatenation of the
       buffers in ``parts`` as one record; ``put_struct(values, head, tail, bulk_from, bulk_to)``
       appends the msgpack encoding of the tuple ``values`` whose elements [bulk_from, bulk_to)
@@ -35,7 +35,7 @@ here is byte-identical to one put by the pure-Python writer, and put_struct's by
 msgspec's (tests pin both). Written from the public specification (Cyan4973/xxHash
 doc/xxhash_spec.md), not from the reference source. Little-endian x86 hosts (the ring's
 publish order relies on x86's store order); a big-endian build fails to compile.
-The hash itself lives in areal/_xxh3.h (included here, so the compiler still inlines the
+The hash itself lives in areal/ring/native/_xxh3.h (included here, so the compiler still inlines the
 block loop of the copy into it).
 */
 #define PY_SSIZE_T_CLEAN
@@ -255,9 +255,9 @@ done:
     return result;
 }
 
-/* ---- the ring writer's hot path (areal.buffer.RingWriter; layout: areal.ring_layout) ---- */
+/* ---- the ring writer's hot path (areal.ring.buffer.RingWriter; layout: areal.ring.layout) ---- */
 
-/* Layout constants, checked against areal.ring_layout at import (a mismatch disables the
+/* Layout constants, checked against areal.ring.layout at import (a mismatch disables the
    extension rather than corrupting a ring). */
 #define LAYOUT_VERSION 4
 #define HEADER_BYTES 4096
@@ -311,7 +311,7 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kwds) {
 
 /* Append one record holding the source's bytes: the whole of RingWriter.put's fast path.
 
-   Store order (the record state machine of areal.buffer): last_start, [wrap marker], frame
+   Store order (the record state machine of areal.ring.buffer): last_start, [wrap marker], frame
    words 1-2, payload + padding, digest, then write_pos (the publish), then next_seq. The
    stores to the mapping are ordinary x86 stores (the copy kernels use no non-temporal stores,
    which would need an sfence), and x86 (TSO) makes ordinary stores visible to other cores in
@@ -497,7 +497,7 @@ static PyMemberDef writer_members[] = {
 };
 
 static PyTypeObject WriterType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "areal._ringcopy.Writer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "areal.ring._ringcopy.Writer",
     .tp_doc = "Writer(mapping, capacity, max_payload, write_pos, next_seq, seen_commit): the ring "
               "writer's fast path over a mapped segment (header page + data).",
     .tp_basicsize = sizeof(Writer),

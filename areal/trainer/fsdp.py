@@ -7,9 +7,9 @@
       publish / checkpoint (every rank calls, a collective):
         get_model_state_dict(full_state_dict, cpu_offload) --> rank 0: full CPU tensors
           --> FullWeights.replica (an unsharded copy, rank 0 only) --> save_pretrained / NCCL push
-          --> FullState.state_dict() --> areal/checkpoint.py writes model.pt / optimizer.pt
+          --> FullState.state_dict() --> areal/trainer/checkpoint.py writes model.pt / optimizer.pt
 
-Chosen with ``trainer.parallel = "fsdp2"`` (areal/trainer.py); ``"ddp"`` replicates the weights.
+Chosen with ``trainer.parallel = "fsdp2"`` (areal/trainer/rank.py); ``"ddp"`` replicates the weights.
 
 Invariants:
 - Sharding is applied per decoder layer first and to the ``PolicyScorer`` last: the scorer is
@@ -124,7 +124,7 @@ class FullWeights:
 
 
 class FullState:
-    """Gathered model or optimizer state in the shape areal/checkpoint.py expects.
+    """Gathered model or optimizer state in the shape areal/trainer/checkpoint.py expects.
 
     ``checkpoint.save_checkpoint`` calls ``state_dict()`` on rank 0 only and
     ``load_checkpoint`` calls ``load_state_dict`` on every rank, so the collective half of a save

@@ -6,7 +6,7 @@ its sequence number; ``RingWriter.attach(name)`` takes over after a writer crash
 auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy, valid until
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
 removes the segments of crashed runs. The segment's byte layout, the record frame and its
-checksum (XXH3-64 over frame and payload) are in ``areal.ring_layout``; this module holds the
+checksum (XXH3-64 over frame and payload) are in ``areal.ring.layout``; this module holds the
 two ends that share them (one module per boundary), the doorbell and the crash handling. (About
 720 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
 the writer keeps a pure-Python twin of its C fast path, and splitting writer from reader would
@@ -31,7 +31,7 @@ sequence numbers are consecutive. Each side writes only its own words, so no loc
 Stores happen in program order (frame, payload, digest, then the position word); on x86 (total
 store order, aligned 8-byte stores atomic) the other side therefore never sees a position
 before the bytes it covers. The C writer keeps that order against its compiler with a release
-store of ``write_pos`` and a compiler barrier after ``last_start`` (``areal/_ringcopy.c``,
+store of ``write_pos`` and a compiler barrier after ``last_start`` (``areal/ring/native/_ringcopy.c``,
 ``writer_publish``); CPython's memoryview stores are opaque calls, so the compiler cannot
 reorder the Python path's.
 
@@ -47,7 +47,7 @@ Hot path (per 8k-token record, 106 KB, >100k records/s): each side caches the ot
 position word (``_seen_commit``, ``_seen_write``) and re-reads the shared word only when the
 cached value no longer shows room or a record (positions only grow: a cached value is merely
 behind, never wrong, and every decision that could block re-reads the authoritative word).
-The writer's whole fast path is one C call (``areal._ringcopy.Writer``): room check against
+The writer's whole fast path is one C call (``areal.ring._ringcopy.Writer``): room check against
 the cached commit position, wrap marker, frame words, the copy straight from the caller's
 arrays with each 1 KiB block hashed from the registers it was copied through (so a copy that
 went wrong is caught too), then the publish. ``put_trajectory`` also lets it emit the msgpack
@@ -111,7 +111,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from areal.protocol import TRAJECTORY_BULK, Trajectory, encode_trajectory_parts, split_trajectory
-from areal.ring_layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
+from areal.ring.layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
                                FRAME_OFF_SEQ, HEADER_BYTES, KIND_RECORD, KIND_WRAP, LAYOUT_VERSION, MAGIC,
                                MASK32, NATIVE, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
                                OFF_LAST_START, OFF_MAGIC, OFF_NEXT_SEQ, OFF_READER_BELL, OFF_READER_PID,
@@ -137,17 +137,17 @@ _I_WRITER_WAITING, _I_READER_WAITING = OFF_WRITER_WAITING >> 3, OFF_READER_WAITI
 
 
 _BULK_FROM, _BULK_TO = TRAJECTORY_BULK
-# areal._ringcopy.Writer.put results that publish nothing (a sequence number is >= 0).
+# areal.ring._ringcopy.Writer.put results that publish nothing (a sequence number is >= 0).
 _PUT_NO_ROOM, _PUT_WRONG_NBYTES, _PUT_TOO_LARGE, _PUT_CORRUPTED = -1, -2, -3, -4
 
 
 def _use_native(native: bool | None) -> bool:
-    """Whether a writer runs its hot path in ``areal._ringcopy`` (``native`` None: where it was
+    """Whether a writer runs its hot path in ``areal.ring._ringcopy`` (``native`` None: where it was
     built; True: required; False: the pure-Python path)."""
     if native is None:
         return NATIVE is not None
     if native and NATIVE is None:
-        raise RingError("native=True but areal._ringcopy is not built (run `pip install --no-deps -e .`)")
+        raise RingError("native=True but areal.ring._ringcopy is not built (run `pip install --no-deps -e .`)")
     return native
 
 
@@ -172,7 +172,7 @@ class _Segment:
         self.bell_wakeups = 0  # sleeps ended by the peer's doorbell rather than by the time slice
 
     _bell_off = 0  # OFF_WRITER_BELL or OFF_READER_BELL: where this side publishes its doorbell
-    _native = None  # the writer's areal._ringcopy.Writer (it holds a view of the mapping)
+    _native = None  # the writer's areal.ring._ringcopy.Writer (it holds a view of the mapping)
 
     def _validate_header(self) -> None:
         if self._word(OFF_MAGIC) != MAGIC:
@@ -515,7 +515,7 @@ class RingWriter(_Segment):
                 raise RingCorrupted(f"ring {self.name}: commit_pos={self._word(OFF_COMMIT_POS)} is beyond "
                                     f"write_pos={native.write_pos} or not 8-aligned")
             if code != _PUT_NO_ROOM:
-                raise RingError(f"ring {self.name}: areal._ringcopy returned {code}, which this module does not know")
+                raise RingError(f"ring {self.name}: areal.ring._ringcopy returned {code}, which this module does not know")
             size, w, cap = record_bytes(n), native.write_pos, self.capacity
             room = cap - w % cap
             self._wait_for_room(w + (room if room < size else 0) + size - cap, size, timeout_s)

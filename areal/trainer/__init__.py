@@ -1,0 +1,15 @@
+"""The trainer: one process per rank, reading trajectories from its ring and publishing weights.
+
+    config.py       TrainerConfig (the run's `trainer:` section) and TrainerJob (one process's wiring)
+    rank.py         the process: main(), train() — ring → steps → checkpoints → published versions
+    step.py         one optimizer step: complete groups, advantages, micro-batches, the loss
+    loss.py         advantages and policy losses (GRPO, decoupled PPO, KL estimators)
+    packing.py      rows → packed micro-batches; PolicyScorer (logprobs, lm head in chunks)
+    publish.py      save a version atomically, push it to the engines, prune; Reporter → controller
+    weight_sync.py  the collective weight push (SGLang's NCCL path; gloo on CPU)
+    checkpoint.py   atomic checkpoints and the ring position they hold
+    fsdp.py         FSDP2 sharding per decoder layer, full-weight gathers
+
+Run as ``python -m areal.trainer --config <run_dir>/trainer_config.json`` (the controller does);
+importing this package (or ``config``) does not import torch.
+"""

@@ -1,0 +1,152 @@
+"""The trainer's configuration, defined once, and the wiring one trainer process is started with.
+
+    conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
+                                    │
+    controller ─► TrainerJob(model_path, rings, engine_urls, report_addr, run_dir, ..., trainer)
+                  └─ written as run_dir/trainer_config.json ─► python -m areal.trainer --config it
+
+``TrainerConfig`` holds what a user tunes (steps, learning rate, loss, checkpoints, how weights
+reach the engines, parallelism); ``TrainerJob`` adds what only the controller knows (where the
+model, rings, engines and controller are). Neither imports torch, so the controller and the
+config composition stay light. Each validates itself on construction and names the bad field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from areal.dataclass_config import build_dataclass
+
+LOSSES = ("grpo", "ppo")
+KL_ESTIMATORS = ("k1", "k3")
+WEIGHT_SYNCS = ("disk", "collective")
+BACKENDS = ("gloo", "nccl")
+PARALLELS = ("ddp", "fsdp2")
+
+
+@dataclass
+class TrainerConfig:
+    """The run's ``trainer:`` section: one policy-gradient trainer, on one or several ranks."""
+
+    steps: int = 350  # optimizer steps to run
+    lr: float = 3e-5  # AdamW learning rate
+    clip_eps: float = 0.2  # ratio clip range [1 - eps, 1 + eps]
+    max_grad_norm: float = 1.0  # global grad-norm clip
+    weight_decay: float = 0.0  # AdamW weight decay
+    threads: int = 1  # torch.set_num_threads per rank
+    # Tokens packed into one forward pass; a longer row gets a batch of its own. Packed attention
+    # is masked, not varlen, on CPU, so its cost grows with the square of this.
+    micro_batch_tokens: int = 1024
+    loss: str = "grpo"  # "grpo": clip against the behaviour policy; "ppo": decoupled (proximal recomputed)
+    minibatches: int = 1  # optimizer updates per step (groups split evenly); > 1 makes ppo recompute proximal logprobs
+    dual_clip: float | None = None  # dual-clip bound c > 1 for negative advantages (None: off)
+    behav_weight_cap: float | None = None  # ppo: truncate exp(proximal - behaviour) at this (None: no cap)
+    kl_coef: float = 0.0  # weight of KL(policy || initial weights) in the loss (0: no reference model)
+    kl_estimator: str = "k3"  # "k1" or "k3"
+    turn_discount: float = 1.0  # gamma of per-turn returns when an episode's rows carry their own rewards
+    adv_eps: float = 1e-6  # added to the group std when normalising advantages
+    checkpoint_every: int = 0  # steps between atomic checkpoints under run_dir/checkpoints (0: never)
+    keep_checkpoints: int = 2  # complete checkpoints kept (newest first)
+    resume: bool = False  # start from the latest checkpoint in run_dir
+    keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
+    record_timeout_s: float = 600.0  # fail if the ring yields no record for this long
+    engine_timeout_s: float = 300.0  # HTTP timeout of one weight update call
+    pause_for_update: bool = True  # pause (abort + client resubmit) generation around each weight update
+    head_chunk_elems: int = 1 << 24  # rows x vocab floats per lm-head chunk (memory is flat in the vocabulary)
+    weight_sync: str = "disk"  # "disk": save + /update_weights_from_disk; "collective": broadcast (weight_sync.py)
+    weight_sync_backend: str = "gloo"  # collective backend: "gloo" (CPU engines) or "nccl" (SGLang on GPUs)
+    ranks: int = 1  # trainer processes (torchrun); each reads its own ring
+    parallel: str = "ddp"  # "ddp": weights replicated per rank; "fsdp2": sharded per decoder layer (fsdp.py)
+    fsdp_param_dtype: str = "float32"  # fsdp2: dtype of gathered params in forward/backward ("bfloat16" on GPUs)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "threads", "micro_batch_tokens", "keep_versions", "minibatches", "keep_checkpoints",
+                     "head_chunk_elems", "ranks"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("lr", "max_grad_norm", "record_timeout_s", "engine_timeout_s", "adv_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"trainer.{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"trainer.clip_eps must be in (0, 1), got {self.clip_eps!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"trainer.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"trainer.loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(f"trainer.dual_clip must be > 1 or None, got {self.dual_clip!r}")
+        if self.behav_weight_cap is not None and not self.behav_weight_cap >= 1:
+            raise ValueError(f"trainer.behav_weight_cap must be >= 1 or None, got {self.behav_weight_cap!r}")
+        if self.behav_weight_cap is not None and self.loss != "ppo":
+            raise ValueError("trainer.behav_weight_cap applies to loss='ppo' only")
+        if not self.kl_coef >= 0:
+            raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"trainer.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if not 0 <= self.turn_discount <= 1:
+            raise ValueError(f"trainer.turn_discount must be in [0, 1], got {self.turn_discount!r}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ValueError(f"trainer.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"trainer.weight_sync must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
+        if self.weight_sync_backend not in BACKENDS:
+            raise ValueError(f"trainer.weight_sync_backend must be one of {BACKENDS}, got {self.weight_sync_backend!r}")
+        if self.parallel not in PARALLELS:
+            raise ValueError(f"trainer.parallel must be one of {PARALLELS}, got {self.parallel!r}")
+        if self.fsdp_param_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"trainer.fsdp_param_dtype must be 'float32' or 'bfloat16', got {self.fsdp_param_dtype!r}")
+
+
+@dataclass
+class TrainerJob:
+    """Everything one trainer process needs; the controller writes it as ``run_dir/trainer_config.json``."""
+
+    model_path: str  # initial HF model dir (config, weights, tokenizer files if any)
+    ring_name: str  # shared-memory ring the (single) rank reads Trajectory records from
+    engine_urls: list[str]  # inference servers to push weights to (SGLang protocol); may be empty
+    report_addr: str  # ZeroMQ address the trainer PUSHes TrainerReport/Done/Failed to
+    run_dir: str  # weights/, final/, checkpoints/, trainer_metrics.jsonl live here
+    groups_per_step: int  # complete groups (prompts) per step, over all ranks
+    temperature: float = 1.0  # sampling temperature of the engine; logits are divided by it
+    seed: int = 1
+    ring_names: list[str] = field(default_factory=list)  # one ring per rank when launched with N > 1 ranks
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("model_path", "ring_name", "run_dir"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"trainer job: {name} must be a non-empty string")
+        if not isinstance(self.engine_urls, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.engine_urls
+        ):
+            raise ValueError(f"trainer job: engine_urls must be a list of http(s) URLs, got {self.engine_urls!r}")
+        if "://" not in self.report_addr:
+            raise ValueError(f"trainer job: report_addr must be a ZeroMQ address like tcp://..., got {self.report_addr!r}")
+        if isinstance(self.groups_per_step, bool) or not isinstance(self.groups_per_step, int) or self.groups_per_step < 1:
+            raise ValueError(f"trainer job: groups_per_step must be an integer >= 1, got {self.groups_per_step!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"trainer job: temperature must be > 0, got {self.temperature!r}")
+        if self.groups_per_step % self.trainer.minibatches:
+            raise ValueError(f"trainer.minibatches={self.trainer.minibatches} must divide groups_per_step={self.groups_per_step}")
+        if not isinstance(self.ring_names, list) or not all(isinstance(n, str) and n for n in self.ring_names):
+            raise ValueError(f"trainer job: ring_names must be a list of non-empty strings, got {self.ring_names!r}")
+
+    def ring_for(self, rank: int, world: int) -> str:
+        """The ring rank ``rank`` of ``world`` reads: ``ring_name`` alone, else ``ring_names[rank]``."""
+        if world == 1 and not self.ring_names:
+            return self.ring_name
+        if len(self.ring_names) != world:
+            raise ValueError(f"trainer job: ring_names has {len(self.ring_names)} rings for WORLD_SIZE={world}")
+        if self.groups_per_step % (world * self.trainer.minibatches):
+            raise ValueError(f"rollout.groups_per_step={self.groups_per_step} must be divisible by "
+                             f"WORLD_SIZE x trainer.minibatches = {world * self.trainer.minibatches}")
+        return self.ring_names[rank]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerJob:
+        return build_dataclass(cls, json.loads(text), "trainer job: ")

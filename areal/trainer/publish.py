@@ -1,0 +1,109 @@
+"""Publishing a version: save it whole (atomic rename), load it on every engine, prune, report.
+
+    weights of step s ─► run_dir/weights/.tmp-vs ─rename─► vs ─► POST /update_weights_from_disk
+                     (every engine; a failure is WeightUpdateError) ─► prune to keep_versions
+    Reporter: TrainerReport / TrainerDone / TrainerFailed ─ZeroMQ PUSH─► controller
+
+Invariant: ``TrainerReport(version=s)`` is sent only after every engine answered success for
+version ``s``; a failed update is an error and a non-zero exit, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import torch
+import zmq
+
+from areal.protocol import TrainerMessage
+from areal.trainer.weight_sync import WeightUpdateError
+
+
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
+                   "chat_template*", "*.tiktoken", "spiece.model")
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy whatever tokenizer files ``src`` has into ``dst``; a dir without any is fine."""
+    copied = []
+    for pattern in TOKENIZER_FILES:
+        for path in sorted(Path(src).glob(pattern)):
+            if path.is_file():
+                shutil.copy2(path, Path(dst) / path.name)
+                copied.append(path.name)
+    return copied
+
+
+def save_atomically(model: torch.nn.Module, target: Path, tokenizer_src: str) -> Path:
+    """save_pretrained into ``.tmp-<name>`` beside ``target``, then rename it into place."""
+    tmp = target.parent / f".tmp-{target.name}"
+    for stale in (tmp, target):  # leftovers of a crashed or repeated run
+        if stale.exists():
+            shutil.rmtree(stale)
+    model.save_pretrained(tmp)
+    copy_tokenizer_files(tokenizer_src, tmp)
+    os.rename(tmp, target)
+    return target
+
+
+def _post_json(url: str, path: str, body: dict, timeout_s: float) -> dict:
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True) -> None:
+    """Load ``model_dir`` as ``version`` on every engine; raise WeightUpdateError unless all succeed.
+
+    With ``pause`` (SGLang's protocol): ``/pause_generation`` in ``abort`` mode first, so the
+    update does not wait for running generations. Each comes back to its client with the tokens it
+    has; ``EngineClient`` resubmits it (prompt + those tokens) after ``/continue_generation`` and
+    stitches the parts, so every token keeps the version that sampled it. (``retract`` would resume
+    inside the engine, but SGLang then reports one weight_version for the whole request.)
+    Without ``pause``, the engine finishes running requests before loading.
+    """
+    for url in urls:
+        try:
+            if pause:
+                _post_json(url, "/pause_generation", {"mode": "abort"}, timeout_s)
+            try:
+                reply = _post_json(url, "/update_weights_from_disk",
+                                   {"model_path": str(model_dir), "weight_version": str(version)}, timeout_s)
+            finally:
+                if pause:
+                    _post_json(url, "/continue_generation", {}, timeout_s)
+        except OSError as e:  # URLError, HTTPError, refused, timeout: name the engine and version
+            raise WeightUpdateError(f"{url}: update to v{version} failed: {e}") from e
+        if not reply.get("success"):
+            raise WeightUpdateError(f"{url}: update to v{version} not confirmed: {reply}")
+
+
+def prune_versions(weights_dir: Path, version: int, keep: int) -> None:
+    """Delete weight dirs v{k} with k <= version - keep (engines already serve ``version``)."""
+    for path in weights_dir.glob("v*"):
+        k = path.name[1:]
+        if k.isdigit() and int(k) <= version - keep:
+            shutil.rmtree(path)
+
+
+class Reporter:
+    """PUSH socket to the controller; close() lingers so the last message is delivered."""
+
+    def __init__(self, addr: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.connect(addr)
+        self.encoder = msgspec.msgpack.Encoder()
+
+    def send(self, msg: TrainerMessage) -> None:
+        self.sock.send(self.encoder.encode(msg))
+
+    def close(self, linger_s: float = 10.0) -> None:
+        self.sock.close(linger=int(linger_s * 1000))
+        self.ctx.term()

@@ -1,0 +1,238 @@
+"""One trainer rank's process: ring -> groups -> PPO/GRPO step -> checkpoint -> weights -> engines.
+
+    controller --Trajectory bytes--> shared-memory ring r{rank} --RingReader.get--> GroupCollector
+        --complete groups--> advantages --> pack_rows --> train_step (loss chosen once, AdamW)
+        --> [checkpoint every k steps] --> run_dir/weights/v{version} (atomic rename)
+        --POST /update_weights_from_disk--> engines --> TrainerReport (ZeroMQ PUSH) --> controller
+
+Run as ``python -m areal.trainer --config trainer.json [--resume]`` (a JSON ``TrainerJob``),
+or with ``torchrun --nproc-per-node N -m areal.trainer --config ...`` for N data-parallel ranks.
+
+Invariants:
+- Versions: the initial model is version 0; the weights after step ``s`` are version ``s``. A
+  ``TrainerReport(step=s, version=s)`` is sent only after every engine answered success for
+  version ``s``; a failed update is a ``TrainerFailed`` and a non-zero exit, never a skip.
+- A step trains on exactly ``groups_per_step`` complete groups in total: each of the N ranks
+  takes ``groups_per_step / N`` complete groups from its own ring, in completion order. Records
+  of incomplete groups stay held for later steps; nothing read from a ring is dropped.
+- Loss normalisation: each optimizer update is the mean over all trained tokens of all ranks
+  (local loss sums are divided by the global token count, and DDP's mean over ranks is undone),
+  so N ranks produce the gradients of one rank on the same data.
+- The step's logprob agreement (``logprob_max_diff``) and the proximal logprobs are measured
+  before any update of the step. Dropout is off (``model.eval()``).
+- Several ranks: ``parallel="ddp"``: DDP over gloo on CPU (NCCL on GPUs), every rank holds
+  identical weights after every step. ``parallel="fsdp2"`` (areal/trainer/fsdp.py): parameters, grads
+  and AdamW state sharded per decoder layer; every rank runs the same number of forwards and
+  backwards (short ranks are padded with zero-weight micro-batches), and the full weights are
+  gathered to rank 0 (a collective) for every publish, checkpoint and the final save. Either
+  way rank 0 alone writes checkpoint files, writes weights, pushes them and reports.
+- Checkpoints (areal/trainer/checkpoint.py) are written before the weights of that step are published,
+  so a published version is always recoverable when ``checkpoint_every`` is 1. Resuming skips
+  ring records with ``seq <= last_seq`` and restores the held ones: no record is trained twice
+  or skipped, provided the ring re-delivers records not yet committed (``RingReader.commit``).
+- ``trained_episodes-r{rank}.jsonl`` lists, per step, the episode ids that step trained on; a
+  resume truncates it (and ``trainer_metrics.jsonl``) to the checkpoint's step.
+
+Weights reach the engines from disk (``weight_sync="disk"``) or over a collective
+(``"collective"``: areal/trainer/weight_sync.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
+
+Not covered: a learned critic; resuming with another world size or another ``parallel``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from areal.jsonl import json_line
+from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from areal.trainer.fsdp import FullWeights, checkpoint_states, shard_policy
+from areal.trainer.packing import PolicyScorer
+from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
+from areal.trainer.config import TrainerJob
+from areal.trainer.weight_sync import CollectiveWeightPush, free_port, local_address_towards
+from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
+from areal.trainer.step import GroupCollector, all_reduce, train_step
+
+
+def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -> tuple[object, bool]:
+    """A RingReader for ``name``; returns (reader, whether this trainer commits records itself).
+
+    With checkpoints, records are committed only after the checkpoint that holds them (trained,
+    or held in a pending group) is complete, so a killed trainer gets every later record again:
+    exactly once into training. Without checkpoints each record is committed as it is read.
+    ``resume=False`` makes the ring refuse a fresh trainer on a ring an earlier one consumed from.
+    """
+    from areal.ring.buffer import RingReader
+
+    return RingReader(name, timeout_s=timeout_s, resume=resume, auto_commit=not checkpointed), checkpointed
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines of steps <= ``step`` (a resume redoes the later ones)."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
+    """Join the process group torchrun set up; returns the device. gloo on CPU, NCCL on GPUs.
+
+    One DDP rank needs no group; one FSDP2 rank gets a group of its own (on a loopback port when
+    not launched by torchrun), so that the sharded path is the same at every world size.
+    """
+    if world == 1 and parallel == "ddp":
+        return "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    init = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank, world_size=world)
+    return device
+
+
+def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int = 1) -> Path:
+    """Run the steps after the latest checkpoint (or all ``steps``); returns the final model dir."""
+    config = job.trainer
+    from transformers import AutoModelForCausalLM  # imported here: 1 s, unneeded by config users
+
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(job.seed)
+    run_dir = Path(job.run_dir)
+    weights_dir, ckpt_root = run_dir / "weights", run_dir / "checkpoints"
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float32)
+    model.eval()  # no dropout: trainer logprobs must match the engine's
+    # NCCL means GPUs (areal/trainer/rank.py _init_distributed); gloo and no group mean the CPU.
+    on_gpu = dist.is_initialized() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    sharded = config.parallel == "fsdp2"
+    full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding
+    reference = None
+    if config.kl_coef > 0:
+        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature,
+                                 config.head_chunk_elems)
+    scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
+    if sharded:
+        scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
+    elif world > 1:
+        scorer = torch.nn.parallel.DistributedDataParallel(scorer)  # broadcasts rank 0's weights
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # What checkpoints save and load: the modules themselves, or (FSDP2) their gathered full states.
+    ckpt_model, ckpt_optim = checkpoint_states(model, optimizer) if sharded else (model, optimizer)
+
+    def full_model() -> torch.nn.Module | None:
+        """The whole model on rank 0 (a collective under FSDP2: every rank calls it), else None."""
+        if full is not None:
+            return full.gather(model)
+        return model if rank == 0 else None
+    barrier = dist.barrier if world > 1 else (lambda: None)
+    reader, commits = open_reader(job.ring_for(rank, world), config.record_timeout_s, config.resume,
+                                  checkpointed=config.checkpoint_every > 0)
+    collector = GroupCollector(reader, config.record_timeout_s)
+    episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
+    start = 0
+    ckpt = latest_checkpoint(ckpt_root) if config.resume else None
+    if ckpt is not None:
+        meta, position = load_checkpoint(ckpt, rank, world, ckpt_model, ckpt_optim)
+        collector.restore(position)
+        start = meta["step"]
+    if config.resume:  # steps after the checkpoint (all, without one) are trained again
+        for path in (episodes_log, run_dir / "trainer_metrics.jsonl"):
+            _truncate_jsonl(path, start)
+    local_groups = job.groups_per_step // world
+    collective = None
+    if rank == 0 and config.weight_sync == "collective" and job.engine_urls:
+        address = local_address_towards(job.engine_urls[0])  # where the engines can reach this rank
+        # A name of its own per trainer process: a killed trainer cannot close its group, and the
+        # engines would refuse a resumed trainer that asked for the same name again.
+        collective = CollectiveWeightPush(job.engine_urls, address, free_port(address),
+                                          group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
+                                          backend=config.weight_sync_backend, timeout_s=config.engine_timeout_s)
+        collective.init()
+    try:
+        for step in range(start + 1, config.steps + 1):
+            trajs = collector.next_batch(local_groups)
+            t0 = time.perf_counter()
+            metrics = train_step(scorer, optimizer, trajs, config, version=step - 1, reference=reference)
+            metrics["step_s"] = time.perf_counter() - t0
+            with open(episodes_log, "a") as f:
+                f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
+            (consumed, pending) = all_reduce([float(collector.consumed),
+                                               float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
+            if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
+                metrics["pending_trajectories"] = pending
+                with open(run_dir / "trainer_metrics.jsonl", "a") as f:
+                    f.write(json_line({"step": step, "version": step, "consumed": int(consumed), **metrics}))
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                if sharded:  # the collective half of the save, on every rank
+                    ckpt_model.gather()
+                    ckpt_optim.gather()
+                save_checkpoint(ckpt_root, step, step, rank, world, ckpt_model, ckpt_optim, collector.position(),
+                                barrier, keep=config.keep_checkpoints)
+                # After the rename: the checkpoint holds them now. The ring may not have re-delivered
+                # all records up to collector.last_seq yet after a resume; those get skipped later.
+                seq = min(collector.last_seq, -1 if reader.last_seq is None else reader.last_seq)
+                if commits and seq >= 0:
+                    reader.commit(seq)
+            whole = full_model()
+            if rank == 0 and collective is not None:
+                collective.push(whole, step, pause=config.pause_for_update)
+            elif rank == 0:
+                model_dir = save_atomically(whole, weights_dir / f"v{step}", job.model_path)
+                push_weights(job.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
+                prune_versions(weights_dir, step, config.keep_versions)
+            if rank == 0:
+                if reporter is not None:
+                    reporter.send(TrainerReport(step=step, version=step, consumed=int(consumed), metrics=metrics))
+    finally:
+        reader.close()
+    if collective is not None:  # not on a failure: the error that ended training is the one to report
+        collective.close()
+    final = run_dir / "final"
+    whole = full_model()
+    if rank == 0:
+        save_atomically(whole, final, job.model_path)
+        if reporter is not None:
+            reporter.send(TrainerDone(steps=config.steps, model_dir=str(final)))
+    barrier()
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="PPO/GRPO trainer process (one rank; torchrun for several)")
+    parser.add_argument("--config", required=True, help="path to a TrainerJob JSON file (areal/trainer/config.py)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run_dir")
+    args = parser.parse_args(argv)
+    job = TrainerJob.from_json(Path(args.config).read_text())
+    if args.resume:
+        job = dataclasses.replace(job, trainer=dataclasses.replace(job.trainer, resume=True))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    reporter = Reporter(job.report_addr)  # every rank may report its own failure
+    try:
+        _init_distributed(rank, world, job.trainer.parallel)
+        train(job, reporter if rank == 0 else None, rank, world)
+    except Exception:  # process boundary: tell the controller why, then die non-zero
+        error = traceback.format_exc()
+        print(error, file=sys.stderr, flush=True)
+        reporter.send(TrainerFailed(rank=rank, error=error))
+        return 1
+    finally:
+        reporter.close()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

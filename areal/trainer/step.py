@@ -1,0 +1,317 @@
+"""One optimizer step of PPO/GRPO over complete groups, the same on every rank.
+
+    ring records ─► GroupCollector (complete groups, in completion order; partial ones held)
+                 ─► compute_advantages (group-normalised; per-turn returns when rows carry rewards)
+                 ─► pack_rows ─► micro-batches ─► the loss chosen once (make_policy_loss) ─► AdamW
+
+Invariants: a step's logprob agreement (``logprob_max_diff``) and proximal logprobs are measured
+before any update of the step; each optimizer update is the mean over all trained tokens of all
+ranks (local sums divided by the global token count, DDP's mean undone), so N ranks produce the
+gradients of one rank on the same data; under FSDP2 every rank runs the same number of forwards
+and backwards (short ranks padded with zero-weight micro-batches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from areal.trainer.checkpoint import DataPosition
+from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
+from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
+from areal.trainer.packing import MicroBatch, pack_rows
+from areal.protocol import Trajectory, decode_trajectory
+from areal.trainer.config import LOSSES, TrainerConfig
+
+
+class GroupCollector:
+    """Reads records from a ring and hands out complete groups, holding partial ones for later.
+
+    ``last_seq`` is the ring sequence number of the last record read; records with
+    ``seq <= skip_through`` (already in a checkpoint, re-delivered by the ring) are dropped.
+    """
+
+    def __init__(self, reader: object, record_timeout_s: float, skip_through: int = -1) -> None:
+        self.reader = reader  # areal.ring.buffer.RingReader (duck-typed: get(timeout_s) -> bytes | None, last_seq)
+        self.record_timeout_s = record_timeout_s
+        self.consumed = 0
+        self.last_seq = skip_through
+        self.skip_through = skip_through
+        self.pending: dict[str, list[Trajectory]] = {}  # insertion order = first-seen order
+        self.complete: list[str] = []  # group ids in completion order
+        self._raw: dict[str, list[bytes]] = {}  # encoded records of pending groups, for checkpoints
+
+    def next_batch(self, groups: int) -> list[Trajectory]:
+        """Block until ``groups`` groups are complete; return their trajectories, group by group."""
+        while len(self.complete) < groups:
+            buf = self.reader.get(timeout_s=self.record_timeout_s)
+            if buf is None:
+                raise TimeoutError(
+                    f"no trajectory arrived in {self.record_timeout_s}s "
+                    f"({self.consumed} consumed, {len(self.pending)} groups pending)"
+                )
+            seq = getattr(self.reader, "last_seq", None)
+            seq = self.last_seq + 1 if seq is None else seq
+            if seq <= self.skip_through:
+                continue  # in the checkpoint already: trained, or among the held records
+            self.last_seq = seq
+            self.consumed += 1
+            self._add(buf)
+        taken, self.complete = self.complete[:groups], self.complete[groups:]
+        for g in taken:
+            del self._raw[g]
+        return [t for g in taken for t in self.pending.pop(g)]
+
+    def _add(self, buf: bytes) -> None:
+        traj = decode_trajectory(buf)
+        members = self.pending.setdefault(traj.group_id, [])
+        if len(members) >= traj.group_size:
+            raise ValueError(f"group {traj.group_id!r} got more than group_size={traj.group_size} records")
+        members.append(traj)
+        self._raw.setdefault(traj.group_id, []).append(bytes(buf))
+        if len(members) == traj.group_size:
+            self.complete.append(traj.group_id)
+
+    def position(self) -> DataPosition:
+        """What a checkpoint must hold to resume exactly here (held records in arrival order)."""
+        return DataPosition(consumed=self.consumed, last_seq=self.last_seq, held=self._held_in_order())
+
+    def _held_in_order(self) -> list[bytes]:
+        # Re-adding held records group by group in first-seen order reproduces both ``pending``
+        # and ``complete`` (a complete group's last record completed it after earlier groups').
+        order = self.complete + [g for g in self.pending if g not in self.complete]
+        return [b for g in order for b in self._raw[g]]
+
+    def restore(self, position: DataPosition) -> None:
+        """Undo ``position()``: re-hold its records and skip the ring up to its ``last_seq``."""
+        for buf in position.held:
+            self._add(buf)
+        self.consumed, self.last_seq, self.skip_through = position.consumed, position.last_seq, position.last_seq
+
+
+def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float) -> list[torch.Tensor]:
+    """One (rows,) advantage tensor per trajectory, normalised per group.
+
+    Rows that all carry the episode's reward (a float reward), or no reward at all, share the
+    episode reward as their return; rows that carry their own rewards (a {completion_id: reward}
+    dict) get discounted per-turn returns. Returns are float64 (a float32 group variance overflows
+    on large rewards); a non-finite reward is a ``ValueError`` naming its episode: the controller
+    fails such episodes, so one reaching the trainer is a bug of whatever wrote the ring.
+    """
+    returns = []
+    for t in trajs:
+        rr32 = t.array("row_rewards")  # (K,) float32 on the wire
+        if not (np.isfinite(t.reward) and np.isfinite(rr32).all()):
+            raise ValueError(f"episode {t.episode_id} (group {t.group_id}) reached the trainer with a non-finite reward: "
+                             f"episode reward {t.reward!r}, row rewards {rr32.tolist()[:8]}")
+        if rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any()):
+            returns.append(torch.full((max(rr32.size, 1),), float(t.reward), dtype=torch.float64))
+        else:
+            returns.append(turn_returns(torch.from_numpy(rr32.astype(np.float64)), turn_discount, dtype=torch.float64))
+    adv = episode_advantages(returns, [t.group_id for t in trajs], eps)
+    return [a[: t.array("row_lens").shape[0]] for a, t in zip(adv, trajs)]
+
+
+PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+def make_policy_loss(config: TrainerConfig) -> PolicyLoss:
+    """The one policy loss of this run: ``loss(logprobs, proximal, behaviour, advantages)``."""
+    if config.loss == "grpo":
+        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
+            return grpo_loss(lp, beh, adv, torch.ones_like(lp), config.clip_eps, dual_clip=config.dual_clip)
+    elif config.loss == "ppo":
+        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
+            return decoupled_ppo_loss(lp, prox, beh, adv, torch.ones_like(lp), config.clip_eps,
+                                      dual_clip=config.dual_clip, behav_weight_cap=config.behav_weight_cap)
+    else:
+        raise ValueError(f"trainer.loss must be one of {LOSSES}, got {config.loss!r}")
+    return loss_fn
+
+
+def all_reduce(values: list[float], op: dist.ReduceOp) -> list[float]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def _empty_micro_batch() -> MicroBatch:
+    """One scored token with no weight: lets a rank without trained tokens join DDP's all-reduce."""
+    z = torch.zeros(1, dtype=torch.long)
+    return MicroBatch(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None], pred_pos=z,
+                      targets=z, behaviour=torch.zeros(1), advantages=torch.zeros(1), versions=z, rows=0)
+
+
+def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """The micro-batch with every tensor on ``device`` (the GPU the policy lives on)."""
+    if device.type == "cpu":
+        return mb
+    return dataclasses.replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in dataclasses.fields(mb)
+                                      if isinstance(getattr(mb, f.name), torch.Tensor)})
+
+
+def _grad_sync(scorer: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Reduce gradients across ranks on this backward only when ``sync`` (the update's last one)."""
+    if is_sharded(scorer):
+        set_gradient_sync(scorer, sync)  # FSDP2: a flag, not a context
+        return nullcontext()
+    return nullcontext() if sync or not hasattr(scorer, "no_sync") else scorer.no_sync()
+
+
+def _split_groups(trajs: list[Trajectory], parts: int) -> list[list[Trajectory]]:
+    """Split complete groups (contiguous in ``trajs``) into ``parts`` equal runs of groups."""
+    groups: list[list[Trajectory]] = []
+    for t in trajs:
+        if not groups or groups[-1][0].group_id != t.group_id:
+            groups.append([])
+        groups[-1].append(t)
+    per = len(groups) // parts
+    return [[t for g in groups[i * per : (i + 1) * per] for t in g] for i in range(parts)]
+
+
+def _numerics(acc: dict[str, float], lp: torch.Tensor, ent: torch.Tensor, mb: MicroBatch, version: int) -> None:
+    """Accumulate engine agreement, entropy and staleness of one micro-batch (pre-update logprobs)."""
+    diff = (lp - mb.behaviour).abs()
+    cur = mb.versions == version
+    acc["diff_all"] = max(acc["diff_all"], float(diff.max()))
+    if bool(cur.any()):
+        acc["diff_cur"] = max(acc["diff_cur"], float(diff[cur].max()))
+        acc["n_cur"] += int(cur.sum())
+    stale = (version - mb.versions).double()
+    acc["stale_sum"] += float(stale.sum())
+    acc["stale_max"] = max(acc["stale_max"], float(stale.max()))
+    acc["ent_sum"] += float(ent.sum())
+
+
+def train_step(
+    scorer: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trajs: list[Trajectory],
+    config: TrainerConfig,
+    version: int,
+    reference: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """One step (``config.minibatches`` optimizer updates) on this rank's complete groups.
+
+    ``scorer`` is a ``PolicyScorer``, possibly wrapped in DDP or sharded by FSDP2; ``reference``
+    a frozen ``PolicyScorer`` of the initial weights (only when ``kl_coef`` > 0). Metrics are
+    global over ranks: sums and maxima are all-reduced.
+    """
+    policy_loss = make_policy_loss(config)
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    params = [p for p in scorer.parameters() if p.requires_grad]
+    device = params[0].device
+    adv = compute_advantages(trajs, config.turn_discount, config.adv_eps)
+    adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
+    minis = [[_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part],
+                                                         config.micro_batch_tokens)]
+             for part in _split_groups(trajs, config.minibatches)]
+    # The micro-batches each update runs. DDP: at least one per rank (its all-reduce is in the
+    # last backward). FSDP2: every forward and backward is a collective, so every rank runs the
+    # largest count of any rank, padded with zero-weight micro-batches.
+    if is_sharded(scorer):
+        counts = [int(c) for c in all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
+    else:
+        counts = [max(len(m), 1) for m in minis]
+    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))]
+             for mini, n in zip(minis, counts)]
+    # Before any update: engine agreement, proximal (when later updates would otherwise see
+    # moved weights) and reference logprobs, in one no-grad pass.
+    need_prox = config.loss == "ppo" and config.minibatches > 1
+    # With one update and no reference the training forward itself comes before the update, so
+    # the numerics are read from it and the extra no-grad pass is skipped.
+    prepass = need_prox or reference is not None or config.minibatches > 1
+    num = {"diff_cur": 0.0, "diff_all": 0.0, "stale_max": 0.0, "n_cur": 0.0, "stale_sum": 0.0, "ent_sum": 0.0}
+    if prepass:
+        with torch.no_grad():
+            for mb in (mb for work in (works if is_sharded(scorer) else minis) for mb in work):
+                lp, ent = scorer(mb)
+                if not mb.rows:
+                    continue  # FSDP2 padding: joins the collectives, scores nothing
+                _numerics(num, lp, ent, mb, version)
+                if need_prox:
+                    mb.proximal = lp
+                if reference is not None:
+                    mb.reference = reference(mb)[0]
+    sums = {k: 0.0 for k in ("loss", "clip", "ratio", "kl", "ref_kl", "bw")}
+    ratio_max = bw_max = 0.0
+    grad_norms = []
+    for mini, work in zip(minis, works):
+        local = sum(len(mb.targets) for mb in mini)
+        (total,) = all_reduce([float(local)], dist.ReduceOp.SUM)
+        if total == 0:
+            continue  # no trained token on any rank: no update
+        optimizer.zero_grad(set_to_none=True)
+        for i, mb in enumerate(work):
+            # Gradients are reduced over ranks on the last backward only; every rank has >= 1 micro-batch.
+            with _grad_sync(scorer, i == len(work) - 1):
+                lp, ent = scorer(mb)
+                if not prepass and mb.rows:
+                    _numerics(num, lp.detach(), ent, mb, version)
+                prox = mb.proximal if mb.proximal is not None else lp.detach()
+                loss, st = policy_loss(lp, prox, mb.behaviour, mb.advantages)
+                if reference is not None and mb.reference is not None:
+                    kl = kl_estimate(lp, mb.reference, config.kl_estimator).mean()
+                    loss = loss + config.kl_coef * kl
+                    sums["ref_kl"] += float(kl.detach()) * st["tokens"]
+                # Token-weighted over the global batch; x world undoes DDP's (and FSDP2's) mean over ranks.
+                weight = 0.0 if mb.rows == 0 else st["tokens"] * world / total
+                (loss * weight).backward()
+            w = st["tokens"] if mb.rows else 0.0
+            sums["loss"] += float(loss.detach()) * w
+            sums["clip"] += st["clip_frac"] * w
+            sums["ratio"] += st["ratio_mean"] * w
+            sums["kl"] += st["approx_kl"] * w
+            sums["bw"] += st.get("behav_weight_mean", 1.0) * w
+            if mb.rows:
+                ratio_max = max(ratio_max, st["ratio_max"])
+                bw_max = max(bw_max, st.get("behav_weight_max", 1.0))
+        grad_norms.append(clip_grad_norm(params, config.max_grad_norm))
+        optimizer.step()
+    rewards = [t.reward for t in trajs]
+    tokens = sum(len(mb.targets) for mini in minis for mb in mini)
+    keys = list(sums)
+    diff_cur, diff_all, stale_max = num["diff_cur"], num["diff_all"], num["stale_max"]
+    summed = all_reduce([sums[k] for k in keys] + [num["ent_sum"], num["stale_sum"], num["n_cur"], float(tokens), float(len(trajs)),
+                          sum(rewards), sum(r * r for r in rewards), float(sum(len(m) for m in minis)),
+                          float(sum(bool((a != 0).any()) for a in adv))], dist.ReduceOp.SUM)
+    s = dict(zip(keys, summed))
+    ent_sum, stale_sum, n_cur, tokens, n_traj, r_sum, r_sq, n_mb, n_adv = summed[len(keys):]
+    ratio_max, bw_max, diff_cur, diff_all, stale_max = all_reduce([ratio_max, bw_max, diff_cur, diff_all, stale_max],
+                                                                   dist.ReduceOp.MAX)
+    denom = max(tokens, 1.0)
+    r_mean = r_sum / max(n_traj, 1.0)
+    metrics = {
+        "loss": s["loss"] / denom,
+        "reward_mean": r_mean,
+        "reward_std": max(r_sq / max(n_traj, 1.0) - r_mean * r_mean, 0.0) ** 0.5,
+        "adv_nonzero_frac": n_adv / max(n_traj, 1.0),
+        "clip_frac": s["clip"] / denom,
+        "ratio_mean": s["ratio"] / denom,
+        "ratio_max": ratio_max,
+        "approx_kl": s["kl"] / denom,
+        "grad_norm": grad_norms[-1] if grad_norms else 0.0,
+        "entropy": ent_sum / denom,
+        "staleness_mean": stale_sum / denom,
+        "staleness_max": stale_max,
+        "tokens": tokens,
+        "trajectories": n_traj,
+        "micro_batches": n_mb,
+        "updates": float(len(grad_norms)),
+    }
+    if config.loss == "ppo":
+        metrics["behav_weight_mean"] = s["bw"] / denom
+        metrics["behav_weight_max"] = bw_max
+    if reference is not None:
+        metrics["ref_kl"] = s["ref_kl"] / denom
+    # Only tokens sampled by the current weights should match exactly; older ones differ by design.
+    metrics["logprob_max_diff" if n_cur else "logprob_max_diff_stale"] = diff_cur if n_cur else diff_all
+    return metrics
