@@ -171,7 +171,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
                               **{**BASE, "steps": 1})
         msgs_a = run(torchrun(2), first, tmp_path)
         assert (tmp_path / "fsdp" / "checkpoints" / "step-00000001" / "optimizer.pt").exists()
-        msgs_b = run(torchrun(2), dataclasses.replace(first, steps=2, resume=True), tmp_path)
+        msgs_b = run(torchrun(2), dataclasses.replace(first, trainer=dataclasses.replace(first.trainer, steps=2, resume=True)), tmp_path)
     finally:
         rings.close()
     assert isinstance(msgs_b[-1], TrainerDone)
