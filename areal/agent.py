@@ -27,11 +27,22 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 import msgspec
 
 from areal.protocol import EpisodeOutcome
+
+
+class EpisodeRunner(Protocol):
+    """Runs one episode of the agent and says how it ended; the controller is written against
+    this. Implementations: ``sandbox.zygote.Zygote`` (a sandboxed process per episode) and
+    ``areal.controller.InlineRunner`` (the controller's own event loop, for trusted agents).
+    ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit."""
+
+    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome: ...
+
+    async def close(self) -> None: ...
 
 AgentRun = Callable[..., Awaitable[Any]]
 EXEC_PREFIX = "exec:"
@@ -224,3 +235,21 @@ def _listed(problems: list[str]) -> str:
 def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -> EpisodeOutcome:
     text = "".join(traceback.format_exception(exc))
     return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s)
+
+
+def class_spec(cls: type) -> str | None:
+    """``module:Class`` (or ``script.py:Class``) when the class can be rebuilt with no arguments."""
+    required = [p for p in inspect.signature(cls).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required or "<locals>" in cls.__qualname__:
+        return None
+    if cls.__module__ == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        return f"{Path(main_file).resolve()}:{cls.__qualname__}" if main_file else None
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def agent_object_spec(agent: Any) -> str | None:
+    """``module:Class`` (or ``file.py:Class``) rebuilding an agent object in another process, or
+    None when its class needs constructor arguments or is not importable (defined in a function)."""
+    return None if inspect.isfunction(agent) or inspect.isclass(agent) else class_spec(type(agent))

@@ -30,7 +30,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import random
@@ -51,7 +50,7 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import agent_run, check_episode_rewards, load_agent, outcome_from_exception, outcome_from_result
+from areal.agent import EpisodeRunner, agent_object_spec, agent_run, check_episode_rewards, load_agent, outcome_from_exception, outcome_from_result
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import normalize_row
@@ -163,14 +162,6 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
         policy_version_end=max(versions, default=-1),
         interaction_ids=list(exported),
     )
-
-
-def agent_object_spec(agent: Any) -> str | None:
-    """``module:Class`` (or ``file.py:Class``) rebuilding an agent object in another process, or
-    None when its class needs constructor arguments or is not importable (defined in a function)."""
-    from areal.experimental.trainer import _class_spec  # deferred: the AReaL layer imports this module
-
-    return None if inspect.isfunction(agent) or inspect.isclass(agent) else _class_spec(type(agent))
 
 
 def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int) -> Trajectory:
@@ -333,7 +324,7 @@ class Controller:
             eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
             return self._finish(eval_before, eval_after)
 
-    async def _start_runner(self, gateway_addr: str, http_url: str) -> Any:
+    async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
         """The agent runner: the sandbox zygote (subproc), the inline runner, or None for a
         RolloutWorkflow object, which the rollout loop calls itself with ``engine``."""
         cfg = self.config
@@ -385,7 +376,7 @@ class Controller:
 
     # ---- rollouts -------------------------------------------------------------------------
 
-    async def _rollout_loop(self, runner: Any, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int],
+    async def _rollout_loop(self, runner: EpisodeRunner | None, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int],
                             engine: EngineClient | None = None) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
@@ -426,7 +417,7 @@ class Controller:
             self.failure = f"rollout group failed: {task.exception()!r}"
         self.wake.set()
 
-    async def _run_group(self, runner: Any, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+    async def _run_group(self, runner: EpisodeRunner, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         """Run one group; a group cut short by the sandbox zygote's death is logged and run again
         (same prompt, new episode ids) once the zygote is restarted."""
         n = self.config.rollout.n_samples
@@ -557,7 +548,7 @@ class Controller:
                     self.saved.write(frame(encode_trajectory(traj)))
         self.accepted_groups += 1
 
-    async def _run_episode(self, runner: Any, gateway: Gateway, episode_id: str, problem: dict,
+    async def _run_episode(self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict,
                            group_id: str) -> tuple[EpisodeOutcome, Session]:
         key = gateway.open_session(episode_id)
         t0 = time.monotonic()

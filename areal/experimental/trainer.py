@@ -32,11 +32,11 @@ import inspect
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from areal.api.cli_args import PPOConfig
+from areal.agent import class_spec
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig, to_dict
 from areal.dataclass_config import build_dataclass
@@ -62,30 +62,18 @@ def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) 
     if isinstance(workflow, str):
         target = import_from_string(workflow)
         if inspect.isclass(target) and not kwargs:
-            return WorkflowPlan(_class_spec(target), None, workflow_kind(target))
+            return WorkflowPlan(class_spec(target), None, workflow_kind(target))
         workflow = target
     if inspect.isclass(workflow):
-        if not kwargs and _class_spec(workflow) is not None:
-            return WorkflowPlan(_class_spec(workflow), None, workflow_kind(workflow))
+        if not kwargs and class_spec(workflow) is not None:
+            return WorkflowPlan(class_spec(workflow), None, workflow_kind(workflow))
         workflow = workflow(**kwargs)
     elif kwargs:
         raise ValueError("workflow_kwargs apply only when the workflow is given as a class or an import path")
     kind = workflow_kind(workflow)
-    if kind == "agent" and not inspect.isfunction(workflow) and _class_spec(type(workflow)) is not None:
-        return WorkflowPlan(_class_spec(type(workflow)), None, kind)
+    if kind == "agent" and not inspect.isfunction(workflow) and class_spec(type(workflow)) is not None:
+        return WorkflowPlan(class_spec(type(workflow)), None, kind)
     return WorkflowPlan(None, workflow, kind)
-
-
-def _class_spec(cls: type) -> str | None:
-    """``module:Class`` (or ``script.py:Class``) when the class can be rebuilt with no arguments."""
-    required = [p for p in inspect.signature(cls).parameters.values()
-                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if required or "<locals>" in cls.__qualname__:
-        return None
-    if cls.__module__ == "__main__":
-        main_file = getattr(sys.modules["__main__"], "__file__", None)
-        return f"{Path(main_file).resolve()}:{cls.__qualname__}" if main_file else None
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def train_steps(config: PPOConfig, n_rows: int) -> int:

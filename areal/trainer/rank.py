@@ -61,11 +61,12 @@ from areal.trainer.packing import PolicyScorer
 from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
 from areal.trainer.config import TrainerJob
 from areal.trainer.weight_sync import CollectiveWeightPush, free_port, local_address_towards
+from areal.ring.buffer import RingReader
 from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
 from areal.trainer.step import GroupCollector, all_reduce, train_step
 
 
-def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -> tuple[object, bool]:
+def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -> tuple[RingReader, bool]:
     """A RingReader for ``name``; returns (reader, whether this trainer commits records itself).
 
     With checkpoints, records are committed only after the checkpoint that holds them (trained,
@@ -73,8 +74,6 @@ def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -
     exactly once into training. Without checkpoints each record is committed as it is read.
     ``resume=False`` makes the ring refuse a fresh trainer on a ring an earlier one consumed from.
     """
-    from areal.ring.buffer import RingReader
-
     return RingReader(name, timeout_s=timeout_s, resume=resume, auto_commit=not checkpointed), checkpointed
 
 

@@ -27,6 +27,7 @@ from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
 from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
 from areal.trainer.packing import MicroBatch, pack_rows
 from areal.protocol import Trajectory, decode_trajectory
+from areal.ring import RecordSource
 from areal.trainer.config import LOSSES, TrainerConfig
 
 
@@ -37,8 +38,8 @@ class GroupCollector:
     ``seq <= skip_through`` (already in a checkpoint, re-delivered by the ring) are dropped.
     """
 
-    def __init__(self, reader: object, record_timeout_s: float, skip_through: int = -1) -> None:
-        self.reader = reader  # areal.ring.buffer.RingReader (duck-typed: get(timeout_s) -> bytes | None, last_seq)
+    def __init__(self, reader: RecordSource, record_timeout_s: float, skip_through: int = -1) -> None:
+        self.reader = reader
         self.record_timeout_s = record_timeout_s
         self.consumed = 0
         self.last_seq = skip_through
@@ -56,7 +57,7 @@ class GroupCollector:
                     f"no trajectory arrived in {self.record_timeout_s}s "
                     f"({self.consumed} consumed, {len(self.pending)} groups pending)"
                 )
-            seq = getattr(self.reader, "last_seq", None)
+            seq = self.reader.last_seq
             seq = self.last_seq + 1 if seq is None else seq
             if seq <= self.skip_through:
                 continue  # in the checkpoint already: trained, or among the held records
