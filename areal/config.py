@@ -37,14 +37,18 @@ class EngineConfig:
     threads: int = 1  # torch threads of the embedded engine
     max_batch: int = 64
     request_log: bool = False  # embedded engine logs every generation to <run_dir>/engine_requests.jsonl
+    replicas: int = 1  # embedded engines to launch; several share the traffic (sticky per episode) and survive a death
+    max_restarts: int = 3  # deaths of launched engines the run absorbs (one of several dies: restarted at the newest weights)
 
     def __post_init__(self) -> None:
         if self.kind not in ("embedded", "sglang"):
             raise ValueError(f"engine.kind must be 'embedded' or 'sglang', got {self.kind!r}")
         if self.kind == "sglang" and not self.urls:
             raise ValueError("engine.urls must list at least one SGLang server when engine.kind=sglang")
-        if self.threads < 1 or self.max_batch < 1:
-            raise ValueError("engine.threads and engine.max_batch must be >= 1")
+        if self.threads < 1 or self.max_batch < 1 or self.replicas < 1:
+            raise ValueError("engine.threads, engine.max_batch and engine.replicas must be >= 1")
+        if self.max_restarts < 0:
+            raise ValueError(f"engine.max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass

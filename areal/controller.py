@@ -36,7 +36,6 @@ import random
 import secrets
 import socket
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -54,7 +53,9 @@ from areal.agent import EpisodeRunner, agent_object_spec, agent_run, check_episo
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import normalize_row
-from areal.engine.client import EngineClient, EngineProcess, launch_embedded_engine
+from areal.engine.client import EngineClient
+from areal.engine.fleet import EngineFleet
+from areal.engine.router import EngineRouter
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.api.workflow_api import workflow_kind
@@ -206,7 +207,8 @@ class Controller:
         self.failed_groups = 0
         self.wake = asyncio.Event()
         self.failure: str | None = None
-        self.engine_proc: EngineProcess | None = None  # the engine this run launched (engine.kind=embedded)
+        self.fleet: EngineFleet | None = None  # the engines this run launched (engine.kind=embedded)
+        self.fleet_failure: str | None = None  # why the fleet could not go on (its supervisor's verdict)
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         r = config.rollout
@@ -263,17 +265,17 @@ class Controller:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             urls = cfg.engine.urls
             if cfg.engine.kind == "embedded":
-                engine_proc = launch_embedded_engine(
-                    str(model_dir), threads=cfg.engine.threads, max_batch=cfg.engine.max_batch, log_path=str(self.run_dir / "engine.log"),
-                    request_log=str(self.run_dir / "engine_requests.jsonl") if cfg.engine.request_log else None,
-                )
-                stack.callback(engine_proc.stop)
-                urls = [engine_proc.url]
-                self.engine_proc = engine_proc
-                watcher = asyncio.create_task(self._watch_engine(engine_proc))
-                stack.callback(watcher.cancel)  # before the engine's own stop (callbacks run last-in first)
-            engine = EngineClient(urls[0])
+                fleet = EngineFleet(model_dir, cfg.engine.replicas, self.run_dir, threads=cfg.engine.threads,
+                                    max_batch=cfg.engine.max_batch, max_restarts=cfg.engine.max_restarts,
+                                    request_log=self.run_dir / "engine_requests.jsonl" if cfg.engine.request_log else None)
+                stack.callback(fleet.stop)
+                await asyncio.to_thread(fleet.start)
+                urls, self.fleet = fleet.urls, fleet
+            engine: EngineClient | EngineRouter = EngineRouter(urls) if len(urls) > 1 else EngineClient(urls[0])
             stack.push_async_callback(engine.close)
+            if self.fleet is not None:
+                supervisor = asyncio.create_task(self._supervise(self.fleet, engine if isinstance(engine, EngineRouter) else None, model_dir))
+                stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
             gateway = Gateway(engine, tokenizer, cfg.gateway)
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
             zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
@@ -377,7 +379,7 @@ class Controller:
     # ---- rollouts -------------------------------------------------------------------------
 
     async def _rollout_loop(self, runner: EpisodeRunner | None, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int],
-                            engine: EngineClient | None = None) -> None:
+                            engine: EngineClient | EngineRouter | None = None) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
@@ -442,7 +444,7 @@ class Controller:
             return
         await self._publish(rings, [trajectory_from_episode(o, s, group_id, len(good)) for o, s in good])
 
-    async def _run_workflow_group(self, engine: EngineClient, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+    async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         """One ``arun_episode(engine, data)`` call is one group: each exported row is one
         Trajectory, normalised together (group_size = rows); None or {} fails the group."""
         t0 = time.monotonic()
@@ -506,13 +508,11 @@ class Controller:
                             f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}")
 
     def _engine_death(self) -> str | None:
-        """What ended the run's own engine, or None while it runs (or when the run launched none)."""
-        proc = self.engine_proc
-        if proc is None or proc.alive():
+        """What ended the run's engines (None while they serve, or when the run launched none):
+        the fleet supervisor's verdict, or the death of a lone engine it has not seen yet."""
+        if self.fleet is None:
             return None
-        rc = proc.popen.returncode
-        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
-        return f"the inference engine (pid {proc.pid}) died ({how}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
+        return self.fleet_failure or (self.fleet.death() if self.fleet.count == 1 else None)
 
     def _with_engine_death(self, failure: str) -> str:
         """``failure``, led by the engine's death when the engine died: a trainer's weight push or
@@ -522,11 +522,14 @@ class Controller:
             return failure
         return f"{death}\nthen: {failure}" if failure else death
 
-    async def _watch_engine(self, proc: EngineProcess) -> None:
-        """Notice the engine's death within half a second, whatever the trainer or the rollouts
-        are doing (waiting for data, pushing weights, evaluating), and stop the run naming it."""
-        while proc.alive():
-            await asyncio.sleep(0.5)
+    async def _supervise(self, fleet: EngineFleet, router: EngineRouter | None, model_dir: Path) -> None:
+        """Notice an engine's death within half a second, whatever the trainer or the rollouts are
+        doing (waiting for data, pushing weights, evaluating): one of several is restarted at the
+        newest version (``areal.engine.fleet``); a lone one, or too many deaths, stop the run."""
+        def newest() -> tuple[Path, int]:
+            return (self.run_dir / "weights" / f"v{self.version}", self.version) if self.version else (model_dir, 0)
+
+        self.fleet_failure = await fleet.supervise(router, newest, tqdm.write)
         self.failure = self._with_engine_death(self.failure or "")
         self.wake.set()
 

@@ -130,11 +130,7 @@ class Headline:
 HEADLINES = (
     Headline("gateway added latency p50 (ZeroMQ, instant engine)", "gateway", "added p50 zmq, instant engine",
              "direct", (("value", "<=", 150.0),)),
-    Headline("ZeroMQ hop alone: echo round trip on the gateway's ZMTP code", "gateway",
-             "zmtp echo round trip p50 (transport floor)", "direct"),
     Headline("ZeroMQ hop alone: echo round trip through libzmq", "gateway", "zmq echo round trip p50 (transport floor)",
-             "direct"),
-    Headline("gateway added latency p50 (ZeroMQ via libzmq's client)", "gateway", "added p50 zmq with libzmq's client*",
              "direct"),
     Headline("gateway added latency p50, all three processes on one vCPU", "gateway",
              "added p50 zmq, all on one vCPU, instant engine", "direct"),

@@ -9,14 +9,15 @@
 A ``GatewayChannel`` owns one DEALER connection in one event loop and demultiplexes replies by
 ``request_id``; a reply with ``more=True`` is one chunk of a streamed body (the first carries
 status and headers), sent on to the client as it arrives (chunked transfer encoding on HTTP).
-The DEALER speaks ZeroMQ's wire protocol itself (``areal.zmtp``), with no libzmq I/O thread: on
-this machine class that thread hand-off was most of the hop's latency.
+The DEALER is a pyzmq socket; its monitor tells the channel when the handshake with the gateway
+is done and when the connection is lost.
 
-Invariants: connections are made lazily, in the episode process after the fork (never in the
-zygote); a connection is used only from the loop that made it; if the gateway goes away, the
-requests waiting on it get a 502 at once and the next request reconnects; the relay runs its own
-loop in a daemon thread, so agents that block their own loop or run subprocesses that speak HTTP
-still reach the gateway.
+Invariants: the libzmq context and its sockets are made lazily, in the episode process after the
+fork (never in the zygote: a libzmq context does not survive a fork); a socket is used only from
+the loop that made it; if the gateway goes away, the requests waiting on it get a 502 at once and
+the next request connects a new socket (libzmq's own reconnecting is not used: a request never
+waits on a connection that is not there); the relay runs its own loop in a daemon thread, so
+agents that block their own loop or run subprocesses that speak HTTP still reach the gateway.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 import msgspec
+import zmq
+import zmq.asyncio
 from aiohttp import web
+from zmq.utils.monitor import parse_monitor_message
 
-from areal import zmtp
 from areal.protocol import GatewayReply, GatewayRequest
 
 # Connection-level headers belong to one HTTP hop, not to the relayed exchange.
@@ -40,52 +43,85 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", 
 MAX_BODY = 64 << 20
 
 
+class _Connection:
+    """One DEALER socket and its monitor, read by two tasks of the loop that made them."""
+
+    def __init__(self, channel: GatewayChannel) -> None:
+        ctx = zmq.asyncio.Context.instance()  # per process (pyzmq makes a new one after a fork)
+        self.sock = ctx.socket(zmq.DEALER)
+        for option, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.RECONNECT_IVL, 10), (zmq.RCVHWM, 0),
+                              (zmq.MAXMSGSIZE, MAX_BODY + (1 << 20))):
+            self.sock.setsockopt(option, value)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(channel.gateway_addr)
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()  # the handshake with the gateway is done
+        self.lost = False
+        self.tasks = (loop.create_task(self._read(channel)), loop.create_task(self._watch(channel)))
+
+    async def _read(self, channel: GatewayChannel) -> None:
+        while True:
+            channel._on_message(await self.sock.recv())
+
+    async def _watch(self, channel: GatewayChannel) -> None:
+        while True:
+            event = parse_monitor_message(await self.monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and not self.ready.done():
+                self.ready.set_result(None)
+            elif event == zmq.EVENT_DISCONNECTED and self.ready.done():
+                self.lost = True
+                channel._on_lost()
+                return
+
+    def close(self) -> None:
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
 class GatewayChannel:
-    """One DEALER connection to the gateway (``areal.zmtp``), usable from the event loop that
-    first uses it; a second loop (a second ``asyncio.run``) gets a connection of its own."""
+    """One DEALER connection to the gateway, usable from the event loop that first uses it; a
+    second loop (a second ``asyncio.run``) gets a connection of its own."""
 
     def __init__(self, gateway_addr: str, connect_timeout_s: float = 10.0) -> None:
         self.gateway_addr = gateway_addr
         self.connect_timeout_s = connect_timeout_s  # how long a connect waits for the gateway to listen
-        self._conn: zmtp.DealerProtocol | None = None
-        self._connecting: asyncio.Task[zmtp.DealerProtocol] | None = None
+        self._conn: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, asyncio.Queue[GatewayReply]] = {}
         self._ids = itertools.count(1)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(GatewayReply)
 
-    async def _connection(self) -> zmtp.DealerProtocol:
+    async def _connection(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or (self._conn is None and self._connecting is None):
+        if self._loop is not loop or self._conn is None:
             self.close()  # first use, a new loop, or the last connection was lost: connect anew
             self._loop = loop
-            self._connecting = loop.create_task(zmtp.connect_dealer(
-                self.gateway_addr, self._on_message, self._on_lost, max_frame=MAX_BODY + (1 << 20),
-                timeout_s=self.connect_timeout_s))
-        if self._conn is None:
-            connecting = self._connecting
-            assert connecting is not None
-            try:
-                self._conn = await asyncio.shield(connecting)  # concurrent requests share one connect
-            except BaseException:
-                if connecting.done() and self._connecting is connecting:
-                    self._connecting = None  # it failed: the next request tries again
-                raise
-        return self._conn
+            self._conn = _Connection(self)
+        conn = self._conn
+        if not conn.ready.done():
+            try:  # concurrent requests share one handshake
+                await asyncio.wait_for(asyncio.shield(conn.ready), self.connect_timeout_s)
+            except TimeoutError as e:
+                if self._conn is conn:
+                    self.close()  # the next request tries again
+                raise ConnectionError(f"no handshake with {self.gateway_addr} within {self.connect_timeout_s} s") from e
+        return conn
 
-    def _on_message(self, frames: list[bytes]) -> None:
-        if len(frames) != 1:
-            return
-        reply = self._decoder.decode(frames[0])
+    def _on_message(self, frame: bytes) -> None:
+        reply = self._decoder.decode(frame)
         queue = self._pending.get(reply.request_id)
         if queue is not None:  # replies to abandoned requests are dropped
             queue.put_nowait(reply)
 
-    def _on_lost(self, exc: Exception | None) -> None:
+    def _on_lost(self) -> None:
         """The gateway closed the connection: every request still waiting gets a 502 now (not a
         hang until the deadline); the next request connects again."""
-        self._conn, self._connecting = None, None
+        self.close()
         for request_id, queue in self._pending.items():
             queue.put_nowait(_unavailable(request_id, "the connection to the gateway was lost"))
 
@@ -102,7 +138,14 @@ class GatewayChannel:
         self._pending[request_id] = queue
         try:
             clean = {k.lower(): v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
-            conn.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)))
+            if conn.lost:  # lost between the handshake and now
+                yield _unavailable(request_id, "the connection to the gateway was lost")
+                return
+            try:
+                await conn.sock.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)), zmq.NOBLOCK)
+            except zmq.Again:  # the connection went between the handshake and now, or 1,000 requests wait on it
+                yield _unavailable(request_id, "the connection to the gateway cannot take the request")
+                return
             while True:
                 reply = await queue.get()
                 yield reply
@@ -112,11 +155,9 @@ class GatewayChannel:
             self._pending.pop(request_id, None)
 
     def close(self) -> None:
-        if self._connecting is not None:
-            self._connecting.cancel()
-        if self._conn is not None and self._conn.transport is not None:
-            self._conn.transport.close()
-        self._conn, self._connecting, self._loop = None, None, None
+        if self._conn is not None:
+            self._conn.close()
+        self._conn, self._loop = None, None
 
 
 def _unavailable(request_id: int, message: str) -> GatewayReply:

@@ -36,15 +36,21 @@ async def run(data, **kw):
 
 
 def _children(pid: int, module: bytes) -> list[int]:
-    """Child processes of ``pid`` running ``module`` (read from /proc; killed by PID only)."""
+    """Child processes of ``pid`` running ``module`` (read from /proc, over all its threads: a
+    child started from a worker thread is listed under that thread; killed by PID only)."""
     out = []
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                out.append(int(child))
-        except FileNotFoundError:
-            pass
-    return out
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        for child in children:
+            try:
+                if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+            except FileNotFoundError:
+                pass
+    return sorted(out)
 
 
 def _zygotes(pid: int) -> list[int]:
@@ -246,3 +252,34 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
         assert set(json.loads(untrained.read_text())["episodes"]) <= {e["episode_id"] for e in episodes if e["status"] == "ok"}, why
     assert not list(run_dir.rglob(".tmp-*")), (why, list(run_dir.rglob(".tmp-*")))
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"areal-*-{proc.pid}-*")), why
+
+
+def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path):
+    """One of two launched engines killed mid-run: its sessions move to the other, the trainer's
+    pushes skip it while it is down, it comes back at the newest version, and the run finishes."""
+    (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
+                             "rollout.openai.mode=inline", "trainer.steps=8", "rollout.groups_per_step=2",
+                             "rollout.n_samples=2", "data.eval_size=0", "engine.replicas=2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, killed = time.monotonic() + 180, None
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        engines = _children(proc.pid, b"areal.engine.server")
+        if len(engines) == 2 and metrics.exists() and metrics.read_text():  # a step trained: mid-run
+            killed = engines[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=240)
+    assert killed is not None, err[-3000:]
+    assert proc.returncode == 0, err[-4000:]
+    assert f"[engine] the inference engine (pid {killed}) died (signal SIGKILL); restarting it" in out + err, (out + err)[-4000:]
+    assert " is back (pid " in out + err
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+    ids = [json.loads(x)["episode_id"] for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids))
+    back = int((out + err).split(" is back (pid ")[1].split(")")[0])
+    assert not Path(f"/proc/{back}").exists()  # the run stopped the restarted engine too (no orphan)

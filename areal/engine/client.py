@@ -375,6 +375,7 @@ class EngineClient:
         *,
         top_logprobs_num: int = 0,
         resubmit_aborted: bool = True,
+        session_key: str | None = None,  # one server: nothing to route (EngineRouter keeps a session on one)
     ) -> GenerateResult:
         """One generation. An abort the caller did not ask for (a pause around a weight update)
         is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced.
@@ -409,6 +410,7 @@ class EngineClient:
         *,
         top_logprobs_num: int = 0,
         resubmit_aborted: bool = True,
+        session_key: str | None = None,  # one server: nothing to route (EngineRouter keeps a session on one)
     ) -> AsyncIterator[GenerateResult]:
         """Stream a generation: a cumulative ``GenerateResult`` per chunk, ``finish_reason`` ""
         until the last one. Aborts are recovered as in ``generate``, invisibly to the reader."""
@@ -648,15 +650,16 @@ def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProc
 def launch_embedded_engine(
     model_path: str, *, threads: int = 1, log_path: str | None = None, timeout_s: float = 120,
     max_batch: int = 32, weight_version: str = "default", api_key: str | None = None,
-    request_log: str | None = None,
+    request_log: str | None = None, port: int = 0,
 ) -> EngineProcess:
-    """Start the embedded engine and wait until it has written its URL to the ready file."""
+    """Start the embedded engine and wait until it has written its URL to the ready file.
+    ``port`` 0 takes a free one; a restarted engine is given its predecessor's."""
     run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
     cmd = [sys.executable, "-m", "areal.engine.server", "--model-path", model_path,
            "--ready-file", ready, "--threads", str(threads), "--max-batch", str(max_batch),
-           "--weight-version", weight_version]
+           "--weight-version", weight_version, "--port", str(port)]
     if api_key:
         cmd += ["--api-key", api_key]
     if request_log:

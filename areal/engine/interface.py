@@ -10,7 +10,8 @@ Contract of ``generate`` / ``generate_stream``: ``input_ids`` are the whole prom
 holds the new tokens with their logprobs and the policy version that produced each one; an
 abort the caller did not ask for (a pause around a weight update) is recovered by the client
 (``resubmit_aborted``), so callers never see it. No answer at all is ``EngineUnavailable``; an
-error answer is ``EngineError`` (both in ``client.py``).
+error answer is ``EngineError`` (both in ``client.py``). ``session_key`` names the conversation
+(the gateway passes the episode id): a router keeps one on one server, for its prefix cache.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ class InferenceEngine(Protocol):
 
     async def generate(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True,
                        rid: str | None = None, *, top_logprobs_num: int = 0,
-                       resubmit_aborted: bool = True) -> GenerateResult: ...
+                       resubmit_aborted: bool = True, session_key: str | None = None) -> GenerateResult: ...
 
     def generate_stream(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True,
                         rid: str | None = None, *, top_logprobs_num: int = 0,
-                        resubmit_aborted: bool = True) -> AsyncIterator[GenerateResult]: ...
+                        resubmit_aborted: bool = True,
+                        session_key: str | None = None) -> AsyncIterator[GenerateResult]: ...
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None: ...
 

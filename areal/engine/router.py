@@ -15,6 +15,8 @@ Invariants:
 - Only ``EngineUnavailable`` (no answer) fails over; an HTTP error answer (``EngineError``) is the
   request's own fault and propagates. A stream fails over only before its first chunk.
 - Control calls (weight updates, pause, continue, abort) go to every server, concurrently.
+- A server its owner ``hold``s (``areal.engine.fleet`` restarting it) gets no traffic and no
+  probe until ``release``d.
 
 Not covered: load-aware routing by queue depth reported by the servers, cache-aware routing by
 prompt prefix (SGLang's router does both).
@@ -52,6 +54,7 @@ class EngineRouter:
         self._in_flight = [0] * len(base_urls)
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._next = 0
+        self._held: set[int] = set()  # servers kept out of rotation by their owner (a restart in progress)
 
     @property
     def base_urls(self) -> list[str]:
@@ -59,7 +62,17 @@ class EngineRouter:
 
     def _up(self) -> list[int]:
         now = time.monotonic()
-        return [i for i, t in enumerate(self._down_until) if t <= now]
+        return [i for i, t in enumerate(self._down_until) if t <= now and i not in self._held]
+
+    def hold(self, index: int) -> None:
+        """Keep server ``index`` out of rotation (its sessions move) until ``release``: its owner
+        is restarting it and bringing it to the current weights."""
+        self._held.add(index)
+        self.mark_down(index)
+
+    def release(self, index: int) -> None:
+        self._held.discard(index)
+        self._down_until[index] = 0.0
 
     def mark_down(self, index: int) -> None:
         self._down_until[index] = time.monotonic() + self.retry_after_s
@@ -69,7 +82,8 @@ class EngineRouter:
     async def _revive(self, only_if_none_up: bool) -> None:
         """Probe servers whose back-off expired (they are 'up' again only if /health answers)."""
         now = time.monotonic()
-        candidates = [i for i, t in enumerate(self._down_until) if 0 < t <= now or (only_if_none_up and t > now)]
+        candidates = [i for i, t in enumerate(self._down_until)
+                      if i not in self._held and (0 < t <= now or (only_if_none_up and t > now))]
         oks = await asyncio.gather(*(self.clients[i].health() for i in candidates))
         for i, ok in zip(candidates, oks):
             if ok:

@@ -166,7 +166,7 @@ class VLLMClient:
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True,
+        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True, session_key: str | None = None,
     ) -> GenerateResult:
         """One generation (``resubmit_aborted`` is accepted for interface parity: see Not covered)."""
         result = None
@@ -177,7 +177,7 @@ class VLLMClient:
 
     async def generate_stream(
         self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True,
+        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True, session_key: str | None = None,
     ) -> AsyncIterator[GenerateResult]:
         """Cumulative ``GenerateResult`` per chunk, ``finish_reason`` "" until the last one."""
         async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num):

@@ -34,7 +34,7 @@ Deliberately not honoured: streaming needs an engine with ``generate_stream``; w
 
 Work a request may cost (an episode must not starve the gateway, which serves every episode from
 one loop): the ZeroMQ door's budgets (connections, bytes held, requests in flight) are in
-``server.serve_zmq`` and ``areal.zmtp``. Here: a prompt whose text already holds more characters
+``server.serve_zmq`` and ``door``. Here: a prompt whose text already holds more characters
 than the context could hold tokens (``PromptBuilder.min_tokens``) is a 400 before it is
 tokenised; text longer than ``tokenize_off_loop_chars`` is tokenised in a worker thread (the Rust
 tokenizer releases the GIL), one such text per session at a time, so the loop goes on serving;
@@ -64,7 +64,7 @@ from areal.gateway.tree import Interaction
 from areal.protocol import GatewayRequest
 
 if TYPE_CHECKING:
-    from areal.zmtp import Router
+    from areal.gateway.door import Door
 
 
 @dataclass
@@ -82,7 +82,7 @@ class GatewayConfig:
     session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
     tool_parser: str | None = "qwen25"  # tool-call format of the model (parsers.TOOL_PARSERS); None: no tool calls
     reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS); None: all text is content
-    # Budgets of the ZeroMQ door (the sandboxes' one way out; ``areal.zmtp.DoorLimits``). A connection
+    # Budgets of the ZeroMQ door (the sandboxes' one way out; ``door.DoorLimits``). A connection
     # counts against its peer process (its pid) until a request on it carries a live session key,
     # then against that session. Over a budget: the connection is closed, or the request answered
     # 429, and a WARNING names the session (its episode id) or the process.
@@ -175,7 +175,7 @@ class Gateway:
         )
         self.prompts = PromptBuilder(tokenizer, self.stop_token_ids, cache_bytes=self.config.render_cache_bytes)
         self.decode_text = text_decoder(tokenizer)  # ids -> text without special tokens (what clients see)
-        self.doors: list[Router] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
+        self.doors: list[Door] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
         self._n_calls = 0
         self._next_sweep = 0.0
         self._tokenize_pool: ThreadPoolExecutor | None = None  # started at the first large text
@@ -220,8 +220,7 @@ class Gateway:
             "render_cache_bytes": self.prompts.cache_bytes,
             "tokenizing_off_loop": self._tokenizing,
             "tokenized_off_loop": self._tokenized_off_loop,
-            "zmq_connections": sum(len(d.peers) for d in self.doors),
-            "zmq_buffered_bytes": sum(d.buffered for d in self.doors),
+            "zmq_connections": sum(d.open for d in self.doors),
             "zmq_inflight_bytes": sum(d.inflight_bytes for d in self.doors),
             "zmq_cut_off": sum(d.cut for d in self.doors),
         }
@@ -302,7 +301,7 @@ class Gateway:
         prompt, params, forced = await self._prepare(session, turn)
         s = turn.sampling
         self._n_calls += 1
-        calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn))
+        calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn, session))
                  for i in range(s.n)]
         # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
         results = [await calls[0]] if s.n == 1 else await asyncio.gather(*calls)

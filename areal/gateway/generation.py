@@ -163,10 +163,13 @@ def _tokens_through(decode: Callable[[list[int]], str], ids: list[int], end: int
     return lo
 
 
-def engine_kwargs(turn: Turn) -> dict:
-    """Keyword arguments beyond ``generate``'s basic ones, only when asked for (so that any
-    object with a plain ``generate`` serves requests that do not need them)."""
-    return {"top_logprobs_num": turn.sampling.top_logprobs} if turn.sampling.top_logprobs else {}
+def engine_kwargs(turn: Turn, session: Session) -> dict:
+    """Keyword arguments beyond ``generate``'s basic ones (``areal.engine.interface``): the
+    episode as the routing key (a router keeps it on one server), top logprobs when asked for."""
+    kwargs: dict = {"session_key": session.episode_id}
+    if turn.sampling.top_logprobs:
+        kwargs["top_logprobs_num"] = turn.sampling.top_logprobs
+    return kwargs
 
 
 def _token_logprobs(gateway: Gateway, ids: list[int], lps: list[float], tops: list) -> list[TokenLogprob]:
@@ -245,7 +248,7 @@ async def stream_choices(gateway: Gateway, session: Session, turn: Turn, prompt:
     async def pump(i: int) -> None:
         try:
             sp = engine_params(params, turn.sampling.seed, i)
-            async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn)):
+            async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn, session)):
                 await queue.put((i, result))
         except asyncio.CancelledError:
             raise

@@ -10,13 +10,13 @@ Invariants:
 - A stream that fails midway (the engine died) ends with an SSE ``error`` event, then the last
   frame: the status was already sent.
 - Each ZeroMQ request is served in its own task, so a slow engine call never blocks the socket.
-  The ROUTER speaks ZMTP on the loop's own socket (``areal.zmtp``): no libzmq I/O thread between
-  the agent's bytes and this loop (an echo over it costs about a third less than over libzmq).
+  The ROUTER is libzmq's (pyzmq), driven from this loop (``door.Door``): libzmq parses the
+  agents' bytes on its I/O thread, the loop takes whole messages.
 - Every ZeroMQ request gets a reply, whatever it is: a frame that does not decode a 400, a
   request over its session's budget a 429, and an exception that escapes the core (a bug) a
   500 in the API's error shape, logged with its traceback; never silence until the deadline.
 - The ZeroMQ door is the sandboxes' and it is budgeted (``GatewayConfig``: connections, bytes
-  held, requests in flight per session; ``areal.zmtp`` for the connection and byte budgets): a
+  held, requests in flight per session; ``door`` for the connection budgets and the bounds): a
   connection counts against its peer process until a request on it carries a live session
   key, then against that session. The HTTP door serves the controller's own clients (inline
   agents, admin) and is bounded by aiohttp's body limit only.
@@ -36,9 +36,9 @@ from aiohttp import web
 from areal.engine.client import EngineError
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.core import Gateway
+from areal.gateway.door import Conn, Door, DoorLimits
 from areal.gateway.routes import error_reply, openai_error, request_key
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
-from areal.zmtp import DoorLimits, Router, RouterPeer
 
 log = logging.getLogger(__name__)
 _JSON = {"content-type": "application/json"}
@@ -83,49 +83,47 @@ _encoder = msgspec.msgpack.Encoder()
 
 
 async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None = None) -> None:
-    """Serve GatewayRequests on a ZeroMQ ROUTER (``areal.zmtp``: ZMTP spoken on this loop's own
-    socket, no libzmq I/O thread) until cancelled.
+    """Serve GatewayRequests on a ZeroMQ ROUTER (``door.Door``: libzmq's, budgeted) until cancelled.
 
     Each request is answered in its own task, on the connection it came from. A frame that is
     not a GatewayRequest gets a 400 frame (request_id -1); a message of several frames is not
     ours and is ignored, as before. A frame may be up to ``GatewayConfig.zmq_frame_bytes`` (twice
     ``max_body_bytes`` + 1 MiB) so that an oversized body still reaches the core and gets its
-    413; past that the connection is dropped (the parser never buffers an unbounded frame).
+    413; past that libzmq drops the connection at the frame's header.
 
     The first request on a connection that carries a live session key charges the connection to
-    that session (``Router.claim``); a session at ``max_connections_per_session`` gets a 429 and
+    that session (``Door.claim``); a session at ``max_connections_per_session`` gets a 429 and
     the connection is closed. A request is answered 429 at once when its owner already has
     ``max_inflight_per_session`` requests being served, or when its bytes would take its owner
-    past ``max_buffered_bytes_per_session`` (or the door past ``max_buffered_bytes``).
+    past ``max_buffered_bytes_per_session`` (or the door past ``max_buffered_bytes``): bytes of
+    requests being served (libzmq does not expose those of partial frames; ``door`` bounds them).
     """
     loop = asyncio.get_running_loop()
     config = gateway.config
     tasks: set[asyncio.Task] = set()
 
-    async def answer(peer: RouterPeer, req: GatewayRequest) -> None:
+    async def answer(peer: Conn, req: GatewayRequest) -> None:
         try:
             reply = await gateway.dispatch(req)
             if reply.stream is None:
-                peer.send(_encoder.encode(json_frame(req, reply)))
+                door.send(peer, _encoder.encode(json_frame(req, reply)))
                 return
             async for frame in stream_frames(req, reply):
-                peer.send(_encoder.encode(frame))
+                door.send(peer, _encoder.encode(frame))
         except Exception:  # the process boundary: a bug in the core still gets the client an answer
             log.exception("gateway: request %d (%s %s) failed", req.request_id, req.method, req.path)
             refuse(peer, req, 500, "internal error in the gateway (logged)", "internal_error")
 
-    def refuse(peer: RouterPeer, req: GatewayRequest, status: int, message: str, kind: str) -> None:
+    def refuse(peer: Conn, req: GatewayRequest, status: int, message: str, kind: str) -> None:
         body = msgspec.json.encode(error_reply(req.path.split("?", 1)[0].rstrip("/"), status, message, kind).body)
-        peer.send(_encoder.encode(GatewayReply(request_id=req.request_id, status=status, headers=_JSON, body=body)))
+        door.send(peer, _encoder.encode(GatewayReply(request_id=req.request_id, status=status, headers=_JSON, body=body)))
 
-    def on_message(peer: RouterPeer, frames: list[bytes]) -> None:
-        if len(frames) != 1:
-            return  # not a DEALER with one payload frame; nothing to answer
+    def on_message(peer: Conn, frame: bytes) -> None:
         try:
-            req = _decoder.decode(frames[0])
+            req = _decoder.decode(frame)
         except (msgspec.DecodeError, RecursionError) as e:  # msgpack nested past ~1,000 levels: the latter
             body = msgspec.json.encode(openai_error(400, f"bad frame: {e}", "invalid_request_error"))
-            peer.send(_encoder.encode(GatewayReply(request_id=-1, status=400, headers=_JSON, body=body)))
+            door.send(peer, _encoder.encode(GatewayReply(request_id=-1, status=400, headers=_JSON, body=body)))
             return
         if not isinstance(req, GatewayRequest):
             return
@@ -133,32 +131,32 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
         if not owner.session:
             session = gateway.sessions.get(request_key(req))
             if session is not None:
-                full = router.claim(peer, ("session", session.key), f"session {session.episode_id!r}")
+                full = door.claim(peer, ("session", session.key), f"session {session.episode_id!r}")
                 if full is not None:
                     why = f"{full.name} already holds {full.connections} connections (gateway.max_connections_per_session)"
                     refuse(peer, req, 429, why, "rate_limit_error")
-                    router.cut_off(peer, why, flush=True, against=full)
+                    door.cut_off(peer, why, flush=True, against=full)
                     return
                 owner = peer.owner
-        size = len(frames[0])
+        size = len(frame)
         if owner.inflight >= config.max_inflight_per_session:
             why = (f"{owner.name} has {owner.inflight} requests being served, the limit "
                    f"(gateway.max_inflight_per_session={config.max_inflight_per_session})")
         elif owner.held + size > config.max_buffered_bytes_per_session:
             why = (f"{owner.name} holds {owner.held} bytes of requests; {size} more exceed "
                    f"gateway.max_buffered_bytes_per_session={config.max_buffered_bytes_per_session}")
-        elif router.buffered + router.inflight_bytes + size > config.max_buffered_bytes:
-            why = (f"the door holds {router.buffered + router.inflight_bytes} bytes of requests; {size} more exceed "
+        elif door.inflight_bytes + size > config.max_buffered_bytes:
+            why = (f"the door holds {door.inflight_bytes} bytes of requests; {size} more exceed "
                    f"gateway.max_buffered_bytes={config.max_buffered_bytes}")
         else:
             why = ""
         if why:
-            router.report(owner, "refused a request", why)
+            door.report(owner, "refused a request", why)
             refuse(peer, req, 429, why, "rate_limit_error")
             return
         owner.inflight += 1
         owner.inflight_bytes += size
-        router.inflight_bytes += size
+        door.inflight_bytes += size
         task = loop.create_task(answer(peer, req))
         tasks.add(task)
 
@@ -166,23 +164,21 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
             tasks.discard(task)
             owner.inflight -= 1
             owner.inflight_bytes -= size
-            router.inflight_bytes -= size
-            router.settle(owner)
+            door.inflight_bytes -= size
+            door.settle(owner)
 
         task.add_done_callback(done)
 
-    limits = DoorLimits(max_connections=config.max_connections, max_connections_per_session=config.max_connections_per_session,
-                        max_buffered_bytes=config.max_buffered_bytes,
-                        max_buffered_bytes_per_session=config.max_buffered_bytes_per_session)
-    router = await Router.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits)
-    gateway.doors.append(router)
+    limits = DoorLimits(max_connections=config.max_connections, max_connections_per_session=config.max_connections_per_session)
+    door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits)
+    gateway.doors.append(door)
     if ready is not None:
         ready.set()
     try:
         await loop.create_future()  # until cancelled
     finally:
-        gateway.doors.remove(router)
-        router.close()
+        gateway.doors.remove(door)
+        door.close()
         for t in tasks:
             t.cancel()
 

@@ -10,9 +10,12 @@ version ``s``; a failed update is an error and a non-zero exit, never a skip.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
+import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -58,8 +61,11 @@ def _post_json(url: str, path: str, body: dict, timeout_s: float) -> dict:
         return json.loads(resp.read() or b"{}")
 
 
-def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True) -> None:
-    """Load ``model_dir`` as ``version`` on every engine; raise WeightUpdateError unless all succeed.
+def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True) -> list[str]:
+    """Load ``model_dir`` as ``version`` on every engine that can be reached; returns the URLs
+    skipped because nothing answered there (refused or reset: an engine that died, which its
+    owner restarts and brings to the newest version). Raises WeightUpdateError when an engine
+    answers with a failure, times out, or when no engine at all took the version.
 
     With ``pause`` (SGLang's protocol): ``/pause_generation`` in ``abort`` mode first, so the
     update does not wait for running generations. Each comes back to its client with the tokens it
@@ -68,6 +74,7 @@ def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: floa
     inside the engine, but SGLang then reports one weight_version for the whole request.)
     Without ``pause``, the engine finishes running requests before loading.
     """
+    skipped = []
     for url in urls:
         try:
             if pause:
@@ -79,9 +86,22 @@ def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: floa
                 if pause:
                     _post_json(url, "/continue_generation", {}, timeout_s)
         except OSError as e:  # URLError, HTTPError, refused, timeout: name the engine and version
+            if _unreachable(e) and len(urls) > 1:
+                print(f"[trainer] {url} cannot be reached ({e}); v{version} skipped there", file=sys.stderr, flush=True)
+                skipped.append(url)
+                continue
             raise WeightUpdateError(f"{url}: update to v{version} failed: {e}") from e
         if not reply.get("success"):
             raise WeightUpdateError(f"{url}: update to v{version} not confirmed: {reply}")
+    if urls and len(skipped) == len(urls):
+        raise WeightUpdateError(f"no engine could be reached for v{version}: {urls}")
+    return skipped
+
+
+def _unreachable(e: OSError) -> bool:
+    """Nothing listens there (or it went away mid-request), as opposed to an answer or a timeout."""
+    reason = e.reason if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError) else e
+    return isinstance(reason, (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected))
 
 
 def prune_versions(weights_dir: Path, version: int, keep: int) -> None:

@@ -1,0 +1,125 @@
+"""The embedded engines a run launches: started together, watched, restarted when one dies.
+
+    EngineFleet.start ─► N × launch_embedded_engine (ports fixed from then on: the trainer and
+                          the router know each engine by its URL)
+    supervise ─► every 0.5 s: is each engine alive?
+        one engine, dead ─► return why (exit status, log tail): the run stops, naming it
+        one of several, dead ─► report it; router.hold(it) (its sessions move to the others);
+                  relaunch on the same port from the initial weights; load the run's newest
+                  version (again, until no newer one was published meanwhile); router.release
+        past ``max_restarts`` deaths ─► return why
+
+Invariants:
+- A restarted engine serves no request before it holds the newest version the controller has
+  seen (the router holds it out of rotation until then), so a restart never brings old weights
+  back into the run. A version the trainer publishes during the catch-up may land before the
+  catch-up's own and be overwritten by it; the next publish restores it (one version of extra
+  staleness on that engine at most, recorded truthfully in each token's version).
+- While an engine is down, the trainer's weight push skips it (connection refused) as long as
+  another engine took the version (``areal.trainer.publish.push_weights``).
+
+Not covered: engines the run did not launch (``engine.kind=sglang|vllm``): the router routes
+around one that stops answering and probes it again later, but nothing restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, launch_embedded_engine, update_weights_from_disk_sync
+from areal.engine.router import EngineRouter
+from areal.process import log_tail
+
+
+def death_of(proc: EngineProcess) -> str | None:
+    """Why ``proc`` is gone (exit status or signal, and its log tail), or None while it runs."""
+    if proc.alive():
+        return None
+    rc = proc.popen.returncode
+    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+    return f"the inference engine (pid {proc.pid}) died ({how}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
+
+
+class EngineFleet:
+    """``count`` embedded engines serving ``model_dir``; ``procs[i]`` answers at ``urls[i]``."""
+
+    def __init__(self, model_dir: Path, count: int, log_dir: Path, *, threads: int, max_batch: int,
+                 request_log: Path | None, max_restarts: int) -> None:
+        self.model_dir = model_dir
+        self.count = count
+        self.log_dir = log_dir
+        self.threads = threads
+        self.max_batch = max_batch
+        self.request_log = request_log
+        self.max_restarts = max_restarts
+        self.procs: list[EngineProcess] = []
+        self.urls: list[str] = []
+        self.restarts = 0
+
+    def _log_path(self, index: int) -> Path:
+        return self.log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
+
+    def _launch(self, index: int, port: int = 0) -> EngineProcess:
+        return launch_embedded_engine(
+            str(self.model_dir), threads=self.threads, max_batch=self.max_batch, log_path=str(self._log_path(index)),
+            request_log=str(self.request_log) if self.request_log else None, port=port, weight_version="0")
+
+    def start(self) -> None:
+        for i in range(self.count):
+            self.procs.append(self._launch(i))
+            self.urls.append(self.procs[-1].url)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+    def death(self) -> str | None:
+        """The first dead engine's story, or None while all run."""
+        return next((d for d in map(death_of, self.procs) if d is not None), None)
+
+    async def supervise(self, router: EngineRouter | None, newest: Callable[[], tuple[Path, int]],
+                        report: Callable[[str], None]) -> str:
+        """Watch until the fleet cannot go on; returns why. ``newest()`` is the newest published
+        weights (dir, version); ``report`` gets one line per death and restart."""
+        while True:
+            await asyncio.sleep(0.5)
+            for i, proc in enumerate(self.procs):
+                death = death_of(proc)
+                if death is None:
+                    continue
+                if self.count == 1 or router is None:
+                    return death
+                self.restarts += 1
+                if self.restarts > self.max_restarts:
+                    return f"{death}\n(engine deaths: {self.restarts}, engine.max_restarts={self.max_restarts})"
+                report(f"[engine] {death.split('; log tail')[0]}; restarting it on {self.urls[i]} "
+                       f"({self.restarts}/{self.max_restarts}); its sessions move to the other engines (log: {proc.log_path})")
+                router.hold(i)
+                port = int(self.urls[i].rsplit(":", 1)[1])
+                try:
+                    self.procs[i] = await asyncio.to_thread(self._launch, i, port)
+                    version = await self._catch_up(self.urls[i], newest)
+                except (RuntimeError, TimeoutError, EngineError, EngineUnavailable) as e:
+                    return f"{death}\nand its restart on {self.urls[i]} failed: {e}"
+                router.release(i)
+                report(f"[engine] {self.urls[i]} is back (pid {self.procs[i].pid}), serving version {version}")
+
+    @staticmethod
+    async def _catch_up(url: str, newest: Callable[[], tuple[Path, int]]) -> int:
+        """Load the newest published version on a restarted engine, again while newer ones appear
+        (a version pruned under us is skipped for the next)."""
+        loaded = 0
+        while True:
+            path, version = newest()
+            if version == loaded:
+                return loaded
+            try:
+                await asyncio.to_thread(update_weights_from_disk_sync, url, str(path), str(version), timeout_s=300)
+                loaded = version
+            except (EngineError, EngineUnavailable):  # a version pruned under us: retry with the next
+                if newest()[1] == version:
+                    raise
+                continue

@@ -1,0 +1,78 @@
+"""A hand-driven ZMTP 3.0 peer for the door's tests: the attacker who writes bytes libzmq's own
+DEALER never would (partial frames, oversized headers, raw idle sockets), and a DEALER whose
+connection closing can be seen (libzmq's reconnects behind the application's back).
+
+    greeting := %xFF 8*%x00 %x7F %x03 %x00 "NULL" 16*%x00 as-server(1) 31*%x00   (64 bytes)
+    frame    := flags(1: 1 MORE, 2 LONG, 4 COMMAND) size(1 | 8, big-endian) body
+"""
+
+from __future__ import annotations
+
+import socket
+
+GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
+
+
+def frame_header(size: int, more: bool = False, command: bool = False) -> bytes:
+    flags = (1 if more else 0) | (4 if command else 0)
+    return bytes((flags, size)) if size < 256 else bytes((flags | 2,)) + size.to_bytes(8, "big")
+
+
+def command(name: bytes, data: bytes = b"") -> bytes:
+    body = bytes((len(name),)) + name + data
+    return frame_header(len(body), command=True) + body
+
+
+READY = command(b"READY", b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER")
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return data
+
+
+def handshake(path: str) -> socket.socket:
+    """A Unix socket to ``path`` past the greeting exchange; the caller sends READY (with whatever
+    follows it) next. libzmq wants the peer's greeting read before READY arrives."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    sock.sendall(GREETING)
+    _read_exactly(sock, 64)
+    return sock
+
+
+class RawDealer:
+    """A blocking DEALER: ``send_raw(bytes)``, ``send(payload)``, ``recv() -> payload`` (answering
+    the ROUTER's PINGs on the way, so the heartbeat does not close it); ``recv`` raises
+    ConnectionError once the ROUTER has closed the connection."""
+
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+        self.sock = handshake(address[len("ipc://"):])
+        self.sock.settimeout(timeout_s)
+        self.sock.sendall(READY)
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, payload: bytes) -> None:
+        self.sock.sendall(frame_header(len(payload)) + payload)
+
+    def recv(self) -> bytes:
+        while True:
+            flags, size = _read_exactly(self.sock, 2)
+            if flags & 2:
+                size = int.from_bytes(bytes((size,)) + _read_exactly(self.sock, 7), "big")
+            body = _read_exactly(self.sock, size)
+            if not flags & 4:
+                return body
+            name = body[1 : 1 + body[0]]
+            if name == b"PING":  # ttl(2) context: answer PONG with the context
+                self.sock.sendall(command(b"PONG", body[1 + body[0] + 2 :]))
+
+    def close(self) -> None:
+        self.sock.close()
