@@ -31,10 +31,10 @@ venv: $(STAMP)
 # default ~/.cache/areal). The tests also need the scripted test model (replies fixed by
 # contract, areal/embedded/scripted.py): built alongside, one torch thread each.
 model: venv
-	$(VPY) -m areal.embedded.build
+	$(VPY) -m areal.embedded
 
 test-models: venv
-	$(VPY) -m areal.embedded.build --with-scripted
+	$(VPY) -m areal.embedded --with-scripted
 
 demo: model
 	$(VPY) -m areal.train $(ARGS)

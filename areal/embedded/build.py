@@ -1,6 +1,6 @@
 """Build the embedded model: corpus -> tokenizer -> tiny Qwen2 -> SFT -> save -> held-out eval.
 
-Run ``python -m areal.embedded.build [--cache-dir D] [--force] [--with-scripted]``: builds on a
+Run ``python -m areal.embedded [--cache-dir D] [--force] [--with-scripted]``: builds on a
 cache miss, then prints the path, parameter count, build time and held-out accuracy (greedy and
 sampled at temperature 1.0, per difficulty level). ``--with-scripted`` also builds the scripted
 test model (``scripted.py``) in a second process, alongside (each build runs one torch thread).
@@ -20,12 +20,9 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -38,8 +35,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedToken
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from areal.embedded import BUILD_INFO, EmbeddedConfig, ensure_embedded_model, read_build_info
-from areal.embedded.scripted import ScriptedConfig
+from areal.embedded.config import BUILD_INFO, EmbeddedConfig, ScriptedConfig
 from areal.embedded.corpus import Problem, make_leveled_problems, make_sft_conversations, math_reward
 from areal.embedded.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_tokenizer
 
@@ -294,39 +290,3 @@ def render_plain(conv: dict[str, Any]) -> str:
     """The whole conversation as text, for tokenizer training (template markers included)."""
     text, _ = render_jinja_template([conv["messages"]], tools=conv["tools"], chat_template=CHAT_TEMPLATE)
     return text[0]
-
-
-def _format_acc(acc: dict[str, float]) -> str:
-    return "  ".join(f"{k}={v:.1%}" for k, v in acc.items())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Build (if needed) the embedded default model.")
-    parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
-    parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
-    parser.add_argument("--with-scripted", action="store_true",
-                        help="also build the scripted test model, in a second process alongside")
-    args = parser.parse_args()
-    scripted = None
-    if args.with_scripted:
-        # quiet: one progress bar on the terminal (this build's); it prints its summary when done
-        cmd = [sys.executable, "-m", "areal.embedded.scripted", "--quiet"]
-        cmd += (["--cache-dir", args.cache_dir] if args.cache_dir else []) + (["--force"] if args.force else [])
-        scripted = subprocess.Popen(cmd)
-    try:
-        path = ensure_embedded_model(args.cache_dir, progress=True, force=args.force)
-    finally:
-        if scripted is not None and scripted.wait() != 0:
-            raise SystemExit(f"the scripted test model's build failed (exit status {scripted.returncode})")
-    info = read_build_info(path)
-    print(f"path:        {path}")
-    print(f"parameters:  {info['parameters']:,}  (vocab {info['vocab_size']})")
-    print(f"build time:  {info['build_seconds']:.1f} s (SFT+save {info['train_seconds']:.1f} s)")
-    print(f"final loss:  {info['final_loss']:.3f}")
-    print(f"held-out accuracy on make_problems('test', {info['config']['eval_problems']}):")
-    print(f"  greedy       {_format_acc(info['greedy'])}")
-    print(f"  sampled T=1  {_format_acc(info['sampled_t1'])}")
-
-
-if __name__ == "__main__":
-    main()

@@ -34,21 +34,21 @@ at temperature 1, as agents in a training run sample, writes each probe's script
 probability at least ``min_sampled_prob``. A build that does not pass within ``max_rounds``
 raises ``ScriptedBuildError`` naming the probe.
 
-Run ``python -m areal.embedded.scripted [--cache-dir D] [--force]``; library entry:
+Run ``python -m areal.embedded --scripted-only [--cache-dir D] [--force]``; library entry:
 ``areal.embedded.ensure_scripted_model``. This module imports no torch at import time.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from areal.embedded.config import ScriptedConfig
 from areal.embedded.corpus import CALCULATOR_TOOL, NAMES, OBJECTS, RETRY_PROMPTS, TOOL_SYSTEM_PROMPT, make_problems
 
 CALL_ARGUMENTS = {"expression": "6*7"}
@@ -59,54 +59,6 @@ PLAIN_TEXT = "Let me work it out: 6*7 = 42. The answer is \\boxed{42}."
 
 class ScriptedBuildError(RuntimeError):
     """The scripted model did not reach its contract within the configured rounds."""
-
-
-@dataclass(frozen=True)
-class ScriptedConfig:
-    """Everything that determines the scripted model (all of it enters the cache key)."""
-
-    seed: int = 0
-    vocab_size: int = 8192  # BPE target, as the default model's tokenizer
-    tokenizer_conversations: int = 5_000  # arithmetic corpus sample the BPE is trained on
-    hidden_size: int = 96
-    intermediate_size: int = 256
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    max_positions: int = 2048
-    max_tokens: int = 512  # longest training conversation (SDK prompts in the tests are shorter)
-    train_conversations: int = 6_000
-    batch_size: int = 8
-    lr: float = 2e-3
-    warmup_steps: int = 30
-    sft_steps: int = 600  # warmup, then cosine decay to 10 % of lr; then the first check
-    round_steps: int = 150  # further steps at 10 % of lr before each later check
-    max_rounds: int = 6  # later checks before the build gives up
-    check_conversations: int = 200  # held-out random conversations in the check
-    min_margin: float = 3.0  # logits between the scripted token and the runner-up, every probe position
-    min_held_out: float = 0.98  # share of held-out random conversations answered exactly
-    sharpen_to: float = 20.0  # logits scaled (x >= 1) until the smallest probe margin is this
-    min_sampled_prob: float = 0.9999  # each probe's scripted reply, sampled at temperature 1
-    num_threads: int = 1
-
-    def __post_init__(self) -> None:
-        positive = ("vocab_size", "tokenizer_conversations", "hidden_size", "intermediate_size",
-                    "num_layers", "num_heads", "num_kv_heads", "max_positions", "max_tokens",
-                    "train_conversations", "batch_size", "sft_steps", "round_steps", "max_rounds",
-                    "check_conversations", "num_threads")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ScriptedConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.max_tokens > self.max_positions:
-            raise ValueError("ScriptedConfig.max_tokens must be <= max_positions")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError("ScriptedConfig: hidden_size % num_heads and num_heads % num_kv_heads must be 0")
-        if not 0 <= self.warmup_steps < self.sft_steps:
-            raise ValueError("ScriptedConfig.warmup_steps must be in [0, sft_steps)")
-        if not 0 < self.lr < 1 or self.min_margin <= 0 or not 0 < self.min_held_out <= 1:
-            raise ValueError("ScriptedConfig.lr must be in (0, 1), min_margin > 0, min_held_out in (0, 1]")
-        if self.sharpen_to < self.min_margin or not 0 < self.min_sampled_prob < 1:
-            raise ValueError("ScriptedConfig.sharpen_to must be >= min_margin, min_sampled_prob in (0, 1)")
 
 
 def scripted_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
@@ -350,7 +302,7 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     from tqdm import tqdm
     from transformers import GenerationConfig
 
-    from areal.embedded import BUILD_INFO
+    from areal.embedded.config import BUILD_INFO
     from areal.embedded.build import make_batches, make_model, render_plain, sft_step, tokenize_conversations
     from areal.embedded.corpus import make_sft_conversations
     from areal.embedded.tokenizer import train_tokenizer
@@ -435,26 +387,3 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
         "probes": len(probes), "held_out": len(cases), "build_seconds": time.monotonic() - t0,
     }
     (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2))  # written last: marks complete
-
-
-def main() -> None:
-    from areal.embedded import ensure_scripted_model, read_build_info
-
-    parser = argparse.ArgumentParser(description="Build (if needed) the scripted test model.")
-    parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
-    parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
-    args = parser.parse_args()
-    path = ensure_scripted_model(args.cache_dir, progress=not args.quiet, force=args.force)
-    info = read_build_info(path)
-    last = info["rounds"][-1]
-    print(f"scripted model: {path}")
-    print(f"  {info['parameters']:,} parameters, built in {info['build_seconds']:.1f} s, {last['steps']} SFT steps")
-    print(f"  {info['probes']} SDK-shaped probes: the scripted reply leads everywhere by >= {info['probe_min_margin']:.2f} logits")
-    print(f"  {info['held_out']} held-out random conversations: {info['held_out_exact']:.1%} answered exactly")
-    print(f"  logits sharpened x{info['sharpen']:.2f}: sampled at temperature 1, every probe's scripted reply "
-          f"has probability >= 1 - {1 - info['probe_min_sampled_prob']:.1e}")
-
-
-if __name__ == "__main__":
-    main()

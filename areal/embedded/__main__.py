@@ -1,0 +1,67 @@
+"""``python -m areal.embedded [--with-scripted]``: build (if not cached) the embedded default
+model, and with ``--with-scripted`` the scripted test model alongside, in a second process (one
+torch thread each); print what each build measured. ``--scripted-only`` builds just the latter."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from areal.embedded import ensure_embedded_model, ensure_scripted_model, read_build_info
+
+
+def _format_acc(acc: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.3f}" for k, v in acc.items())
+
+
+def _report_default(path: str) -> None:
+    info = read_build_info(path)
+    print(f"path:        {path}")
+    print(f"parameters:  {info['parameters']:,}  (vocab {info['vocab_size']})")
+    print(f"build time:  {info['build_seconds']:.1f} s (SFT+save {info['train_seconds']:.1f} s)")
+    print(f"final loss:  {info['final_loss']:.3f}")
+    print(f"held-out accuracy on make_problems('test', {info['config']['eval_problems']}):")
+    print(f"  greedy       {_format_acc(info['greedy'])}")
+    print(f"  sampled T=1  {_format_acc(info['sampled_t1'])}")
+
+
+def _report_scripted(path: str) -> None:
+    info = read_build_info(path)
+    last = info["rounds"][-1]
+    print(f"scripted model: {path}")
+    print(f"  {info['parameters']:,} parameters, built in {info['build_seconds']:.1f} s, {last['steps']} SFT steps")
+    print(f"  {info['probes']} SDK-shaped probes: the scripted reply leads everywhere by >= {info['probe_min_margin']:.2f} logits")
+    print(f"  {info['held_out']} held-out random conversations: {info['held_out_exact']:.1%} answered exactly")
+    print(f"  logits sharpened x{info['sharpen']:.2f}: sampled at temperature 1, every probe's scripted reply "
+          f"has probability >= 1 - {1 - info['probe_min_sampled_prob']:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build (if needed) the embedded default model.")
+    parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
+    parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
+    parser.add_argument("--with-scripted", action="store_true",
+                        help="also build the scripted test model, in a second process alongside")
+    parser.add_argument("--scripted-only", action="store_true", help="build only the scripted test model")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    args = parser.parse_args()
+    if args.scripted_only:
+        _report_scripted(str(ensure_scripted_model(args.cache_dir, progress=not args.quiet, force=args.force)))
+        return
+    scripted = None
+    if args.with_scripted:
+        # quiet: one progress bar on the terminal (this build's); it prints its summary when done
+        cmd = [sys.executable, "-m", "areal.embedded", "--scripted-only", "--quiet"]
+        cmd += (["--cache-dir", args.cache_dir] if args.cache_dir else []) + (["--force"] if args.force else [])
+        scripted = subprocess.Popen(cmd)
+    try:
+        path = ensure_embedded_model(args.cache_dir, progress=not args.quiet, force=args.force)
+    finally:
+        if scripted is not None and scripted.wait() != 0:
+            raise SystemExit(f"the scripted test model's build failed (exit status {scripted.returncode})")
+    _report_default(str(path))
+
+
+if __name__ == "__main__":
+    main()
