@@ -66,6 +66,18 @@ def load_agent(spec: str) -> AgentRun:
     return agent_run(obj, f"agent spec {spec!r}")
 
 
+def load_reward_fn(spec: str) -> Callable[..., float]:
+    """The reward function named by ``spec`` (``MODULE:ATTR`` or ``file.py:name``), called as AReaL
+    calls one: ``fn(prompt, completions, prompt_ids, completion_ids, **row)`` -> a number."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"reward must be MODULE:ATTR or file.py:name, got {spec!r}")
+    fn = getattr(_load_module(target), attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r}: {target} has no function {attr!r}")
+    return fn
+
+
 def agent_run(obj: Any, what: str = "agent") -> AgentRun:
     """The async ``run`` of an agent object (or the async function itself), called with only the
     keyword arguments it declares.
@@ -147,8 +159,10 @@ _NAMED = 5  # bad entries quoted in one error message; the rest are counted
 
 def outcome_from_result(episode_id: str, result: Any, wall_s: float = 0.0) -> EpisodeOutcome:
     """Map ``run()``'s return value: a number is the episode reward, a dict maps completion ids
-    to rewards. Anything else, a non-finite number, or a dict with a non-string key or a value that
-    is not a finite number, is an error outcome naming the bad entries (not trained on).
+    to rewards, ``None`` leaves the reward to the gateway (``set_reward``) or to the run's
+    ``reward`` function (the controller checks that one of them gave it). Anything else, a
+    non-finite number, or a dict with a non-string key or a value that is not a finite number,
+    is an error outcome naming the bad entries (not trained on).
 
     Whether the ids are this episode's and the rewards within ``rollout.reward_range`` is checked
     by the controller (``check_episode_rewards``), which alone knows both."""
@@ -170,7 +184,9 @@ def outcome_from_result(episode_id: str, result: Any, wall_s: float = 0.0) -> Ep
         if why := _reward_problem(result, *FLOAT_RANGE):
             return error(f"run() returned the reward {_quote(result)} ({why})")
         return EpisodeOutcome(episode_id, "ok", reward=float(result), wall_s=wall_s)
-    return error(f"run() returned {_quote(result)} of type {type(result).__name__}; expected a float or a {{completion_id: reward}} dict")
+    if result is None:
+        return EpisodeOutcome(episode_id, "ok", wall_s=wall_s)
+    return error(f"run() returned {_quote(result)} of type {type(result).__name__}; expected a float, a {{completion_id: reward}} dict or None")
 
 
 def check_episode_rewards(outcome: EpisodeOutcome, recorded: Mapping[str, float | None],

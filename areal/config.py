@@ -108,13 +108,23 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
-    train_size: int = 4000  # problems drawn from the embedded task's train split
-    eval_size: int = 500  # held-out problems scored before and after training (0 = skip)
+    # Your data: a .jsonl / .json / .parquet file, a folder of <split>.jsonl|json|parquet, or an HF
+    # `datasets` save_to_disk folder (areal/dataset.py). Empty: the embedded arithmetic task.
+    train: str = ""
+    eval: str = ""  # held-out rows scored before and after training (empty with `train` set: none)
+    train_split: str = "train"  # the split taken from a folder (a DatasetDict's, or <split>.jsonl)
+    eval_split: str = "test"
+    prompt_key: str = ""  # the column holding the prompt or messages; empty: messages|question|prompt
+    answer_key: str = "answer"  # the column holding the reference answer (the reward's `answer`)
+    train_size: int = 4000  # embedded task: problems drawn from its train split
+    eval_size: int = 500  # embedded task: held-out problems scored before and after training (0 = skip)
     eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
 
     def __post_init__(self) -> None:
         if self.train_size < 1 or self.eval_size < 0 or self.eval_samples < 1:
             raise ValueError("data.train_size and data.eval_samples must be >= 1, data.eval_size >= 0")
+        if self.eval and not self.train:
+            raise ValueError("data.eval needs data.train (the embedded task has its own held-out split)")
 
 
 @dataclass
@@ -123,6 +133,9 @@ class TrainConfig:
     seed: int = 1
     ring_capacity_mb: int = 64
     save_trajectories: bool = False  # also append every trajectory put into the ring to <run_dir>/trajectories.bin
+    # MODULE:ATTR or file.py:name of a reward function with AReaL's signature, fn(prompt, completions,
+    # prompt_ids, completion_ids, **row) -> float, scoring an episode whose agent returned no reward.
+    reward: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)

@@ -49,10 +49,10 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import EpisodeRunner, agent_object_spec, agent_run, check_episode_rewards, load_agent, outcome_from_exception, outcome_from_result
+from areal.agent import EpisodeRunner, agent_object_spec, agent_run, check_episode_rewards, load_agent, load_reward_fn, outcome_from_exception, outcome_from_result
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
-from areal.dataset import normalize_row
+from areal.dataset import load_rows, normalize_row
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
@@ -190,8 +190,14 @@ class Controller:
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         if dataset is not None and not dataset:
             raise ValueError("dataset is empty: give at least one {question|messages, answer} row")
+        d = config.data
+        if dataset is None and d.train:  # data.train: the user's file or folder (areal/dataset.py)
+            dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key)
+            if eval_dataset is None and d.eval:
+                eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
         self.dataset = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
         self.eval_dataset = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
+        self.reward_fn = load_reward_fn(config.reward) if config.reward else None
         self.agent_spec = config.rollout.agent  # what the zygote imports in subproc mode
         if self.workflow_kind == "agent" and config.rollout.openai.mode == "subproc":
             self.agent_spec = agent_object_spec(agent)
@@ -263,6 +269,7 @@ class Controller:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            self.tokenizer = tokenizer
             urls = cfg.engine.urls
             if cfg.engine.kind == "embedded":
                 fleet = EngineFleet(model_dir, cfg.engine.replicas, self.run_dir, threads=cfg.engine.threads,
@@ -303,9 +310,12 @@ class Controller:
 
             if self.eval_dataset is not None:
                 eval_set = self.eval_dataset
+            elif self.dataset is not None:  # the user's data without a held-out split: nothing to score
+                eval_set = []
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
+            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples,
+                                           reward_fn=self.reward_fn) if eval_set else None
             if eval_before:
                 tqdm.write(f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)")
 
@@ -323,7 +333,8 @@ class Controller:
                 await self._wait()
             if self.failure:
                 raise RunFailed(self._with_engine_death(self.failure))
-            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples) if eval_set else None
+            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples,
+                                        reward_fn=self.reward_fn) if eval_set else None
             return self._finish(eval_before, eval_after)
 
     async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
@@ -568,12 +579,36 @@ class Controller:
             gateway.close_session(key)
             raise
         session = gateway.close_session(key)
+        if outcome.status == "ok" and outcome.reward is None and not outcome.rewards_by_id:
+            if self.reward_fn is not None:
+                outcome = await self._score(outcome, session, problem)
+            elif all(i.reward is None for i in session.interactions.values()):
+                outcome = msgspec.structs.replace(outcome, status="error", error=(
+                    "run() returned None and gave no reward through the gateway (set_reward), and the run has no "
+                    "reward function (reward=MODULE:ATTR): nothing to train on"))
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
         outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()},
                                         self.config.rollout.reward_range)
         self.window.append(outcome)
         return outcome, session
+
+    async def _score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
+        """The configured reward function's score of the episode's last reply (the agent returned
+        none), AReaL's way: ``fn(prompt, completions, prompt_ids, completion_ids, **row)``. A
+        function that raises, or returns no number, makes it the episode's error, naming it."""
+        last = next(reversed(session.interactions.values()), None)
+        if last is None:
+            return outcome
+        decode = self.tokenizer.decode
+        args = (decode(last.prompt_ids), decode(last.output_ids, skip_special_tokens=True), last.prompt_ids, last.output_ids)
+        extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
+        try:
+            value = await asyncio.to_thread(self.reward_fn, *args, **extra)
+            reward = float(value)
+        except Exception as e:  # the user's function failed on this episode: the episode's error, not the run's
+            return msgspec.structs.replace(outcome, status="error", error=f"reward function {self.config.reward} failed: {e!r}")
+        return msgspec.structs.replace(outcome, reward=reward)
 
     def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str) -> None:
         inters = list(s.interactions.values())

@@ -11,9 +11,12 @@ Sources (``dataset_config.path``):
 - ``"embedded"``: the built-in arithmetic word problems (``areal.embedded.corpus``), train/test
   splits that never share a question. The result is an ``EmbeddedDataset`` (a list) that
   remembers split, size and seed, so the trainer can hand the controller its own task.
-- a ``.jsonl`` / ``.json`` file, or a directory holding ``<split>.jsonl``: rows with ``messages``,
-  ``question`` or ``prompt``, and ``answer`` (GSM8K's raw rows work as they are).
-Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split as JSONL.
+- a ``.jsonl`` / ``.json`` / ``.parquet`` file, a directory holding ``<split>.jsonl`` (or
+  ``.json`` / ``.parquet``), or an HF ``datasets`` folder (``save_to_disk`` of a ``Dataset`` or of
+  a ``DatasetDict``, whose ``split`` is taken): rows with ``messages``, ``question`` or
+  ``prompt``, and ``answer`` (GSM8K's raw rows work as they are), or other columns named by a
+  field mapping (``load_rows(prompt_key=..., answer_key=...)``; the main CLI's ``data.*``).
+Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split to disk.
 """
 
 from __future__ import annotations
@@ -51,14 +54,76 @@ def get_custom_dataset(split: str, dataset_config: DatasetConfig, tokenizer: Any
         n = dataset_config.size if dataset_config.size is not None else DEFAULT_SIZES[kind]
         rows = [normalize_row(r, i) for i, r in enumerate(make_problems(kind, n, seed=seed))]
         return EmbeddedDataset(_filter_length(rows, dataset_config, tokenizer), kind, seed)
-    file = _data_file(Path(path), split, kind)
-    rows = [normalize_row(r, i) for i, r in enumerate(_read_rows(file))]
+    file = Path(path) if _is_hf_folder(Path(path)) else _data_file(Path(path), split, kind)
+    rows = load_rows(str(file), split)
     if dataset_config.size is not None:
         rows = rows[: dataset_config.size]
     rows = _filter_length(rows, dataset_config, tokenizer)
     if not rows:
         raise ValueError(f"dataset {file} ({split}) has no rows left")
     return rows
+
+
+def load_rows(path: str, split: str = "train", prompt_key: str = "", answer_key: str = "answer") -> list[dict[str, Any]]:
+    """Every row of a data file or folder (module docstring), in the common shape.
+
+    ``prompt_key``: the column holding the prompt (a string) or the conversation (a list of
+    ``{role, content}``); empty: ``messages``, else ``question``, else ``prompt``. ``answer_key``:
+    the column holding the reference answer. Other columns stay in each row (the agent's ``data``
+    and the reward function's keyword arguments). Errors name the file and the row.
+    """
+    source = Path(path)
+    if _is_hf_folder(source):
+        raw = _read_hf_folder(source, split)
+    elif source.is_dir():
+        raw = _read_rows(_data_file(source, split, split))
+    elif source.is_file():
+        raw = _read_rows(source)
+    else:
+        _data_file(source, split, split)  # raises, naming what is wrong
+        raw = []
+    rows = []
+    for i, row in enumerate(raw):
+        if isinstance(row, dict) and (prompt_key or answer_key != "answer"):
+            row = _map_fields(row, i, prompt_key, answer_key, path)
+        try:
+            rows.append(normalize_row(row, i))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    if not rows:
+        raise ValueError(f"dataset {path} ({split}) has no rows")
+    return rows
+
+
+def _map_fields(row: dict[str, Any], index: int, prompt_key: str, answer_key: str, path: str) -> dict[str, Any]:
+    out = dict(row)
+    if prompt_key:
+        if prompt_key not in row:
+            raise ValueError(f"{path}: row {index} has no column {prompt_key!r} (data.prompt_key); columns: {sorted(row)}")
+        value = out.pop(prompt_key)
+        out.pop("messages", None)
+        out["messages" if isinstance(value, list) else "question"] = value
+    if answer_key != "answer":
+        if answer_key not in row:
+            raise ValueError(f"{path}: row {index} has no column {answer_key!r} (data.answer_key); columns: {sorted(row)}")
+        out["answer"] = out.pop(answer_key)
+    return out
+
+
+def _is_hf_folder(path: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+
+
+def _read_hf_folder(path: Path, split: str) -> list[dict[str, Any]]:
+    from datasets import DatasetDict, load_from_disk  # deferred: pyarrow is heavy, and only this path needs it
+
+    data = load_from_disk(str(path))
+    if isinstance(data, DatasetDict):
+        if split not in data:
+            raise ValueError(f"dataset folder {path} has splits {sorted(data)}, not {split!r}")
+        data = data[split]
+    return data.to_list()
 
 
 def normalize_row(row: dict[str, Any], index: int) -> dict[str, Any]:
@@ -84,7 +149,7 @@ def normalize_row(row: dict[str, Any], index: int) -> dict[str, Any]:
 
 def _data_file(path: Path, split: str, kind: str) -> Path:
     if path.is_dir():
-        for name in (f"{split}.jsonl", f"{kind}.jsonl", f"{split}.json", f"{kind}.json"):
+        for name in (f"{split}.jsonl", f"{kind}.jsonl", f"{split}.json", f"{kind}.json", f"{split}.parquet", f"{kind}.parquet"):
             if (path / name).is_file():
                 return path / name
         raise FileNotFoundError(f"dataset directory {path} has no {split}.jsonl")
@@ -97,13 +162,26 @@ def _data_file(path: Path, split: str, kind: str) -> Path:
 
 
 def _read_rows(file: Path) -> list[dict[str, Any]]:
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq  # deferred: only parquet needs it
+
+        return pq.read_table(file).to_pylist()
+    if file.suffix not in (".json", ".jsonl"):
+        raise ValueError(f"dataset file {file}: use .jsonl, .json or .parquet, or a `datasets` save_to_disk folder")
     text = file.read_text()
     if file.suffix == ".json":
         data = json.loads(text)
         if not isinstance(data, list):
             raise ValueError(f"{file} must hold a JSON list of rows")
         return data
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{file}, line {n}: not JSON ({e})") from None
+    return rows
 
 
 def _filter_length(rows: list[dict[str, Any]], cfg: DatasetConfig, tokenizer: Any) -> list[dict[str, Any]]:

@@ -9,28 +9,38 @@ so a run's summary can say whether the rise is more than noise.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from areal.embedded.corpus import math_reward
-from areal.engine.client import EngineClient
+from areal.engine.interface import InferenceEngine
 
 
 async def evaluate(
-    engine: EngineClient, tokenizer: Any, problems: list[dict], temperature: float, samples: int = 4, max_tokens: int = 64
+    engine: InferenceEngine, tokenizer: Any, problems: list[dict], temperature: float, samples: int = 4, max_tokens: int = 64,
+    reward_fn: Callable[..., float] | None = None,
 ) -> dict[str, Any]:
-    """Accuracy on ``problems`` (rows with question/answer): ``samples`` seeded draws at the
-    training temperature per problem, plus one greedy answer. Per-problem scores are kept so a
-    later evaluation of the same problems can be compared pairwise."""
-    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    """Accuracy on ``problems`` (rows with messages/answer): ``samples`` seeded draws at the
+    training temperature per problem, plus one greedy answer, each a single reply to the row's
+    messages scored by ``reward_fn`` (AReaL's signature; default: the embedded task's answer
+    check). Per-problem scores are kept so a later evaluation of the same problems can be
+    compared pairwise."""
+    stop = sorted({t for t in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
+                   if isinstance(t, int) and t != tokenizer.unk_token_id})
 
     async def score(problem: dict, temp: float, seed: int) -> float:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": problem["question"]}], tokenize=False, add_generation_prompt=True)
+        messages = problem.get("messages") or [{"role": "user", "content": problem["question"]}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
         params = {"max_new_tokens": max_tokens, "temperature": temp, "stop_token_ids": stop, "sampling_seed": seed}
         result = await engine.generate(ids, params, return_logprob=False)
-        return math_reward(tokenizer.decode(result.output_ids, skip_special_tokens=True), problem["answer"])
+        completion = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        if reward_fn is None:
+            return math_reward(completion, problem["answer"])
+        row = {k: v for k, v in problem.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
+        return float(await asyncio.to_thread(reward_fn, text, completion, ids, list(result.output_ids), **row))
 
     sampled = await asyncio.gather(*(score(p, temperature, i * samples + j) for i, p in enumerate(problems) for j in range(samples)))
     greedy = await asyncio.gather(*(score(p, 0.0, i) for i, p in enumerate(problems)))

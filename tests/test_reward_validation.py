@@ -71,7 +71,6 @@ def _mapped(result: object, recorded: dict | None = None) -> EpisodeOutcome:
     (1e300, ["1e+300", "outside [-10000, 10000]"]),
     pytest.param(10**400, ["outside"], id="int-10**400"),  # no float holds it (an exec agent's JSON may carry one)
     (True, ["True", "bool"]),
-    (None, ["None", "NoneType"]),
     ("1.0", ["'1.0'", "str"]),
     ([1.0], ["[1.0]", "list"]),
 ])
@@ -248,3 +247,11 @@ def test_a_run_with_lying_episodes_goes_on_and_logs_strict_json(tmp_path):
     for name in ("metrics.jsonl", "trainer_metrics.jsonl"):
         rows = [_strict(line) for line in (run_dir / name).read_text().splitlines()]
         assert [r["step"] for r in rows] == [1] and math.isfinite(rows[0]["loss"])
+
+
+def test_none_leaves_the_reward_to_the_gateway_or_the_reward_function():
+    """``run()`` returning None is no reward of its own: the controller then takes the rewards set
+    through the gateway, else the run's ``reward`` function, else makes it the episode's error
+    (tests/test_user_data.py runs the last two)."""
+    o = _mapped(None)
+    assert (o.status, o.reward, o.rewards_by_id) == ("ok", None, {})
