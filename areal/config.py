@@ -1,6 +1,6 @@
 """Typed configuration of one training run.
 
-Hydra composes `conf/*.yaml` at the entry point (`areal/train.py`) against this schema (registered
+Hydra composes `areal/conf/*.yaml` at the entry point (`areal/train.py`) against this schema (registered
 with Hydra's ConfigStore, so an unknown key or a value of the wrong type fails at composition),
 and converts the result at once into these dataclasses (`OmegaConf.to_object`). Library code
 never sees a DictConfig. Each dataclass validates itself in ``__post_init__``. Components with a

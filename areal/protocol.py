@@ -308,8 +308,8 @@ def encode_trajectory(traj: Trajectory) -> bytes:
 class RecordParts(list):
     """Buffers whose concatenation is one record, and their total byte length ``nbytes``.
 
-    ``RingWriter.put_parts`` takes ``nbytes`` instead of measuring every part again (~0.7 us of
-    a ~10 us budget per 8k record); it still checks after copying that exactly that many bytes
+    ``RingWriter.put_parts`` takes ``nbytes`` instead of measuring every part again (a visible
+    share of the per-record budget); it still checks after copying that exactly that many bytes
     were written, before it publishes anything."""
 
     __slots__ = ("nbytes",)
@@ -323,8 +323,8 @@ def encode_trajectory_parts(traj: Trajectory) -> RecordParts:
     facts of msgpack: an array is its header followed by its elements' encodings, and ``bin``
     is a header followed by the raw bytes; msgspec writes the smallest header for each, as here
     (a test pins ``b"".join(parts) == encode_trajectory(traj)``). Buffers under 256 bytes are
-    copied into the neighbouring part. ~2 us for an 8k record, most of it five msgspec calls
-    and the loop (merging the trailing small buffers into one call measured slower).
+    copied into the neighbouring part. Its cost is the msgspec calls and the loop, not the token
+    count (merging the trailing small buffers into one call was slower).
     """
     values = _astuple(traj)
     # Bytes not yet emitted (headers and small buffers, merged): the struct's array header, then
@@ -357,7 +357,8 @@ def split_trajectory(traj: Trajectory) -> tuple[tuple, bytes, bytes]:
     For a writer that emits the record's framing itself (``areal.ring._ringcopy.Writer.put_struct``):
     the record is the array header of ``len(values)``, ``head`` without its fixarray header,
     each bulk buffer as msgpack ``bin``, then ``tail`` without its header; exactly
-    ``encode_trajectory(traj)`` (a test pins it). ~0.6 us for any record size.
+    ``encode_trajectory(traj)`` (a test pins it). Its cost does not grow with the record: the bulk
+    buffers are not touched.
     """
     values = _astuple(traj)
     return values, _encode(values[:_HEAD]), _encode(values[_BULK:])

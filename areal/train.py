@@ -1,6 +1,6 @@
 """Entry point: `python -m areal.train [key=value ...]` (Hydra; `-m` for sweeps).
 
-Composes `conf/config.yaml` over the `TrainConfig` schema (registered with Hydra's ConfigStore:
+Composes `areal/conf/config.yaml` over the `TrainConfig` schema (registered with Hydra's ConfigStore:
 an unknown key or a wrong type fails at composition, and `--cfg job` prints every key), converts
 it at once into the typed `TrainConfig` (`OmegaConf.to_object`), saves the resolved
 config as JSON in the run directory, and runs the loop of `areal.controller`. In a multirun
@@ -33,7 +33,7 @@ from areal.utils.aio import run as run_loop
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base=None)
+@hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> dict:
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, TrainConfig)

@@ -1,6 +1,6 @@
-"""Regenerate the README's performance section from a benchmark report.
+"""Regenerate the headline table of benchmarks/README.md from a benchmark report.
 
-    python -m benchmarks.readme [--results benchmarks/results/latest] [--readme README.md]
+    python -m benchmarks.readme [--results benchmarks/results/latest] [--readme benchmarks/README.md]
 
 Replaces the text between the markers ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` with a
 summary built from ``results.json``: where, when and how it ran (machine, date, command, mode),
@@ -68,7 +68,7 @@ def replace_block(text: str, block: str) -> str:
 
 
 def update_readme(readme: Path, results_path: Path) -> bool:
-    """Rewrite ``readme``'s performance block from ``results_path``; True when the text changed."""
+    """Rewrite ``readme``'s headline block from ``results_path``; True when the text changed."""
     old = readme.read_text()
     new = replace_block(old, summary_markdown(load(results_path)))
     if new == old:
@@ -82,10 +82,10 @@ def update_readme(readme: Path, results_path: Path) -> bool:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "latest"), help="results.json or its directory")
-    ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    ap.add_argument("--readme", default=str(ROOT / "benchmarks" / "README.md"), help="the file holding the markers")
     args = ap.parse_args(argv)
     changed = update_readme(Path(args.readme), Path(args.results))
-    print(f"{args.readme}: {'performance section updated' if changed else 'already up to date'}")
+    print(f"{args.readme}: {'headline table updated' if changed else 'already up to date'}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ A row may also carry ``"note"`` (how the figure was derived, printed under its t
 
 ``HEADLINES`` names the figures that stand for each path of issue 9 and the targets the issues
 set; ``headline_rows`` evaluates them against a run (met / missed / absent / not measured). The
-report starts with that table, and ``benchmarks/readme.py`` puts the same table in the README.
+report starts with that table, and ``benchmarks/readme.py`` puts the same table in benchmarks/README.md.
 
 Invariants: a figure is identified by (benchmark, metric, baseline), because one measured value
 may be shown against several baselines; the ratio is always value / baseline_value (the unit of
@@ -205,7 +205,7 @@ def headline_rows(figures: list[dict[str, Any]], headlines: tuple[Headline, ...]
 
 
 def headline_table(figures: list[dict[str, Any]], benchmarks: set[str] | None = None) -> list[str]:
-    """Markdown table of the headline figures (the README block and the top of report.md);
+    """Markdown table of the headline figures (the block in benchmarks/README.md and the top of report.md);
     ``benchmarks``: only the headlines of these paths (those a run selected), default all."""
     headlines = tuple(h for h in HEADLINES if benchmarks is None or h.benchmark in benchmarks)
     lines = ["| path | value | unit | baseline | baseline value | ratio [min–max] | target | verdict |",

@@ -339,3 +339,27 @@ def test_qwen_cache_folder_loads_with_autotokenizer(qwen):
     again = AutoTokenizer.from_pretrained(str(folder))
     assert again.encode("<tool_call>x</tool_call>", add_special_tokens=False) == [151657, 87, 151658]
     assert again.chat_template == qwen.chat_template
+
+
+@pytest.mark.parametrize("given,tool", [("qwen", "qwen25"), ("qwen25", "qwen25"), ("qwen3", "hermes"), ("hermes", "hermes"),
+                                        ("llama3_json", "llama3"), ("deepseek_v3", "deepseekv3"), (None, None)])
+def test_tool_parser_names_accept_sglang_and_vllm_spellings(given, tool):
+    from areal.gateway.parsers import tool_parser_name
+
+    assert tool_parser_name(given) == tool
+
+
+@pytest.mark.parametrize("given", ["qwen3", "deepseek-r1", "deepseek_r1", "think"])
+def test_reasoning_parser_names_accept_sglang_and_vllm_spellings(given):
+    from areal.gateway.parsers import reasoning_parser_name
+
+    assert reasoning_parser_name(given) == "think"
+
+
+def test_parser_names_not_parsed_yet_or_unknown_are_refused_naming_them():
+    from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
+
+    with pytest.raises(ValueError, match="Qwen3-Coder's XML tool calls are not parsed by this gateway yet"):
+        tool_parser_name("qwen3_coder")
+    with pytest.raises(ValueError, match="gateway.reasoning_parser must be one of think .* got 'bogus'"):
+        reasoning_parser_name("bogus")

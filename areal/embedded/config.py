@@ -20,10 +20,10 @@ class EmbeddedConfig:
     """Everything that determines the built model (all of it enters the cache key)."""
 
     seed: int = 0
-    vocab_size: int = 8192  # BPE target; the synthetic corpus supports fewer pieces (see report)
+    vocab_size: int = 8192  # BPE target; the synthetic corpus supports fewer merges, so the real size is smaller
     tokenizer_conversations: int = 20_000  # corpus sample the BPE is trained on
-    # Sized for the 2-core budget: at batch 16 a 128x3 model learns faster per second than
-    # 192x4 (measured: same held-out accuracy after 24k samples at half the step time).
+    # Sized for two CPU cores: at batch 16 a 128x3 model learns faster per second than 192x4
+    # (the same held-out accuracy after the same samples, in about half the step time).
     hidden_size: int = 128
     intermediate_size: int = 384
     num_layers: int = 3
@@ -31,7 +31,7 @@ class EmbeddedConfig:
     num_kv_heads: int = 2
     max_positions: int = 512
     sft_conversations: int = 32_000  # distinct training conversations (each seen once)
-    sft_steps: int = 2500  # 2000: 18 % sampled, too few informative GRPO groups; 3000: 50 %
+    sft_steps: int = 2500  # fewer leave too few GRPO groups that mix right and wrong answers (benchmarks/README.md)
     batch_size: int = 16  # small batches: early training is far below the critical batch size
     lr: float = 1e-3
     warmup_steps: int = 100
@@ -40,9 +40,9 @@ class EmbeddedConfig:
     retry_share: float = 0.06  # wrong answer, user complaint, corrected answer
     prompt_loss: bool = True  # also train on non-assistant tokens (see build.tokenize_conversations)
     eval_problems: int = 200  # held-out test problems evaluated at the end of the build
-    # One torch thread: on 2 idle cores a second thread buys 1.5x, but two spin-waiting threads
-    # lose 3-4x (and far more under heavier load) when another process keeps a core busy, while
-    # one thread keeps its speed (benchmarks/build.py measures both, same run).
+    # One torch thread: a second thread speeds the build on idle cores, but two spin-waiting
+    # threads slow down several times over when another process keeps a core busy, while one
+    # thread keeps its speed (benchmarks/build.py measures both, same run).
     num_threads: int = 1
 
     def __post_init__(self) -> None:

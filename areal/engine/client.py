@@ -1,7 +1,8 @@
 """Client for SGLang's native HTTP API, and the launcher of the embedded CPU engine.
 
 One client serves both back ends: a real SGLang server on GPUs and ``areal.engine.server`` on
-CPU speak the same protocol (facts in shared/notes/sglang_api.md). This module imports no torch,
+CPU speak the same protocol (tests/test_sglang_protocol.py pins its shapes, and runs against a
+real server when ``AREAL_SGLANG_URL`` is set). This module imports no torch,
 so the gateway and controller stay light.
 
 Invariants:
@@ -9,12 +10,13 @@ Invariants:
   later awaited from a different loop (a connection is bound to its loop).
 - Non-streamed requests (``/generate`` and the control routes) go over ``_Http1Pool``: persistent
   HTTP/1.1 keep-alive connections on raw asyncio protocols, bodies encoded with msgspec. aiohttp's
-  client spent ~150 µs of CPU per call on machinery a fixed JSON POST does not need; this costs
-  ~40 µs. Streams (SSE, chunked) stay on aiohttp. A request on a reused connection that the server
+  client spends most of its CPU per call on machinery a fixed JSON POST does not need (cookies,
+  middleware, header objects), and this client is on every gateway call; streams (SSE, chunked)
+  stay on aiohttp. A request on a reused connection that the server
   had closed while idle (no byte of an answer received) is retried once on a fresh connection.
 - ``generate`` is one plain coroutine per call (no async generators), with one watchdog timer per
   pool instead of a timer per request, and rids from a per-client random prefix + counter (no
-  system call): together ~20% less CPU per call against an instant engine than before.
+  system call): each removes work done once per call.
 - Errors are typed: an HTTP error answer raises ``EngineError(status, message)`` with the
   server's own message; no answer at all (refused, reset, timed out) raises ``EngineUnavailable``.
 - ``launch_embedded_engine`` runs the server as a real subprocess in its own session (process
@@ -380,7 +382,7 @@ class EngineClient:
         """One generation. An abort the caller did not ask for (a pause around a weight update)
         is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced.
 
-        One plain coroutine per call (no async generators: they cost ~10 µs a call in hooks and
+        One plain coroutine per call (no async generators: each call would pay their hooks and
         frames); the resubmission rules are shared with ``generate_stream`` (``_segment``, ``_settle``).
         """
         rid = rid if rid is not None else self._new_rid()

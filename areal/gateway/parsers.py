@@ -54,6 +54,40 @@ import msgspec
 
 TOOL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "llama3", "mistral", "deepseekv3")
 REASONING_PARSERS: tuple[str, ...] = ("think",)  # <think>...</think> (Qwen3/DeepSeek-R1 style)
+# The names SGLang's and vLLM's servers use for the same formats (--tool-call-parser,
+# --reasoning-parser), so that a config written for either works here unchanged.
+TOOL_PARSER_ALIASES: dict[str, str] = {
+    "qwen": "qwen25", "qwen2_5": "qwen25", "qwen3": "hermes", "llama3_json": "llama3", "llama4_json": "llama3",
+    "deepseek_v3": "deepseekv3", "deepseek-v3": "deepseekv3",
+}
+REASONING_PARSER_ALIASES: dict[str, str] = {
+    "qwen3": "think", "qwen3-thinking": "think", "qwen3_thinking": "think", "deepseek-r1": "think",
+    "deepseek_r1": "think", "deepseek-v3": "think", "deepseek_v3": "think",
+}
+# Formats those servers know and this gateway does not parse yet: named, so the error says so.
+_NOT_YET = {"qwen3_coder": "Qwen3-Coder's XML tool calls", "gpt-oss": "GPT-OSS harmony", "gpt_oss": "GPT-OSS harmony",
+            "openai": "GPT-OSS harmony", "pythonic": "pythonic tool calls", "kimi_k2": "Kimi K2 tool calls"}
+
+
+def tool_parser_name(name: str | None) -> str | None:
+    """This gateway's name for a tool-call parser given by SGLang's, vLLM's or its own name."""
+    return _parser_name(name, TOOL_PARSERS, TOOL_PARSER_ALIASES, "tool_parser")
+
+
+def reasoning_parser_name(name: str | None) -> str | None:
+    """This gateway's name for a reasoning parser given by SGLang's, vLLM's or its own name."""
+    return _parser_name(name, REASONING_PARSERS, REASONING_PARSER_ALIASES, "reasoning_parser")
+
+
+def _parser_name(name: str | None, known: tuple[str, ...], aliases: dict[str, str], field: str) -> str | None:
+    if name is None or name in known:
+        return name
+    if name in aliases:
+        return aliases[name]
+    if name in _NOT_YET:
+        raise ValueError(f"gateway.{field}={name!r}: {_NOT_YET[name]} are not parsed by this gateway yet")
+    raise ValueError(f"gateway.{field} must be one of {', '.join(known)} (or SGLang's / vLLM's names: "
+                     f"{', '.join(sorted(aliases))}) or None, got {name!r}")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 QWEN_OPEN, QWEN_CLOSE = "<tool_call>", "</tool_call>"

@@ -7,13 +7,14 @@ auto_commit=...)`` reads with ``.get()`` (a copy) or ``.get_view()`` (zero-copy,
 committed) and releases space with ``.commit(seq)``. ``reclaim_stale("areal-")`` at start-up
 removes the segments of crashed runs. The segment's byte layout, the record frame and its
 checksum (XXH3-64 over frame and payload) are in ``areal.ring.layout``; this module holds the
-two ends that share them (one module per boundary), the doorbell and the crash handling. (About
-720 lines, a seventh of them this docstring: the hot paths are inlined on purpose, see Hot path,
-the writer keeps a pure-Python twin of its C fast path, and splitting writer from reader would
-separate the two halves of one protocol.)
+two ends that share them (one module per boundary), the doorbell and the crash handling. (Past
+600 lines on purpose: the hot paths are inlined, see Hot path, the writer keeps a pure-Python
+twin of its C fast path, and splitting writer from reader would separate the two halves of one
+protocol.)
 
-The writer creates the segment under a temporary name, sizes it, pre-faults every page (first
-writes into fresh shared memory run at ~1.8 GB/s, warm ones at 7-11 GB/s), writes the header
+The writer creates the segment under a temporary name, sizes it, pre-faults every page (a first
+write into fresh shared memory takes a page fault, so the first lap would run far slower than
+the later ones), writes the header
 with the magic last, then links it to its final name, so a reader never sees a half-initialised
 segment.
 
@@ -43,7 +44,7 @@ everything after the last commit. The default ``auto_commit=True`` commits each 
 is handed out (at-least-once across reader crashes: a record copied but not yet committed
 comes again).
 
-Hot path (per 8k-token record, 106 KB, >100k records/s): each side caches the other side's
+Hot path (8k-token records of about 106 KB, at a target of over 100k records/s): each side caches the other side's
 position word (``_seen_commit``, ``_seen_write``) and re-reads the shared word only when the
 cached value no longer shows room or a record (positions only grow: a cached value is merely
 behind, never wrong, and every decision that could block re-reads the authoritative word).
@@ -53,24 +54,23 @@ arrays with each 1 KiB block hashed from the registers it was copied through (so
 went wrong is caught too), then the publish. ``put_trajectory`` also lets it emit the msgpack
 framing (array and ``bin`` headers) around the Trajectory's buffers, from two small msgspec
 encodings of the other fields. Python keeps the slow paths (waiting for room, the doorbell,
-errors). CPU per 8k record, in-process: ``put_trajectory`` ~4.3 us (``split_trajectory`` 0.45
-+ the C call ~3.9, of which copy + digest ~3.3); before, ``encode_trajectory_parts`` 2.0-2.6 +
-``put_parts`` ~5.7 with the C copy + digest alone. Without the extension (``native=False``, or
-no C compiler at install) the writer frames in Python (``encode_trajectory_parts``), copies with
-one ``mmap.write`` per part and hashes the record in place with ``xxhash``: ~9 us, same bytes,
+errors). Emitting the framing in C saves the Python-side framing of ``encode_trajectory_parts``
+and one pass over the parts. Without the extension (``native=False``, or no C compiler at
+install) the writer frames in Python (``encode_trajectory_parts``), copies with one
+``mmap.write`` per part and hashes the record in place with ``xxhash``: slower, same bytes,
 same digest. Frame words are loaded and stored through one u64 view of the whole mapping. The
-reader hashes the record in place before handing out a view (``get_view`` ~3.4 us, ~1.8 of it
-the digest; decode ~1.1). Each payload byte is written once and read once per side.
+reader hashes the record in place before handing out a view; most of ``get_view``'s cost is that
+digest. Each payload byte is written once and read once per side.
 Ring size matters as much as the code: in a ring that stays in the caches (a few MiB) the
 writer copies into cached lines; in a 16-64 MiB ring each lap goes out to DRAM and the copy
-costs ~2.5x as much (``benchmarks/ring.py`` measures both).
+costs several times as much (``benchmarks/ring.py`` measures both).
 
 Waiting: a waiting side spins for 100 us, calling ``sched_yield`` between re-checks, then
 sleeps 20 us doubling to 1 ms, re-reading the other side's word each time; every wait has a
 timeout, and the shared words decide. The spin is timed, not counted, and long enough to bridge
 the gap between two streamed records: a side that falls asleep between records makes its peer
-ring the doorbell (a ``sendto``, ~3 us) for every record, and measured on this machine a
-reader that spun 50 re-checks and slept cost the writer ~2x its busy CPU per 8k record.
+ring the doorbell (a ``sendto`` system call) for every record, which costs the peer about as much
+CPU as the record itself (a reader that spun a fixed count of re-checks did exactly that).
 Yielding keeps the spin cheap for other work on a shared core (CPU time is charged only while
 nothing else is runnable). A doorbell shortens the sleeps: before its first sleep a side binds
 a datagram socket in the abstract Unix namespace (autobound: unique, no file to clean up),

@@ -31,13 +31,12 @@ Record frame (layout version 4): three u64 words, then the payload zero-padded t
     kind = REC2 (a record) or WRAP (the rest of this lap is unused; continue at the next lap).
     When fewer than 24 bytes remain before the end of the lap, the wrap is implicit.
 
-Checksum choice (measured on this 2-core EPYC, 106 KB record, data in cache): zlib.crc32 costs
-~25 us, more than the whole transfer; a numpy u64 wrap-around sum (layout 3) ~2 us but ~1.4 us
-of that is the ufunc's fixed cost, and it misses permuted or cancelling words; XXH3-64 (the
-``xxhash`` package, whose wheel dispatches to AVX-512 here) costs ~0.15 us fixed + ~1.7 us per
-100 KB and is a real hash. Covering the
-frame's kind/length/seq words with the same call replaces layout 3's separate crc32 of the
-frame. Detected: a torn write (an unwritten or stale tail differs from what was hashed),
+Checksum choice: zlib.crc32 over a record costs more than the whole transfer; a numpy u64
+wrap-around sum (layout 3) is cheap per byte but pays a ufunc's fixed cost per call, and it
+misses permuted or cancelling words; XXH3-64 (the ``xxhash`` package, whose wheel uses the
+widest SIMD the CPU has) has a small fixed cost, runs near memory speed and is a real hash.
+Covering the frame's kind/length/seq words with the same call replaces layout 3's separate
+crc32 of the frame. Detected: a torn write (an unwritten or stale tail differs from what was hashed),
 truncation or a wrong length, a record overwritten by a later lap, any change of the frame or
 the payload, damaged padding. Not detected: a collision of a 64-bit hash (2**-64 per damaged
 record; the ring defends against crashes and bugs, not an adversary).
@@ -46,10 +45,10 @@ Native writer path: ``areal.ring._ringcopy`` (C, built by ``pip install -e .`` f
 hash in ``areal/ring/native/_xxh3.h``) runs the writer's whole fast path in one call (``Writer.put`` and
 ``Writer.put_struct``, see ``areal.ring.buffer``) and computes the same XXH3-64 while it copies
 (each 1 KiB block is hashed from the registers it was copied through, AVX2 where the CPU has
-it): ~3.3 us per 106 KB record against ~5.7 us for ``mmap.write`` + ``xxhash``. It writes the
-same bytes and the same digest (tests/test_ring_native.py), so either writer pairs with any
-reader. Hashing alone, the ``xxhash`` wheel is faster here (1.8 against 2.6 us per 106 KB),
-so the reader keeps it; the C kernel wins only because the copy rides along. ``NATIVE`` is
+it), so the record's bytes are read once instead of twice (``mmap.write``, then ``xxhash``). It
+writes the same bytes and the same digest (tests/test_ring_native.py), so either writer pairs
+with any reader. Hashing alone, the ``xxhash`` wheel is the faster of the two, so the reader
+keeps it; the C kernel wins only because the copy rides along (figures in benchmarks/README.md). ``NATIVE`` is
 the module, or None where it was not built (no C compiler) or was built
 from another layout (its ``LAYOUT`` differs from ``_NATIVE_LAYOUT``): then the ring uses the
 pure-Python path and one warning is logged at import.

@@ -1,6 +1,6 @@
 """The trainer's configuration, defined once, and the wiring one trainer process is started with.
 
-    conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
+    areal/conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
                                     │
     controller ─► TrainerJob(model_path, rings, engine_urls, report_addr, run_dir, ..., trainer)
                   └─ written as run_dir/trainer_config.json ─► python -m areal.trainer --config it

@@ -87,14 +87,15 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
     """Join the process group torchrun set up; returns the device. gloo on CPU, NCCL on GPUs.
 
-    One DDP rank needs no group; one FSDP2 rank gets a group of its own (on a loopback port when
-    not launched by torchrun), so that the sharded path is the same at every world size.
+    One DDP rank needs no group (but still its GPU, where there is one); one FSDP2 rank gets a
+    group of its own (on a loopback port when not launched by torchrun), so that the sharded path
+    is the same at every world size.
     """
-    if world == 1 and parallel == "ddp":
-        return "cpu"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if world == 1 and parallel == "ddp":
+        return device
     init = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank, world_size=world)
     return device
@@ -103,7 +104,7 @@ def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
 def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int = 1) -> Path:
     """Run the steps after the latest checkpoint (or all ``steps``); returns the final model dir."""
     config = job.trainer
-    from transformers import AutoModelForCausalLM  # imported here: 1 s, unneeded by config users
+    from transformers import AutoModelForCausalLM  # imported here: slow to import, unneeded by config users
 
     torch.set_num_threads(config.threads)
     torch.manual_seed(job.seed)
@@ -112,8 +113,8 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     weights_dir.mkdir(parents=True, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float32)
     model.eval()  # no dropout: trainer logprobs must match the engine's
-    # NCCL means GPUs (areal/trainer/rank.py _init_distributed); gloo and no group mean the CPU.
-    on_gpu = dist.is_initialized() and dist.get_backend() == "nccl"
+    # The GPU _init_distributed chose, where there is one (NCCL then joins the ranks), else the CPU.
+    on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     sharded = config.parallel == "fsdp2"
     full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding

@@ -1,11 +1,11 @@
 """The event loop this project's own processes run on: uvloop when it is installed, else asyncio's.
 
 The controller (with the gateway in it), the engine server and the benchmark's stand-ins call
-``run(main())`` instead of ``asyncio.run``. uvloop is libuv under the same asyncio API, and on
-the gateway's path (a ZMTP read, an HTTP write to the engine, its reply, the answer) it costs
-less per hop: on this project's 2-vCPU machines an echo over ``areal.zmtp`` measured 69-98 µs
-p50 on uvloop against 136 µs on asyncio's loop (``benchmarks/gateway.py``, transport floors), and
-a gateway on uvloop added 20-30 µs less per call than one on asyncio's, timed in turns.
+``run(main())`` instead of ``asyncio.run``. uvloop is libuv under the same asyncio API, and it
+costs less per loop wake-up; a gateway call wakes the loop several times (the ZeroMQ read, the
+HTTP write to the engine, its reply, the answer), so the saving adds up on every call
+(``benchmarks/gateway.py`` measures the gateway's added latency; earlier figures for the two
+loops are in benchmarks/README.md).
 
 ``AREAL_EVENT_LOOP=asyncio`` forces asyncio's loop (to rule uvloop out when debugging). No code
 depends on which loop runs it: the tests serve the gateway on uvloop (``tests/gateway_harness.py``)
