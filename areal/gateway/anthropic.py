@@ -13,8 +13,9 @@ back as ``tool_use`` blocks whose ``input`` is the model's JSON arguments.
 
 Invariants:
 - The message id is the interaction id, so ``set_reward(message.id, r)`` rewards this call.
-- ``max_tokens`` is required, as in Anthropic's API. ``top_k`` and anything else the gateway
-  cannot honour is a 400 naming it; ``metadata``, ``service_tier``, ``cache_control``,
+- ``max_tokens`` is required, as in Anthropic's API. ``top_k`` is honoured, and so are SGLang's
+  ``min_p`` / ``repetition_penalty`` (sent with ``extra_body``); anything else the gateway cannot
+  honour is a 400 naming it; ``metadata``, ``service_tier``, ``cache_control``,
   ``inference_geo`` and ``speed`` are accepted without effect. (anthropic 2.11's ``create`` has no
   ``temperature``/``top_p``/``top_k`` arguments; clients send them with ``extra_body``.)
 - ``tool_choice`` ``{"type": "any"}`` / ``{"type": "tool", "name": N}`` force a call by appending
@@ -39,12 +40,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from areal.engine.client import EngineError
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, sampling_extensions
 
 if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
 
-_HONOURED = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "stream", "tools", "tool_choice"}
+_HONOURED = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "stream", "tools", "tool_choice",
+             "top_k", "min_p", "repetition_penalty"}  # min_p, repetition_penalty: extra_body
 # Accepted without effect on what is sampled; thinking is checked below.
 _NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
 _ERROR_KINDS = {
@@ -86,7 +88,8 @@ def request_to_turn(body: dict) -> Turn:
 
     messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
     tools = _convert_tools(body.get("tools"))
-    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops))
+    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops),
+                        **sampling_extensions(body))
     return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
 
 

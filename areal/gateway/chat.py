@@ -22,13 +22,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id, sampling_extensions
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
 
 _HONOURED = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
-             "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options"}
+             "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options",
+             "top_k", "min_p", "repetition_penalty"}  # the last three: SGLang's / vLLM's extensions (extra_body)
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {"frequency_penalty": (0, 0.0, None), "presence_penalty": (0, 0.0, None),
                                             "response_format": (None, {"type": "text"})}
@@ -58,7 +59,7 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=_default(body, "temperature", 1.0), top_p=_default(body, "top_p", 1.0), seed=body.get("seed"),
         stop=stops, n=_default(body, "n", 1), logprobs=body.get("logprobs") or False,
-        top_logprobs=_default(body, "top_logprobs", 0),
+        top_logprobs=_default(body, "top_logprobs", 0), **sampling_extensions(body),
     )
     return Turn(messages=body.get("messages"), sampling=sampling, tools=body.get("tools"), tool_choice=body.get("tool_choice"))
 

@@ -42,6 +42,17 @@ class Sampling(msgspec.Struct):
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    top_k: int = -1  # -1: the whole vocabulary
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+def sampling_extensions(body: dict) -> dict:
+    """``top_k`` / ``min_p`` / ``repetition_penalty`` of a request body, as SGLang's and vLLM's
+    OpenAI servers accept them (top level; the SDKs send them with ``extra_body``); a null is unset.
+    Validated with the rest of the turn (``generation.validate_turn``)."""
+    defaults = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    return {k: (d if body.get(k) is None else body[k]) for k, d in defaults.items()}
 
 
 class Turn(msgspec.Struct):

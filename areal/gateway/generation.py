@@ -58,6 +58,10 @@ def validate_turn(turn: Turn, config: GatewayConfig) -> None:
     _check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
     _check_number("temperature", s.temperature, 0.0, 2.0)
     _check_number("top_p", s.top_p, 1e-9, 1.0)
+    if s.top_k != -1:
+        _check_number("top_k", s.top_k, 1, 2**30, integer=True)
+    _check_number("min_p", s.min_p, 0.0, 1.0)
+    _check_number("repetition_penalty", s.repetition_penalty, 1e-9, 2.0)
     _check_number("n", s.n, 1, config.max_n, integer=True)
     if s.seed is not None:
         _check_number("seed", s.seed, -(2**63), 2**63 - 1, integer=True)

@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from areal.engine.client import EngineError
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, sampling_extensions
 
 if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the core imports this module to route to it
 _HONOURED = {
     "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
     "previous_response_id", "stream", "store", "parallel_tool_calls", "top_logprobs",
+    "top_k", "min_p", "repetition_penalty",  # SGLang's / vLLM's extensions (extra_body)
 }
 _NEUTRAL = {
     "model", "user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
@@ -91,7 +92,8 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
     _check_number("top_logprobs", top_logprobs, 0, 20, integer=True)
     include = body.get("include") or []
     logprobs = "message.output_text.logprobs" in include or top_logprobs > 0
-    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=logprobs, top_logprobs=top_logprobs)
+    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=logprobs, top_logprobs=top_logprobs,
+                        **sampling_extensions(body))
     tools = _convert_tools(body.get("tools"))
     return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
 
