@@ -31,20 +31,41 @@ class ModelConfig:
 
 
 @dataclass
+class EngineLaunchConfig:
+    # A server the run starts itself, `count` times, each on its own free port, logging to
+    # <run_dir>/engine[-i].log, stopped with the run; {python} {model} {host} {port} are filled in.
+    # e.g. "python -m sglang.launch_server --model-path {model} --host {host} --port {port}"
+    command: str = ""
+    count: int = 1
+    health_timeout_s: float = 900.0  # until /health answers 200 (model load included)
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.health_timeout_s > 0:
+            raise ValueError("engine.launch.count must be >= 1 and engine.launch.health_timeout_s > 0")
+
+
+@dataclass
 class EngineConfig:
-    kind: str = "embedded"  # "embedded": start our CPU engine; "sglang": use running servers at `urls`
+    # "embedded": our CPU engine, launched by the run; "sglang": servers speaking SGLang's HTTP API,
+    # either running at `urls` or started by the run from `launch.command`
+    kind: str = "embedded"
     urls: list[str] = field(default_factory=list)
+    launch: EngineLaunchConfig = field(default_factory=EngineLaunchConfig)
     threads: int = 1  # torch threads of the embedded engine
     max_batch: int = 64
     request_log: bool = False  # embedded engine logs every generation to <run_dir>/engine_requests.jsonl
     replicas: int = 1  # embedded engines to launch; several share the traffic (sticky per episode) and survive a death
-    max_restarts: int = 3  # deaths of launched engines the run absorbs (one of several dies: restarted at the newest weights)
+    max_restarts: int = 3  # deaths of launched servers the run absorbs (one of several dies: restarted at the newest weights)
 
     def __post_init__(self) -> None:
         if self.kind not in ("embedded", "sglang"):
             raise ValueError(f"engine.kind must be 'embedded' or 'sglang', got {self.kind!r}")
-        if self.kind == "sglang" and not self.urls:
-            raise ValueError("engine.urls must list at least one SGLang server when engine.kind=sglang")
+        if self.kind == "sglang" and bool(self.urls) == bool(self.launch.command):
+            raise ValueError("engine.kind=sglang needs exactly one of engine.urls (running servers) or "
+                             "engine.launch.command (servers the run starts)")
+        if self.kind == "embedded" and (self.urls or self.launch.command):
+            raise ValueError("engine.urls / engine.launch.command are for engine.kind=sglang; the embedded engine "
+                             "is launched by the run (engine.replicas of it)")
         if self.threads < 1 or self.max_batch < 1 or self.replicas < 1:
             raise ValueError("engine.threads, engine.max_batch and engine.replicas must be >= 1")
         if self.max_restarts < 0:

@@ -54,7 +54,7 @@ from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row
 from areal.engine.client import EngineClient
-from areal.engine.fleet import EngineFleet
+from areal.engine.fleet import EngineFleet, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
@@ -271,10 +271,15 @@ class Controller:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.tokenizer = tokenizer
             urls = cfg.engine.urls
-            if cfg.engine.kind == "embedded":
-                fleet = EngineFleet(model_dir, cfg.engine.replicas, self.run_dir, threads=cfg.engine.threads,
-                                    max_batch=cfg.engine.max_batch, max_restarts=cfg.engine.max_restarts,
-                                    request_log=self.run_dir / "engine_requests.jsonl" if cfg.engine.request_log else None)
+            if cfg.engine.kind == "embedded" or cfg.engine.launch.command:  # servers this run starts and watches
+                e = cfg.engine
+                if e.kind == "embedded":
+                    launch = embedded_launcher(model_dir, threads=e.threads, max_batch=e.max_batch,
+                                               request_log=self.run_dir / "engine_requests.jsonl" if e.request_log else None)
+                else:
+                    launch = command_launcher(e.launch.command, model_dir, e.launch.health_timeout_s)
+                fleet = EngineFleet(launch, e.replicas if e.kind == "embedded" else e.launch.count, self.run_dir,
+                                    max_restarts=e.max_restarts)
                 stack.callback(fleet.stop)
                 await asyncio.to_thread(fleet.start)
                 urls, self.fleet = fleet.urls, fleet

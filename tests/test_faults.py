@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,28 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     assert len(ids) == len(set(ids))
     back = int((out + err).split(" is back (pid ")[1].split(")")[0])
     assert not Path(f"/proc/{back}").exists()  # the run stopped the restarted engine too (no orphan)
+
+
+def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path):
+    """engine.launch: the run starts two servers from a command template (here our own engine,
+    which speaks SGLang's HTTP API), routes through both, pushes weights to both, logs each to the
+    run dir, and stops them at the end."""
+    (tmp_path / "slow_agent.py").write_text(AGENT)
+    run_dir = tmp_path / "run"
+    command = "{python} -m areal.engine.server --model-path {model} --host {host} --port {port}"
+    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
+                           f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
+                           "rollout.openai.mode=inline", "trainer.steps=3", "rollout.groups_per_step=2",
+                           "rollout.n_samples=2", "data.eval_size=0", "engine.kind=sglang",
+                           f"engine.launch.command='{command}'", "engine.launch.count=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (run_dir / "engine.log").exists() and (run_dir / "engine-1.log").exists()
+    urls = json.loads((run_dir / "trainer_config.json").read_text())["engine_urls"]
+    assert len(set(urls)) == 2
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2, 3] and all(m["engines_updated"] == 2 for m in steps), steps
+    assert json.loads((run_dir / "config.json").read_text())["engine"]["launch"]["command"] == command
+    for url in urls:  # stopped with the run
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5)

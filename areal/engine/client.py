@@ -33,6 +33,8 @@ import asyncio
 import collections
 import json
 import os
+import shlex
+import socket
 import shutil
 import subprocess
 import sys
@@ -646,7 +648,31 @@ def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProc
         if time.monotonic() > deadline:
             proc.stop()
             raise TimeoutError(f"{name} not healthy after {timeout_s}s; log tail:\n{log_tail(proc.log_path)}")
-        time.sleep(1.0)
+        time.sleep(0.25)
+
+
+def launch_command(template: str, model_path: str, port: int, log_path: str, *, host: str = "127.0.0.1",
+                   timeout_s: float = 900) -> EngineProcess:
+    """Start an inference server from a command template (``{python}``, ``{model}``, ``{host}``,
+    ``{port}`` filled in; e.g. ``python -m sglang.launch_server --model-path {model} --port {port}``)
+    in its own process group, logging to ``log_path``, and wait until ``/health`` answers 200."""
+    fields = {"python": sys.executable, "model": model_path, "host": host, "port": port}
+    try:
+        cmd = shlex.split(template.format(**fields))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"engine.launch.command {template!r}: only {{python}}, {{model}}, {{host}}, {{port}} "
+                         f"can be filled in ({e!r})") from None
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, preexec_fn=die_with_parent)
+    return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path), cmd[0], timeout_s)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (bind(0)); the server started on it binds it itself."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def launch_embedded_engine(

@@ -1,7 +1,8 @@
-"""The embedded engines a run launches: started together, watched, restarted when one dies.
+"""The inference servers a run launches: started together, watched, restarted when one dies.
 
-    EngineFleet.start ─► N × launch_embedded_engine (ports fixed from then on: the trainer and
-                          the router know each engine by its URL)
+    EngineFleet.start ─► N × launch (the embedded CPU engine, or ``engine.launch.command``: any
+                          server speaking SGLang's HTTP API); ports fixed from then on: the
+                          trainer and the router know each server by its URL
     supervise ─► every 0.5 s: is each engine alive?
         one engine, dead ─► return why (exit status, log tail): the run stops, naming it
         one of several, dead ─► report it; router.hold(it) (its sessions move to the others);
@@ -18,8 +19,8 @@ Invariants:
 - While an engine is down, the trainer's weight push skips it (connection refused) as long as
   another engine took the version (``areal.trainer.publish.push_weights``).
 
-Not covered: engines the run did not launch (``engine.kind=sglang|vllm``): the router routes
-around one that stops answering and probes it again later, but nothing restarts it.
+Not covered: servers the run did not launch (``engine.urls``): the router routes around one that
+stops answering and probes it again later, but nothing restarts it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, launch_embedded_engine, update_weights_from_disk_sync
+from areal.engine.client import (EngineError, EngineProcess, EngineUnavailable, free_port, launch_command, launch_embedded_engine,
+                                 update_weights_from_disk_sync)
 from areal.engine.router import EngineRouter
 from areal.process import log_tail
 
@@ -43,17 +45,31 @@ def death_of(proc: EngineProcess) -> str | None:
     return f"the inference engine (pid {proc.pid}) died ({how}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
 
 
-class EngineFleet:
-    """``count`` embedded engines serving ``model_dir``; ``procs[i]`` answers at ``urls[i]``."""
+Launcher = Callable[[int, int, Path], EngineProcess]  # (index, port or 0, log path) -> a healthy server
 
-    def __init__(self, model_dir: Path, count: int, log_dir: Path, *, threads: int, max_batch: int,
-                 request_log: Path | None, max_restarts: int) -> None:
-        self.model_dir = model_dir
+
+def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None) -> Launcher:
+    """Our CPU engine (``areal.engine.server``), from the initial weights."""
+    def launch(index: int, port: int, log_path: Path) -> EngineProcess:
+        return launch_embedded_engine(str(model_dir), threads=threads, max_batch=max_batch, log_path=str(log_path),
+                                      request_log=str(request_log) if request_log else None, port=port, weight_version="0")
+    return launch
+
+
+def command_launcher(template: str, model_dir: Path, health_timeout_s: float) -> Launcher:
+    """Any server speaking SGLang's HTTP API, started by a command template (``engine.launch``)."""
+    def launch(index: int, port: int, log_path: Path) -> EngineProcess:
+        return launch_command(template, str(model_dir), port or free_port(), str(log_path), timeout_s=health_timeout_s)
+    return launch
+
+
+class EngineFleet:
+    """``count`` servers started by ``launch``; ``procs[i]`` answers at ``urls[i]``."""
+
+    def __init__(self, launch: Launcher, count: int, log_dir: Path, *, max_restarts: int) -> None:
+        self.launch = launch
         self.count = count
         self.log_dir = log_dir
-        self.threads = threads
-        self.max_batch = max_batch
-        self.request_log = request_log
         self.max_restarts = max_restarts
         self.procs: list[EngineProcess] = []
         self.urls: list[str] = []
@@ -63,14 +79,17 @@ class EngineFleet:
         return self.log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
 
     def _launch(self, index: int, port: int = 0) -> EngineProcess:
-        return launch_embedded_engine(
-            str(self.model_dir), threads=self.threads, max_batch=self.max_batch, log_path=str(self._log_path(index)),
-            request_log=str(self.request_log) if self.request_log else None, port=port, weight_version="0")
+        return self.launch(index, port, self._log_path(index))
 
     def start(self) -> None:
-        for i in range(self.count):
-            self.procs.append(self._launch(i))
-            self.urls.append(self.procs[-1].url)
+        """Start every server; if one fails, stop the ones started and raise its error."""
+        try:
+            for i in range(self.count):
+                self.procs.append(self._launch(i))
+                self.urls.append(self.procs[-1].url)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         for proc in self.procs:
