@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import EngineClient, launch_embedded_engine
 from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
+from areal.gateway.server import handle
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 
 
@@ -54,7 +55,7 @@ def test_gateway_path_equals_direct_engine_call(engine_url, model_dir):
         gw = _gateway(engine_url, model_dir)
         key = gw.open_session("e0")
         messages = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
-        reply = await gw.handle(_req(key, _chat(messages, temperature=0.0, max_tokens=32)))
+        reply = await handle(gw, _req(key, _chat(messages, temperature=0.0, max_tokens=32)))
         assert reply.status == 200, reply.body
         body = json.loads(reply.body)
         (inter,) = gw.close_session(key).interactions.values()
@@ -125,7 +126,7 @@ def test_bad_requests_get_openai_shaped_4xx(engine_url, model_dir, body, status,
     async def go():
         gw = _gateway(engine_url, model_dir)
         key = gw.open_session("e2")
-        reply = await gw.handle(_req(key, body))
+        reply = await handle(gw, _req(key, body))
         assert reply.status == status
         err = json.loads(reply.body)["error"]
         assert needle in err["message"]
@@ -140,16 +141,16 @@ def test_auth_routes_and_limits(engine_url, model_dir):
         gw = _gateway(engine_url, model_dir, context_length=64, default_max_tokens=16, max_tokens_cap=32)
         key = gw.open_session("e3")
         ok = _chat([{"role": "user", "content": "hi"}], max_tokens=4)
-        assert (await gw.handle(_req(None, ok))).status == 401
-        assert (await gw.handle(_req("sk-forged", ok))).status == 401
-        assert (await gw.handle(_req(key, b"", path="/v1/nope", method="GET"))).status == 404
+        assert (await handle(gw, _req(None, ok))).status == 401
+        assert (await handle(gw, _req("sk-forged", ok))).status == 401
+        assert (await handle(gw, _req(key, b"", path="/v1/nope", method="GET"))).status == 404
         long = _chat([{"role": "user", "content": "count " * 200}], max_tokens=4)
-        reply = await gw.handle(_req(key, long))
+        reply = await handle(gw, _req(key, long))
         assert reply.status == 400 and "context length of 64" in json.loads(reply.body)["error"]["message"]
         other = gw.open_session("e4")
         gw.close_session(key)
-        assert (await gw.handle(_req(key, ok))).status == 401  # a closed session's key is dead
-        assert (await gw.handle(_req(other, ok))).status == 200
+        assert (await handle(gw, _req(key, ok))).status == 401  # a closed session's key is dead
+        assert (await handle(gw, _req(other, ok))).status == 200
         await gw.engine.close()
 
     asyncio.run(go())
@@ -164,10 +165,10 @@ def test_engine_down_is_503_and_gateway_keeps_serving(model_dir):
         gw = _gateway(dead, model_dir)
         key = gw.open_session("e5")
         for _ in range(2):
-            reply = await gw.handle(_req(key, _chat([{"role": "user", "content": "hi"}], max_tokens=4)))
+            reply = await handle(gw, _req(key, _chat([{"role": "user", "content": "hi"}], max_tokens=4)))
             assert reply.status == 503
             assert json.loads(reply.body)["error"]["type"] == "engine_unavailable"
-        assert (await gw.handle(_req(None, b"", path="/health", method="GET"))).status == 200
+        assert (await handle(gw, _req(None, b"", path="/health", method="GET"))).status == 200
         await gw.engine.close()
 
     asyncio.run(go())
@@ -234,7 +235,7 @@ def test_n_choices_logprobs_seed_and_stop(engine_url, model_dir):
         key = gw.open_session("s3")
         msgs = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
         body = _chat(msgs, n=3, max_tokens=16, seed=7, logprobs=True, top_logprobs=2)
-        out = json.loads((await gw.handle(_req(key, body))).body)
+        out = json.loads((await handle(gw, _req(key, body))).body)
         assert [c["index"] for c in out["choices"]] == [0, 1, 2]
         inters = list(gw.sessions[key].interactions.values())
         assert len(inters) == 3 and inters[0].id == out["id"]
@@ -244,14 +245,14 @@ def test_n_choices_logprobs_seed_and_stop(engine_url, model_dir):
             content_ids = [t for t in inter.output_ids if t not in gw.stop_token_ids]
             assert [x["logprob"] for x in lp] == pytest.approx(inter.output_logprobs[: len(content_ids)], abs=1e-6)
             assert all(len(x["top_logprobs"]) == 2 for x in lp)
-        again = json.loads((await gw.handle(_req(key, body))).body)
+        again = json.loads((await handle(gw, _req(key, body))).body)
         assert [c["message"]["content"] for c in again["choices"]] == [c["message"]["content"] for c in out["choices"]]
 
         # stop: the answer ends before the stop string; recorded ids end with the token completing it
         text = out["choices"][0]["message"]["content"]
         assert len(text) > 2
         stop = text[1:3]
-        cut = json.loads((await gw.handle(_req(key, _chat(msgs, n=1, max_tokens=16, seed=7, stop=[stop])))).body)
+        cut = json.loads((await handle(gw, _req(key, _chat(msgs, n=1, max_tokens=16, seed=7, stop=[stop])))).body)
         choice = cut["choices"][0]
         assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
         inter = gw.sessions[key].interactions[cut["id"]]
@@ -268,27 +269,27 @@ def test_rewards_and_session_isolation_over_http_routes(engine_url, model_dir):
         gw = _gateway(engine_url, model_dir)
         a, b = gw.open_session("a"), gw.open_session("b")
         ok = _chat([{"role": "user", "content": "hi"}], max_tokens=4)
-        ida = json.loads((await gw.handle(_req(a, ok))).body)["id"]
-        idb = json.loads((await gw.handle(_req(b, ok))).body)["id"]
-        reward = lambda key, **kw: gw.handle(_req(key, json.dumps(kw).encode(), path="/v1/rewards"))  # noqa: E731
+        ida = json.loads((await handle(gw, _req(a, ok))).body)["id"]
+        idb = json.loads((await handle(gw, _req(b, ok))).body)["id"]
+        reward = lambda key, **kw: handle(gw, _req(key, json.dumps(kw).encode(), path="/v1/rewards"))  # noqa: E731
         assert (await reward(b, interaction_id=ida, reward=1.0)).status == 404  # cannot reward another's
-        get = lambda key, iid: gw.handle(_req(key, b"", path=f"/v1/interactions/{iid}", method="GET"))  # noqa: E731
+        get = lambda key, iid: handle(gw, _req(key, b"", path=f"/v1/interactions/{iid}", method="GET"))  # noqa: E731
         assert (await get(b, ida)).status == 404  # cannot read another's
         assert json.loads((await get(a, ida)).body)["output_ids"] == gw.sessions[a].interactions[ida].output_ids
         assert (await reward(a, interaction_id=ida, reward=0.5)).status == 200
         assert (await reward(b, reward=2)).status == 200  # final reward
         assert (await reward(a, reward="x")).status == 400
         assert gw.sessions[a].interactions[ida].reward == 0.5 and gw.sessions[b].interactions[idb].reward == 2.0
-        assert (await gw.handle(_req(a, b"", path="/admin/metrics", method="GET"))).status == 401
+        assert (await handle(gw, _req(a, b"", path="/admin/metrics", method="GET"))).status == 401
 
         adm = gw.admin_key
-        opened = await gw.handle(_req(adm, json.dumps({"episode_id": "x"}).encode(), path="/admin/sessions"))
+        opened = await handle(gw, _req(adm, json.dumps({"episode_id": "x"}).encode(), path="/admin/sessions"))
         new_key = json.loads(opened.body)["key"]
-        assert (await gw.handle(_req(new_key, ok))).status == 200
-        closed = json.loads((await gw.handle(_req(adm, json.dumps({"key": a}).encode(), path="/admin/sessions/close"))).body)
+        assert (await handle(gw, _req(new_key, ok))).status == 200
+        closed = json.loads((await handle(gw, _req(adm, json.dumps({"key": a}).encode(), path="/admin/sessions/close"))).body)
         assert closed["episode_id"] == "a" and closed["interactions"][0]["reward"] == 0.5
-        assert (await gw.handle(_req(a, ok))).status == 401
-        metrics = json.loads((await gw.handle(_req(adm, b"", path="/admin/metrics", method="GET"))).body)
+        assert (await handle(gw, _req(a, ok))).status == 401
+        metrics = json.loads((await handle(gw, _req(adm, b"", path="/admin/metrics", method="GET"))).body)
         assert metrics["sessions"] == 2 and metrics["drift"] == 0
         await gw.engine.close()
 
@@ -300,12 +301,12 @@ def test_idle_sessions_expire_and_are_reported(engine_url, model_dir):
         gw = _gateway(engine_url, model_dir, session_idle_s=30)
         key = gw.open_session("idle")
         ok = _chat([{"role": "user", "content": "hi"}], max_tokens=4)
-        assert (await gw.handle(_req(key, ok))).status == 200
+        assert (await handle(gw, _req(key, ok))).status == 200
         gone = gw.expire_idle(now=gw.sessions[key].last_used + 31)
         assert [s.episode_id for s in gone] == ["idle"]
-        reply = await gw.handle(_req(key, ok))
+        reply = await handle(gw, _req(key, ok))
         assert reply.status == 401 and "expired" in json.loads(reply.body)["error"]["message"]
-        listing = json.loads((await gw.handle(_req(gw.admin_key, b"", path="/admin/sessions", method="GET"))).body)
+        listing = json.loads((await handle(gw, _req(gw.admin_key, b"", path="/admin/sessions", method="GET"))).body)
         assert [s["episode_id"] for s in listing["expired"]] == ["idle"]
         session = gw.close_session(key)  # the controller still collects what it recorded
         assert session.expired and len(session.interactions) == 1

@@ -21,6 +21,7 @@ from areal.embedded import ensure_embedded_model
 from areal.engine.client import EngineError, EngineUnavailable
 from areal.engine.vllm import VLLMClient, launch_vllm_server, vllm_body
 from areal.gateway import Gateway, GatewayConfig
+from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
 from benchmarks.vllm_env import vllm_python
 
@@ -249,7 +250,7 @@ def test_gateway_fronts_a_vllm_server():
         key = gw.open_session("v0")
         messages = [{"role": "user", "content": "What is 2 + 3?"}]
         body = json.dumps({"model": "m", "messages": messages, "max_tokens": 5, "temperature": 0.0}).encode()
-        reply = await gw.handle(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
+        reply = await handle(gw, GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
                                                headers={"authorization": f"Bearer {key}"}, body=body))
         assert reply.status == 200, reply.body
         (inter,) = gw.close_session(key).interactions.values()

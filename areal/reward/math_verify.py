@@ -1,5 +1,9 @@
 """Math-answer verification: is a model's final answer the reference answer, as a number or expression?
 
+``math_equal`` asks the ``math-verify`` package first (the verifier AReaL and most RL recipes
+use); what follows is this module's own, dependency-free verifier, the fallback where the
+package is missing or reads no answer.
+
     completion ──extract_answer──► "\\frac{1}{2}" ──to_sympy──► Rational(1, 2) ─┐
     reference  ──extract_answer──► "0.5"          ──to_sympy──► Float(0.5)     ─┴─► equal?
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from tokenize import TokenError
 
 import sympy
@@ -106,7 +111,30 @@ def answers_equal(pred: str, ref: str) -> bool:
 
 def math_equal(completion: str, reference: str) -> bool:
     """Does ``completion``'s final answer equal ``reference``'s (itself extracted if it is a
-    worked solution, e.g. GSM8K's ``... #### 72``)?"""
-    pred = extract_answer(completion)
+    worked solution, e.g. GSM8K's ``... #### 72``)? Judged by the ``math-verify`` package where it
+    is installed and can read both sides (LaTeX and plain expressions, sets, intervals, units...),
+    else by this module's own extraction and comparison."""
     ref = extract_answer(reference) if ("####" in reference or "\\boxed" in reference) else reference
-    return pred is not None and ref is not None and answers_equal(pred, ref)
+    if ref is None:
+        return False
+    verdict = _package_verdict(completion, ref)
+    if verdict is not None:
+        return verdict
+    pred = extract_answer(completion)
+    return pred is not None and answers_equal(pred, ref)
+
+
+def _package_verdict(completion: str, reference: str) -> bool | None:
+    """``math-verify``'s verdict, or None when it is not installed or reads no answer on a side.
+    Its timeouts use SIGALRM, which only the main thread may set: off it they are off (as AReaL
+    runs it in workers), and the caller bounds the time instead (``AsyncRewardWrapper``)."""
+    try:
+        import math_verify
+    except ImportError:
+        return None
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = math_verify.parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)  # a bare answer, read as one
+    pred = math_verify.parse(completion, parsing_timeout=timeout)
+    if not gold or not pred:
+        return None
+    return bool(math_verify.verify(gold, pred, timeout_seconds=timeout))

@@ -1,0 +1,35 @@
+"""``math_equal``: the ``math-verify`` package decides where it can read both sides (it knows
+sets, intervals and LaTeX this project's own verifier does not), the hand-written verifier is the
+fallback without it, and both work off the main thread (the package's SIGALRM timeouts cannot)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+
+import pytest
+
+from areal.reward.math_verify import math_equal
+
+CASES = [("so the answer is \\boxed{42}.", "42", True), ("The answer is 1,000", "1000", True),
+         ("\\boxed{\\frac{1}{2}}", "0.5", True), ("I think 7", "8", False),
+         ("the answer is $\\frac{\\sqrt{8}}{2}$", "\\sqrt{2}", True), ("Natalia sold 48 clips. #### 72", "... #### 72", True)]
+
+
+@pytest.mark.parametrize("completion,reference,equal", CASES)
+def test_common_answers_are_judged_alike_with_and_without_the_package(completion, reference, equal, monkeypatch):
+    assert math_equal(completion, reference) is equal
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # import fails: the fallback decides
+    assert math_equal(completion, reference) is equal
+
+
+def test_the_package_decides_what_the_fallback_cannot_read(monkeypatch):
+    assert math_equal("\\boxed{\\{1,2\\}}", "\\{2,1\\}")  # a set: order does not matter
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    assert not math_equal("\\boxed{\\{1,2\\}}", "\\{2,1\\}")
+
+
+def test_it_runs_off_the_main_thread():
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: math_equal(case[0], case[1]), CASES))
+    assert results == [equal for _, _, equal in CASES]
