@@ -1,0 +1,59 @@
+"""The run's configuration: every YAML in areal/conf composes over the registered schema into a
+valid TrainConfig; wrong types and unknown keys fail at composition, naming the key; the key
+listing shows every field with its type; the trainer's config exists once."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import areal.train  # noqa: F401  (registers the schema with Hydra's ConfigStore)
+from areal.config import TrainConfig, describe
+from areal.trainer.config import TrainerConfig
+
+CONF = Path(__file__).resolve().parents[1] / "areal" / "conf"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF.glob("*.yaml")))
+def test_every_yaml_composes_into_a_valid_train_config(name):
+    with initialize_config_dir(str(CONF), version_base=None):
+        config = OmegaConf.to_object(compose(config_name=name))
+    assert isinstance(config, TrainConfig) and isinstance(config.trainer, TrainerConfig)
+
+
+@pytest.mark.parametrize("override,named", [("trainer.steps=abc", "trainer.steps"), ("trainer.stpes=3", "stpes"),
+                                            ("rollout.reward_range=5", "rollout.reward_range")])
+def test_wrong_types_and_unknown_keys_fail_at_composition(override, named):
+    with initialize_config_dir(str(CONF), version_base=None), pytest.raises(ConfigCompositionException) as e:
+        compose(config_name="config", overrides=[override])
+    assert named in str(e.value) + str(e.value.__cause__)
+
+
+def test_a_bad_value_is_refused_by_its_dataclass_naming_the_field():
+    with initialize_config_dir(str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=["trainer.loss=foo"])
+    with pytest.raises(ValueError, match="trainer.loss must be one of"):
+        OmegaConf.to_object(cfg)
+
+
+def test_the_key_listing_names_every_field_with_its_type():
+    lines = describe()
+    assert "trainer.lr: float = 3e-05" in lines and "engine.launch.command: str = ''" in lines
+    assert "trainer.dual_clip: float | None = None" in lines
+    leaves = sum(1 for f in dataclasses.fields(TrainerConfig))
+    assert sum(1 for line in lines if line.startswith("trainer.")) == leaves
+    out = subprocess.run([sys.executable, "-m", "areal.config"], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == lines
+
+
+def test_the_trainer_config_is_defined_once():
+    """The run's `trainer:` section is the trainer process's own TrainerConfig, not a copy."""
+    assert {f.name: f.type for f in dataclasses.fields(TrainConfig)}["trainer"] in ("TrainerConfig", TrainerConfig)
+    assert TrainConfig().trainer == TrainerConfig()
