@@ -57,7 +57,7 @@ from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
 from areal.evaluation import evaluate, paired_test, reward_trend
-from areal.gateway import Gateway, Session, serve_http, serve_zmq
+from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
 from areal.api.workflow_api import workflow_kind
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.utils.hf_utils import resolve_model_path
@@ -288,7 +288,7 @@ class Controller:
             if self.fleet is not None:
                 supervisor = asyncio.create_task(self._supervise(self.fleet, engine if isinstance(engine, EngineRouter) else None, model_dir))
                 stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
-            gateway = Gateway(engine, tokenizer, cfg.gateway)
+            gateway = Gateway(engine, tokenizer, self._gateway_config(model_dir))
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
             zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
             stack.callback(zmq_task.cancel)
@@ -364,6 +364,17 @@ class Controller:
         if run_dir.is_relative_to(cwd) and run_dir != cwd:
             hide.append(str(cwd / run_dir.relative_to(cwd).parts[0]))
         return dataclasses.replace(self.config.sandbox, hide=[*self.config.sandbox.hide, *hide])
+
+    def _gateway_config(self, model_dir: Path) -> GatewayConfig:
+        """``gateway``, its context length capped at what the model holds (``max_position_embeddings``),
+        so that the gateway refuses a prompt the engine could not take, with a 400 naming it."""
+        gw = self.config.gateway
+        limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+        if isinstance(limit, int) and 0 < limit < gw.context_length:
+            tqdm.write(f"[gateway] context_length {gw.context_length} capped at the model's {limit} positions")
+            return dataclasses.replace(gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit),
+                                       default_max_tokens=min(gw.default_max_tokens, limit))
+        return gw
 
     def _model_dir(self) -> Path:
         path = Path(resolve_model_path(self.config.model.path))  # "embedded" / "scripted": built on first use

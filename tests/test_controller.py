@@ -165,3 +165,15 @@ def test_rollout_workflow_object_with_a_custom_dataset_trains(tmp_path):
     assert {d["tag"] for d in workflow.seen} <= {2, 3, 4} and all(d["messages"][-1]["content"] == d["question"] for d in workflow.seen)
     episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["status"] == "ok" and e["interactions"] == 2 and e["reward"] == 0.625 for e in episodes)
+
+
+def test_the_gateway_advertises_no_more_context_than_the_model_holds(tmp_path):
+    from areal.controller import Controller
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    controller = Controller(TrainConfig(), tmp_path)
+    gw = controller._gateway_config(tmp_path / "model")
+    assert (gw.context_length, gw.max_tokens_cap, gw.default_max_tokens) == (512, 512, 256)
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    assert controller._gateway_config(tmp_path / "model") == TrainConfig().gateway  # a larger model: as configured
