@@ -1,6 +1,7 @@
 """A hand-driven ZMTP 3.0 peer for the door's tests: the attacker who writes bytes libzmq's own
-DEALER never would (partial frames, oversized headers, raw idle sockets), and a DEALER whose
-connection closing can be seen (libzmq's reconnects behind the application's back).
+DEALER never would (partial frames, oversized headers, raw idle sockets, a never-ending message),
+and a DEALER whose connection closing can be seen (libzmq's reconnects behind the application's
+back); and the memory sampler the tests bound the gateway's process with.
 
     greeting := %xFF 8*%x00 %x7F %x03 %x00 "NULL" 16*%x00 as-server(1) 31*%x00   (64 bytes)
     frame    := flags(1: 1 MORE, 2 LONG, 4 COMMAND) size(1 | 8, big-endian) body
@@ -8,7 +9,10 @@ connection closing can be seen (libzmq's reconnects behind the application's bac
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+from typing import Self
 
 GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
 
@@ -76,3 +80,50 @@ class RawDealer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def endless_message(path: str, wire_bytes: int, first: bytes | None = None) -> tuple[int, bool]:
+    """The never-ending message: READY, ``first`` as a one-frame message if given (a request the
+    gateway keeps in flight), then empty frames flagged MORE (2 bytes on the wire, 64 in libzmq's
+    pipe) until ``wire_bytes`` are written or the door cuts the connection. Returns (bytes
+    written, cut)."""
+    sock = handshake(path)
+    sock.sendall(READY + (frame_header(len(first)) + first if first is not None else b""))
+    chunk = frame_header(0, more=True) * (1 << 15)
+    sent = 0
+    try:
+        while sent < wire_bytes:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        return sent, True
+    finally:
+        sock.close()
+    return sent, False
+
+
+def anon_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory less its shared pages (what the door's memory guard watches)."""
+    with open(f"/proc/{pid}/statm") as f:
+        _, resident, shared = f.read().split()[:3]
+    return (int(resident) - int(shared)) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """This process's peak ``anon_bytes`` while the ``with`` block runs, sampled from a thread of
+    its own (the loop that runs the door's guard may be the one that is late)."""
+
+    def __enter__(self) -> Self:
+        self.peak = anon_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, anon_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -10,12 +10,13 @@ cached it, and did not answer deep JSON over ZeroMQ at all). The abusers speak r
 (``raw_zmtp``): libzmq's own DEALER never sends what they send.
 
 Covered: idle connections up to the fd limit (a gateway process at nofile=1024), partial frames
-held on many connections (closed by the door's heartbeat), a session over its requests in flight
-or its connections, a multi-MiB prompt (refused from its length; tokenised off the loop where its
-length alone cannot refuse it) and the render cache after the sessions close, JSON nested 5,000
-levels over HTTP and ZeroMQ (and msgpack nested as deep in a ZeroMQ frame).
-Not covered: many abusive processes at once (the door-wide caps), one never-ending multipart
-message (not bounded by libzmq; ``areal.gateway.door``, "Not covered"), and CPU fairness.
+held on many connections (closed by the door's heartbeat), a never-ending multipart message from
+a session (cut by the door's memory guard, the gateway's memory bounded), a session over its
+requests in flight or its connections, a multi-MiB prompt (refused from its length; tokenised off
+the loop where its length alone cannot refuse it) and the render cache after the sessions close,
+JSON nested 5,000 levels over HTTP and ZeroMQ (and msgpack nested as deep in a ZeroMQ frame).
+Not covered: many abusive processes at once (the door-wide caps), an endless message behind a
+request in flight (tests/test_gateway_door.py), and CPU fairness.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import msgspec
 import pytest
 import zmq
 from gateway_harness import GatewayThread
-from raw_zmtp import RawDealer, frame_header
+from raw_zmtp import PeakMemory, RawDealer, frame_header
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
@@ -310,6 +311,67 @@ def test_partial_frames_are_closed_by_the_heartbeat(gateway: Callable[..., Gatew
         oversized.close()
 
 
+# ---- (b2) a never-ending multipart message ------------------------------------------------------
+
+_ENDLESS = r"""
+import sys
+sys.path.insert(0, "tests")
+from raw_zmtp import endless_message
+sent, cut = endless_message(sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3]))
+print(f"sent {sent} cut {cut}", flush=True)
+"""
+
+
+def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(gateway: Callable[..., GatewayThread],
+                                                                          model_dir: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """An episode's process sends a request with its session key, then empty frames flagged MORE
+    without end (48 MiB on the wire: 1.5 GiB in libzmq's pipe, unbounded by libzmq): the door's
+    memory guard (256 MiB here) cuts its connection, the gateway's process stays under its
+    reference + budget + 128 MiB, a WARNING names the session, and a healthy session's requests
+    through the relay are all answered correctly meanwhile."""
+    caplog.set_level(logging.WARNING, logger="areal.gateway.door")
+    budget, wire = 256 << 20, 48 << 20
+    gw = gateway(door_memory_bytes=budget)
+    abuser_key, healthy = gw.open_session("abuser"), gw.open_session("healthy")
+    reference = gw.call(lambda: gw.gateway.doors[0].reference)
+    first = msgspec.msgpack.encode(GatewayRequest(0, "GET", "/v1/models", {"authorization": f"Bearer {abuser_key}"}, b""))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    async def healthy_while(report: asyncio.Future) -> int:
+        channel = GatewayChannel(gw.zmq)
+        answered = 0
+        try:
+            while not report.done() or answered == 0:
+                _assert_answered_correctly(await _relay(channel, healthy, _chat_body(QUESTION)), gw.interactions(healthy),
+                                           tokenizer)
+                answered += 1
+        finally:
+            channel.close()
+        return answered
+
+    async def attack(abuser: subprocess.Popen) -> tuple[str, int]:
+        report = asyncio.get_running_loop().run_in_executor(None, abuser.stdout.read)
+        answered = await healthy_while(report)
+        return await report, answered
+
+    with PeakMemory() as memory:
+        abuser = subprocess.Popen([sys.executable, "-c", _ENDLESS, gw.zmq[len("ipc://"):], str(wire), first.hex()], cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            report, answered = asyncio.run(attack(abuser))
+        finally:
+            abuser.kill()  # by PID; it has exited already unless the test failed
+            abuser.wait(10)
+    sent, cut = int(report.split()[1]), report.split()[3]
+    assert cut == "True" and sent < wire, f"the abuser was not cut: {report}"
+    assert memory.peak < reference + budget + (128 << 20), f"peak {(memory.peak - reference) >> 20} MiB over the reference"
+    assert answered >= 1 and gw.call(gw.gateway.metrics)["zmq_cut_for_memory"] >= 1
+    named = [r.getMessage() for r in caplog.records if "session 'abuser'" in r.getMessage()]
+    assert named and all("cut off a connection" in m and "memory_budget=256 MiB" in m for m in named), named
+    assert [i for i in gw.interactions(abuser_key)] == []
+
+
 # ---- (c) a multi-MiB prompt ---------------------------------------------------------------------
 
 
@@ -490,7 +552,10 @@ def test_door_budgets_are_validated_by_name() -> None:
         GatewayConfig(max_body_bytes=16 << 20)  # a largest frame (33 MiB) no longer fits the 32 MiB default
     with pytest.raises(ValueError, match="gateway.max_buffered_bytes "):
         GatewayConfig(max_buffered_bytes=16 << 20)
-    for name in ("max_connections_per_session", "max_inflight_per_session", "tokenize_threads", "render_cache_bytes"):
+    with pytest.raises(ValueError, match="gateway.door_memory_bytes "):
+        GatewayConfig(door_memory_bytes=128 << 20)  # below max_buffered_bytes (256 MiB), which counts in it
+    for name in ("max_connections_per_session", "max_inflight_per_session", "tokenize_threads", "render_cache_bytes",
+                 "door_memory_bytes"):
         with pytest.raises(ValueError, match=f"gateway.{name} must be positive"):
             GatewayConfig(**{name: 0})
     with pytest.raises(ValueError, match="gateway.max_connections must be >= 0"):

@@ -4,8 +4,10 @@ Covered: libzmq DEALERs served, replies routed to the right one of several peers
 hostile peers (not ZMTP, a frame over the limit, a wrong socket type) dropped by libzmq while
 everyone else is served; an owner over its connections cut, named in a rate-limited WARNING;
 at the door's cap the oldest connection of another owner that never carried a session key is
-evicted for a new one; a raw idle socket closed at the handshake timeout; the relay's channel
-failing its waiting requests at once when the gateway goes away, and connecting again.
+evicted for a new one; a raw idle socket closed at the handshake timeout; a never-ending
+multipart message, with and without a request in flight on its connection, cut by the memory
+guard, the process's memory bounded, another peer served meanwhile; the relay's channel failing
+its waiting requests at once when the gateway goes away, and connecting again.
 Not covered here: the gateway's request budgets (tests/test_gateway_abuse.py).
 """
 
@@ -26,7 +28,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from raw_zmtp import READY, command, frame_header, handshake
+from raw_zmtp import READY, PeakMemory, command, frame_header, handshake
 
 from areal.gateway.door import Conn, Door, DoorLimits
 from areal.protocol import GatewayReply, GatewayRequest
@@ -187,6 +189,66 @@ def test_at_the_door_cap_a_new_connection_evicts_another_owners_oldest_unclaimed
     finally:
         holder.stdin.close()
         holder.wait(10)
+
+
+_ENDLESS = r"""
+import sys
+sys.path.insert(0, "tests")
+from raw_zmtp import endless_message
+sent, cut = endless_message(sys.argv[1], int(sys.argv[2]), sys.argv[3].encode() if len(sys.argv) > 3 else None)
+print(f"sent {sent} cut {cut}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["idle connection", "request in flight on it"])
+def test_never_ending_message_is_cut_by_the_memory_guard_and_others_are_served(in_flight: bool,
+                                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Another process streams empty frames flagged MORE: 48 MiB on the wire, 1.5 GiB in libzmq's
+    pipe without the guard. With a 256 MiB budget its connection is cut (with its request in flight
+    on it too: that one is never answered), this process stays under reference + budget +
+    128 MiB, a WARNING names the abuser's pid, and a DEALER sending all along gets every answer."""
+    caplog.set_level(logging.WARNING, logger="areal.gateway.door")
+    budget, wire = 256 << 20, 48 << 20
+
+    async def main() -> tuple[int, str, PeakMemory, int, int]:
+        address = _addr()
+        door: Door
+
+        def serve(conn: Conn, payload: bytes) -> None:
+            if payload == b"hold":
+                door.begin(conn)  # a request in flight that is never answered
+            else:
+                door.send(conn, b"echo:" + payload)
+
+        door = await Door.bind(address, serve, limits=DoorLimits(memory_budget=budget))
+        reference = door.reference
+        good = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        good.connect(address)
+        args = [sys.executable, "-c", _ENDLESS, address[len("ipc://"):], str(wire), *(["hold"] if in_flight else [])]
+        answered = 0
+        with PeakMemory() as memory:
+            abuser = await asyncio.create_subprocess_exec(*args, cwd=ROOT, stdout=subprocess.PIPE)
+            assert abuser.stdout is not None
+            report = asyncio.ensure_future(abuser.stdout.read())
+            while not report.done():
+                await good.send(b"%d" % answered)
+                assert await asyncio.wait_for(good.recv(), 10) == b"echo:%d" % answered
+                answered += 1
+            await asyncio.wait_for(abuser.wait(), 10)
+        good.close(0)
+        await _until(lambda: door.open == 0, "the abuser's connection gone")
+        memory_cuts = door.memory_cuts
+        door.close()
+        return abuser.pid, report.result().decode(), memory, reference, memory_cuts
+
+    pid, report, memory, reference, memory_cuts = asyncio.run(main())
+    sent, cut = int(report.split()[1]), report.split()[3]
+    assert cut == "True" and sent < wire, f"the abuser was not cut: {report}"
+    assert memory.peak < reference + budget + (128 << 20), f"peak {(memory.peak - reference) >> 20} MiB over the reference"
+    assert memory_cuts >= 1
+    named = [r.getMessage() for r in caplog.records if f"pid {pid} " in r.getMessage()]
+    assert named and all("cut off a connection" in m and "memory_budget=256 MiB" in m for m in named), named
+    assert ("requests in flight" in named[0]) == in_flight
 
 
 async def _gateway_answering(address: str, body: bytes) -> Door:

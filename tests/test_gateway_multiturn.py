@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import GenerateResult
 from areal.gateway import Gateway, GatewayConfig
+from areal.gateway.server import handle
 from areal.gateway.qwen import build_qwen25_tokenizer
 from areal.protocol import GatewayRequest
 
@@ -49,7 +50,7 @@ TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evalu
 def _post(gw: Gateway, key: str, body: dict) -> dict:
     req = GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
                          headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode())
-    reply = asyncio.run(gw.handle(req))
+    reply = asyncio.run(handle(gw, req))
     assert reply.status == 200, reply.body
     return json.loads(reply.body)
 

@@ -363,3 +363,10 @@ def test_parser_names_not_parsed_yet_or_unknown_are_refused_naming_them():
         tool_parser_name("qwen3_coder")
     with pytest.raises(ValueError, match="gateway.reasoning_parser must be one of think .* got 'bogus'"):
         reasoning_parser_name("bogus")
+
+
+def test_an_areal_config_with_sglang_parser_names_is_accepted():
+    from areal.gateway import GatewayConfig
+
+    gw = GatewayConfig(tool_parser="qwen", reasoning_parser="qwen3")
+    assert (gw.tool_parser, gw.reasoning_parser) == ("qwen25", "think")

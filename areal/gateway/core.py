@@ -3,7 +3,7 @@
     agent (sandbox relay, httpx ZmqTransport) --GatewayRequest--> ROUTER ipc:// ─┐  (server.py)
     anything else (inline agents, curl, ArealOpenAI in-process) --HTTP/httpx----─┤
                                                                                  ▼
-      Gateway.dispatch(GatewayRequest) -> Reply (JSON body, or an SSE byte stream)
+      routes.route(Gateway, GatewayRequest) -> Reply (JSON body, or an SSE byte stream)
         auth (session key | admin key) → route → front-end (chat.py, responses.py, anthropic.py)
         → Turn → Gateway.complete / complete_stream → PromptBuilder (render.py) → input_ids
         → engine.generate / generate_stream (SGLang /generate) → parse → Interaction (tree.py)
@@ -52,16 +52,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 
 from areal.gateway import tree
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Turn
 from areal.gateway.generation import (choice_ids, engine_kwargs, engine_params, finish_choice, forced_text,
                                       stream_choices, text_decoder, validate_turn)
-from areal.gateway.parsers import REASONING_PARSERS, TOOL_PARSERS
+from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
 from areal.gateway.tree import Interaction
-from areal.protocol import GatewayRequest
 
 if TYPE_CHECKING:
     from areal.gateway.door import Door
@@ -80,8 +78,9 @@ class GatewayConfig:
     max_n: int = 16  # largest n (choices per request)
     admin_key: str = ""  # controller operations over HTTP; "" draws a random one (Gateway.admin_key)
     session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
-    tool_parser: str | None = "qwen25"  # tool-call format of the model (parsers.TOOL_PARSERS); None: no tool calls
-    reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS); None: all text is content
+    # tool-call format of the model (parsers.TOOL_PARSERS, or SGLang's / vLLM's name for it); None: no tool calls
+    tool_parser: str | None = "qwen25"
+    reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS, or "qwen3", ...); None: all text is content
     # Budgets of the ZeroMQ door (the sandboxes' one way out; ``door.DoorLimits``). A connection
     # counts against its peer process (its pid) until a request on it carries a live session key,
     # then against that session. Over a budget: the connection is closed, or the request answered
@@ -91,6 +90,10 @@ class GatewayConfig:
     max_buffered_bytes: int = 256 << 20  # partial frames + bodies of requests being served, all together
     max_buffered_bytes_per_session: int = 32 << 20  # the same for one session; at least one largest frame
     max_inflight_per_session: int = 64  # requests of one session being served at once; more: 429
+    # The door's memory guard (``door``): growth of the process's anonymous memory over its level when
+    # the door opened, past which the door cuts the connections that may hold unfinished messages.
+    # It must exceed max_buffered_bytes and what the rest of the process may grow by.
+    door_memory_bytes: int = 1 << 30
     # Tokenising: text longer than this (characters) is tokenised in a worker thread, one text per
     # session at a time, so a huge prompt does not stall the loop that serves every episode.
     tokenize_off_loop_chars: int = 65536
@@ -105,7 +108,7 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         for name in ("context_length", "max_tokens_cap", "default_max_tokens", "max_body_bytes", "max_messages", "max_n",
-                     "max_connections_per_session", "max_buffered_bytes", "max_buffered_bytes_per_session",
+                     "max_connections_per_session", "max_buffered_bytes", "max_buffered_bytes_per_session", "door_memory_bytes",
                      "max_inflight_per_session", "tokenize_off_loop_chars", "tokenize_threads", "render_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"gateway.{name} must be positive, got {getattr(self, name)}")
@@ -114,6 +117,9 @@ class GatewayConfig:
         if self.max_buffered_bytes_per_session < self.zmq_frame_bytes:
             raise ValueError(f"gateway.max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session}) must hold one "
                              f"largest frame, 2 * gateway.max_body_bytes + 1 MiB = {self.zmq_frame_bytes} bytes")
+        if self.door_memory_bytes < self.max_buffered_bytes:
+            raise ValueError(f"gateway.door_memory_bytes ({self.door_memory_bytes}) must be at least "
+                             f"gateway.max_buffered_bytes ({self.max_buffered_bytes}): requests being served count in it")
         if self.max_buffered_bytes < self.max_buffered_bytes_per_session:
             raise ValueError(f"gateway.max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
                              f"gateway.max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session})")
@@ -121,10 +127,9 @@ class GatewayConfig:
             raise ValueError("gateway.default_max_tokens must not exceed gateway.max_tokens_cap")
         if self.session_idle_s < 0:
             raise ValueError(f"gateway.session_idle_s must be >= 0, got {self.session_idle_s}")
-        if self.tool_parser is not None and self.tool_parser not in TOOL_PARSERS:
-            raise ValueError(f"gateway.tool_parser must be one of {TOOL_PARSERS} or None, got {self.tool_parser!r}")
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
-            raise ValueError(f"gateway.reasoning_parser must be one of {REASONING_PARSERS} or None, got {self.reasoning_parser!r}")
+        # SGLang's and vLLM's names (qwen3, deepseek-r1, llama3_json, ...) become this gateway's own
+        self.tool_parser = tool_parser_name(self.tool_parser)
+        self.reasoning_parser = reasoning_parser_name(self.reasoning_parser)
         if self.admin_key and len(self.admin_key) < 16:
             raise ValueError("gateway.admin_key must be at least 16 characters (or empty for a random one)")
 
@@ -223,6 +228,7 @@ class Gateway:
             "zmq_connections": sum(d.open for d in self.doors),
             "zmq_inflight_bytes": sum(d.inflight_bytes for d in self.doors),
             "zmq_cut_off": sum(d.cut for d in self.doors),
+            "zmq_cut_for_memory": sum(d.memory_cuts for d in self.doors),
         }
 
     def session_for(self, key: str) -> Session:
@@ -277,6 +283,9 @@ class Gateway:
                                   "stop_token_ids": self.stop_token_ids}
         if s.stop:  # the engine stops early; the gateway still cuts (generation.py), idempotently
             params["stop"] = list(s.stop)
+        for key, off in (("top_k", -1), ("min_p", 0.0), ("repetition_penalty", 1.0)):  # sent only when set
+            if getattr(s, key) != off:
+                params[key] = getattr(s, key)
         return prompt, params, forced
 
     async def _tokenize(self, session: Session, text: str) -> list[int]:
@@ -319,18 +328,3 @@ class Gateway:
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
             async for delta in deltas:
                 yield delta
-
-    # ---- routing --------------------------------------------------------------------------
-
-    async def dispatch(self, req: GatewayRequest) -> Reply:
-        """Answer one HTTP exchange; never raises for anything a client can send."""
-        from areal.gateway.routes import route  # deferred: routes imports the front-ends, which import this module
-
-        return await route(self, req)
-
-    async def handle(self, req: GatewayRequest) -> Any:
-        """One ``GatewayReply`` with the whole body (a stream is collected): for callers that want one."""
-        from areal.gateway.server import reply_frames
-
-        frames = [f async for f in reply_frames(self, req)]
-        return msgspec.structs.replace(frames[0], body=b"".join(f.body for f in frames), more=False)

@@ -32,21 +32,56 @@ Budgets (``DoorLimits``; the gateway's names, ``GatewayConfig``):
   (``Owner.inflight``/``inflight_bytes``, kept and checked by ``server.serve_zmq``);
 - replies: at most ``snd_hwm`` queued per connection (``ZMQ_SNDHWM``); a peer that does not read
   them past that is cut; a reply for a peer that has gone is dropped (``ZMQ_ROUTER_MANDATORY``
-  reports both, instead of libzmq dropping silently).
+  reports both, instead of libzmq dropping silently);
+- memory: the process's growth past ``memory_budget`` (the memory guard, below).
 Each cut is logged (WARNING, naming the owner and the limit; an owner's 1st, 2nd, 4th, 8th, ...
 of each kind, so a flood of connections writes a few lines, not thousands).
 
+The memory guard. libzmq checks ``ZMQ_MAXMSGSIZE`` per frame and keeps the frames of a message
+it has not finished reading in the connection's pipe, out of the application's sight: the
+high-water marks count whole messages, every frame resets the heartbeat, and libzmq 4.3 has no
+option that bounds a message's frames. A peer streaming frames flagged MORE grows the process by
+hundreds of MiB a second (64 bytes of pipe per 2-byte empty frame). libzmq reports no bytes per
+connection either, so the guard watches the whole process and finds the holder by elimination,
+from the one thing the door knows: a connection holding an unfinished message has completed no
+message since that message began.
+
+    every _GUARD_S:  anon = resident - shared pages (/proc/self/statm: shared-memory rings and
+                     mapped files do not count); malloc_trim first when over, and for _SETTLE_S
+                     after a cut (what libzmq frees stays in malloc's arenas until trimmed)
+    anon <= reference + memory_budget ─► calm; reference = min(reference, anon)
+    over, first step ─► cut every suspect with no request in flight
+    over, grown by memory_budget/8 since the last step ─► the same, and the next 0, 1, 2, 4, ...
+                     suspects with requests in flight, the longest silent first
+    over, not growing ─► nothing: what is held stays bounded
+    over, _SETTLE_S after the last cut, every connection older than the excess gone
+                     ─► the excess is not the door's: reference = anon (logged)
+    suspect: a connection that has completed no message (nor had its last answer) for _RECENT_S
+
+``reference`` starts as anon when the door opens. An idle relay that is cut connects again at
+its next request; a request in flight on a cut connection is lost (the relay answers 502).
+
 Covered: fd exhaustion by idle connections from one process or many (per-owner and door-wide
 caps, and the handshake timeout), oversized frames, partial frames left to hold memory (bounded
-per connection by ``max_frame`` and in time by the heartbeat), peers that never read.
+per connection by ``max_frame`` and in time by the heartbeat), peers that never read,
+never-ending multipart messages on one connection or several, with requests in flight on them
+or not, and one that stops growing while it holds what it sent (the memory guard).
 Not covered:
-- one never-ending multipart message: libzmq checks ``ZMQ_MAXMSGSIZE`` per frame and keeps the
-  frames of an unfinished message in the connection's queue, out of the application's sight;
-  high-water marks count whole messages and every frame resets the heartbeat. A peer streaming
-  small frames flagged MORE grows the gateway's memory at the speed it writes until the episode
-  ends (its deadline closes the connection). libzmq 4.3 has no option for it.
+- an exact bound: the guard holds the process to ``reference`` + ``memory_budget`` plus what
+  the abusers add until a cut takes effect (a tick, the loop's delay, and, behind requests in
+  flight, one step of budget/8 per doubling), not each connection to a share of it.
+- innocent connections: elimination cuts them too. Idle ones at each step (they connect again),
+  and, while an abuser hides behind a request in flight, as many served connections that were
+  silent for longer as the doubling reaches before it (their requests fail). A request still
+  being transmitted when its connection is cut is lost likewise.
+- growth that is not the door's (the rest of the controller) past the budget gets the same cuts
+  until every older connection is gone and the door takes the new level as its reference:
+  ``memory_budget`` must stay above what the rest of the process may grow by.
+- without glibc's ``malloc_trim`` (musl), memory libzmq freed counts as held until malloc
+  reuses it: the guard stays over its budget meanwhile, so later growth is cut sooner.
 - bytes held in partial frames are not counted against ``max_buffered_bytes*``: libzmq does not
-  expose them. They are bounded by connections x ``max_frame`` for the heartbeat's time.
+  expose them. They are bounded by connections x ``max_frame`` for the heartbeat's time, and by
+  the memory guard.
 - the window between libzmq's accept and the loop's cut: libzmq accepts on its own thread, so an
   owner may hold more than its cap for as long as the loop takes to read the ACCEPTED events;
   the door-wide cap leaves half the nofile limit for that slack and for the rest of the process.
@@ -56,11 +91,13 @@ Not covered:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import resource
 import socket
 import struct
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -73,6 +110,11 @@ _EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAI
            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _FLUSH_S = 0.2  # a connection cut after its error reply: time for libzmq to write that reply first
 _BATCH = 256  # messages taken per turn of the loop before yielding to other callbacks
+_GUARD_S = 0.05  # the memory guard's period: an abuser adds at most its rate x this between two looks
+_RECENT_S = 0.1  # a connection that completed a message this recently holds no unfinished one (yet)
+_SETTLE_S = 1.0  # after the guard's last cut, time for libzmq to free what it held: trimmed, not re-baselined
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
 
 
 @dataclass(frozen=True)
@@ -88,12 +130,13 @@ class DoorLimits:
     snd_hwm: int = 4096  # replies queued per connection; a peer that lets more pile up is cut
     rcv_hwm: int = 1024  # complete requests queued per connection before libzmq stops reading it
     backlog: int = 1024  # connections waiting in the kernel for libzmq to accept them
+    memory_budget: int = 1 << 30  # growth of the process's anonymous memory before the guard cuts connections
 
     def __post_init__(self) -> None:
         if self.max_connections < 0:
             raise ValueError(f"max_connections must be >= 0 (0: from RLIMIT_NOFILE), got {self.max_connections}")
         for name in ("max_connections_per_session", "handshake_s", "heartbeat_s", "heartbeat_timeout_s", "snd_hwm",
-                     "rcv_hwm", "backlog"):
+                     "rcv_hwm", "backlog", "memory_budget"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -126,15 +169,18 @@ class Owner:
 
 class Conn:
     """One accepted connection: its fd and socket inode (to tell a reused fd number from it), the
-    ROUTER identity of its peer (from its first message), and its owner."""
+    ROUTER identity of its peer (from its first message), and its owner. ``inflight``: its
+    requests being served (``Door.begin``/``finish``, called by the application)."""
 
-    __slots__ = ("cut", "delivered", "fd", "identity", "ino", "owner")
+    __slots__ = ("born", "cut", "delivered", "fd", "identity", "inflight", "ino", "last", "owner")
 
     def __init__(self, fd: int, ino: int, owner: Owner) -> None:
         self.fd, self.ino, self.owner = fd, ino, owner
         self.identity: bytes | None = None
         self.cut = False  # cut by the door: uncounted already, its messages are not served
         self.delivered = False  # a message came from it
+        self.inflight = 0
+        self.born = self.last = time.monotonic()  # accepted; when it last completed a message or had its last answer
 
 
 def _peer_identity(fd: int) -> tuple[Hashable, str]:
@@ -171,6 +217,13 @@ class Door:
         self.inflight_bytes = 0  # bytes of the requests being served (kept by the application)
         self.refused = 0  # connections libzmq dropped for breaking the protocol
         self.cut = 0  # connections the door cut for going over a budget
+        self.memory_cuts = 0  # of which for the memory guard
+        self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+        self.reference = self.anon_bytes()  # the memory guard's zero (module docstring)
+        self._mark = 0  # anon at the guard's last step (0: calm)
+        self._round = 0  # connections with requests in flight cut at its next step: 0, 1, 2, 4, ...
+        self._over_since = 0.0  # when it went over the budget
+        self._last_cut = float("-inf")
         self._failure: str | None = None  # a handshake failure, reported with the DISCONNECTED after it
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -191,6 +244,7 @@ class Door:
         self.sock.bind(address)
         self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
         self._loop.add_reader(self.monitor.getsockopt(zmq.FD), self._watch)
+        self._guard_timer = self._loop.call_later(_GUARD_S, self._guard)
         # libzmq signals its fd only for a queue the reader has found empty: read both once now
         self._watch()
         self._drain()
@@ -218,6 +272,7 @@ class Door:
             if conn is None or conn.cut:
                 continue  # gone, or cut: its requests are not served
             conn.delivered = True
+            conn.last = time.monotonic()
             self.on_message(conn, frames[1].bytes)
         self._schedule()
 
@@ -255,6 +310,17 @@ class Door:
             if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 self._schedule()  # a send can consume the edge that said requests are waiting
         return True
+
+    def begin(self, conn: Conn) -> None:
+        """The application serves a request from ``conn`` (the memory guard suspects it last)."""
+        conn.inflight += 1
+
+    def finish(self, conn: Conn) -> None:
+        """A request from ``conn`` has been answered. Once it has none left, its next request gets
+        ``_RECENT_S`` to arrive before the memory guard counts it silent."""
+        conn.inflight -= 1
+        if not conn.inflight:
+            conn.last = time.monotonic()
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -381,7 +447,58 @@ class Door:
         except OSError:  # closed by libzmq meanwhile
             pass
 
+    # ---- memory guard (module docstring) ---------------------------------------------------
+
+    def anon_bytes(self) -> int:
+        """The process's resident memory less its shared pages (mapped files, shared memory)."""
+        _, resident, shared = os.pread(self._statm, 128, 0).split(maxsplit=3)[:3]
+        return (int(resident) - int(shared)) * _PAGE
+
+    def _guard(self) -> None:
+        """One look of the memory guard, every ``_GUARD_S`` (the module docstring's diagram)."""
+        self._guard_timer = self._loop.call_later(_GUARD_S, self._guard)
+        budget = self.limits.memory_budget
+        anon = self.anon_bytes()
+        recent_cut = time.monotonic() - self._last_cut < _SETTLE_S
+        if (anon > self.reference + budget or recent_cut) and _malloc_trim is not None:
+            _malloc_trim(0)  # frames libzmq freed on a cut stay in malloc's arenas until trimmed
+            anon = self.anon_bytes()
+        if anon <= self.reference + budget:
+            self.reference = min(self.reference, anon)
+            self._mark, self._round = 0, 0
+            return
+        self._watch()  # connections closed meanwhile are not suspects, nor their fds' new owners
+        now = time.monotonic()
+        if not self._mark:
+            self._over_since = now
+        elif not recent_cut and not any(not c.cut and c.born < self._over_since for c in self.peers.values()):
+            log.warning("zmq door %s: the process holds %d MiB over the door's reference, and every connection it "
+                        "had when it went over memory_budget=%d MiB is gone: the memory is not the door's; the "
+                        "reference is now %d MiB", self.address, (anon - self.reference) >> 20, budget >> 20, anon >> 20)
+            self.reference, self._mark, self._round = anon, 0, 0
+            return
+        elif anon < self._mark + budget // 8:
+            return  # not growing since the last step: what is held stays bounded; cut nothing more
+        self._mark = anon
+        held = f"the process holds {(anon - self.reference) >> 20} MiB over its reference, past memory_budget={budget >> 20} MiB"
+        suspects = [c for c in self.peers.values() if not c.cut and now - c.last >= _RECENT_S]
+        for conn in (c for c in suspects if not c.inflight):
+            self._cut_for_memory(conn, f"{held}; cut as a connection with nothing being served that has completed "
+                                       f"no message for {now - conn.last:.1f} s (an unfinished message holds memory)")
+        served = sorted((c for c in suspects if c.inflight), key=lambda c: c.last)
+        for conn in served[: self._round]:
+            self._cut_for_memory(conn, f"{held}, and growing; cut with its requests in flight, as the longest silent "
+                                       f"connection: no message completed for {now - conn.last:.1f} s")
+        self._round = max(1, 2 * self._round)  # the first step cuts no request in flight
+
+    def _cut_for_memory(self, conn: Conn, reason: str) -> None:
+        self.memory_cuts += 1
+        self._last_cut = time.monotonic()
+        self.cut_off(conn, reason)
+
     def close(self) -> None:
+        self._guard_timer.cancel()
+        os.close(self._statm)
         self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
         self._loop.remove_reader(self.monitor.getsockopt(zmq.FD))
         self.sock.disable_monitor()

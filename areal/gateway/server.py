@@ -37,7 +37,7 @@ from areal.engine.client import EngineError
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.core import Gateway
 from areal.gateway.door import Conn, Door, DoorLimits
-from areal.gateway.routes import error_reply, openai_error, request_key
+from areal.gateway.routes import error_reply, openai_error, request_key, route
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ async def _guarded(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def reply_frames(gateway: Gateway, req: GatewayRequest) -> AsyncIterator[GatewayReply]:
-    reply = await gateway.dispatch(req)
+    reply = await route(gateway, req)
     if reply.stream is None:
         yield json_frame(req, reply)
         return
@@ -104,7 +104,7 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
 
     async def answer(peer: Conn, req: GatewayRequest) -> None:
         try:
-            reply = await gateway.dispatch(req)
+            reply = await route(gateway, req)
             if reply.stream is None:
                 door.send(peer, _encoder.encode(json_frame(req, reply)))
                 return
@@ -155,6 +155,7 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
             refuse(peer, req, 429, why, "rate_limit_error")
             return
         owner.inflight += 1
+        door.begin(peer)
         owner.inflight_bytes += size
         door.inflight_bytes += size
         task = loop.create_task(answer(peer, req))
@@ -163,13 +164,15 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
         def done(task: asyncio.Task) -> None:
             tasks.discard(task)
             owner.inflight -= 1
+            door.finish(peer)
             owner.inflight_bytes -= size
             door.inflight_bytes -= size
             door.settle(owner)
 
         task.add_done_callback(done)
 
-    limits = DoorLimits(max_connections=config.max_connections, max_connections_per_session=config.max_connections_per_session)
+    limits = DoorLimits(max_connections=config.max_connections, max_connections_per_session=config.max_connections_per_session,
+                        memory_budget=config.door_memory_bytes)
     door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits)
     gateway.doors.append(door)
     if ready is not None:
@@ -192,7 +195,7 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
         req = GatewayRequest(request_id=next(counter), method=request.method, path=request.path_qs,
                              headers={k.lower(): v for k, v in request.headers.items()}, body=body)
         try:
-            reply = await gateway.dispatch(req)
+            reply = await route(gateway, req)
         except Exception:  # the process boundary: a bug in the core still gets an answer in the API's shape
             log.exception("gateway: HTTP request %s %s failed", req.method, req.path)
             reply = error_reply(request.path.rstrip("/"), 500, "internal error in the gateway (logged)", "internal_error")
@@ -213,3 +216,9 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
     return runner, f"http://{host}:{bound}"
+
+
+async def handle(gateway: Gateway, req: GatewayRequest) -> GatewayReply:
+    """One ``GatewayReply`` with the whole body (a stream is collected): for callers that want one."""
+    frames = [f async for f in reply_frames(gateway, req)]
+    return msgspec.structs.replace(frames[0], body=b"".join(f.body for f in frames), more=False)
