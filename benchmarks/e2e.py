@@ -24,6 +24,14 @@ controller and trainer do not record as such, computed here from the run directo
     trainer sat waiting for data. Idle fraction = the sum over the span. (Step 1 waits for start-up
     and is left out.) Weight saving and pushing count as busy.
 
+The same comparison with the default configuration (conf/config.yaml: the single-turn
+`MathAgent`, 8 groups of 8 episodes a step), and subproc again with a step's worth of warm
+slots, the three interleaved run by run (`default_ratio`):
+steady-state episodes/s of each, their ratio, and the CPU time (user, system) of the whole run
+per episode it built, from the run's process tree (`RUSAGE_CHILDREN` of the `areal.train` process,
+which waits for the zygote, the engine and the trainer); the sandbox's share of it is in
+benchmarks/sandbox_kernel.py.
+
 Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
     python -m benchmarks.run e2e [--quick]
 """
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -111,6 +120,32 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     }
 
 
+WARM_BURST = "sandbox.warm_slots=64"  # a step's episodes (8 groups of 8) find their slots set up
+
+
+def default_ratio(quick: bool, tmp: str) -> dict[str, dict[str, float]]:
+    """Default config: inline, subproc, and subproc with a step's worth of warm slots, interleaved
+    (the order rotates run by run). Per variant, the medians over the rounds of steady-state
+    episodes/s and of the run's user and system CPU seconds per episode built."""
+    rounds, steps = (2, 8) if quick else (3, 16)
+    variants = {"inline": ["rollout.openai.mode=inline"], "subproc": ["rollout.openai.mode=subproc"],
+                "subproc_warm": ["rollout.openai.mode=subproc", WARM_BURST]}
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for i in range(rounds):
+        names = list(variants)
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            run_dir = Path(tmp) / f"default-{name}-{i}"
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            train_run([f"trainer.steps={steps}", "data.eval_size=0", "save_trajectories=true",
+                       f"experiment_name=bench-e2e-default-{name}", *variants[name]], run_dir)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            built = sum(1 for _ in read_saved_trajectories(run_dir / "trajectories.bin"))
+            samples[name].append({"episodes_per_s": run_stats(run_dir)["episodes_per_s"],
+                                  "user_s": (after.ru_utime - before.ru_utime) / built,
+                                  "sys_s": (after.ru_stime - before.ru_stime) / built})
+    return {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+
+
 def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
     return {"benchmark": "e2e", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
             "baseline_value": baseline_value, **extra}
@@ -124,10 +159,25 @@ def main(quick: bool) -> list[dict]:
             walls[mode] = train_run([*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}",
                                      f"experiment_name=bench-e2e-{mode}"], run_dir)
             stats[mode] = run_stats(run_dir)
+        default = default_ratio(quick, tmp)
     sub, inl = stats["subproc"], stats["inline"]
+    dsub, dinl, dwarm = default["subproc"], default["inline"], default["subproc_warm"]
+    ms = 1000.0
     bound = 1  # rollout.max_head_offpolicyness of the default config, kept by small_run
     how = "from the run directory (benchmarks/e2e.py:run_stats)"
     return [
+        _row("episodes/s, subproc (sandboxed), default config", dsub["episodes_per_s"], "ep/s",
+             "inline, default config", dinl["episodes_per_s"],
+             note="conf/config.yaml (MathAgent, 64 episodes a step), eval off; modes interleaved, median of the pairs; "
+                  "the ratio is the figure against the 0.9 target of issue 18"),
+        _row(f"episodes/s, subproc (sandboxed), default config but {WARM_BURST}", dwarm["episodes_per_s"], "ep/s",
+             "inline, default config", dinl["episodes_per_s"],
+             note="a step's burst of spawns finds its episode processes forked and isolated ahead of time"),
+        _row("system CPU per episode, whole run, subproc, default config", dsub["sys_s"] * ms, "ms",
+             "inline, default config", dinl["sys_s"] * ms,
+             note="RUSAGE_CHILDREN of areal.train (engine, trainer, zygote and episodes) / trajectories built"),
+        _row("user CPU per episode, whole run, subproc, default config", dsub["user_s"] * ms, "ms",
+             "inline, default config", dinl["user_s"] * ms),
         _row("episodes/s, subproc (sandboxed)", sub["episodes_per_s"], "ep/s", "inline (controller's event loop)",
              inl["episodes_per_s"], note=f"{AGENT}, steady state: trajectories built between the first and last step / "
                                          f"that span, {how}"),

@@ -1,14 +1,19 @@
-"""Kernel CPU per sandboxed episode, split by isolation layer, same run.
+"""Kernel CPU per sandboxed episode, where it goes (per isolation layer, fork and pages), same run.
 
-An episode's kernel work is spread over processes that are not its own (the zygote's fork and
-reaping, kernel threads tearing a network namespace down), so it is measured machine-wide: the
-system CPU time of /proc/stat over a batch of episodes, divided by the episodes. The agent does
-one chat completion through a real Gateway (ZeroMQ) to an instant engine, as in
-benchmarks/sandbox.py. Each layer's share is the full sandbox's figure minus the figure with
-that layer skipped (``sandbox.skip_layers``), measured in the same run, the variants interleaved
-over rounds and each figure the median of its rounds. Baselines: the full
-sandbox, and the same episodes inline (no sandbox). Run on quiet cores: other work's kernel time
-counts too (the report records the load average).
+Counted per process tree, so that other work on the machine does not count: a sandboxed batch
+costs the system CPU time of the zygote and of every process it reaped (``/proc/<zygote>/stat``:
+stime + cstime; the episode processes, their setups, the reporters) plus this process's (the
+gateway and the stand-in engine); an inline batch costs this process's alone (the same gateway,
+the same agent code in one event loop). Minor page faults (copy-on-write and first touches) are
+counted the same way. Kernel threads finishing a network namespace's teardown belong to neither
+tree: the machine-wide system time (``/proc/stat``) is reported beside, as a check, and it counts
+whatever else runs. The agent makes one chat completion through a real Gateway (ZeroMQ) to an
+instant engine, as in benchmarks/sandbox.py.
+
+Variants, interleaved round by round (drift on the machine falls on all alike), each figure the
+median of its rounds: inline; the full sandbox; the full sandbox with ``huge_pages=False`` (the
+zygote's heap in 4 KiB pages); and the full sandbox less one layer (``skip_layers``), whose
+difference to the full one is that layer's share.
 
     python -m benchmarks.run [--quick] sandbox_kernel
 """
@@ -17,61 +22,102 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, fields
 from typing import Any
 
 from benchmarks.sandbox import AGENT, _InstantWorld, bench_agent
 
 LAYERS = ("netns", "mountns", "readonly_root", "pidns", "cgroup", "seccomp")
+_HZ = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """Machine-wide (user + nice, system + irq + softirq) clock ticks so far."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:8]]
-    return fields[0] + fields[1], fields[2] + fields[5] + fields[6]
+@dataclass
+class Cost:
+    """One batch, per episode: seconds of wall and CPU, page faults."""
+
+    wall: float = 0.0
+    sys: float = 0.0  # system CPU of the processes taking part (see module docstring)
+    user: float = 0.0
+    minflt: float = 0.0
+    machine_sys: float = 0.0  # system CPU of the whole machine (/proc/stat)
 
 
-async def _batch(run_one: Any, n: int, concurrency: int) -> tuple[float, float, float]:
-    """(wall s, user CPU s, system CPU s) of ``n`` episodes, ``concurrency`` at a time."""
-    hz = os.sysconf("SC_CLK_TCK")
+def _machine_sys() -> float:
+    fields_ = [int(x) for x in open("/proc/stat").readline().split()[1:8]]
+    return (fields_[2] + fields_[5] + fields_[6]) / _HZ  # system + irq + softirq
+
+
+def _usage(zygote_pid: int | None) -> Cost:
+    """Counters so far: this process, plus the zygote and its reaped children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    cost = Cost(time.monotonic(), me.ru_stime, me.ru_utime, me.ru_minflt, _machine_sys())
+    if zygote_pid is not None:
+        stat = open(f"/proc/{zygote_pid}/stat").read().rsplit(")", 1)[1].split()
+        minflt, cminflt, utime, stime, cutime, cstime = (int(stat[i]) for i in (7, 8, 11, 12, 13, 14))
+        cost.sys += (stime + cstime) / _HZ
+        cost.user += (utime + cutime) / _HZ
+        cost.minflt += minflt + cminflt
+    return cost
+
+
+async def _batch(run_one: Any, n: int, concurrency: int, zygote_pid: int | None) -> Cost:
+    """Per-episode cost of ``n`` episodes, ``concurrency`` at a time."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
         async with sem:
             await run_one(i)
 
-    u0, s0 = _cpu_ticks()
-    t0 = time.monotonic()
+    before = _usage(zygote_pid)
     await asyncio.gather(*(one(i) for i in range(n)))
-    wall = time.monotonic() - t0
-    u1, s1 = _cpu_ticks()
-    return wall, (u1 - u0) / hz, (s1 - s0) / hz
+    await asyncio.sleep(0.2)  # the last episodes reaped and reported: their CPU is in cstime
+    after = _usage(zygote_pid)
+    cost = Cost(**{f.name: (getattr(after, f.name) - getattr(before, f.name)) / n for f in fields(Cost)})
+    cost.wall -= 0.2 / n
+    return cost
 
 
-async def _sandboxed(world: _InstantWorld, tmp: str, skip: list[str], n: int) -> tuple[float, float, float]:
+def _zygote_memory(pid: int) -> dict[str, int]:
+    """Resident memory, page tables and huge pages of the zygote, in KiB."""
+    out = {}
+    for path, keys in ((f"/proc/{pid}/status", ("VmRSS", "VmPTE")), (f"/proc/{pid}/smaps_rollup", ("AnonHugePages",))):
+        for line in open(path):
+            key, _, value = line.partition(":")
+            if key in keys:
+                out[key] = int(value.split()[0])
+    return out
+
+
+async def _sandboxed(world: _InstantWorld, tmp: str, variant: str, skip: list[str], huge_pages: bool,
+                     n: int, memory: dict[str, dict[str, int]]) -> Cost:
     from sandbox.isolation import SandboxConfig
     from sandbox.zygote import Zygote
 
-    zygote = await Zygote.start(AGENT, world.addr, SandboxConfig(deadline_s=120, skip_layers=skip),
-                                os.path.join(tmp, "log-" + ("-".join(skip) or "all")))
+    config = SandboxConfig(deadline_s=120, skip_layers=skip, huge_pages=huge_pages)
+    zygote = await Zygote.start(AGENT, world.addr, config, os.path.join(tmp, f"log-{variant}"))
     try:
         async def run_one(i: int) -> None:
             key = world.gateway.open_session(f"k{i}")
             try:
-                out = await zygote.run_episode(f"k{i}-{'-'.join(skip)}", {"chat": True}, key)
+                out = await zygote.run_episode(f"k{i}-{variant}", {"chat": True}, key)
                 assert out.status == "ok", out.error
             finally:
                 world.gateway.close_session(key)
 
-        await _batch(run_one, 8, 4)  # warm: the first slots, caches
-        return await _batch(run_one, n, 4)
+        pid = zygote.ready.pid
+        await _batch(run_one, 8, 4, pid)  # warm: the first slots, caches
+        cost = await _batch(run_one, n, 4, pid)
+        memory[variant] = _zygote_memory(pid)  # in the steady state: after n episodes
+        return cost
     finally:
         await zygote.close()
 
 
-async def _inline(world: _InstantWorld, n: int) -> tuple[float, float, float]:
+async def _inline(world: _InstantWorld, n: int) -> Cost:
     import httpx
 
     from areal.gateway import serve_http
@@ -86,50 +132,71 @@ async def _inline(world: _InstantWorld, n: int) -> tuple[float, float, float]:
                 finally:
                     world.gateway.close_session(key)
 
-            await _batch(run_one, 8, 4)
-            return await _batch(run_one, n, 4)
+            await _batch(run_one, 8, 4, None)
+            return await _batch(run_one, n, 4, None)
     finally:
         await runner.cleanup()
 
 
-async def _measure(quick: bool) -> dict[str, tuple[float, float, float]]:
-    """Per variant, the median over rounds of (wall, user, system) seconds per episode. The
-    variants are interleaved round by round, so that drift on the machine (caches, other work)
-    falls on all of them alike."""
+def _variants() -> dict[str, tuple[list[str], bool]]:
+    """name: (skip_layers, huge_pages)."""
+    out = {"all": ([], True), "4k_pages": ([], False)}
+    for layer in LAYERS:
+        out[layer] = ([layer, "readonly_root"] if layer == "mountns" else [layer], True)  # readonly_root needs mountns
+    return out
+
+
+async def _measure(quick: bool) -> tuple[dict[str, Cost], dict[str, dict[str, int]]]:
     rounds, n = (3, 32) if quick else (5, 64)
-    samples: dict[str, list[tuple[float, float, float]]] = {}
+    samples: dict[str, list[Cost]] = {}
+    memory: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:
         world = _InstantWorld()
         await world.start(tmp)
         try:
             for _ in range(rounds):
                 samples.setdefault("inline", []).append(await _inline(world, n))
-                samples.setdefault("all", []).append(await _sandboxed(world, tmp, [], n))
-                for layer in LAYERS:
-                    skip = [layer, "readonly_root"] if layer == "mountns" else [layer]  # readonly_root needs mountns
-                    samples.setdefault(layer, []).append(await _sandboxed(world, tmp, skip, n))
+                for name, (skip, huge) in _variants().items():
+                    samples.setdefault(name, []).append(await _sandboxed(world, tmp, name, skip, huge, n, memory))
         finally:
             await world.stop()
-    return {k: tuple(statistics.median(x[i] / n for x in v) for i in range(3)) for k, v in samples.items()}
+    median = {k: Cost(**{f.name: statistics.median(getattr(c, f.name) for c in v) for f in fields(Cost)})
+              for k, v in samples.items()}
+    return median, memory
 
 
 def main(quick: bool) -> list[dict]:
-    per = asyncio.run(_measure(quick))
+    per, memory = asyncio.run(_measure(quick))
     ms = 1000.0
-    all_wall, all_user, all_sys = per["all"]
+    full, inline, small = per["all"], per["inline"], per["4k_pages"]
+
+    def row(metric: str, value: float, unit: str, baseline: str, baseline_value: float) -> dict:
+        return {"benchmark": "sandbox_kernel", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
+                "baseline_value": baseline_value}
+
     rows = [
-        {"benchmark": "sandbox_kernel", "metric": "kernel CPU per sandboxed episode, all layers", "value": all_sys * ms,
-         "unit": "ms", "baseline": "inline episode (no sandbox)", "baseline_value": per["inline"][2] * ms},
-        {"benchmark": "sandbox_kernel", "metric": "user CPU per sandboxed episode, all layers", "value": all_user * ms,
-         "unit": "ms", "baseline": "inline episode (no sandbox)", "baseline_value": per["inline"][1] * ms},
-        {"benchmark": "sandbox_kernel", "metric": "episodes/s sandboxed (4 at a time), all layers", "value": 1 / all_wall,
-         "unit": "ep/s", "baseline": "inline episodes/s (4 at a time)", "baseline_value": 1 / per["inline"][0]},
+        row("kernel CPU per sandboxed episode, all layers (zygote tree + gateway)", full.sys * ms, "ms",
+            "inline episode (no sandbox)", inline.sys * ms),
+        row("kernel CPU per sandboxed episode, all layers, machine-wide", full.machine_sys * ms, "ms",
+            "inline episode, machine-wide", inline.machine_sys * ms),
+        row("kernel CPU per sandboxed episode, huge-page heap", full.sys * ms, "ms",
+            "4 KiB-page heap (huge_pages=False)", small.sys * ms),
+        row("minor page faults per sandboxed episode, all layers", full.minflt, "faults",
+            "inline episode", inline.minflt),
+        row("minor page faults per sandboxed episode, huge-page heap", full.minflt, "faults",
+            "4 KiB-page heap", small.minflt),
+        row("user CPU per sandboxed episode, all layers", full.user * ms, "ms", "inline episode", inline.user * ms),
+        row("episodes/s sandboxed (4 at a time), all layers", 1 / full.wall, "ep/s",
+            "inline episodes/s (4 at a time)", 1 / inline.wall),
+        row("zygote page tables (VmPTE) after the batch, huge-page heap", memory["all"]["VmPTE"], "KiB",
+            "4 KiB-page heap", memory["4k_pages"]["VmPTE"]),
+        row("zygote heap in huge pages after the batch", memory["all"].get("AnonHugePages", 0) / 1024, "MiB",
+            "zygote resident memory (VmRSS)", memory["all"]["VmRSS"] / 1024),
     ]
     for layer in LAYERS:
         label = "mountns + readonly_root" if layer == "mountns" else layer
-        rows.append({"benchmark": "sandbox_kernel", "metric": f"kernel CPU per episode attributable to {label}",
-                     "value": (all_sys - per[layer][2]) * ms, "unit": "ms",
-                     "baseline": "all layers", "baseline_value": all_sys * ms})
+        rows.append(row(f"kernel CPU per episode attributable to {label}", (full.sys - per[layer].sys) * ms, "ms",
+                        "all layers", full.sys * ms))
     return rows
 
 
@@ -137,5 +204,5 @@ if __name__ == "__main__":
     import json
     import sys
 
-    for row in main("--quick" in sys.argv):
-        print(json.dumps(row))
+    for r in main("--quick" in sys.argv):
+        print(json.dumps(r))

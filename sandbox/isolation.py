@@ -3,15 +3,18 @@
     zygote (host namespaces)
       │ prepare(): cgroup dirs memory+pids/areal/<zygote pid>-<slot seq>, fallback temp dir
       └─fork─► episode process (new session = own process group), ahead of its spawn (a warm
-               slot, sandbox/zygote.py): every step below runs before the spawn arrives
+               slot, sandbox/zygote.py): every step below runs before the spawn arrives. A root
+               zygote forks it as PID 1 of a new PID namespace (``fork_pid_namespace_init``).
                  enter(): join cgroups · [not root: unshare user, uid/gid 0 inside mapped to
                  the zygote's own] · unshare net (lo up) · unshare mount + pivot_root into a
                  minimal read-only root (sandbox/rootfs.py: programs, an /etc allow-list, the
                  interpreter and the agent's code; private /tmp tmpfs, empty /dev/shm tmpfs,
                  gateway socket bound in) · rlimits · no_new_privs · scrubbed env
-                 └─fork─► agent, PID 1 of a new PID namespace (fresh read-only /proc,
-                          capabilities dropped, then the seccomp filter of sandbox/seccomp.py);
-                          the episode process waits and forwards its exit status
+                 root zygote: mount_proc() (fresh read-only /proc of its PID namespace)
+                 not root: └─fork─► agent, PID 1 of a new PID namespace created inside the
+                          user namespace (fresh read-only /proc); the episode process waits and
+                          forwards its exit status (``fork_into_pid_namespace``)
+                 then, in the agent: capabilities dropped, the seccomp filter of sandbox/seccomp.py
       release(): SIGKILL whatever is left in the cgroup, rmdir it (zygote, after the reap)
 
 Each layer is probed once at zygote start (``probe`` tries it in a throwaway child); a layer
@@ -141,6 +144,9 @@ class SandboxConfig:
     log_tail_bytes: int = 4096  # how much of the episode log a failed outcome carries
     skip_layers: list[str] = field(default_factory=list)  # layers not to apply, from LAYERS
     warm_slots: int = 2  # episode processes kept set up (every layer applied) and waiting for a spawn
+    # Back the zygote's preloaded heap by huge pages (sandbox/heap.py): fewer page-table entries
+    # for every episode's fork to copy and its exit to drop. False: 4 KiB pages, as allocated.
+    huge_pages: bool = True
     # The minimal root (sandbox/rootfs.py): extra paths episodes may read (model or tool files), and
     # paths masked even inside an exposed directory (the controller adds its run directory).
     expose: list[str] = field(default_factory=list)
@@ -312,13 +318,13 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
     pid = os.fork()
     if pid == 0:  # probe child: report "layer=error" lines, never return
         os.close(r)
-        lines = []
-        for layer in wanted_layers():
+        lines, wanted = [], wanted_layers()  # before the userns probe: inside it, every uid reads 0
+        for layer in wanted:
             try:
                 # A skipped layer is not applied here either: the later probes must run in the
                 # state episodes will have (without userns, a non-root netns probe must fail).
                 if layer not in config.skip_layers:
-                    _probe_layer(layer, config)
+                    _probe_layer(layer, config, root="userns" not in wanted)
                 lines.append(f"{layer}=")
             except BaseException as e:  # process boundary: every failure becomes a report line
                 lines.append(f"{layer}={type(e).__name__}: {e}".replace("\n", " "))
@@ -347,7 +353,7 @@ def probe(config: SandboxConfig) -> tuple[list[str], list[str]]:
     return available, warnings
 
 
-def _probe_layer(layer: str, config: SandboxConfig) -> None:
+def _probe_layer(layer: str, config: SandboxConfig, root: bool) -> None:
     if layer == "session":
         os.setsid()
     elif layer == "userns":  # first: the namespace probes below then run inside it, as episodes do
@@ -362,9 +368,12 @@ def _probe_layer(layer: str, config: SandboxConfig) -> None:
         rootfs.enter_minimal_root(rootfs.plan_root([], [], [])[0], 1 << 20, 1 << 20, "")
         if secret and os.path.exists(secret):
             raise OSError(f"the minimal root still shows {secret}")
-    elif layer == "pidns":
-        _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
-        pid = os.fork()
+    elif layer == "pidns":  # as the zygote will fork episodes: fork_pid_namespace_init as root
+        if root:
+            pid = fork_pid_namespace_init()
+        else:
+            _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
+            pid = os.fork()
         if pid == 0:
             os._exit(0 if os.getpid() == 1 else 1)
         if os.waitpid(pid, 0)[1] != 0:
@@ -429,7 +438,7 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
         os.setsid()  # own process group: the zygote kills the episode with one killpg
     for d in res.cgroups:
         with open(os.path.join(d, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")  # the writer itself: its getpid() may be 1, of a PID namespace of its own
     if "userns" in layers:  # after the cgroup join, which the namespace's root could not do
         _enter_user_namespace()
         # Linux keeps the death signal across this unshare (the new credentials are a subset of
@@ -457,15 +466,55 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     return home
 
 
-def fork_into_pid_namespace(mount_proc: bool, readonly_proc: bool = False) -> None:
-    """Returns only in the new namespace's PID 1; the caller's process waits and mirrors its end."""
+def forks_pid_namespace_init(layers: list[str]) -> bool:
+    """Whether the zygote forks episodes straight into their PID namespace (it may create one:
+    root) rather than the episode forking once more inside its user namespace."""
+    return "pidns" in layers and "userns" not in layers
+
+
+_own_pid_namespace: int | None = None  # an fd of the zygote's PID namespace, opened once
+
+
+def fork_pid_namespace_init() -> int:
+    """``os.fork``, the child being PID 1 of a new PID namespace (needs CAP_SYS_ADMIN: a root
+    zygote). One fork of the zygote per episode instead of two (``fork_into_pid_namespace``):
+    the second one would copy the zygote's page tables again and keep a second copy of them
+    alive for the whole episode. unshare(CLONE_NEWPID) only sets where the caller's next
+    children go; setns back to its own namespace restores that, so the zygote's other forks
+    (its reporter) stay in the host namespace."""
+    global _own_pid_namespace
+    if _own_pid_namespace is None:
+        _own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _check(_libc.setns(_own_pid_namespace, _CLONE_NEWPID), "setns(CLONE_NEWPID)")
+        raise
+    if pid:  # the parent: its next fork goes to its own namespace again
+        _check(_libc.setns(_own_pid_namespace, _CLONE_NEWPID), "setns(CLONE_NEWPID)")
+    else:  # the episode keeps no handle on the host's PID namespace
+        os.close(_own_pid_namespace)
+        _own_pid_namespace = None
+    return pid
+
+
+def mount_proc(readonly: bool) -> None:
+    """In PID 1 of a PID namespace with private mounts: a /proc that shows only that namespace.
+    Read-only: uid 0 without capabilities may still write root-owned /proc/sys files."""
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if readonly else 0))
+
+
+def fork_into_pid_namespace(mount_proc_too: bool, readonly_proc: bool = False) -> None:
+    """Returns only in the new namespace's PID 1; the caller's process waits and mirrors its end.
+    For a zygote that cannot create a PID namespace itself (not root: only inside the episode's
+    user namespace)."""
     _unshare(_CLONE_NEWPID, "CLONE_NEWPID")
     pid = os.fork()
     if pid == 0:
         set_parent_death_signal()
-        if mount_proc:  # a /proc that shows only this namespace (needs our private mounts)
-            # Read-only: uid 0 without capabilities may still write root-owned /proc/sys files.
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if readonly_proc else 0))
+        if mount_proc_too:
+            mount_proc(readonly_proc)
         return
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):

@@ -9,7 +9,7 @@
     the gateway's socket              ─────►  same path           the one way out
     /dev/{null,zero,full,random,urandom,tty} ► /dev/…             /dev/shm: an empty tmpfs
                                               /tmp: a private size-capped tmpfs (HOME, TMPDIR)
-                                              /proc: the PID namespace's own (fork_into_pid_namespace),
+                                              /proc: the PID namespace's own (isolation.mount_proc),
                                                      over a read-only bind of the host's
 
 Everything else of the host is absent, not merely protected: home directories and /root (ssh
@@ -170,7 +170,7 @@ def _bind(fd: int, target: str, is_dir: bool, readonly: bool) -> None:
 def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str) -> None:
     """A new mount namespace whose root holds only ``plan`` (read-only), a private /tmp, an empty
     /dev/shm, the devices of DEVICES and the gateway's socket; and the host's /proc, read-only,
-    which the PID namespace's own /proc then covers (``fork_into_pid_namespace``). It must be
+    which the PID namespace's own /proc then covers (``isolation.mount_proc``). It must be
     there: in a user namespace the kernel mounts a new proc only where a fully visible one exists."""
     _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing of ours propagates to the host

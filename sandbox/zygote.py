@@ -12,13 +12,21 @@ Run as ``python -m sandbox.zygote --agent MODULE:ATTR --gateway ipc:///path.sock
 [--config JSON] [--log-dir DIR]``. Frames are ``protocol.frame`` (4-byte LE length + msgpack).
 
 Warm slots: every isolation layer costs time on the spawn's path when applied after the fork
-(joining the cgroup 15-30 ms, the PID-namespace fork 25-35 ms, unshare(NET) and the mounts,
-the relay's thread). So ``config.warm_slots`` episode processes are forked ahead of time and
+(joining the cgroup, the PID namespace, unshare(NET) and the mounts, the relay's thread), and a
+burst of spawns met by forks on the spot is serialised in this single-threaded loop. So
+``config.warm_slots`` episode processes are forked ahead of time and
 apply all of it while idle; a spawn only writes its frame into an idle slot's pipe, and the
 zygote forks the replacement right after the handover, off that episode's path. A burst larger
 than the pool forks slots on the spot and hands them their frame at once (the same code path;
 ``warm_slots=0`` makes every spawn take it). A slot whose setup failed still takes its spawn and
 reports the setup traceback as the episode's error. Its deadline starts at the handover.
+
+Fork cost: the kernel time of an episode is mostly its process's life cycle (copying the page
+tables of a zygote holding the SDKs, copy-on-write faults, the exit's teardown), not its
+namespaces. So there is one fork of the zygote per episode: a root zygote forks each slot
+straight into a new PID namespace, as its PID 1 (``isolation.fork_pid_namespace_init``; a
+non-root one forks once more inside the slot's user namespace), and the preloaded heap is
+collapsed into huge pages before the first fork (sandbox/heap.py, ``config.huge_pages``).
 
 Invariants:
 - exactly one EpisodeOutcome per SpawnEpisode, always (timeout, crash, OOM, shutdown included);
@@ -60,6 +68,7 @@ import json
 import logging
 import os
 import re
+import select
 import selectors
 import signal
 import sys
@@ -74,7 +83,7 @@ from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode
                             ZygoteOutbound, ZygoteReady, frame)
 from areal.agent import AgentRun, load_agent
 from areal.process import die_with_parent, log_tail
-from sandbox import episode, isolation, keys, rootfs
+from sandbox import episode, heap, isolation, keys, rootfs
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
 log = logging.getLogger("sandbox.zygote")
@@ -130,6 +139,8 @@ class ZygoteServer:
         self.outcome_decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
         self.reports = keys.ControlBuffer(RESULT_INITIAL_BYTES)  # a reporter's outcome frame, zeroed once forwarded
         self.scratch = bytearray(RESULT_INITIAL_BYTES)  # result bytes past RESULT_LIMIT, zeroed once read
+        self.pid_init = isolation.forks_pid_namespace_init(layers)  # each slot is PID 1 of its own namespace
+        self.alive_fd = os.pidfd_open(os.getpid())  # readable once the zygote is gone, from any PID namespace
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -260,7 +271,7 @@ class ZygoteServer:
         spawn_r, spawn_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        pid = isolation.fork_pid_namespace_init() if self.pid_init else os.fork()
         if pid == 0:
             os.close(result_r)
             os.close(spawn_w)
@@ -277,13 +288,14 @@ class ZygoteServer:
 
     def _child(self, spawn_r: int, result_w: int, logfd: int, res: EpisodeResources) -> None:
         """The slot: every isolation layer and the relay first, then wait for the spawn, run it."""
-        zygote_pid = os.getppid()
         setup_error = ""
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             isolation.set_parent_death_signal()
-            if os.getppid() != zygote_pid:  # the zygote died before the death signal was armed
+            gone = select.poll()  # not select.select: fds may pass FD_SETSIZE
+            gone.register(self.alive_fd, select.POLLIN)
+            if gone.poll(0):  # the zygote died before the death signal was armed
                 os._exit(1)
             # Other episodes' keys: frames not yet read, spawns not yet handed over or written.
             self.inbuf.wipe()
@@ -294,7 +306,7 @@ class ZygoteServer:
                 slot.result.wipe()  # other episodes' results, their keys maybe (masked only if honest)
             self.reports.wipe()
             self.sel.close()
-            inherited = [self.ctrl_out, self.wake_r, self.wake_w] + [s.result_fd for s in self.slots.values()]
+            inherited = [self.ctrl_out, self.wake_r, self.wake_w, self.alive_fd] + [s.result_fd for s in self.slots.values()]
             for fd in inherited + [s.spawn_fd for s in self.slots.values() if s.spawn_fd != -1]:
                 os.close(fd)
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -304,9 +316,10 @@ class ZygoteServer:
             os.close(devnull)
             os.close(logfd)
             isolation.enter(self.config, self.layers, res, self.gateway_path, self.plan)
-            if "pidns" in self.layers:
-                isolation.fork_into_pid_namespace(mount_proc="mountns" in self.layers,
-                                                  readonly_proc="readonly_root" in self.layers)
+            if self.pid_init and "mountns" in self.layers:  # already PID 1 of its namespace
+                isolation.mount_proc(readonly="readonly_root" in self.layers)
+            elif "pidns" in self.layers and not self.pid_init:
+                isolation.fork_into_pid_namespace("mountns" in self.layers, readonly_proc="readonly_root" in self.layers)
             isolation.finish_agent_setup(self.layers)
             relay = episode.start_relay(self.gateway_addr)
         except BaseException:  # process boundary: a failed setup becomes the episode's outcome
@@ -708,6 +721,9 @@ def main(argv: list[str] | None = None) -> None:
         for d in isolation.sweep_stale_cgroups():
             log.info("removed stale cgroup %s", d)
     gc.freeze()  # keep imported objects out of later collections: fewer copy-on-write page faults
+    if config.huge_pages:
+        collapsed, refused = heap.collapse_heap()  # fewer page-table entries for every fork to copy
+        log.info("heap: %d MiB collapsed into huge pages, %d MiB refused", collapsed >> 20, refused >> 20)
     server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers, plan)
     try:
         server.refill()  # before ZygoteReady: the first episodes find their slots set up

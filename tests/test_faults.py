@@ -262,7 +262,7 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
                              f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
-                             "rollout.openai.mode=inline", "trainer.steps=8", "rollout.groups_per_step=2",
+                             "rollout.openai.mode=inline", "trainer.steps=12", "rollout.groups_per_step=2",
                              "rollout.n_samples=2", "data.eval_size=0", "engine.replicas=2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, killed = time.monotonic() + 180, None
@@ -279,7 +279,7 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     assert f"[engine] the inference engine (pid {killed}) died (signal SIGKILL); restarting it" in out + err, (out + err)[-4000:]
     assert " is back (pid " in out + err
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 9))
+    assert steps == list(range(1, 13))
     ids = [json.loads(x)["episode_id"] for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids))
     back = int((out + err).split(" is back (pid ")[1].split(")")[0])
