@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model test-models demo test bench clean
+.PHONY: venv model test-models demo test lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -46,6 +46,11 @@ $(NODE_AGENT)/node_modules/.package-lock.json: $(NODE_AGENT)/package.json $(NODE
 
 test: test-models $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(ARGS)
+
+# ruff: lint (pyflakes, import order, a few bugbear checks) and the formatter, as pyproject.toml configures them.
+lint: venv
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
 
 bench: test-models
 	$(VPY) -m benchmarks.run $(ARGS)

@@ -25,8 +25,11 @@ from anthropic import AsyncAnthropic
 from areal.reward.gsm8k import gsm8k_reward_fn
 from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, question
 
-CALCULATOR = {"name": "calculator", "description": CALCULATOR_TOOL["function"]["description"],
-              "input_schema": CALCULATOR_TOOL["function"]["parameters"]}
+CALCULATOR = {
+    "name": "calculator",
+    "description": CALCULATOR_TOOL["function"]["description"],
+    "input_schema": CALCULATOR_TOOL["function"]["parameters"],
+}
 
 
 def anthropic_client(extra_kwargs: dict[str, Any]) -> AsyncAnthropic:
@@ -66,7 +69,10 @@ class AnthropicCalculatorAgent:
         answer = ""
         for _ in range(self.max_turns):
             reply = await client.messages.create(
-                model="default", max_tokens=self.max_tokens, system=TOOL_SYSTEM_PROMPT, tools=[CALCULATOR],
+                model="default",
+                max_tokens=self.max_tokens,
+                system=TOOL_SYSTEM_PROMPT,
+                tools=[CALCULATOR],
                 messages=messages,
                 extra_body={"temperature": self.temperature},  # anthropic 2.x dropped the keyword; the API keeps the field
             )

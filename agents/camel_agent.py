@@ -39,8 +39,7 @@ def calculator_tool(expression: str) -> str:
 
 
 class CamelCalculatorAgent:
-    def __init__(self, tokenizer_path: str = "embedded", max_iteration: int = 3, temperature: float = 1.0,
-                 max_tokens: int = 64) -> None:
+    def __init__(self, tokenizer_path: str = "embedded", max_iteration: int = 3, temperature: float = 1.0, max_tokens: int = 64) -> None:
         if max_iteration < 1:
             raise ValueError(f"max_iteration must be >= 1, got {max_iteration}")
         self.tokenizer = load_hf_tokenizer(tokenizer_path)
@@ -48,11 +47,19 @@ class CamelCalculatorAgent:
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
-        model = AReaLOpenAICompatibleModel(openai_client=client, tokenizer=self.tokenizer, model_type="areal",
-                                           model_config_dict={"temperature": self.temperature, "max_tokens": self.max_tokens})
-        agent = ChatAgent(system_message=TOOL_SYSTEM_PROMPT, model=model, max_iteration=self.max_iteration,
-                          tools=[FunctionTool(calculator_tool, openai_tool_schema=CALCULATOR_TOOL)],
-                          retry_attempts=1)  # a failed call is the episode's error, not a silent retry
+        model = AReaLOpenAICompatibleModel(
+            openai_client=client,
+            tokenizer=self.tokenizer,
+            model_type="areal",
+            model_config_dict={"temperature": self.temperature, "max_tokens": self.max_tokens},
+        )
+        agent = ChatAgent(
+            system_message=TOOL_SYSTEM_PROMPT,
+            model=model,
+            max_iteration=self.max_iteration,
+            tools=[FunctionTool(calculator_tool, openai_tool_schema=CALCULATOR_TOOL)],
+            retry_attempts=1,
+        )  # a failed call is the episode's error, not a silent retry
         response = await agent.astep(question(data))
         text = response.msgs[0].content if response.msgs else ""
         return gsm8k_reward_fn(completions=text, answer=data["answer"])

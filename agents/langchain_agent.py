@@ -31,8 +31,15 @@ from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculato
 def chat_model(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> ChatOpenAI:
     gw = gateway_kwargs(extra_kwargs)
     http_client = gw["http_client"] or httpx.AsyncClient(timeout=httpx.Timeout(600.0))
-    return ChatOpenAI(model="default", base_url=gw["base_url"], api_key=gw["api_key"], http_async_client=http_client,
-                      temperature=temperature, max_tokens=max_tokens, max_retries=0)
+    return ChatOpenAI(
+        model="default",
+        base_url=gw["base_url"],
+        api_key=gw["api_key"],
+        http_async_client=http_client,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        max_retries=0,
+    )
 
 
 def final_text(message: AIMessage) -> str:
@@ -65,7 +72,10 @@ class ToolMathAgent:
                 break
             messages.append(reply)
             for call in reply.tool_calls:
-                result = (calculator(str(call["args"].get("expression", ""))) if call["name"] == "calculator"
-                          else f"error: unknown tool {call['name']!r}")
+                result = (
+                    calculator(str(call["args"].get("expression", "")))
+                    if call["name"] == "calculator"
+                    else f"error: unknown tool {call['name']!r}"
+                )
                 messages.append(ToolMessage(result, tool_call_id=call["id"]))
         return gsm8k_reward_fn(completions=answer, answer=data["answer"])

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner, handoff
 from openai import AsyncOpenAI
 
+from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner, handoff
 from areal.reward.gsm8k import gsm8k_reward_fn
 from areal.workflow.common import TOOL_SYSTEM_PROMPT, gateway_kwargs, question
 from areal.workflow.openai_agent.math_agent import calculator_tool  # the SDK function tool over the calculator
@@ -43,8 +43,9 @@ def build_triage_agent() -> Agent:
     return Agent(
         name="Triage Agent",
         instructions="Hand arithmetic problems to the math agent.",
-        handoffs=[handoff(math_agent, tool_name_override="transfer_to_math_agent",
-                          tool_description_override="Solve an arithmetic problem")],
+        handoffs=[
+            handoff(math_agent, tool_name_override="transfer_to_math_agent", tool_description_override="Solve an arithmetic problem")
+        ],
         # Every question here is arithmetic, so triage must hand off: a named tool_choice. The
         # handoff takes no parameters, so the gateway writes the whole call (see module doc).
         model_settings=ModelSettings(tool_choice="transfer_to_math_agent"),
@@ -60,11 +61,13 @@ class HandoffMathAgent:
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
         # OpenAIProvider's default is the Responses API: that is what this agent exercises.
-        run_config = RunConfig(model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True,
-                               model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens))
+        run_config = RunConfig(
+            model_provider=OpenAIProvider(openai_client=client),
+            tracing_disabled=True,
+            model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens),
+        )
         try:
-            result = await Runner.run(build_triage_agent(), input=question(data), run_config=run_config,
-                                      max_turns=self.max_turns)
+            result = await Runner.run(build_triage_agent(), input=question(data), run_config=run_config, max_turns=self.max_turns)
         except (ModelBehaviorError, MaxTurnsExceeded):
             return 0.0  # a call to a tool this agent lacks, or no answer in max_turns: the policy's mistake
         return gsm8k_reward_fn(completions=str(result.final_output or ""), answer=data["answer"])

@@ -40,12 +40,14 @@ class MultiTurnMathAgent:
         rewards: dict[str, float] = {}
         for turn in range(self.max_turns):
             completion = await client.chat.completions.create(
-                model="default", messages=messages, temperature=self.temperature, max_tokens=self.max_tokens,
+                model="default",
+                messages=messages,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
             )
             text = completion.choices[0].message.content or ""
             rewards[completion.id] = gsm8k_reward_fn(completions=text, answer=data["answer"])
             if rewards[completion.id] == 1.0:
                 break
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": RETRY_PROMPTS[turn % len(RETRY_PROMPTS)]}]
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": RETRY_PROMPTS[turn % len(RETRY_PROMPTS)]}]
         return rewards

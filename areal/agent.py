@@ -26,8 +26,9 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -44,6 +45,7 @@ class EpisodeRunner(Protocol):
 
     async def close(self) -> None: ...
 
+
 AgentRun = Callable[..., Awaitable[Any]]
 EXEC_PREFIX = "exec:"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +54,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 def load_agent(spec: str) -> AgentRun:
     """Resolve an agent spec to its async ``run(data, **extra_kwargs)`` callable."""
     if spec.startswith(EXEC_PREFIX):
-        return executable_agent(spec[len(EXEC_PREFIX):])
+        return executable_agent(spec[len(EXEC_PREFIX) :])
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ValueError(f"agent spec must be TARGET:ATTR (a module or .py file, then a name), got {spec!r}")
@@ -121,8 +123,7 @@ def executable_agent(target: str) -> AgentRun:
         env = dict(os.environ)
         if base_url and api_key and "OPENAI_BASE_URL" not in env:  # inline mode: no relay, no variables
             env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key)
-        proc = await asyncio.create_subprocess_exec(str(path), stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, env=env)
+        proc = await asyncio.create_subprocess_exec(str(path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         try:
             out, _ = await proc.communicate(json.dumps(data).encode())
         finally:  # cancelled (deadline, inline timeout): do not leave the program behind
@@ -186,11 +187,12 @@ def outcome_from_result(episode_id: str, result: Any, wall_s: float = 0.0) -> Ep
         return EpisodeOutcome(episode_id, "ok", reward=float(result), wall_s=wall_s)
     if result is None:
         return EpisodeOutcome(episode_id, "ok", wall_s=wall_s)
-    return error(f"run() returned {_quote(result)} of type {type(result).__name__}; expected a float, a {{completion_id: reward}} dict or None")
+    return error(
+        f"run() returned {_quote(result)} of type {type(result).__name__}; expected a float, a {{completion_id: reward}} dict or None"
+    )
 
 
-def check_episode_rewards(outcome: EpisodeOutcome, recorded: Mapping[str, float | None],
-                          reward_range: Sequence[float]) -> EpisodeOutcome:
+def check_episode_rewards(outcome: EpisodeOutcome, recorded: Mapping[str, float | None], reward_range: Sequence[float]) -> EpisodeOutcome:
     """``outcome`` if every reward of this ok episode is one it may give, else an error outcome
     (not trained on) naming each bad entry with its id and value.
 
@@ -220,9 +222,12 @@ def check_episode_rewards(outcome: EpisodeOutcome, recorded: Mapping[str, float 
     ids = list(recorded)
     own = ", ".join(_quote(i) for i in ids[:_NAMED]) + (f" and {len(ids) - _NAMED} more" if len(ids) > _NAMED else "")
     return msgspec.structs.replace(
-        outcome, status="error", reward=None, rewards_by_id={},
+        outcome,
+        status="error",
+        reward=None,
+        rewards_by_id={},
         error=f"rewards this episode cannot give (rollout.reward_range [{low:g}, {high:g}]; its completion ids: "
-              f"{own or 'none'}): {_listed(problems)}",
+        f"{own or 'none'}): {_listed(problems)}",
     )
 
 
@@ -255,8 +260,11 @@ def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -
 
 def class_spec(cls: type) -> str | None:
     """``module:Class`` (or ``script.py:Class``) when the class can be rebuilt with no arguments."""
-    required = [p for p in inspect.signature(cls).parameters.values()
-                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [
+        p
+        for p in inspect.signature(cls).parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if required or "<locals>" in cls.__qualname__:
         return None
     if cls.__module__ == "__main__":

@@ -61,11 +61,14 @@ class EngineConfig:
         if self.kind not in ("embedded", "sglang"):
             raise ValueError(f"engine.kind must be 'embedded' or 'sglang', got {self.kind!r}")
         if self.kind == "sglang" and bool(self.urls) == bool(self.launch.command):
-            raise ValueError("engine.kind=sglang needs exactly one of engine.urls (running servers) or "
-                             "engine.launch.command (servers the run starts)")
+            raise ValueError(
+                "engine.kind=sglang needs exactly one of engine.urls (running servers) or engine.launch.command (servers the run starts)"
+            )
         if self.kind == "embedded" and (self.urls or self.launch.command):
-            raise ValueError("engine.urls / engine.launch.command are for engine.kind=sglang; the embedded engine "
-                             "is launched by the run (engine.replicas of it)")
+            raise ValueError(
+                "engine.urls / engine.launch.command are for engine.kind=sglang; the embedded engine "
+                "is launched by the run (engine.replicas of it)"
+            )
         if self.threads < 1 or self.max_batch < 1 or self.replicas < 1:
             raise ValueError("engine.threads, engine.max_batch and engine.replicas must be >= 1")
         if self.max_restarts < 0:
@@ -113,11 +116,16 @@ class RolloutConfig:
         if ":" not in self.agent:
             raise ValueError(f"rollout.agent must be MODULE:ATTR, got {self.agent!r}")
         r, f32_max = self.reward_range, 3.4028234663852886e38  # the largest float32 (Trajectory.row_rewards)
-        if (not isinstance(r, (list, tuple)) or len(r) != 2
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in r)
-                or not -f32_max <= r[0] < r[1] <= f32_max):
-            raise ValueError(f"rollout.reward_range must be [low, high] with finite numbers low < high within "
-                             f"+-{f32_max:.4g} (rewards travel as float32), got {r!r}")
+        if (
+            not isinstance(r, (list, tuple))
+            or len(r) != 2
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in r)
+            or not -f32_max <= r[0] < r[1] <= f32_max
+        ):
+            raise ValueError(
+                f"rollout.reward_range must be [low, high] with finite numbers low < high within "
+                f"+-{f32_max:.4g} (rewards travel as float32), got {r!r}"
+            )
         self.reward_range = [float(r[0]), float(r[1])]
         if self.max_zygote_restarts < 0:
             raise ValueError(f"rollout.max_zygote_restarts must be >= 0, got {self.max_zygote_restarts}")
@@ -172,7 +180,6 @@ class TrainConfig:
 
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
-
 
 
 def describe(cls: type = TrainConfig, prefix: str = "") -> list[str]:

@@ -34,8 +34,8 @@ import json
 import os
 import random
 import secrets
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -49,8 +49,17 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import EpisodeRunner, agent_object_spec, agent_run, check_episode_rewards, load_agent, load_reward_fn, outcome_from_exception, outcome_from_result
-from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
+from areal.agent import (
+    EpisodeRunner,
+    agent_object_spec,
+    agent_run,
+    check_episode_rewards,
+    load_agent,
+    load_reward_fn,
+    outcome_from_exception,
+    outcome_from_result,
+)
+from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row
 from areal.engine.client import EngineClient
@@ -58,14 +67,26 @@ from areal.engine.fleet import EngineFleet, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
-from areal.api.workflow_api import workflow_kind
 from areal.gateway.tree import InteractionWithTokenLogpReward
-from areal.utils.hf_utils import resolve_model_path
+from areal.jsonl import json_line
 from areal.plots import plot_reward_curve
 from areal.process import die_with_parent, log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
-from areal.protocol import FRAME_HEADER, EpisodeOutcome, decode_trajectory, frame, TokenRow, TrainerDone, TrainerFailed, TrainerMessage, TrainerReport, Trajectory, encode_trajectory
-from areal.jsonl import json_line
+from areal.protocol import (
+    FRAME_HEADER,
+    EpisodeOutcome,
+    TokenRow,
+    TrainerDone,
+    TrainerFailed,
+    TrainerMessage,
+    TrainerReport,
+    Trajectory,
+    decode_trajectory,
+    encode_trajectory,
+    frame,
+)
+from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.trainer.config import TrainerJob
+from areal.utils.hf_utils import resolve_model_path
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
 
@@ -89,8 +110,10 @@ class InlineRunner:
             result = await asyncio.wait_for(
                 self.run_agent(data, base_url=self.base_url, api_key=api_key, http_client=self.http), deadline_s
             )
-        except asyncio.TimeoutError:
-            return EpisodeOutcome(episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0)
+        except TimeoutError:
+            return EpisodeOutcome(
+                episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0
+            )
         except Exception as e:  # the agent's own failure: becomes the episode's outcome
             return outcome_from_exception(episode_id, e, time.monotonic() - t0)
         return outcome_from_result(episode_id, result, time.monotonic() - t0)
@@ -144,8 +167,7 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     rows, versions = [], []
     for row in exported.values():
         reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
-        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs,
-                             versions=row.versions, reward=reward))
+        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
         versions.extend(v for v in row.versions if v >= 0)
     episode_reward = outcome.reward if outcome.reward is not None else sum(r.reward for r in rows)
     return Trajectory.from_rows(
@@ -169,9 +191,14 @@ def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, gr
     """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward)."""
     versions = [v for v in row.versions if v >= 0]
     return Trajectory.from_rows(
-        episode_id=episode_id, group_id=group_id, group_size=group_size, reward=row.reward, status="ok",
+        episode_id=episode_id,
+        group_id=group_id,
+        group_size=group_size,
+        reward=row.reward,
+        status="ok",
         rows=[TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=row.reward)],
-        policy_version_start=min(versions, default=-1), policy_version_end=max(versions, default=-1),
+        policy_version_start=min(versions, default=-1),
+        policy_version_end=max(versions, default=-1),
         interaction_ids=[row.interaction.id],
     )
 
@@ -182,8 +209,14 @@ class Controller:
     data)``) is called once per group with the controller's engine client. ``dataset`` replaces
     the embedded train rows, ``eval_dataset`` the embedded held-out rows."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, agent: Any | None = None,
-                 dataset: list[dict] | None = None, eval_dataset: list[dict] | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        agent: Any | None = None,
+        dataset: list[dict] | None = None,
+        eval_dataset: list[dict] | None = None,
+    ):
         self.config = config
         self.run_dir = run_dir
         self.agent = agent
@@ -202,9 +235,11 @@ class Controller:
         if self.workflow_kind == "agent" and config.rollout.openai.mode == "subproc":
             self.agent_spec = agent_object_spec(agent)
             if self.agent_spec is None:
-                raise ValueError(f"rollout.openai.mode=subproc needs an agent the sandbox can import by path, and {agent!r} is not "
-                                 "(its class takes constructor arguments or is defined inside a function); "
-                                 "name it with rollout.agent=MODULE:ATTR or use rollout.openai.mode=inline")
+                raise ValueError(
+                    f"rollout.openai.mode=subproc needs an agent the sandbox can import by path, and {agent!r} is not "
+                    "(its class takes constructor arguments or is defined inside a function); "
+                    "name it with rollout.agent=MODULE:ATTR or use rollout.openai.mode=inline"
+                )
         self.run_id = f"{os.getpid()}{secrets.token_hex(3)}"
         self.t0 = time.monotonic()
         self.version = 0
@@ -221,7 +256,8 @@ class Controller:
         # Whether each of the last episodes failed (infrastructure failures absorbed by a restart
         # excluded): the failure-rate stop rule reads it.
         self.recent_failed: collections.deque[bool] = collections.deque(
-            maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples))
+            maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples)
+        )
         self.zygote_restarts = 0
         self.sandbox_generation = 0  # bumped by every zygote restart
         self.restart_lock = asyncio.Lock()
@@ -254,8 +290,7 @@ class Controller:
         untrained = [e for e in self.published if e not in trained]
         if untrained:
             why = self.failure or "the run reached its last step with these still in the ring"
-            (self.run_dir / "untrained_episodes.json").write_text(json.dumps(
-                {"reason": why[:4000], "episodes": untrained}, indent=1))
+            (self.run_dir / "untrained_episodes.json").write_text(json.dumps({"reason": why[:4000], "episodes": untrained}, indent=1))
             tqdm.write(f"{len(untrained)} accepted episodes were not trained (listed in untrained_episodes.json)")
 
     async def _run(self) -> dict[str, Any]:
@@ -274,19 +309,26 @@ class Controller:
             if cfg.engine.kind == "embedded" or cfg.engine.launch.command:  # servers this run starts and watches
                 e = cfg.engine
                 if e.kind == "embedded":
-                    launch = embedded_launcher(model_dir, threads=e.threads, max_batch=e.max_batch,
-                                               request_log=self.run_dir / "engine_requests.jsonl" if e.request_log else None)
+                    launch = embedded_launcher(
+                        model_dir,
+                        threads=e.threads,
+                        max_batch=e.max_batch,
+                        request_log=self.run_dir / "engine_requests.jsonl" if e.request_log else None,
+                    )
                 else:
                     launch = command_launcher(e.launch.command, model_dir, e.launch.health_timeout_s)
-                fleet = EngineFleet(launch, e.replicas if e.kind == "embedded" else e.launch.count, self.run_dir,
-                                    max_restarts=e.max_restarts)
+                fleet = EngineFleet(
+                    launch, e.replicas if e.kind == "embedded" else e.launch.count, self.run_dir, max_restarts=e.max_restarts
+                )
                 stack.callback(fleet.stop)
                 await asyncio.to_thread(fleet.start)
                 urls, self.fleet = fleet.urls, fleet
             engine: EngineClient | EngineRouter = EngineRouter(urls) if len(urls) > 1 else EngineClient(urls[0])
             stack.push_async_callback(engine.close)
             if self.fleet is not None:
-                supervisor = asyncio.create_task(self._supervise(self.fleet, engine if isinstance(engine, EngineRouter) else None, model_dir))
+                supervisor = asyncio.create_task(
+                    self._supervise(self.fleet, engine if isinstance(engine, EngineRouter) else None, model_dir)
+                )
                 stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
             gateway = Gateway(engine, tokenizer, self._gateway_config(model_dir))
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
@@ -319,10 +361,15 @@ class Controller:
                 eval_set = []
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            eval_before = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples,
-                                           reward_fn=self.reward_fn) if eval_set else None
+            eval_before = (
+                await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
+                if eval_set
+                else None
+            )
             if eval_before:
-                tqdm.write(f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)")
+                tqdm.write(
+                    f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
+                )
 
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
@@ -338,8 +385,11 @@ class Controller:
                 await self._wait()
             if self.failure:
                 raise RunFailed(self._with_engine_death(self.failure))
-            eval_after = await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples,
-                                        reward_fn=self.reward_fn) if eval_set else None
+            eval_after = (
+                await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
+                if eval_set
+                else None
+            )
             return self._finish(eval_before, eval_after)
 
     async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
@@ -372,8 +422,9 @@ class Controller:
         limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
         if isinstance(limit, int) and 0 < limit < gw.context_length:
             tqdm.write(f"[gateway] context_length {gw.context_length} capped at the model's {limit} positions")
-            return dataclasses.replace(gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit),
-                                       default_max_tokens=min(gw.default_max_tokens, limit))
+            return dataclasses.replace(
+                gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit), default_max_tokens=min(gw.default_max_tokens, limit)
+            )
         return gw
 
     def _model_dir(self) -> Path:
@@ -384,10 +435,18 @@ class Controller:
 
     def _start_trainer(self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str) -> subprocess.Popen:
         cfg = self.config
-        job = TrainerJob(model_path=str(model_dir), ring_name=rings[0], ring_names=rings if len(rings) > 1 else [],
-                         engine_urls=urls, report_addr=report_addr, run_dir=str(self.run_dir),
-                         groups_per_step=cfg.rollout.groups_per_step, temperature=cfg.rollout.temperature,
-                         seed=cfg.seed, trainer=cfg.trainer)
+        job = TrainerJob(
+            model_path=str(model_dir),
+            ring_name=rings[0],
+            ring_names=rings if len(rings) > 1 else [],
+            engine_urls=urls,
+            report_addr=report_addr,
+            run_dir=str(self.run_dir),
+            groups_per_step=cfg.rollout.groups_per_step,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.seed,
+            trainer=cfg.trainer,
+        )
         path = self.run_dir / "trainer_config.json"
         path.write_text(job.to_json())
         log = open(self.run_dir / "trainer.log", "ab")
@@ -396,17 +455,38 @@ class Controller:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(len(rings)),
-                        "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "areal.trainer"]
+            launcher = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(len(rings)),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "areal.trainer",
+            ]
         return subprocess.Popen(
             [*launcher, "--config", str(path)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
     # ---- rollouts -------------------------------------------------------------------------
 
-    async def _rollout_loop(self, runner: EpisodeRunner | None, gateway: Gateway, rings: list[RingWriter], problems: list[dict], levels: list[int],
-                            engine: EngineClient | EngineRouter | None = None) -> None:
+    async def _rollout_loop(
+        self,
+        runner: EpisodeRunner | None,
+        gateway: Gateway,
+        rings: list[RingWriter],
+        problems: list[dict],
+        levels: list[int],
+        engine: EngineClient | EngineRouter | None = None,
+    ) -> None:
         cfg = self.config.rollout
         total = self.config.trainer.steps * cfg.groups_per_step
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
@@ -416,10 +496,9 @@ class Controller:
             while self.accepted_groups < total:
                 if self.failure:
                     break
-                while (
-                    self.accepted_groups + self.inflight_groups < min(total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step)
-                    and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples)
-                ):
+                while self.accepted_groups + self.inflight_groups < min(
+                    total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step
+                ) and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples):
                     idx = order[next_prompt % len(order)]
                     group_id = f"g{next_prompt}-p{idx}"
                     next_prompt += 1
@@ -454,8 +533,11 @@ class Controller:
             generation = self.sandbox_generation
             prefix = group_id if attempt == 0 else f"{group_id}-retry{attempt}"
             results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
-            infrastructure = isinstance(runner, Zygote) and any(o.status == "crashed" for o, _ in results) and (
-                not runner.alive or self.sandbox_generation != generation)
+            infrastructure = (
+                isinstance(runner, Zygote)
+                and any(o.status == "crashed" for o, _ in results)
+                and (not runner.alive or self.sandbox_generation != generation)
+            )
             for o, s in results:
                 if infrastructure and o.status == "crashed":
                     o = msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
@@ -480,31 +562,43 @@ class Controller:
         rows: dict[str, InteractionWithTokenLogpReward] | None = None
         try:
             rows = await asyncio.wait_for(self.agent.arun_episode(engine, dict(problem)), deadline)
-        except asyncio.TimeoutError:
-            outcome = EpisodeOutcome(episode_id, "timeout", error=f"arun_episode exceeded its deadline of {deadline} s", wall_s=time.monotonic() - t0)
+        except TimeoutError:
+            outcome = EpisodeOutcome(
+                episode_id, "timeout", error=f"arun_episode exceeded its deadline of {deadline} s", wall_s=time.monotonic() - t0
+            )
         except Exception as e:  # the workflow's own failure: the group fails, the run goes on
             outcome = outcome_from_exception(episode_id, e, time.monotonic() - t0)
         else:
             if rows is not None and not isinstance(rows, dict):  # a programming error, not a bad episode: stop the run
                 raise TypeError(f"arun_episode must return dict[str, InteractionWithTokenLogpReward] or None, got {type(rows).__name__}")
-            outcome = EpisodeOutcome(episode_id, "ok" if rows else "error", error="" if rows else f"arun_episode returned {rows!r}",
-                                     wall_s=time.monotonic() - t0)
+            outcome = EpisodeOutcome(
+                episode_id, "ok" if rows else "error", error="" if rows else f"arun_episode returned {rows!r}", wall_s=time.monotonic() - t0
+            )
         if rows:  # the workflow's rewards get the same check as an agent's
             outcome = check_episode_rewards(outcome, {i: r.reward for i, r in rows.items()}, self.config.rollout.reward_range)
         rows = rows if outcome.status == "ok" else {}
         self.window.append(outcome)
         self._count_failures([(outcome, not rows)])
-        record = {"episode_id": episode_id, "group_id": group_id, "status": outcome.status,
-                  "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
-                  "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}), "interactions": len(rows),
-                  "output_tokens": sum(sum(r.loss_mask) for r in rows.values()), "wall_s": round(outcome.wall_s, 4),
-                  "exit_signal": 0, "error": reason(outcome.error), "log_tail": outcome.log_tail}
+        record = {
+            "episode_id": episode_id,
+            "group_id": group_id,
+            "status": outcome.status,
+            "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
+            "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
+            "interactions": len(rows),
+            "output_tokens": sum(sum(r.loss_mask) for r in rows.values()),
+            "wall_s": round(outcome.wall_s, 4),
+            "exit_signal": 0,
+            "error": reason(outcome.error),
+            "log_tail": outcome.log_tail,
+        }
         self.episode_log.write(json_line(record))
         if not rows:
             self._group_failed(outcome)
             return
-        await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows))
-                                    for i, row in enumerate(rows.values())])
+        await self._publish(
+            rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows.values())]
+        )
 
     async def _restart_sandbox(self, zygote: Zygote, reason: str) -> bool:
         """Restart a dead zygote (once, whichever group notices first); False, with the run's
@@ -514,8 +608,10 @@ class Controller:
                 return True
             limit = self.config.rollout.max_zygote_restarts
             if self.zygote_restarts >= limit:
-                self.failure = self.failure or (f"the sandbox zygote died {self.zygote_restarts + 1} times "
-                                                f"(rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}")
+                self.failure = self.failure or (
+                    f"the sandbox zygote died {self.zygote_restarts + 1} times "
+                    f"(rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}"
+                )
                 return False
             self.zygote_restarts += 1
             tqdm.write(f"[sandbox] the zygote died; restarting it ({self.zygote_restarts}/{limit}): {reason.splitlines()[0][:300]}")
@@ -531,8 +627,10 @@ class Controller:
         window, bound = self.recent_failed, self.config.rollout.max_failure_rate
         if len(window) == window.maxlen and sum(window) >= bound * len(window) and self.failure is None:
             example = next((o for o, failed in outcomes if failed), outcomes[0][0])
-            self.failure = (f"{sum(window)} of the last {len(window)} episodes failed (rollout.max_failure_rate="
-                            f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}")
+            self.failure = (
+                f"{sum(window)} of the last {len(window)} episodes failed (rollout.max_failure_rate="
+                f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}"
+            )
 
     def _engine_death(self) -> str | None:
         """What ended the run's engines (None while they serve, or when the run launched none):
@@ -553,6 +651,7 @@ class Controller:
         """Notice an engine's death within half a second, whatever the trainer or the rollouts are
         doing (waiting for data, pushing weights, evaluating): one of several is restarted at the
         newest version (``areal.engine.fleet``); a lone one, or too many deaths, stop the run."""
+
         def newest() -> tuple[Path, int]:
             return (self.run_dir / "weights" / f"v{self.version}", self.version) if self.version else (model_dir, 0)
 
@@ -578,8 +677,9 @@ class Controller:
                     self.saved.write(frame(encode_trajectory(traj)))
         self.accepted_groups += 1
 
-    async def _run_episode(self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict,
-                           group_id: str) -> tuple[EpisodeOutcome, Session]:
+    async def _run_episode(
+        self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, group_id: str
+    ) -> tuple[EpisodeOutcome, Session]:
         key = gateway.open_session(episode_id)
         t0 = time.monotonic()
         try:
@@ -587,8 +687,7 @@ class Controller:
         except asyncio.CancelledError:  # the run is stopping: the episode still gets its one line
             session = gateway.close_session(key)
             why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
-            cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}",
-                                 wall_s=time.monotonic() - t0)
+            cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
             self._log_episode(cut, session, group_id)
             raise
         except BaseException:
@@ -599,13 +698,17 @@ class Controller:
             if self.reward_fn is not None:
                 outcome = await self._score(outcome, session, problem)
             elif all(i.reward is None for i in session.interactions.values()):
-                outcome = msgspec.structs.replace(outcome, status="error", error=(
-                    "run() returned None and gave no reward through the gateway (set_reward), and the run has no "
-                    "reward function (reward=MODULE:ATTR): nothing to train on"))
+                outcome = msgspec.structs.replace(
+                    outcome,
+                    status="error",
+                    error=(
+                        "run() returned None and gave no reward through the gateway (set_reward), and the run has no "
+                        "reward function (reward=MODULE:ATTR): nothing to train on"
+                    ),
+                )
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
-        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()},
-                                        self.config.rollout.reward_range)
+        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.config.rollout.reward_range)
         self.window.append(outcome)
         return outcome, session
 
@@ -629,11 +732,17 @@ class Controller:
     def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str) -> None:
         inters = list(s.interactions.values())
         record = {
-            "episode_id": o.episode_id, "group_id": group_id, "status": o.status,
+            "episode_id": o.episode_id,
+            "group_id": group_id,
+            "status": o.status,
             "reward": o.reward if o.reward is not None else sum(o.rewards_by_id.values()),
-            "versions": sorted({i.version for i in inters}), "interactions": len(inters),
-            "output_tokens": sum(len(i.output_ids) for i in inters), "wall_s": round(o.wall_s, 4),
-            "exit_signal": o.exit_signal, "error": reason(o.error), "log_tail": o.log_tail,
+            "versions": sorted({i.version for i in inters}),
+            "interactions": len(inters),
+            "output_tokens": sum(len(i.output_ids) for i in inters),
+            "wall_s": round(o.wall_s, 4),
+            "exit_signal": o.exit_signal,
+            "error": reason(o.error),
+            "log_tail": o.log_tail,
         }
         self.episode_log.write(json_line(record))
 
@@ -669,8 +778,14 @@ class Controller:
         statuses: dict[str, int] = {}
         for o in window:
             statuses[o.status] = statuses.get(o.status, 0) + 1
-        row = {"step": r.step, "version": r.version, "consumed": r.consumed, **r.metrics,
-               **{f"episodes_{k}": v for k, v in statuses.items()}, "time": time.time()}
+        row = {
+            "step": r.step,
+            "version": r.version,
+            "consumed": r.consumed,
+            **r.metrics,
+            **{f"episodes_{k}": v for k, v in statuses.items()},
+            "time": time.time(),
+        }
         self.step_metrics.append(row)
         self.metrics_log.write(json_line(row))
         self.metrics_log.flush()
@@ -689,9 +804,15 @@ class Controller:
         if self.saved is not None:
             self.saved.close()
         trend = reward_trend([m["reward_mean"] for m in self.step_metrics])
-        summary = {"run_dir": str(self.run_dir), "steps": len(self.step_metrics), "final_model": self.done.model_dir,
-                   "eval_before": eval_before, "eval_after": eval_after, "reward_trend": trend,
-                   "wall_s": round(time.monotonic() - self.t0, 2)}
+        summary = {
+            "run_dir": str(self.run_dir),
+            "steps": len(self.step_metrics),
+            "final_model": self.done.model_dir,
+            "eval_before": eval_before,
+            "eval_after": eval_after,
+            "reward_trend": trend,
+            "wall_s": round(time.monotonic() - self.t0, 2),
+        }
         if eval_before and eval_after:
             summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
         plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
@@ -718,14 +839,18 @@ def read_saved_trajectories(path: Path) -> list[Trajectory]:
     while pos < len(data):
         n = FRAME_HEADER.unpack_from(data, pos)[0] if len(data) - pos >= FRAME_HEADER.size else None
         if n is None or len(data) - pos - FRAME_HEADER.size < n:
-            warnings.warn(f"{path}: cut at byte {pos} of {len(data)} (an incomplete record); "
-                          f"read the {len(out)} complete records before it", stacklevel=2)
+            warnings.warn(
+                f"{path}: cut at byte {pos} of {len(data)} (an incomplete record); read the {len(out)} complete records before it",
+                stacklevel=2,
+            )
             break
         try:
             out.append(decode_trajectory(data[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + n]))
         except msgspec.DecodeError as e:
-            warnings.warn(f"{path}: record {len(out)} at byte {pos} does not decode ({e}); "
-                          f"read the {len(out)} complete records before it", stacklevel=2)
+            warnings.warn(
+                f"{path}: record {len(out)} at byte {pos} does not decode ({e}); read the {len(out)} complete records before it",
+                stacklevel=2,
+            )
             break
         pos += FRAME_HEADER.size + n
     return out
@@ -734,16 +859,27 @@ def read_saved_trajectories(path: Path) -> list[Trajectory]:
 def check_fresh_run_dir(run_dir: Path) -> None:
     """A run directory holds one run: refuse one that already holds a run's records (a rerun
     into it would append a second run's steps and episodes to the first's)."""
-    held = {name: sum(1 for _ in open(run_dir / name)) for name in ("metrics.jsonl", "episodes.jsonl")
-            if (run_dir / name).is_file() and (run_dir / name).stat().st_size}
+    held = {
+        name: sum(1 for _ in open(run_dir / name))
+        for name in ("metrics.jsonl", "episodes.jsonl")
+        if (run_dir / name).is_file() and (run_dir / name).stat().st_size
+    }
     if held:
         what = ", ".join(f"{name} with {n} lines" for name, n in held.items())
-        raise RunFailed(f"run directory {run_dir} already holds a run ({what}); a run directory holds one run: "
-                        "choose another (hydra.run.dir=...) or remove it")
+        raise RunFailed(
+            f"run directory {run_dir} already holds a run ({what}); a run directory holds one run: "
+            "choose another (hydra.run.dir=...) or remove it"
+        )
 
 
-async def train(config: TrainConfig, run_dir: Path, *, agent: Any | None = None, dataset: list[dict] | None = None,
-                eval_dataset: list[dict] | None = None) -> dict[str, Any]:
+async def train(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    agent: Any | None = None,
+    dataset: list[dict] | None = None,
+    eval_dataset: list[dict] | None = None,
+) -> dict[str, Any]:
     """Run one training run in ``run_dir``; returns its summary (also ``summary.json``).
 
     ``agent``: an object replacing ``rollout.agent`` (``async run(data, **extra_kwargs)``, or a

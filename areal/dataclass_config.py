@@ -29,8 +29,9 @@ def build_dataclass(cls: type[T], data: Any, path: str = "") -> T:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(path + k for k in unknown)} for {cls.__name__}; "
-                         f"valid: {', '.join(sorted(names))}")
+        raise ValueError(
+            f"unknown config key(s) {', '.join(path + k for k in unknown)} for {cls.__name__}; valid: {', '.join(sorted(names))}"
+        )
     return cls(**{name: _coerce(hints[name], value, f"{path}{name}") for name, value in data.items()})
 
 

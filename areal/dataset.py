@@ -39,8 +39,9 @@ class EmbeddedDataset(list):
         self.seed = seed
 
 
-def get_custom_dataset(split: str, dataset_config: DatasetConfig, tokenizer: Any = None, seed: int = 1,
-                       **kwargs: Any) -> list[dict[str, Any]]:
+def get_custom_dataset(
+    split: str, dataset_config: DatasetConfig, tokenizer: Any = None, seed: int = 1, **kwargs: Any
+) -> list[dict[str, Any]]:
     """The rows of ``split`` ("train", or "test"/"valid"/"validation") of ``dataset_config.path``."""
     if kwargs:
         raise TypeError(f"get_custom_dataset got unexpected arguments {sorted(kwargs)}")
@@ -156,8 +157,10 @@ def _data_file(path: Path, split: str, kind: str) -> Path:
     if path.is_file():
         return path
     if "/" in str(path) and not path.suffix:
-        raise FileNotFoundError(f"dataset {path} is not a local file; nothing here downloads from a hub. "
-                                f"Save the split as JSONL (one {{question|messages, answer}} per line) and set path to it")
+        raise FileNotFoundError(
+            f"dataset {path} is not a local file; nothing here downloads from a hub. "
+            f"Save the split as JSONL (one {{question|messages, answer}} per line) and set path to it"
+        )
     raise FileNotFoundError(f"dataset file {path} does not exist")
 
 

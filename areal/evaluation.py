@@ -19,7 +19,12 @@ from areal.engine.interface import InferenceEngine
 
 
 async def evaluate(
-    engine: InferenceEngine, tokenizer: Any, problems: list[dict], temperature: float, samples: int = 4, max_tokens: int = 64,
+    engine: InferenceEngine,
+    tokenizer: Any,
+    problems: list[dict],
+    temperature: float,
+    samples: int = 4,
+    max_tokens: int = 64,
     reward_fn: Callable[..., float] | None = None,
 ) -> dict[str, Any]:
     """Accuracy on ``problems`` (rows with messages/answer): ``samples`` seeded draws at the
@@ -27,8 +32,13 @@ async def evaluate(
     messages scored by ``reward_fn`` (AReaL's signature; default: the embedded task's answer
     check). Per-problem scores are kept so a later evaluation of the same problems can be
     compared pairwise."""
-    stop = sorted({t for t in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
-                   if isinstance(t, int) and t != tokenizer.unk_token_id})
+    stop = sorted(
+        {
+            t
+            for t in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
+            if isinstance(t, int) and t != tokenizer.unk_token_id
+        }
+    )
 
     async def score(problem: dict, temp: float, seed: int) -> float:
         messages = problem.get("messages") or [{"role": "user", "content": problem["question"]}]
@@ -46,8 +56,14 @@ async def evaluate(
     greedy = await asyncio.gather(*(score(p, 0.0, i) for i, p in enumerate(problems)))
     per_problem = [sum(sampled[i * samples : (i + 1) * samples]) / samples for i in range(len(problems))]
     n = len(problems)
-    return {"n": n, "samples": samples, "sampled_acc": sum(per_problem) / n, "greedy_acc": sum(greedy) / n,
-            "per_problem_sampled": per_problem, "per_problem_greedy": list(greedy)}
+    return {
+        "n": n,
+        "samples": samples,
+        "sampled_acc": sum(per_problem) / n,
+        "greedy_acc": sum(greedy) / n,
+        "per_problem_sampled": per_problem,
+        "per_problem_greedy": list(greedy),
+    }
 
 
 def paired_test(before: list[float], after: list[float], seed: int = 0, permutations: int = 10000) -> dict[str, float]:
@@ -75,8 +91,18 @@ def reward_trend(step_rewards: list[float], seed: int = 0, permutations: int = 5
     n, k = len(step_rewards), max(1, len(step_rewards) // 4)
     if n < 4:
         nan = float("nan")
-        return {"first_mean": nan, "last_mean": nan, "diff": nan, "window_p_value": nan, "window": k,
-                "fit_start": nan, "fit_end": nan, "slope": nan, "p_value": nan, "steps": n}
+        return {
+            "first_mean": nan,
+            "last_mean": nan,
+            "diff": nan,
+            "window_p_value": nan,
+            "window": k,
+            "fit_start": nan,
+            "fit_end": nan,
+            "slope": nan,
+            "p_value": nan,
+            "steps": n,
+        }
     r = np.asarray(step_rewards, dtype=np.float64)
     t = np.arange(n, dtype=np.float64) - (n - 1) / 2  # centred: slope = (t . r) / (t . t)
     slope = float(t @ r / (t @ t))
@@ -90,6 +116,15 @@ def reward_trend(step_rewards: list[float], seed: int = 0, permutations: int = 5
     null_gaps = np.array([(q[k:].mean() - q[:k].mean()) for q in (rng.permutation(pool) for _ in range(permutations))])
     p_window = float(((null_gaps >= observed - 1e-12).sum() + 1) / (permutations + 1))
     mean = float(r.mean())
-    return {"first_mean": float(first.mean()), "last_mean": float(last.mean()), "diff": observed,
-            "window_p_value": p_window, "window": k, "fit_start": mean + slope * t[0], "fit_end": mean + slope * t[-1],
-            "slope": slope, "p_value": p_trend, "steps": n}
+    return {
+        "first_mean": float(first.mean()),
+        "last_mean": float(last.mean()),
+        "diff": observed,
+        "window_p_value": p_window,
+        "window": k,
+        "fit_start": mean + slope * t[0],
+        "fit_end": mean + slope * t[-1],
+        "slope": slope,
+        "p_value": p_trend,
+        "steps": n,
+    }

@@ -27,12 +27,22 @@ def plot_reward_curve(steps: list[dict[str, Any]], path: Path, eval_before: dict
         ax.plot(xs[w - 1 :], smooth, lw=2.5, label=f"moving average ({w} steps)")
     trend = reward_trend(ys)
     if trend["steps"] >= 4:
-        ax.plot([xs[0], xs[-1]], [trend["fit_start"], trend["fit_end"]], lw=2, color="tab:red",
-                label=f"linear trend {trend['fit_start']:.3f} → {trend['fit_end']:.3f} (permutation p={trend['p_value']:.3g})")
+        ax.plot(
+            [xs[0], xs[-1]],
+            [trend["fit_start"], trend["fit_end"]],
+            lw=2,
+            color="tab:red",
+            label=f"linear trend {trend['fit_start']:.3f} → {trend['fit_end']:.3f} (permutation p={trend['p_value']:.3g})",
+        )
     lo, hi = min(ys, default=0.0), max(ys, default=1.0)
     if eval_before and eval_after and xs:
-        ax.plot([0, xs[-1]], [eval_before["sampled_acc"], eval_after["sampled_acc"]], "s--", color="black",
-                label=f"held-out accuracy ({eval_before['n']} problems): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}")
+        ax.plot(
+            [0, xs[-1]],
+            [eval_before["sampled_acc"], eval_after["sampled_acc"]],
+            "s--",
+            color="black",
+            label=f"held-out accuracy ({eval_before['n']} problems): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}",
+        )
         lo, hi = min(lo, eval_before["sampled_acc"]), max(hi, eval_after["sampled_acc"])
     ax.set_xlabel("training step (policy version)")
     ax.set_ylabel("reward")

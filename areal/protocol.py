@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Union
 
 import msgspec
 import numpy as np
@@ -57,7 +56,7 @@ class GatewayReply(msgspec.Struct, frozen=True, tag=True):
     more: bool = False
 
 
-GatewayMessage = Union[GatewayRequest, GatewayReply]
+GatewayMessage = GatewayRequest | GatewayReply
 
 # --------------------------------------------------------------------------------------------
 # Controller <-> sandbox zygote (length-prefixed msgpack frames over pipes).
@@ -105,8 +104,8 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     log_tail: str = ""  # the end of a failed episode's log (stdout and stderr), apart from the reason
 
 
-ZygoteInbound = Union[SpawnEpisode, Shutdown]
-ZygoteOutbound = Union[ZygoteReady, EpisodeOutcome]
+ZygoteInbound = SpawnEpisode | Shutdown
+ZygoteOutbound = ZygoteReady | EpisodeOutcome
 
 # --------------------------------------------------------------------------------------------
 # Trainer -> controller.
@@ -136,7 +135,7 @@ class TrainerDone(msgspec.Struct, frozen=True, tag=True):
     model_dir: str
 
 
-TrainerMessage = Union[TrainerReport, TrainerFailed, TrainerDone]
+TrainerMessage = TrainerReport | TrainerFailed | TrainerDone
 
 # --------------------------------------------------------------------------------------------
 # Trajectory: the bulk record, one per finished episode, written into a shared-memory ring.
@@ -221,6 +220,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
         row_turns: list[int] | None = None,
     ) -> Trajectory:
         """Build a record from numpy (or list) rows; ``created`` defaults to now."""
+
         def cat(name: str) -> memoryview:
             parts = [np.asarray(getattr(r, name), dtype=_DTYPES[name]) for r in rows]
             joined = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[name])
@@ -370,8 +370,7 @@ def decode_trajectory(buf: bytes | memoryview) -> Trajectory:
     traj = _trajectory_decoder.decode(buf)
     if traj.schema_version > TRAJECTORY_SCHEMA:
         raise ValueError(
-            f"Trajectory schema_version {traj.schema_version} is newer than this reader "
-            f"({TRAJECTORY_SCHEMA}); upgrade the trainer"
+            f"Trajectory schema_version {traj.schema_version} is newer than this reader ({TRAJECTORY_SCHEMA}); upgrade the trainer"
         )
     return traj
 

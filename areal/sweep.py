@@ -50,17 +50,19 @@ def collect_runs(sweep_dir: Path) -> list[dict[str, Any]]:
         rewards = [m["reward_mean"] for m in metrics if "reward_mean" in m]
         window = max(1, len(rewards) // 4)  # the same quarter windows as the run's own reward_trend
         before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-        rows.append({
-            "run": str(run_dir.relative_to(sweep_dir)),
-            "all_overrides": list(overrides),
-            "steps": len(metrics),
-            "reward_first": _mean(rewards[:window]),
-            "reward_last": _mean(rewards[-window:]),
-            "heldout_before": before.get("sampled_acc", math.nan),
-            "heldout_after": after.get("sampled_acc", math.nan),
-            "wall_s": summary.get("wall_s", math.nan),
-            "curve": [(m["step"], m["reward_mean"]) for m in metrics if "reward_mean" in m],
-        })
+        rows.append(
+            {
+                "run": str(run_dir.relative_to(sweep_dir)),
+                "all_overrides": list(overrides),
+                "steps": len(metrics),
+                "reward_first": _mean(rewards[:window]),
+                "reward_last": _mean(rewards[-window:]),
+                "heldout_before": before.get("sampled_acc", math.nan),
+                "heldout_after": after.get("sampled_acc", math.nan),
+                "wall_s": summary.get("wall_s", math.nan),
+                "curve": [(m["step"], m["reward_mean"]) for m in metrics if "reward_mean" in m],
+            }
+        )
     # Show what tells runs apart: overrides shared by every run (trainer.steps=2 ...) are noise.
     shared = set.intersection(*(set(r["all_overrides"]) for r in rows)) if len(rows) > 1 else set()
     for r in rows:
@@ -90,10 +92,15 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 def _markdown(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
-    lines = [f"# Sweep summary: {sweep_dir}", "",
-             f"{len(rows)} finished run(s). Reward first/last: mean batch reward of the first/last quarter of steps; "
-             "held-out: sampled accuracy before/after training.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"# Sweep summary: {sweep_dir}",
+        "",
+        f"{len(rows)} finished run(s). Reward first/last: mean batch reward of the first/last quarter of steps; "
+        "held-out: sampled accuracy before/after training.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(_fmt(r[c]).replace("|", "\\|") for c in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n\n![reward curves](sweep_rewards.png)\n"
 

@@ -74,13 +74,17 @@ def _print_summary(s: dict) -> None:
     if t["steps"] < 4:  # a trend needs at least 4 steps (areal.evaluation.reward_trend)
         print(f"batch reward:  {t['steps']} step(s), too few for a trend test (4 or more)")
     else:
-        print(f"batch reward:  linear trend {t['fit_start']:.3f} -> {t['fit_end']:.3f} over {t['steps']} steps "
-              f"(permutation p={t['p_value']:.4f}); first {t['window']} steps {t['first_mean']:.3f} -> last {t['window']} "
-              f"{t['last_mean']:.3f} ({t['diff']:+.3f}, p={t['window_p_value']:.4f})")
+        print(
+            f"batch reward:  linear trend {t['fit_start']:.3f} -> {t['fit_end']:.3f} over {t['steps']} steps "
+            f"(permutation p={t['p_value']:.4f}); first {t['window']} steps {t['first_mean']:.3f} -> last {t['window']} "
+            f"{t['last_mean']:.3f} ({t['diff']:+.3f}, p={t['window_p_value']:.4f})"
+        )
     b, a = s["eval_before"], s["eval_after"]
     if b and a:
-        print(f"held-out ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
-              f"(paired sign-flip p={s['eval_test']['p_value']:.4f}), greedy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}")
+        print(
+            f"held-out ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
+            f"(paired sign-flip p={s['eval_test']['p_value']:.4f}), greedy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}"
+        )
 
 
 if __name__ == "__main__":

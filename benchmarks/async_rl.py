@@ -30,8 +30,15 @@ AGENT = "benchmarks/slow_agent.py:SlowAgent"
 
 
 def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: object) -> dict:
-    return {"benchmark": "async_rl", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_value": baseline_value, **extra}
+    return {
+        "benchmark": "async_rl",
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        **extra,
+    }
 
 
 def main(quick: bool) -> list[dict]:
@@ -40,20 +47,45 @@ def main(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="areal-bench-async-") as tmp:
         for name, offpolicy in (("async", 1), ("sync", 0)):
             run_dir = Path(tmp) / name
-            train_run([*small_run(quick), f"rollout.agent={AGENT}", "rollout.openai.mode=inline",
-                       f"rollout.max_head_offpolicyness={offpolicy}", f"experiment_name=bench-async-{name}"],
-                      run_dir, env={"SLOW_AGENT_TOOL_S": str(tool_s)})
+            train_run(
+                [
+                    *small_run(quick),
+                    f"rollout.agent={AGENT}",
+                    "rollout.openai.mode=inline",
+                    f"rollout.max_head_offpolicyness={offpolicy}",
+                    f"experiment_name=bench-async-{name}",
+                ],
+                run_dir,
+                env={"SLOW_AGENT_TOOL_S": str(tool_s)},
+            )
             stats[name] = run_stats(run_dir)
     a, s = stats["async"], stats["sync"]
     return [
-        _row(f"steps/s, async (staleness bound 1), tool {tool_s:g} s", a["steps_per_s"], "steps/s",
-             "sync (bound 0), same agent", s["steps_per_s"],
-             note="steady state: (steps - 1) / time between the first and last step's report"),
+        _row(
+            f"steps/s, async (staleness bound 1), tool {tool_s:g} s",
+            a["steps_per_s"],
+            "steps/s",
+            "sync (bound 0), same agent",
+            s["steps_per_s"],
+            note="steady state: (steps - 1) / time between the first and last step's report",
+        ),
         _row("episodes/s, async", a["episodes_per_s"], "ep/s", "sync", s["episodes_per_s"]),
-        _row("trainer idle fraction, async", a["idle_fraction"], "fraction", "sync", s["idle_fraction"],
-             note="time the trainer waited for each batch's last trajectory after its previous step, / span"),
-        _row("staleness mean, async", a["staleness_mean"], "versions", "sync (0 by construction)", s["staleness_mean"],
-             histogram={str(k): n for k, n in a["staleness_hist"].items()}),
+        _row(
+            "trainer idle fraction, async",
+            a["idle_fraction"],
+            "fraction",
+            "sync",
+            s["idle_fraction"],
+            note="time the trainer waited for each batch's last trajectory after its previous step, / span",
+        ),
+        _row(
+            "staleness mean, async",
+            a["staleness_mean"],
+            "versions",
+            "sync (0 by construction)",
+            s["staleness_mean"],
+            histogram={str(k): n for k, n in a["staleness_hist"].items()},
+        ),
     ]
 
 

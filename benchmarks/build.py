@@ -27,9 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def _build_once(threads: int, steps: int) -> float:
     """Wall seconds of one build in a child process (a fresh cache directory, deleted after)."""
     with tempfile.TemporaryDirectory(prefix="bench-build-") as cache:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.build", "--child", "--threads", str(threads),
-                              "--steps", str(steps), "--cache-dir", cache],
-                             cwd=ROOT, capture_output=True, text=True, timeout=1800, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.build", "--child", "--threads", str(threads), "--steps", str(steps), "--cache-dir", cache],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=True,
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
@@ -59,12 +64,30 @@ def main(quick: bool) -> list[dict]:
     idle1, busy1 = _build_once(1, steps), _loaded(1, steps)
     idle2, busy2 = _build_once(2, steps), _loaded(2, steps)
     return [
-        {"benchmark": name, "metric": f"build seconds, 1 thread (default), one core busy ({steps} SFT steps)", "value": busy1, "unit": "s",
-         "baseline": "same build, idle cores", "baseline_value": idle1},
-        {"benchmark": name, "metric": f"build seconds, 2 threads (old default), one core busy ({steps} SFT steps)", "value": busy2,
-         "unit": "s", "baseline": "same build, idle cores", "baseline_value": idle2},
-        {"benchmark": name, "metric": f"build seconds, 1 thread (default), idle ({steps} SFT steps)", "value": idle1, "unit": "s",
-         "baseline": "2 threads, idle cores", "baseline_value": idle2},
+        {
+            "benchmark": name,
+            "metric": f"build seconds, 1 thread (default), one core busy ({steps} SFT steps)",
+            "value": busy1,
+            "unit": "s",
+            "baseline": "same build, idle cores",
+            "baseline_value": idle1,
+        },
+        {
+            "benchmark": name,
+            "metric": f"build seconds, 2 threads (old default), one core busy ({steps} SFT steps)",
+            "value": busy2,
+            "unit": "s",
+            "baseline": "same build, idle cores",
+            "baseline_value": idle2,
+        },
+        {
+            "benchmark": name,
+            "metric": f"build seconds, 1 thread (default), idle ({steps} SFT steps)",
+            "value": idle1,
+            "unit": "s",
+            "baseline": "2 threads, idle cores",
+            "baseline_value": idle2,
+        },
     ]
 
 

@@ -57,8 +57,14 @@ AGENT = "agents/openai_tools.py:CalculatorAgent"
 
 def small_run(quick: bool) -> list[str]:
     """Hydra overrides of a short run: few steps, small groups, no evaluation, trajectories kept."""
-    return [f"trainer.steps={6 if quick else 16}", "rollout.groups_per_step=2", "rollout.n_samples=4",
-            "data.eval_size=0", "data.train_size=200", "save_trajectories=true"]
+    return [
+        f"trainer.steps={6 if quick else 16}",
+        "rollout.groups_per_step=2",
+        "rollout.n_samples=4",
+        "data.eval_size=0",
+        "data.train_size=200",
+        "save_trajectories=true",
+    ]
 
 
 def train_run(overrides: list[str], run_dir: Path, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> float:
@@ -66,9 +72,14 @@ def train_run(overrides: list[str], run_dir: Path, timeout_s: float = 600.0, env
     log = run_dir.with_suffix(".log")
     t0 = time.perf_counter()
     with open(log, "wb") as out:
-        proc = subprocess.run([sys.executable, "-m", "areal.train", *overrides, f"hydra.run.dir={run_dir}"],
-                              cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            [sys.executable, "-m", "areal.train", *overrides, f"hydra.run.dir={run_dir}"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            env={**os.environ, **(env or {})},
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"areal.train {' '.join(overrides)} exited {proc.returncode}; log tail:\n{log.read_text()[-3000:]}")
     return time.perf_counter() - t0
@@ -111,12 +122,19 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
             idle += min(max(0.0, waited), max(0.0, interval - m.get("step_s", 0.0)))
     produced = sum(1 for t in trajs.values() if t_first < t.created <= t_last)
     return {
-        "steps": len(metrics), "span_s": span, "steps_per_s": (len(metrics) - 1) / span,
-        "episodes_per_s": produced / span, "staleness_hist": dict(sorted(staleness.items())),
+        "steps": len(metrics),
+        "span_s": span,
+        "steps_per_s": (len(metrics) - 1) / span,
+        "episodes_per_s": produced / span,
+        "staleness_hist": dict(sorted(staleness.items())),
         "staleness_mean": sum(k * n for k, n in staleness.items()) / max(1, total),
-        "staleness_max": max(staleness, default=0), "drift_rate": drifted / max(1, total), "trained": total,
+        "staleness_max": max(staleness, default=0),
+        "drift_rate": drifted / max(1, total),
+        "trained": total,
         "calls_per_episode": calls / max(1, total),
-        "idle_s": idle, "idle_fraction": idle / span, "step_s_mean": statistics.mean(m.get("step_s", 0.0) for m in metrics),
+        "idle_s": idle,
+        "idle_fraction": idle / span,
+        "step_s_mean": statistics.mean(m.get("step_s", 0.0) for m in metrics),
     }
 
 
@@ -128,27 +146,49 @@ def default_ratio(quick: bool, tmp: str) -> dict[str, dict[str, float]]:
     (the order rotates run by run). Per variant, the medians over the rounds of steady-state
     episodes/s and of the run's user and system CPU seconds per episode built."""
     rounds, steps = (2, 8) if quick else (3, 16)
-    variants = {"inline": ["rollout.openai.mode=inline"], "subproc": ["rollout.openai.mode=subproc"],
-                "subproc_warm": ["rollout.openai.mode=subproc", WARM_BURST]}
+    variants = {
+        "inline": ["rollout.openai.mode=inline"],
+        "subproc": ["rollout.openai.mode=subproc"],
+        "subproc_warm": ["rollout.openai.mode=subproc", WARM_BURST],
+    }
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for i in range(rounds):
         names = list(variants)
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             run_dir = Path(tmp) / f"default-{name}-{i}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            train_run([f"trainer.steps={steps}", "data.eval_size=0", "save_trajectories=true",
-                       f"experiment_name=bench-e2e-default-{name}", *variants[name]], run_dir)
+            train_run(
+                [
+                    f"trainer.steps={steps}",
+                    "data.eval_size=0",
+                    "save_trajectories=true",
+                    f"experiment_name=bench-e2e-default-{name}",
+                    *variants[name],
+                ],
+                run_dir,
+            )
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             built = sum(1 for _ in read_saved_trajectories(run_dir / "trajectories.bin"))
-            samples[name].append({"episodes_per_s": run_stats(run_dir)["episodes_per_s"],
-                                  "user_s": (after.ru_utime - before.ru_utime) / built,
-                                  "sys_s": (after.ru_stime - before.ru_stime) / built})
+            samples[name].append(
+                {
+                    "episodes_per_s": run_stats(run_dir)["episodes_per_s"],
+                    "user_s": (after.ru_utime - before.ru_utime) / built,
+                    "sys_s": (after.ru_stime - before.ru_stime) / built,
+                }
+            )
     return {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
 
 
 def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
-    return {"benchmark": "e2e", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_value": baseline_value, **extra}
+    return {
+        "benchmark": "e2e",
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        **extra,
+    }
 
 
 def main(quick: bool) -> list[dict]:
@@ -156,8 +196,9 @@ def main(quick: bool) -> list[dict]:
         walls, stats = {}, {}
         for mode in ("subproc", "inline"):
             run_dir = Path(tmp) / mode
-            walls[mode] = train_run([*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}",
-                                     f"experiment_name=bench-e2e-{mode}"], run_dir)
+            walls[mode] = train_run(
+                [*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}", f"experiment_name=bench-e2e-{mode}"], run_dir
+            )
             stats[mode] = run_stats(run_dir)
         default = default_ratio(quick, tmp)
     sub, inl = stats["subproc"], stats["inline"]
@@ -166,36 +207,85 @@ def main(quick: bool) -> list[dict]:
     bound = 1  # rollout.max_head_offpolicyness of the default config, kept by small_run
     how = "from the run directory (benchmarks/e2e.py:run_stats)"
     return [
-        _row("episodes/s, subproc (sandboxed), default config", dsub["episodes_per_s"], "ep/s",
-             "inline, default config", dinl["episodes_per_s"],
-             note="conf/config.yaml (MathAgent, 64 episodes a step), eval off; modes interleaved, median of the pairs; "
-                  "the ratio is the figure against the 0.9 target of issue 18"),
-        _row(f"episodes/s, subproc (sandboxed), default config but {WARM_BURST}", dwarm["episodes_per_s"], "ep/s",
-             "inline, default config", dinl["episodes_per_s"],
-             note="a step's burst of spawns finds its episode processes forked and isolated ahead of time"),
-        _row("system CPU per episode, whole run, subproc, default config", dsub["sys_s"] * ms, "ms",
-             "inline, default config", dinl["sys_s"] * ms,
-             note="RUSAGE_CHILDREN of areal.train (engine, trainer, zygote and episodes) / trajectories built"),
-        _row("user CPU per episode, whole run, subproc, default config", dsub["user_s"] * ms, "ms",
-             "inline, default config", dinl["user_s"] * ms),
-        _row("episodes/s, subproc (sandboxed)", sub["episodes_per_s"], "ep/s", "inline (controller's event loop)",
-             inl["episodes_per_s"], note=f"{AGENT}, steady state: trajectories built between the first and last step / "
-                                         f"that span, {how}"),
+        _row(
+            "episodes/s, subproc (sandboxed), default config",
+            dsub["episodes_per_s"],
+            "ep/s",
+            "inline, default config",
+            dinl["episodes_per_s"],
+            note="conf/config.yaml (MathAgent, 64 episodes a step), eval off; modes interleaved, median of the pairs; "
+            "the ratio is the figure against the 0.9 target of issue 18",
+        ),
+        _row(
+            f"episodes/s, subproc (sandboxed), default config but {WARM_BURST}",
+            dwarm["episodes_per_s"],
+            "ep/s",
+            "inline, default config",
+            dinl["episodes_per_s"],
+            note="a step's burst of spawns finds its episode processes forked and isolated ahead of time",
+        ),
+        _row(
+            "system CPU per episode, whole run, subproc, default config",
+            dsub["sys_s"] * ms,
+            "ms",
+            "inline, default config",
+            dinl["sys_s"] * ms,
+            note="RUSAGE_CHILDREN of areal.train (engine, trainer, zygote and episodes) / trajectories built",
+        ),
+        _row(
+            "user CPU per episode, whole run, subproc, default config",
+            dsub["user_s"] * ms,
+            "ms",
+            "inline, default config",
+            dinl["user_s"] * ms,
+        ),
+        _row(
+            "episodes/s, subproc (sandboxed)",
+            sub["episodes_per_s"],
+            "ep/s",
+            "inline (controller's event loop)",
+            inl["episodes_per_s"],
+            note=f"{AGENT}, steady state: trajectories built between the first and last step / that span, {how}",
+        ),
         _row("steps/s, subproc", sub["steps_per_s"], "steps/s", "inline", inl["steps_per_s"]),
         _row("run wall time incl. start-up, subproc", walls["subproc"], "s", "inline", walls["inline"]),
-        _row("trainer idle fraction, subproc run", sub["idle_fraction"], "fraction", "inline run", inl["idle_fraction"],
-             note="time the trainer waited for the last trajectory of each batch after its previous step, / span; "
-                  "from Trajectory.created and metrics.jsonl times"),
-        _row("staleness mean per trained episode, subproc run", sub["staleness_mean"], "versions",
-             "bound max_head_offpolicyness", bound, histogram={str(k): n for k, n in sub["staleness_hist"].items()},
-             note="trainer version at the step that trained it minus the lowest version that sampled its tokens"),
+        _row(
+            "trainer idle fraction, subproc run",
+            sub["idle_fraction"],
+            "fraction",
+            "inline run",
+            inl["idle_fraction"],
+            note="time the trainer waited for the last trajectory of each batch after its previous step, / span; "
+            "from Trajectory.created and metrics.jsonl times",
+        ),
+        _row(
+            "staleness mean per trained episode, subproc run",
+            sub["staleness_mean"],
+            "versions",
+            "bound max_head_offpolicyness",
+            bound,
+            histogram={str(k): n for k, n in sub["staleness_hist"].items()},
+            note="trainer version at the step that trained it minus the lowest version that sampled its tokens",
+        ),
         _row("staleness max, subproc run", sub["staleness_max"], "versions", "bound max_head_offpolicyness", bound),
-        _row("drift rate, subproc run (calculator tool agent)", sub["drift_rate"], "fraction", "inline run", inl["drift_rate"],
-             note=f"trained trajectories with Trajectory.drift > 0 (a call whose history matched no recorded reply), "
-                  f"over {sub['trained']} trained episodes of {sub['calls_per_episode']:.2f} LLM calls on average; "
-                  "0 means every follow-up call was appended to the exact sampled tokens"),
-        _row("LLM calls per trained episode, subproc run", sub["calls_per_episode"], "calls", "inline run",
-             inl["calls_per_episode"], note="Trajectory.row_turns summed: how multi-turn the measured episodes were"),
+        _row(
+            "drift rate, subproc run (calculator tool agent)",
+            sub["drift_rate"],
+            "fraction",
+            "inline run",
+            inl["drift_rate"],
+            note=f"trained trajectories with Trajectory.drift > 0 (a call whose history matched no recorded reply), "
+            f"over {sub['trained']} trained episodes of {sub['calls_per_episode']:.2f} LLM calls on average; "
+            "0 means every follow-up call was appended to the exact sampled tokens",
+        ),
+        _row(
+            "LLM calls per trained episode, subproc run",
+            sub["calls_per_episode"],
+            "calls",
+            "inline run",
+            inl["calls_per_episode"],
+            note="Trajectory.row_turns summed: how multi-turn the measured episodes were",
+        ),
     ]
 
 

@@ -81,8 +81,9 @@ def group_cpu_s(pgid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def engine_tokens_per_s(url: str, prompts: list[list[int]], concurrency: int, new_tokens: int,
-                        client_cls: Callable[[str], Any] = EngineClient) -> float:
+def engine_tokens_per_s(
+    url: str, prompts: list[list[int]], concurrency: int, new_tokens: int, client_cls: Callable[[str], Any] = EngineClient
+) -> float:
     """Generated tokens/s of the server at ``url``, ``concurrency`` requests at a time."""
     sp = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
 
@@ -92,7 +93,7 @@ def engine_tokens_per_s(url: str, prompts: list[list[int]], concurrency: int, ne
         t0 = time.perf_counter()
         done = 0
         for start in range(0, len(prompts), concurrency):
-            group = prompts[start:start + concurrency]
+            group = prompts[start : start + concurrency]
             results = await asyncio.gather(*(client.generate(p, sp, return_logprob=True) for p in group))
             done += sum(len(r.output_ids) for r in results)
         elapsed = time.perf_counter() - t0
@@ -109,14 +110,15 @@ def hf_tokens_per_s(model: torch.nn.Module, prompts: list[list[int]], batch: int
         t0 = time.perf_counter()
         done = 0
         for start in range(0, len(prompts), batch):
-            ids = torch.tensor(prompts[start:start + batch])  # equal lengths: no padding needed
+            ids = torch.tensor(prompts[start : start + batch])  # equal lengths: no padding needed
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
             done += (out.shape[1] - ids.shape[1]) * ids.shape[0]
         return done / (time.perf_counter() - t0)
 
 
-def served_tokens(url: str, pgid: int, prompts: list[list[int]], concurrency: int,
-                  new_tokens: int, client_cls: Callable[[str], Any] = EngineClient) -> tuple[float, float]:
+def served_tokens(
+    url: str, pgid: int, prompts: list[list[int]], concurrency: int, new_tokens: int, client_cls: Callable[[str], Any] = EngineClient
+) -> tuple[float, float]:
     """(wall tok/s, tokens per CPU-second of the server's process group) for one HTTP run."""
     before = group_cpu_s(pgid)
     wall = engine_tokens_per_s(url, prompts, concurrency, new_tokens, client_cls)
@@ -131,8 +133,10 @@ def in_process_cpu_tokens_per_s(engine: Engine, prompts: list[list[int]], concur
     start = time.process_time()
     done = 0
     for first in range(0, len(prompts), concurrency):
-        rows = [GenerationRequest(rid=f"b{first + i}", input_ids=p, params=params, return_logprob=True)
-                for i, p in enumerate(prompts[first:first + concurrency])]
+        rows = [
+            GenerationRequest(rid=f"b{first + i}", input_ids=p, params=params, return_logprob=True)
+            for i, p in enumerate(prompts[first : first + concurrency])
+        ]
         for future in [engine.submit(r) for r in rows]:
             done += len(future.result().output_ids)
     return done / (time.process_time() - start)
@@ -151,9 +155,16 @@ def forward_rows(model_dir: Path, vocab: int, new_tokens: int, quick: bool) -> l
             for _ in range(2 if quick else 3):
                 for kind, engine in engines.items():
                     figures[kind].append(in_process_cpu_tokens_per_s(engine, prompts, conc, new_tokens))
-            rows.append({"benchmark": "engine", "metric": f"cpu_tokens_per_s_{conc}_batch",
-                         "value": statistics.median(figures["lean"]), "unit": "tok/CPU-s",
-                         "baseline": "same engine, HF forward", "baseline_value": statistics.median(figures["hf"])})
+            rows.append(
+                {
+                    "benchmark": "engine",
+                    "metric": f"cpu_tokens_per_s_{conc}_batch",
+                    "value": statistics.median(figures["lean"]),
+                    "unit": "tok/CPU-s",
+                    "baseline": "same engine, HF forward",
+                    "baseline_value": statistics.median(figures["hf"]),
+                }
+            )
     finally:
         for engine in engines.values():
             engine.shutdown()
@@ -178,20 +189,35 @@ def vllm_rows(model_dir: Path, plan: list[tuple[int, list[list[int]], float, flo
     if python is None:
         print(f"[engine] {why}", file=sys.stderr)
         for conc, _, ours, _ in plan:
-            rows.append({"benchmark": "engine", "metric": f"tokens_per_s_{conc}_concurrent", "value": ours,
-                         "unit": "tok/s", "baseline": why, "baseline_value": float("nan")})
+            rows.append(
+                {
+                    "benchmark": "engine",
+                    "metric": f"tokens_per_s_{conc}_concurrent",
+                    "value": ours,
+                    "unit": "tok/s",
+                    "baseline": why,
+                    "baseline_value": float("nan"),
+                }
+            )
         return rows
     max_len = 2 * (PROMPT_LEN + new_tokens)
-    with launch_vllm_server(python, str(model_dir), max_model_len=max_len, dtype="float32", threads=1,
-                            max_num_seqs=32) as server:
+    with launch_vllm_server(python, str(model_dir), max_model_len=max_len, dtype="float32", threads=1, max_num_seqs=32) as server:
         for conc, prompts, ours, ours_cpu in plan:
             theirs, theirs_cpu = served_tokens(server.url, server.pid, prompts, conc, new_tokens, client_cls=VLLMClient)
             common = {"benchmark": "engine", "baseline": f"{VLLM_PIN}, 1 thread", "baseline_value": theirs}
             rows.append({**common, "metric": f"tokens_per_s_{conc}_concurrent", "value": ours, "unit": "tok/s"})
-            rows.append({**common, "metric": f"ratio_to_vllm_{conc}_concurrent", "value": ours / theirs,
-                         "unit": "x", "baseline_value": 1.0})
-            rows.append({**common, "metric": f"server_cpu_tokens_per_s_{conc}_concurrent", "value": ours_cpu,
-                         "unit": "tok/CPU-s", "baseline_value": theirs_cpu})
+            rows.append(
+                {**common, "metric": f"ratio_to_vllm_{conc}_concurrent", "value": ours / theirs, "unit": "x", "baseline_value": 1.0}
+            )
+            rows.append(
+                {
+                    **common,
+                    "metric": f"server_cpu_tokens_per_s_{conc}_concurrent",
+                    "value": ours_cpu,
+                    "unit": "tok/CPU-s",
+                    "baseline_value": theirs_cpu,
+                }
+            )
     return rows
 
 
@@ -212,8 +238,9 @@ def main(quick: bool) -> list[dict]:
             common = {"benchmark": "engine", "metric": f"tokens_per_s_{conc}_concurrent", "value": ours, "unit": "tok/s"}
             rows.append({**common, "baseline": "HF generate, one at a time", "baseline_value": one})
             if conc > 1:
-                rows.append({**common, "baseline": "HF generate, static batch", "baseline_value":
-                             hf_tokens_per_s(model, prompts, conc, new_tokens)})
+                rows.append(
+                    {**common, "baseline": "HF generate, static batch", "baseline_value": hf_tokens_per_s(model, prompts, conc, new_tokens)}
+                )
     del model
     rows += forward_rows(model_dir, vocab, new_tokens, quick)
     return rows + vllm_rows(model_dir, plan, new_tokens)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT = '''
+AGENT = """
 import asyncio
 from openai import AsyncOpenAI
 
@@ -37,7 +37,7 @@ async def run(data, **kw):
     client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0)
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=8)
     return 1.0
-'''
+"""
 
 
 def _child(pid: int, module: bytes) -> int | None:
@@ -56,9 +56,20 @@ class _Run:
     def __init__(self, tmp: Path, mode: str, steps: int) -> None:
         (tmp / "agent.py").write_text(AGENT)
         self.run_dir = tmp / f"run-{mode}"
-        cmd = [sys.executable, "-m", "areal.train", f"hydra.run.dir={self.run_dir}", f"rollout.agent={tmp / 'agent.py'}:run",
-               "model.path=scripted", f"rollout.openai.mode={mode}", f"trainer.steps={steps}", "rollout.groups_per_step=2",
-               "rollout.n_samples=2", "rollout.max_head_offpolicyness=0", "data.eval_size=0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={self.run_dir}",
+            f"rollout.agent={tmp / 'agent.py'}:run",
+            "model.path=scripted",
+            f"rollout.openai.mode={mode}",
+            f"trainer.steps={steps}",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "rollout.max_head_offpolicyness=0",
+            "data.eval_size=0",
+        ]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[tuple[float, str]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -106,8 +117,9 @@ def _zygote(tmp: Path) -> tuple[float, float, float]:
         os.kill(zygote, signal.SIGKILL)
         killed = time.monotonic()
         noticed = run.wait_line("the zygote died; restarting it", killed) - killed
-        while not any(json.loads(x)["status"] == "ok" and "-retry" in json.loads(x)["episode_id"]
-                      for x in episodes.read_text().splitlines()[before:]):
+        while not any(
+            json.loads(x)["status"] == "ok" and "-retry" in json.loads(x)["episode_id"] for x in episodes.read_text().splitlines()[before:]
+        ):
             if time.monotonic() - killed > 120:
                 raise RuntimeError("no re-admitted episode within 120 s")
             time.sleep(0.01)
@@ -144,12 +156,30 @@ def main(quick: bool) -> list[dict]:
         stopped, step_e = _engine(Path(tmp))
     base = "median step time, same run"
     return [
-        {"benchmark": "faults", "metric": "zygote SIGKILL -> restart announced", "value": noticed, "unit": "s",
-         "baseline": base, "baseline_value": step_z},
-        {"benchmark": "faults", "metric": "zygote SIGKILL -> first re-admitted episode done", "value": recovered,
-         "unit": "s", "baseline": base, "baseline_value": step_z},
-        {"benchmark": "faults", "metric": "engine SIGKILL -> run stopped, engine named", "value": stopped, "unit": "s",
-         "baseline": base, "baseline_value": step_e},
+        {
+            "benchmark": "faults",
+            "metric": "zygote SIGKILL -> restart announced",
+            "value": noticed,
+            "unit": "s",
+            "baseline": base,
+            "baseline_value": step_z,
+        },
+        {
+            "benchmark": "faults",
+            "metric": "zygote SIGKILL -> first re-admitted episode done",
+            "value": recovered,
+            "unit": "s",
+            "baseline": base,
+            "baseline_value": step_z,
+        },
+        {
+            "benchmark": "faults",
+            "metric": "engine SIGKILL -> run stopped, engine named",
+            "value": stopped,
+            "unit": "s",
+            "baseline": base,
+            "baseline_value": step_e,
+        },
     ]
 
 

@@ -76,8 +76,16 @@ _FLOORS = {
 }
 
 
-def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_ids: list[int], n: int, max_tokens: int,
-                 engine_pid: int | None = None, floors: bool = False) -> list[dict]:
+def latency_rows(
+    engine: str,
+    engine_url: str,
+    gateway: GatewayProcess,
+    prompt_ids: list[int],
+    n: int,
+    max_tokens: int,
+    engine_pid: int | None = None,
+    floors: bool = False,
+) -> list[dict]:
     """Latency added per call over ZeroMQ and HTTP against direct engine calls, and (with
     ``engine_pid``) CPU per call of the gateway process against the engine's per direct call.
 
@@ -120,30 +128,67 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
     rows = []
     direct50, direct99 = _p(lat["direct"], 0.5) * 1e6, _p(lat["direct"], 0.99) * 1e6
     for door in ("zmq", "http"):
-        rows.append({"benchmark": "gateway", "metric": f"added p50 {door}, {engine} engine", "value": _p(lat[door], 0.5) * 1e6 - direct50,
-                     "unit": "us", "baseline": f"direct {engine} p50", "baseline_value": direct50})
+        rows.append(
+            {
+                "benchmark": "gateway",
+                "metric": f"added p50 {door}, {engine} engine",
+                "value": _p(lat[door], 0.5) * 1e6 - direct50,
+                "unit": "us",
+                "baseline": f"direct {engine} p50",
+                "baseline_value": direct50,
+            }
+        )
     for door in ("zmq", "http"):
         paired = [g - d for g, d in zip(lat[door], lat["direct"])]
-        rows.append({"benchmark": "gateway", "metric": f"added p99 {door}, {engine} engine", "value": _p(paired, 0.99) * 1e6,
-                     "unit": "us", "baseline": f"direct {engine} p99", "baseline_value": direct99,
-                     "note": "p99 of per-call differences, each gateway call minus the direct call just before it"})
+        rows.append(
+            {
+                "benchmark": "gateway",
+                "metric": f"added p99 {door}, {engine} engine",
+                "value": _p(paired, 0.99) * 1e6,
+                "unit": "us",
+                "baseline": f"direct {engine} p99",
+                "baseline_value": direct99,
+                "note": "p99 of per-call differences, each gateway call minus the direct call just before it",
+            }
+        )
     for kind, note in _FLOORS.items() if floors else ():
-        rows.append({"benchmark": "gateway", "metric": f"{kind} echo round trip p50 (transport floor)",
-                     "value": _p(lat[f"{kind} echo"], 0.5) * 1e6, "unit": "us", "baseline": f"direct {engine} p50",
-                     "baseline_value": direct50,
-                     "note": "a request-sized message to an echo server and back, no gateway, no engine: " + note})
+        rows.append(
+            {
+                "benchmark": "gateway",
+                "metric": f"{kind} echo round trip p50 (transport floor)",
+                "value": _p(lat[f"{kind} echo"], 0.5) * 1e6,
+                "unit": "us",
+                "baseline": f"direct {engine} p50",
+                "baseline_value": direct50,
+                "note": "a request-sized message to an echo server and back, no gateway, no engine: " + note,
+            }
+        )
     if floors:
-        rows.append({"benchmark": "gateway", "metric": f"added p50 zmq, plumbing only (no core), {engine} engine",
-                     "value": _p(lat["zmq no core"], 0.5) * 1e6 - direct50, "unit": "us",
-                     "baseline": f"direct {engine} p50", "baseline_value": direct50,
-                     "note": "a gateway process with its core taken out: the ZeroMQ door, a task, one /generate over "
-                             "the engine client, a fixed reply; the rest of 'added p50 zmq' is the core's"})
-        rows.append({"benchmark": "gateway", "metric": f"added p50 zmq, door + raw engine exchange, {engine} engine",
-                     "value": _p(lat["zmq raw exchange"], 0.5) * 1e6 - direct50, "unit": "us",
-                     "baseline": f"direct {engine} p50", "baseline_value": direct50,
-                     "note": "a gateway process with its core and its engine client taken out: the ZeroMQ door, a task, "
-                             "a prebuilt /generate written and its answer read on one connection, a fixed reply: the "
-                             "least this door adds while making the engine call"})
+        rows.append(
+            {
+                "benchmark": "gateway",
+                "metric": f"added p50 zmq, plumbing only (no core), {engine} engine",
+                "value": _p(lat["zmq no core"], 0.5) * 1e6 - direct50,
+                "unit": "us",
+                "baseline": f"direct {engine} p50",
+                "baseline_value": direct50,
+                "note": "a gateway process with its core taken out: the ZeroMQ door, a task, one /generate over "
+                "the engine client, a fixed reply; the rest of 'added p50 zmq' is the core's",
+            }
+        )
+        rows.append(
+            {
+                "benchmark": "gateway",
+                "metric": f"added p50 zmq, door + raw engine exchange, {engine} engine",
+                "value": _p(lat["zmq raw exchange"], 0.5) * 1e6 - direct50,
+                "unit": "us",
+                "baseline": f"direct {engine} p50",
+                "baseline_value": direct50,
+                "note": "a gateway process with its core and its engine client taken out: the ZeroMQ door, a task, "
+                "a prebuilt /generate written and its answer read on one connection, a fixed reply: the "
+                "least this door adds while making the engine call",
+            }
+        )
     if engine_pid is not None:
         cpu = {}
         for name, client in clients.items():
@@ -153,8 +198,16 @@ def latency_rows(engine: str, engine_url: str, gateway: GatewayProcess, prompt_i
                 client.call()
             cpu[name] = (proc_cpu_ns(pid) - cpu0) / n / 1e3
         for door in ("zmq", "http"):
-            rows.append({"benchmark": "gateway", "metric": f"gateway CPU per call, {door}, {engine} engine", "value": cpu[door],
-                         "unit": "us CPU", "baseline": f"{engine} engine CPU per direct call", "baseline_value": cpu["direct"]})
+            rows.append(
+                {
+                    "benchmark": "gateway",
+                    "metric": f"gateway CPU per call, {door}, {engine} engine",
+                    "value": cpu[door],
+                    "unit": "us CPU",
+                    "baseline": f"{engine} engine CPU per direct call",
+                    "baseline_value": cpu["direct"],
+                }
+            )
     for client in clients.values():
         client.close()
     return rows
@@ -164,8 +217,9 @@ def _threads(pid: int) -> list[int]:
     return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
 
 
-def one_vcpu_rows(engine: str, engine_url: str, gateway: GatewayProcess, engine_pid: int, prompt_ids: list[int], n: int,
-                  max_tokens: int) -> list[dict]:
+def one_vcpu_rows(
+    engine: str, engine_url: str, gateway: GatewayProcess, engine_pid: int, prompt_ids: list[int], n: int, max_tokens: int
+) -> list[dict]:
     """Added latency with the client, the gateway and the engine pinned to one vCPU, direct and
     ZeroMQ calls taking turns; every thread's affinity is put back afterwards.
 
@@ -179,8 +233,10 @@ def one_vcpu_rows(engine: str, engine_url: str, gateway: GatewayProcess, engine_
     pids = (os.getpid(), gateway.popen.pid, engine_pid)
     saved = {tid: os.sched_getaffinity(tid) for pid in pids for tid in _threads(pid)}
     cpu = min(os.sched_getaffinity(0))
-    clients = {"direct": BlockingHttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
-               "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens))}
+    clients = {
+        "direct": BlockingHttpClient(engine_url + "/generate", _engine_body(prompt_ids, max_tokens)),
+        "zmq": BlockingZmqClient(gateway.zmq, gateway.key, _chat_body(max_tokens)),
+    }
     try:
         for tid in saved:
             os.sched_setaffinity(tid, {cpu})
@@ -194,15 +250,21 @@ def one_vcpu_rows(engine: str, engine_url: str, gateway: GatewayProcess, engine_
         for client in clients.values():
             client.close()
     direct50 = _p(lat["direct"], 0.5) * 1e6
-    return [{"benchmark": "gateway", "metric": f"added p50 zmq, all on one vCPU, {engine} engine",
-             "value": _p(lat["zmq"], 0.5) * 1e6 - direct50, "unit": "us", "baseline": f"direct {engine} p50, one vCPU",
-             "baseline_value": direct50,
-             "note": "client, gateway and engine pinned to one vCPU: no call wakes a process on another vCPU "
-                     "(one_vcpu_rows); the unpinned row is the headline"}]
+    return [
+        {
+            "benchmark": "gateway",
+            "metric": f"added p50 zmq, all on one vCPU, {engine} engine",
+            "value": _p(lat["zmq"], 0.5) * 1e6 - direct50,
+            "unit": "us",
+            "baseline": f"direct {engine} p50, one vCPU",
+            "baseline_value": direct50,
+            "note": "client, gateway and engine pinned to one vCPU: no call wakes a process on another vCPU "
+            "(one_vcpu_rows); the unpinned row is the headline",
+        }
+    ]
 
 
-def _load_client(door: str, url: str, key: str | None, body: bytes, concurrency: int, start_at: float, stop_at: float,
-                 queue: Any) -> None:
+def _load_client(door: str, url: str, key: str | None, body: bytes, concurrency: int, start_at: float, stop_at: float, queue: Any) -> None:
     """Closed-loop load from ``start_at`` to ``stop_at`` (wall clock); puts the calls answered."""
 
     async def go() -> int:
@@ -231,8 +293,7 @@ def throughput(door: str, url: str, key: str | None, body: bytes, server_pid: in
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     start_at = time.time() + 4.0  # after the clients' spawn and imports
-    procs = [ctx.Process(target=_load_client, args=(door, url, key, body, 16, start_at, start_at + seconds, queue))
-             for _ in range(clients)]
+    procs = [ctx.Process(target=_load_client, args=(door, url, key, body, 16, start_at, start_at + seconds, queue)) for _ in range(clients)]
     for p in procs:
         p.start()
     time.sleep(max(0.0, start_at - time.time()))
@@ -279,8 +340,16 @@ def prompt_building_rows(turns: int, repeats: int = 1) -> list[dict]:
             if incremental:
                 prompt = builder.build(index, interactions, messages, None)
                 ids = prompt.ids
-                inter = Interaction(id=f"i{t}", prompt_ids=ids, output_ids=reply_ids, output_logprobs=[0.0] * len(reply_ids),
-                                    version=0, finish_reason="stop", created=0.0, parent_id=prompt.parent_id)
+                inter = Interaction(
+                    id=f"i{t}",
+                    prompt_ids=ids,
+                    output_ids=reply_ids,
+                    output_logprobs=[0.0] * len(reply_ids),
+                    version=0,
+                    finish_reason="stop",
+                    created=0.0,
+                    parent_id=prompt.parent_id,
+                )
                 interactions[inter.id] = inter
                 reply = {"role": "assistant", "content": reply_text}
                 builder.record(index, prompt, inter, reply)
@@ -302,8 +371,16 @@ def prompt_building_rows(turns: int, repeats: int = 1) -> list[dict]:
         full_s, full_ids = episode(False, turns)
         assert inc_ids == full_ids  # same prompts, token for token in length (equality is tested in tests/)
         inc, full = min(inc, inc_s), min(full, full_s)
-    return [{"benchmark": "gateway", "metric": f"prompt building, {turns}-turn episode", "value": inc * 1e3, "unit": "ms CPU",
-             "baseline": "full re-render every turn (apply_chat_template, as AReaL)", "baseline_value": full * 1e3}]
+    return [
+        {
+            "benchmark": "gateway",
+            "metric": f"prompt building, {turns}-turn episode",
+            "value": inc * 1e3,
+            "unit": "ms CPU",
+            "baseline": "full re-render every turn (apply_chat_template, as AReaL)",
+            "baseline_value": full * 1e3,
+        }
+    ]
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -319,16 +396,31 @@ def main(quick: bool) -> list[dict]:
     with launch_instant_engine(_reply_ids()) as engine:
         gateway = GatewayProcess(engine.url)
         try:
-            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid,
-                                 floors=True)
+            rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid, floors=True)
             rows += one_vcpu_rows("instant", engine.url, gateway, engine.popen.pid, prompt_ids, n, max_tokens=64)
             seconds = 3.0 if quick else 10.0
             gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
             eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)
-            rows.append({"benchmark": "gateway", "metric": "requests/s per gateway core, zmq, instant", "value": gw_rate,
-                         "unit": "req/s", "baseline": "instant engine, direct", "baseline_value": eng_rate})
-            rows.append({"benchmark": "gateway", "metric": "requests/s wall, zmq, 3 clients, instant", "value": gw_wall,
-                         "unit": "req/s", "baseline": "instant engine wall, direct", "baseline_value": eng_wall})
+            rows.append(
+                {
+                    "benchmark": "gateway",
+                    "metric": "requests/s per gateway core, zmq, instant",
+                    "value": gw_rate,
+                    "unit": "req/s",
+                    "baseline": "instant engine, direct",
+                    "baseline_value": eng_rate,
+                }
+            )
+            rows.append(
+                {
+                    "benchmark": "gateway",
+                    "metric": "requests/s wall, zmq, 3 clients, instant",
+                    "value": gw_wall,
+                    "unit": "req/s",
+                    "baseline": "instant engine wall, direct",
+                    "baseline_value": eng_wall,
+                }
+            )
         finally:
             gateway.stop()
     embedded = launch_embedded_engine(str(ensure_embedded_model()))

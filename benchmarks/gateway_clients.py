@@ -38,7 +38,9 @@ class ZmqClient:
         self.sock.connect(address)
         self.decoder = msgspec.msgpack.Decoder(GatewayMessage)
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        self.payload = msgspec.msgpack.encode(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions", headers=headers, body=body))
+        self.payload = msgspec.msgpack.encode(
+            GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions", headers=headers, body=body)
+        )
 
     async def call(self) -> None:
         await self.sock.send(self.payload)
@@ -87,8 +89,10 @@ class BlockingHttpClient:
         self.sock = socket.create_connection((u.hostname, u.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         auth = f"authorization: Bearer {key}\r\n" if key else ""
-        self.request = (f"POST {u.path} HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\ncontent-type: application/json\r\n"
-                        f"{auth}content-length: {len(body)}\r\n\r\n").encode() + body
+        self.request = (
+            f"POST {u.path} HTTP/1.1\r\nhost: {u.hostname}:{u.port}\r\ncontent-type: application/json\r\n"
+            f"{auth}content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
         self.buf = b""
 
     def call(self) -> None:
@@ -100,7 +104,7 @@ class BlockingHttpClient:
         length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
         while len(self.buf) < end + 4 + length:
             self.buf += self.sock.recv(65536)
-        self.buf = self.buf[end + 4 + length:]
+        self.buf = self.buf[end + 4 + length :]
 
     def close(self) -> None:
         self.sock.close()
@@ -117,8 +121,9 @@ class BlockingZmqClient:
 
         self.decoder = msgspec.msgpack.Decoder(GatewayMessage)
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        self.payload = msgspec.msgpack.encode(GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
-                                                             headers=headers, body=body))
+        self.payload = msgspec.msgpack.encode(
+            GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions", headers=headers, body=body)
+        )
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)

@@ -97,8 +97,12 @@ class _InstantEngine(asyncio.Protocol):
 def _generate_body(req: dict, ids: list[int], finish: dict | None) -> bytes:
     prompt = req.get("input_ids") or []
     meta: dict[str, Any] = {
-        "id": req.get("rid") or "instant", "finish_reason": finish, "prompt_tokens": len(prompt),
-        "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": "default",
+        "id": req.get("rid") or "instant",
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(ids),
+        "cached_tokens": 0,
+        "weight_version": "default",
     }
     if req.get("return_logprob"):
         meta["output_token_logprobs"] = [[-0.25, t, None] for t in ids]
@@ -186,8 +190,9 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
 
         url = urllib.parse.urlsplit(engine_url)
         body = _engine_body(_prompt_ids(), 64)
-        head = (f"POST /generate HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST /generate HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Answer(loop), url.hostname, url.port)
 

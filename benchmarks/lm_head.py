@@ -48,8 +48,14 @@ def _measure(variant: str, tokens: int) -> dict[str, float]:
 
 
 def _child(variant: str, tokens: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.lm_head", "--variant", variant, "--tokens", str(tokens)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lm_head", "--variant", variant, "--tokens", str(tokens)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -58,10 +64,22 @@ def main(quick: bool) -> list[dict]:
     chunked, full = _child("chunked", tokens), _child("full_logits", tokens)
     name = f"lm_head_{tokens}x{VOCAB}"
     return [
-        {"benchmark": name, "metric": "peak_memory_growth", "value": chunked["peak_mib"], "unit": "MiB",
-         "baseline": "full (tokens, vocab) logits + autograd", "baseline_value": full["peak_mib"]},
-        {"benchmark": name, "metric": "cpu_time_fwd_bwd", "value": chunked["cpu_s"], "unit": "s",
-         "baseline": "full (tokens, vocab) logits + autograd", "baseline_value": full["cpu_s"]},
+        {
+            "benchmark": name,
+            "metric": "peak_memory_growth",
+            "value": chunked["peak_mib"],
+            "unit": "MiB",
+            "baseline": "full (tokens, vocab) logits + autograd",
+            "baseline_value": full["peak_mib"],
+        },
+        {
+            "benchmark": name,
+            "metric": "cpu_time_fwd_bwd",
+            "value": chunked["cpu_s"],
+            "unit": "s",
+            "baseline": "full (tokens, vocab) logits + autograd",
+            "baseline_value": full["cpu_s"],
+        },
     ]
 
 

@@ -35,11 +35,17 @@ def main(quick: bool) -> list[dict]:
     rows = []
     for turns in QUICK_TURNS if quick else FULL_TURNS:
         (r,) = prompt_building_rows(turns, repeats=REPEATS)  # one row: total ms CPU for the episode, both ways
-        rows.append({"benchmark": "prompt_building", "metric": f"prompt building per turn, {turns}-turn episode",
-                     "value": r["value"] / turns, "unit": "ms CPU/turn", "baseline": r["baseline"],
-                     "baseline_value": r["baseline_value"] / turns,
-                     "note": "mean CPU per turn over an episode of that many turns (history grows by one "
-                             "user message and one reply per turn)"})
+        rows.append(
+            {
+                "benchmark": "prompt_building",
+                "metric": f"prompt building per turn, {turns}-turn episode",
+                "value": r["value"] / turns,
+                "unit": "ms CPU/turn",
+                "baseline": r["baseline"],
+                "baseline_value": r["baseline_value"] / turns,
+                "note": "mean CPU per turn over an episode of that many turns (history grows by one user message and one reply per turn)",
+            }
+        )
     return rows
 
 

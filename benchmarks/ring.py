@@ -62,9 +62,9 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
 from areal.ring.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.ring.layout import NATIVE
-from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
 
 SIZES = (1024, 8192, 32768)
 RING_BYTES = 4 << 20  # cache-resident (see the docstring); holds 37 8k-token records
@@ -89,13 +89,19 @@ def make_trajectory(tokens: int = 8192) -> Trajectory:
             )
         )
     return Trajectory.from_rows(
-        episode_id="bench-episode-0", group_id="bench-group", group_size=8, reward=1.0,
-        status="ok", rows=rows, timings={"agent_s": 1.0}, interaction_ids=["i0", "i1"], row_turns=[1, 1],
+        episode_id="bench-episode-0",
+        group_id="bench-group",
+        group_size=8,
+        reward=1.0,
+        status="ok",
+        rows=rows,
+        timings={"agent_s": 1.0},
+        interaction_ids=["i0", "i1"],
+        row_turns=[1, 1],
     )
 
 
-def _produce_ring(name: str, capacity: int, tokens: int, count: int, native: bool | None,
-                  cpu: SynchronizedArray) -> None:
+def _produce_ring(name: str, capacity: int, tokens: int, count: int, native: bool | None, cpu: SynchronizedArray) -> None:
     traj = make_trajectory(tokens)
     with RingWriter(name, capacity, native=native) as writer:
         for i in range(count):
@@ -147,8 +153,9 @@ class Result(NamedTuple):
         return 1 / max(self.writer_busy_s, self.reader_busy_s)
 
 
-def _consume(receive: Callable[[], object], tokens: int, count: int,
-             waited: Callable[[], float] = lambda: 0.0) -> tuple[float, float, float]:
+def _consume(
+    receive: Callable[[], object], tokens: int, count: int, waited: Callable[[], float] = lambda: 0.0
+) -> tuple[float, float, float]:
     """Receive and decode ``WARMUP + count`` records; over the last ``count``: records/s, CPU s
     per record, and CPU s per record spent waiting (``waited``: cumulative wait CPU so far)."""
     for _ in range(WARMUP):
@@ -175,8 +182,7 @@ def _cores() -> tuple[int, int] | None:
     return (allowed[0], allowed[1]) if len(allowed) >= 2 else None
 
 
-def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float, float]],
-         pin: bool = False) -> Result:
+def _run(target: Callable[..., None], args: tuple, consume: Callable[[], tuple[float, float, float]], pin: bool = False) -> Result:
     """One producer process and this process as the consumer; with ``pin``, each on a core of
     its own. The ring's two sides are pinned: unpinned, the scheduler now and then stacked both
     on one core, and the same code's rate swung from 80k to 176k traj/s at 8k tokens between
@@ -219,8 +225,7 @@ def run_ring(tokens: int, count: int, capacity: int = RING_BYTES, native: bool |
 
 def run_queue(tokens: int, count: int) -> Result:
     queue = mp.get_context("spawn").Queue()
-    return _run(_produce_queue, (queue, tokens, WARMUP + count),
-                lambda: _consume(lambda: queue.get(timeout=60), tokens, count))
+    return _run(_produce_queue, (queue, tokens, WARMUP + count), lambda: _consume(lambda: queue.get(timeout=60), tokens, count))
 
 
 def run_zmq(tokens: int, count: int) -> Result:
@@ -231,8 +236,7 @@ def run_zmq(tokens: int, count: int) -> Result:
         sock.bind(addr)
         sock.setsockopt(zmq.RCVTIMEO, 60_000)
         try:
-            return _run(_produce_zmq, (addr, tokens, WARMUP + count),
-                        lambda: _consume(lambda: sock.recv(copy=False).buffer, tokens, count))
+            return _run(_produce_zmq, (addr, tokens, WARMUP + count), lambda: _consume(lambda: sock.recv(copy=False).buffer, tokens, count))
         finally:
             sock.close(linger=0)
             ctx.term()
@@ -261,35 +265,97 @@ def main(quick: bool) -> list[dict]:
         for baseline, key in (("multiprocessing.Queue", "queue"), ("zmq ipc PUSH/PULL", "zmq")):
             common = {"benchmark": "ring", "baseline": baseline}
             other = med[key]
-            rows.append({**common, "metric": f"trajectories_per_s_{size}", "value": ring.rate, "unit": "traj/s",
-                         "baseline_value": other.rate})
-            rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}", "value": ring.cpu_bound_rate,
-                         "unit": "traj/s", "baseline_value": other.cpu_bound_rate})
-            rows.append({**common, "metric": f"payload_GBps_{size}", "value": ring.rate * record_bytes / 1e9,
-                         "unit": "GB/s", "baseline_value": other.rate * record_bytes / 1e9})
+            rows.append(
+                {**common, "metric": f"trajectories_per_s_{size}", "value": ring.rate, "unit": "traj/s", "baseline_value": other.rate}
+            )
+            rows.append(
+                {
+                    **common,
+                    "metric": f"cpu_bound_trajectories_per_s_{size}",
+                    "value": ring.cpu_bound_rate,
+                    "unit": "traj/s",
+                    "baseline_value": other.cpu_bound_rate,
+                }
+            )
+            rows.append(
+                {
+                    **common,
+                    "metric": f"payload_GBps_{size}",
+                    "value": ring.rate * record_bytes / 1e9,
+                    "unit": "GB/s",
+                    "baseline_value": other.rate * record_bytes / 1e9,
+                }
+            )
             # CPU per record of each side (unit us: lower is better, ratio < 1 means the ring is cheaper).
             for side in ("writer", "reader"):
-                rows.append({**common, "metric": f"{side}_cpu_us_per_record_{size}",
-                             "value": getattr(ring, f"{side}_cpu_s") * 1e6, "unit": "us",
-                             "baseline_value": getattr(other, f"{side}_cpu_s") * 1e6})
-                rows.append({**common, "metric": f"{side}_busy_cpu_us_per_record_{size}",
-                             "value": getattr(ring, f"{side}_busy_s") * 1e6, "unit": "us",
-                             "baseline_value": getattr(other, f"{side}_busy_s") * 1e6})
+                rows.append(
+                    {
+                        **common,
+                        "metric": f"{side}_cpu_us_per_record_{size}",
+                        "value": getattr(ring, f"{side}_cpu_s") * 1e6,
+                        "unit": "us",
+                        "baseline_value": getattr(other, f"{side}_cpu_s") * 1e6,
+                    }
+                )
+                rows.append(
+                    {
+                        **common,
+                        "metric": f"{side}_busy_cpu_us_per_record_{size}",
+                        "value": getattr(ring, f"{side}_busy_s") * 1e6,
+                        "unit": "us",
+                        "baseline_value": getattr(other, f"{side}_busy_s") * 1e6,
+                    }
+                )
             if "ring64" in med:
                 big = med["ring64"]
-                rows.append({**common, "metric": f"trajectories_per_s_{size}_64MiB_ring", "value": big.rate,
-                             "unit": "traj/s", "baseline_value": other.rate})
-                rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}_64MiB_ring",
-                             "value": big.cpu_bound_rate, "unit": "traj/s", "baseline_value": other.cpu_bound_rate})
+                rows.append(
+                    {
+                        **common,
+                        "metric": f"trajectories_per_s_{size}_64MiB_ring",
+                        "value": big.rate,
+                        "unit": "traj/s",
+                        "baseline_value": other.rate,
+                    }
+                )
+                rows.append(
+                    {
+                        **common,
+                        "metric": f"cpu_bound_trajectories_per_s_{size}_64MiB_ring",
+                        "value": big.cpu_bound_rate,
+                        "unit": "traj/s",
+                        "baseline_value": other.cpu_bound_rate,
+                    }
+                )
         if "ring_py" in med:  # the C copy + digest against the pure-Python writer path
             common = {"benchmark": "ring", "baseline": "ring, pure-Python writer (mmap.write + xxhash)"}
             py = med["ring_py"]
-            rows.append({**common, "metric": f"trajectories_per_s_{size}_native_writer", "value": ring.rate,
-                         "unit": "traj/s", "baseline_value": py.rate})
-            rows.append({**common, "metric": f"cpu_bound_trajectories_per_s_{size}_native_writer",
-                         "value": ring.cpu_bound_rate, "unit": "traj/s", "baseline_value": py.cpu_bound_rate})
-            rows.append({**common, "metric": f"writer_busy_cpu_us_per_record_{size}_native_writer",
-                         "value": ring.writer_busy_s * 1e6, "unit": "us", "baseline_value": py.writer_busy_s * 1e6})
+            rows.append(
+                {
+                    **common,
+                    "metric": f"trajectories_per_s_{size}_native_writer",
+                    "value": ring.rate,
+                    "unit": "traj/s",
+                    "baseline_value": py.rate,
+                }
+            )
+            rows.append(
+                {
+                    **common,
+                    "metric": f"cpu_bound_trajectories_per_s_{size}_native_writer",
+                    "value": ring.cpu_bound_rate,
+                    "unit": "traj/s",
+                    "baseline_value": py.cpu_bound_rate,
+                }
+            )
+            rows.append(
+                {
+                    **common,
+                    "metric": f"writer_busy_cpu_us_per_record_{size}_native_writer",
+                    "value": ring.writer_busy_s * 1e6,
+                    "unit": "us",
+                    "baseline_value": py.writer_busy_s * 1e6,
+                }
+            )
     return rows
 
 

@@ -64,8 +64,9 @@ def _read(path: str) -> str:
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on: enough to judge whether two reports are comparable."""
     cpuinfo = _read("/proc/cpuinfo")
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor() or "unknown")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), platform.processor() or "unknown"
+    )
     mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal:")), 0)
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE.parent, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE.parent, capture_output=True, text=True)
@@ -122,15 +123,22 @@ def run_module(name: str, quick: bool, repeats: int) -> tuple[list[list[dict]], 
             for r in rows:
                 check_row(r, name)
             out.append(rows)
-            print(f"[{name}] repeat {i + 1}/{repeats}: {len(rows)} figures, {time.perf_counter() - t0:.1f} s, "
-                  f"{cpu_seconds() - cpu0:.1f} s CPU", flush=True)
-        status = {"status": "ok", "seconds": time.perf_counter() - t0, "cpu_s": cpu_seconds() - cpu0, "repeats": len(out),
-                  "error": ""}
+            print(
+                f"[{name}] repeat {i + 1}/{repeats}: {len(rows)} figures, {time.perf_counter() - t0:.1f} s, "
+                f"{cpu_seconds() - cpu0:.1f} s CPU",
+                flush=True,
+            )
+        status = {"status": "ok", "seconds": time.perf_counter() - t0, "cpu_s": cpu_seconds() - cpu0, "repeats": len(out), "error": ""}
     except Exception:
         error = traceback.format_exc()
         print(f"[{name}] FAILED after {time.perf_counter() - t0:.1f} s:\n{error}", file=sys.stderr, flush=True)
-        status = {"status": "failed", "seconds": time.perf_counter() - t0, "cpu_s": cpu_seconds() - cpu0, "repeats": len(out),
-                  "error": error}
+        status = {
+            "status": "failed",
+            "seconds": time.perf_counter() - t0,
+            "cpu_s": cpu_seconds() - cpu0,
+            "repeats": len(out),
+            "error": error,
+        }
     return out, status
 
 
@@ -151,8 +159,10 @@ def _print_table(figures: list[dict]) -> None:
     print(f"\n{'benchmark':<10} {'metric':<44} {'median':>11} {'unit':<9} {'baseline':<34} {'baseline':>11} {'ratio':>8}")
     for f in figures:
         ratio = f["ratio"]
-        print(f"{f['benchmark']:<10} {f['metric'][:44]:<44} {f['median']:>11.4g} {f['unit'][:9]:<9} {f['baseline'][:34]:<34} "
-              f"{f['baseline_median']:>11.4g} {'n/a' if math.isnan(ratio) else f'{ratio:.2f}x':>8}")
+        print(
+            f"{f['benchmark']:<10} {f['metric'][:44]:<44} {f['median']:>11.4g} {f['unit'][:9]:<9} {f['baseline'][:34]:<34} "
+            f"{f['baseline_median']:>11.4g} {'n/a' if math.isnan(ratio) else f'{ratio:.2f}x':>8}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,10 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = out / time.strftime("%Y%m%d-%H%M%S")
     while run_dir.exists():  # two runs in one second (tests): never mix their files
         run_dir = run_dir.with_name(run_dir.name + "x")
-    results = {"quick": args.quick, "repeats": repeats, "vllm": vllm, "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
-               "started": started, "elapsed_s": time.perf_counter() - t0,
-               "cpu_s": sum(s["cpu_s"] for s in modules.values()), "machine": machine, "modules": modules,
-               "figures": figures}
+    results = {
+        "quick": args.quick,
+        "repeats": repeats,
+        "vllm": vllm,
+        "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        "started": started,
+        "elapsed_s": time.perf_counter() - t0,
+        "cpu_s": sum(s["cpu_s"] for s in modules.values()),
+        "machine": machine,
+        "modules": modules,
+        "figures": figures,
+    }
     paths = write_report(results, run_dir)
     _point_latest(out, run_dir)
     _print_table(figures)

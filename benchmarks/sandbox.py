@@ -57,17 +57,19 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float) -> dict:
-    return {"benchmark": "sandbox", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_value": baseline_value}
+    return {"benchmark": "sandbox", "metric": metric, "value": value, "unit": unit, "baseline": baseline, "baseline_value": baseline_value}
 
 
 def _cold_import_ms(n: int) -> tuple[list[float], int]:
     times, rss = [], 0
     for _ in range(n):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", "import openai, resource; "
-                              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", "import openai, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         times.append((time.perf_counter() - t0) * 1e3)
         rss = int(out.stdout)  # KiB
     return times, rss << 10
@@ -100,10 +102,19 @@ class _InstantWorld:
 
         async def generate(request: web.Request) -> web.Response:
             body = await request.json()
-            return web.json_response({"text": "42", "output_ids": ids, "meta_info": {
-                "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(ids), "weight_version": "0",
-                "output_token_logprobs": [[-0.5, t, None] for t in ids]}})
+            return web.json_response(
+                {
+                    "text": "42",
+                    "output_ids": ids,
+                    "meta_info": {
+                        "finish_reason": {"type": "stop"},
+                        "prompt_tokens": len(body["input_ids"]),
+                        "completion_tokens": len(ids),
+                        "weight_version": "0",
+                        "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                    },
+                }
+            )
 
         app = web.Application()
         app.router.add_post("/generate", generate)
@@ -127,8 +138,11 @@ class _InstantWorld:
 def _memory_of_running(zygote_pid: int, log_dir: str) -> tuple[list[int], list[int]]:
     """cgroup usage of each running episode of this zygote, and PSS of each of its processes.
     Idle warm slots (their log still has the bare slot name) are left out."""
-    running = [d for d in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*")
-               if not os.path.exists(os.path.join(log_dir, os.path.basename(d) + ".log"))]
+    running = [
+        d
+        for d in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*")
+        if not os.path.exists(os.path.join(log_dir, os.path.basename(d) + ".log"))
+    ]
     usage = [int(open(os.path.join(d, "memory.usage_in_bytes")).read()) for d in running]
     pss = []
     for d in running:
@@ -203,22 +217,28 @@ def main(quick: bool) -> list[dict]:
     rows = [
         _row("spawn_to_running_p50", p50, "ms", "cold python -c 'import openai'", statistics.median(cold)),
         _row("spawn_to_running_p99", p99, "ms", "cold python -c 'import openai'", max(cold)),
-        _row("spawn_to_running_p50_vs_pool", p50, "ms", "ProcessPoolExecutor p50 (no isolation)",
-             _percentile(pool, 0.5)),
-        _row("spawn_to_running_p50_vs_cold_fork", p50, "ms", "warm_slots=0: fork, then isolate, p50",
-             _percentile(sb["cold_spawn_ms"], 0.5)),
-        _row("spawn_to_running_p99_vs_cold_fork", p99, "ms", "warm_slots=0: fork, then isolate, p99",
-             _percentile(sb["cold_spawn_ms"], 0.99)),
-        _row("memory_per_sandbox_cgroup", statistics.mean(sb["usage"]) / 2**20, "MiB", "cold import-openai RSS",
-             cold_rss / 2**20),
-        _row("pss_per_sandbox_process", statistics.mean(sb["pss"]) / 2**20, "MiB", "cold import-openai RSS",
-             cold_rss / 2**20),
-        _row("concurrent_256_episodes_per_s", sb["concurrent_ok"] / sb["concurrent_s"], "ep/s",
-             "same 256 inline (no sandbox)", 256 / sb["inline_s"]),
+        _row("spawn_to_running_p50_vs_pool", p50, "ms", "ProcessPoolExecutor p50 (no isolation)", _percentile(pool, 0.5)),
+        _row(
+            "spawn_to_running_p50_vs_cold_fork", p50, "ms", "warm_slots=0: fork, then isolate, p50", _percentile(sb["cold_spawn_ms"], 0.5)
+        ),
+        _row(
+            "spawn_to_running_p99_vs_cold_fork", p99, "ms", "warm_slots=0: fork, then isolate, p99", _percentile(sb["cold_spawn_ms"], 0.99)
+        ),
+        _row("memory_per_sandbox_cgroup", statistics.mean(sb["usage"]) / 2**20, "MiB", "cold import-openai RSS", cold_rss / 2**20),
+        _row("pss_per_sandbox_process", statistics.mean(sb["pss"]) / 2**20, "MiB", "cold import-openai RSS", cold_rss / 2**20),
+        _row(
+            "concurrent_256_episodes_per_s",
+            sb["concurrent_ok"] / sb["concurrent_s"],
+            "ep/s",
+            "same 256 inline (no sandbox)",
+            256 / sb["inline_s"],
+        ),
         _row("concurrent_256_ok", sb["concurrent_ok"], "episodes", "submitted", 256),
     ]
-    print(f"[sandbox] layers={sb['layers']} spawn p50={p50:.1f} ms p99={p99:.1f} ms; "
-          f"{len(sb['usage'])} cgroups, {len(sb['pss'])} processes measured; errors: {sb['concurrent_errors']}")
+    print(
+        f"[sandbox] layers={sb['layers']} spawn p50={p50:.1f} ms p99={p99:.1f} ms; "
+        f"{len(sb['usage'])} cgroups, {len(sb['pss'])} processes measured; errors: {sb['concurrent_errors']}"
+    )
     return rows
 
 

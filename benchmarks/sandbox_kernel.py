@@ -92,14 +92,16 @@ def _zygote_memory(pid: int) -> dict[str, int]:
     return out
 
 
-async def _sandboxed(world: _InstantWorld, tmp: str, variant: str, skip: list[str], huge_pages: bool,
-                     n: int, memory: dict[str, dict[str, int]]) -> Cost:
+async def _sandboxed(
+    world: _InstantWorld, tmp: str, variant: str, skip: list[str], huge_pages: bool, n: int, memory: dict[str, dict[str, int]]
+) -> Cost:
     from sandbox.isolation import SandboxConfig
     from sandbox.zygote import Zygote
 
     config = SandboxConfig(deadline_s=120, skip_layers=skip, huge_pages=huge_pages)
     zygote = await Zygote.start(AGENT, world.addr, config, os.path.join(tmp, f"log-{variant}"))
     try:
+
         async def run_one(i: int) -> None:
             key = world.gateway.open_session(f"k{i}")
             try:
@@ -125,6 +127,7 @@ async def _inline(world: _InstantWorld, n: int) -> Cost:
     runner, url = await serve_http(world.gateway)
     try:
         async with httpx.AsyncClient() as http:
+
             async def run_one(i: int) -> None:
                 key = world.gateway.open_session(f"i{i}")
                 try:
@@ -160,8 +163,7 @@ async def _measure(quick: bool) -> tuple[dict[str, Cost], dict[str, dict[str, in
                     samples.setdefault(name, []).append(await _sandboxed(world, tmp, name, skip, huge, n, memory))
         finally:
             await world.stop()
-    median = {k: Cost(**{f.name: statistics.median(getattr(c, f.name) for c in v) for f in fields(Cost)})
-              for k, v in samples.items()}
+    median = {k: Cost(**{f.name: statistics.median(getattr(c, f.name) for c in v) for f in fields(Cost)}) for k, v in samples.items()}
     return median, memory
 
 
@@ -171,32 +173,55 @@ def main(quick: bool) -> list[dict]:
     full, inline, small = per["all"], per["inline"], per["4k_pages"]
 
     def row(metric: str, value: float, unit: str, baseline: str, baseline_value: float) -> dict:
-        return {"benchmark": "sandbox_kernel", "metric": metric, "value": value, "unit": unit, "baseline": baseline,
-                "baseline_value": baseline_value}
+        return {
+            "benchmark": "sandbox_kernel",
+            "metric": metric,
+            "value": value,
+            "unit": unit,
+            "baseline": baseline,
+            "baseline_value": baseline_value,
+        }
 
     rows = [
-        row("kernel CPU per sandboxed episode, all layers (zygote tree + gateway)", full.sys * ms, "ms",
-            "inline episode (no sandbox)", inline.sys * ms),
-        row("kernel CPU per sandboxed episode, all layers, machine-wide", full.machine_sys * ms, "ms",
-            "inline episode, machine-wide", inline.machine_sys * ms),
-        row("kernel CPU per sandboxed episode, huge-page heap", full.sys * ms, "ms",
-            "4 KiB-page heap (huge_pages=False)", small.sys * ms),
-        row("minor page faults per sandboxed episode, all layers", full.minflt, "faults",
-            "inline episode", inline.minflt),
-        row("minor page faults per sandboxed episode, huge-page heap", full.minflt, "faults",
-            "4 KiB-page heap", small.minflt),
+        row(
+            "kernel CPU per sandboxed episode, all layers (zygote tree + gateway)",
+            full.sys * ms,
+            "ms",
+            "inline episode (no sandbox)",
+            inline.sys * ms,
+        ),
+        row(
+            "kernel CPU per sandboxed episode, all layers, machine-wide",
+            full.machine_sys * ms,
+            "ms",
+            "inline episode, machine-wide",
+            inline.machine_sys * ms,
+        ),
+        row("kernel CPU per sandboxed episode, huge-page heap", full.sys * ms, "ms", "4 KiB-page heap (huge_pages=False)", small.sys * ms),
+        row("minor page faults per sandboxed episode, all layers", full.minflt, "faults", "inline episode", inline.minflt),
+        row("minor page faults per sandboxed episode, huge-page heap", full.minflt, "faults", "4 KiB-page heap", small.minflt),
         row("user CPU per sandboxed episode, all layers", full.user * ms, "ms", "inline episode", inline.user * ms),
-        row("episodes/s sandboxed (4 at a time), all layers", 1 / full.wall, "ep/s",
-            "inline episodes/s (4 at a time)", 1 / inline.wall),
-        row("zygote page tables (VmPTE) after the batch, huge-page heap", memory["all"]["VmPTE"], "KiB",
-            "4 KiB-page heap", memory["4k_pages"]["VmPTE"]),
-        row("zygote heap in huge pages after the batch", memory["all"].get("AnonHugePages", 0) / 1024, "MiB",
-            "zygote resident memory (VmRSS)", memory["all"]["VmRSS"] / 1024),
+        row("episodes/s sandboxed (4 at a time), all layers", 1 / full.wall, "ep/s", "inline episodes/s (4 at a time)", 1 / inline.wall),
+        row(
+            "zygote page tables (VmPTE) after the batch, huge-page heap",
+            memory["all"]["VmPTE"],
+            "KiB",
+            "4 KiB-page heap",
+            memory["4k_pages"]["VmPTE"],
+        ),
+        row(
+            "zygote heap in huge pages after the batch",
+            memory["all"].get("AnonHugePages", 0) / 1024,
+            "MiB",
+            "zygote resident memory (VmRSS)",
+            memory["all"]["VmRSS"] / 1024,
+        ),
     ]
     for layer in LAYERS:
         label = "mountns + readonly_root" if layer == "mountns" else layer
-        rows.append(row(f"kernel CPU per episode attributable to {label}", (full.sys - per[layer].sys) * ms, "ms",
-                        "all layers", full.sys * ms))
+        rows.append(
+            row(f"kernel CPU per episode attributable to {label}", (full.sys - per[layer].sys) * ms, "ms", "all layers", full.sys * ms)
+        )
     return rows
 
 

@@ -22,8 +22,13 @@ from areal.embedded.corpus import math_reward
 class SlowAgent:
     async def run(self, data: dict, **extra_kwargs: Any) -> float:
         await asyncio.sleep(float(os.environ.get("SLOW_AGENT_TOOL_S", "1.0")))  # the emulated tool call
-        client = AsyncOpenAI(base_url=extra_kwargs.get("base_url"), api_key=extra_kwargs.get("api_key"),
-                             http_client=extra_kwargs.get("http_client"), max_retries=0)
+        client = AsyncOpenAI(
+            base_url=extra_kwargs.get("base_url"),
+            api_key=extra_kwargs.get("api_key"),
+            http_client=extra_kwargs.get("http_client"),
+            max_retries=0,
+        )
         completion = await client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": data["question"]}], temperature=1.0, max_tokens=32)
+            model="default", messages=[{"role": "user", "content": data["question"]}], temperature=1.0, max_tokens=32
+        )
         return math_reward(completion.choices[0].message.content or "", data["answer"])

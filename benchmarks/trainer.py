@@ -13,8 +13,8 @@ import time
 import numpy as np
 import torch
 
-from areal.trainer.loss import group_advantages
 from areal.protocol import TokenRow, Trajectory
+from areal.trainer.loss import group_advantages
 
 
 def _trajectories(vocab: int, rows: int, rng: np.random.Generator) -> list[Trajectory]:
@@ -23,10 +23,16 @@ def _trajectories(vocab: int, rows: int, rng: np.random.Generator) -> list[Traje
         n = int(rng.integers(48, 384))
         prompt = int(rng.integers(16, n // 2))
         mask = np.r_[np.zeros(prompt), np.ones(n - prompt)].astype(np.uint8)
-        row = TokenRow(rng.integers(0, vocab, n).astype(np.int32), mask, (-2.0 * mask).astype(np.float32),
-                       np.where(mask == 1, 0, -1).astype(np.int32), 0.0)
-        out.append(Trajectory.from_rows(episode_id=str(i), group_id=f"g{i // 8}", group_size=8, reward=float(i % 3 == 0),
-                                        status="ok", rows=[row]))
+        row = TokenRow(
+            rng.integers(0, vocab, n).astype(np.int32),
+            mask,
+            (-2.0 * mask).astype(np.float32),
+            np.where(mask == 1, 0, -1).astype(np.int32),
+            0.0,
+        )
+        out.append(
+            Trajectory.from_rows(episode_id=str(i), group_id=f"g{i // 8}", group_size=8, reward=float(i % 3 == 0), status="ok", rows=[row])
+        )
     return out
 
 
@@ -59,9 +65,9 @@ def main(quick: bool) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from areal.embedded import ensure_embedded_model
+    from areal.trainer.config import TrainerConfig
     from areal.trainer.packing import PolicyScorer
     from areal.trainer.step import train_step
-    from areal.trainer.config import TrainerConfig
 
     torch.set_num_threads(1)
     path = ensure_embedded_model()
@@ -87,12 +93,21 @@ def main(quick: bool) -> list[dict]:
     ours = timed(lambda b: train_step(scorer, opt, b, config, version=0))
     base_opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     padded = timed(lambda b: _padded_step(model, base_opt, b))
-    return [{"benchmark": "trainer", "metric": "train tokens/s (packed, chunked head)", "value": ours,
-             "unit": "tok/s", "baseline": "padded HF loop", "baseline_value": padded}]
+    return [
+        {
+            "benchmark": "trainer",
+            "metric": "train tokens/s (packed, chunked head)",
+            "value": ours,
+            "unit": "tok/s",
+            "baseline": "padded HF loop",
+            "baseline_value": padded,
+        }
+    ]
 
 
 def _clip(t: Trajectory, vocab: int) -> Trajectory:
     r = t.rows()[0]
     row = TokenRow((r.input_ids % vocab).astype(np.int32), r.loss_mask.copy(), r.logprobs.copy(), r.versions.copy(), 0.0)
-    return Trajectory.from_rows(episode_id=t.episode_id, group_id=t.group_id, group_size=t.group_size, reward=t.reward,
-                                status="ok", rows=[row])
+    return Trajectory.from_rows(
+        episode_id=t.episode_id, group_id=t.group_id, group_size=t.group_size, reward=t.reward, status="ok", rows=[row]
+    )

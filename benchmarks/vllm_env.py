@@ -66,8 +66,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float) -> None:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
-        raise VLLMEnvError(f"vllm venv set-up failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                           f"log {log}, last lines:\n{tail}")
+        raise VLLMEnvError(f"vllm venv set-up failed (exit {proc.returncode}): {' '.join(cmd)}\nlog {log}, last lines:\n{tail}")
 
 
 def _base_python() -> str:
@@ -95,8 +94,16 @@ def ensure_vllm_env(progress: bool = True, timeout_s: float = 1800.0) -> Path:
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     _run(pip + ["install", "-q", "-c", str(constraints), VLLM_PIN], log, timeout_s)
     _run(pip + ["uninstall", "-y", *CUDA_EXTRAS], log, 300)
-    _run([str(python), "-c", "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__; "
-          "print('vllm', vllm.__version__, 'torch', torch.__version__)"], log, 600)
+    _run(
+        [
+            str(python),
+            "-c",
+            "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__; "
+            "print('vllm', vllm.__version__, 'torch', torch.__version__)",
+        ],
+        log,
+        600,
+    )
     (root / STAMP_NAME).write_text(_stamp_text())  # last: marks the venv complete
     if progress:
         print(f"[vllm_env] ready: {python}", file=sys.stderr)

@@ -38,8 +38,15 @@ from areal.trainer.weight_sync import CollectiveWeightPush, free_port, named_ten
 def _larger_model(path: Path) -> Path:
     """A random Qwen2 of ~30 M parameters (~120 MB fp32), where bytes rather than fixed costs count."""
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = Qwen2Config(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     return path
 
@@ -74,12 +81,18 @@ def main(quick: bool) -> list[dict]:
     common = {"benchmark": "weight_sync", "baseline": "save_pretrained + /update_weights_from_disk"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-wsync-model-") as tmp:
-        for label, model_dir in (("embedded", ensure_embedded_model(progress=False)),
-                                 ("30M", _larger_model(Path(tmp) / "m30"))):
+        for label, model_dir in (("embedded", ensure_embedded_model(progress=False)), ("30M", _larger_model(Path(tmp) / "m30"))):
             coll, disk, nbytes = measure(Path(model_dir), repeats)
             rows.append({**common, "metric": f"push_s_{label}", "value": coll, "unit": "s", "baseline_value": disk})
-            rows.append({**common, "metric": f"weights_MBps_{label}", "value": nbytes / coll / 1e6, "unit": "MB/s",
-                         "baseline_value": nbytes / disk / 1e6})
+            rows.append(
+                {
+                    **common,
+                    "metric": f"weights_MBps_{label}",
+                    "value": nbytes / coll / 1e6,
+                    "unit": "MB/s",
+                    "baseline_value": nbytes / disk / 1e6,
+                }
+            )
     return rows
 
 

@@ -40,8 +40,9 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
 
     data = json.loads(spawn.data)
     base_url = f"{relay.base_url}/v1"
-    os.environ.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key,
-                      ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key)
+    os.environ.update(
+        OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key, ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key
+    )
 
     async def main() -> object:
         transport = ZmqTransport(gateway_addr)
@@ -66,10 +67,22 @@ def read_spawn(fd: int) -> SpawnEpisode | None:
     return msg
 
 
-_WARM_CHAT = {"id": "w", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "w"}}]}
-_WARM_MESSAGE = {"id": "w", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
-                 "content": [{"type": "text", "text": "w"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+_WARM_CHAT = {
+    "id": "w",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "w"}}],
+}
+_WARM_MESSAGE = {
+    "id": "w",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "stop_reason": "end_turn",
+    "content": [{"type": "text", "text": "w"}],
+    "usage": {"input_tokens": 1, "output_tokens": 1},
+}
 
 
 def warm_up_sdks() -> None:
@@ -108,7 +121,7 @@ def agent_paths(spec: str) -> list[str]:
     from areal.embedded import embedded_cache_root
 
     out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []
-    target = spec[len(EXEC_PREFIX):] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
+    target = spec[len(EXEC_PREFIX) :] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
     if spec.startswith(EXEC_PREFIX) or target.endswith(".py"):
         for base in (os.getcwd(), str(PROJECT_ROOT)):  # where load_agent looks, in its order
             path = os.path.join(base, target)

@@ -87,12 +87,12 @@ import ctypes
 import fcntl
 import logging
 import os
-import sys
 import resource
 import shutil
 import signal
 import socket
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -103,17 +103,29 @@ log = logging.getLogger("sandbox.isolation")
 # Probed in this order, all in one throwaway child: userns before the namespaces it enables,
 # readonly_root after cgroup (which needs a writable /sys/fs/cgroup), and before caps (which
 # removes the right to remount).
-LAYERS = ("session", "userns", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root",
-          "no_new_privs", "caps", "seccomp")
+LAYERS = ("session", "userns", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root", "no_new_privs", "caps", "seccomp")
 LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied only on top of those
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
 # Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
 # AREAL_CACHE is a path, no secret: an agent that loads the embedded tokenizer ("embedded") must
 # find the models where the run built them, not look in its private HOME and build again.
-ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED",
-             "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8",
-             "VIRTUAL_ENV", "AREAL_CACHE")
+ENV_ALLOW = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONIOENCODING",
+    "PYTHONUTF8",
+    "VIRTUAL_ENV",
+    "AREAL_CACHE",
+)
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
@@ -155,8 +167,15 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
             raise ValueError(f"sandbox.deadline_s must be > 0, got {self.deadline_s}")
-        for name in ("cpu_seconds", "address_space_bytes", "max_processes", "open_files",
-                     "file_size_bytes", "memory_limit_bytes", "max_pids"):
+        for name in (
+            "cpu_seconds",
+            "address_space_bytes",
+            "max_processes",
+            "open_files",
+            "file_size_bytes",
+            "memory_limit_bytes",
+            "max_pids",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"sandbox.{name} must be a positive int or None, got {value!r}")
@@ -287,9 +306,14 @@ def _private_tmp(size: int, keep_path: str, shm_size: int = 1 << 20) -> None:
 
 
 def _rlimits(config: SandboxConfig) -> None:
-    limits = {resource.RLIMIT_CPU: config.cpu_seconds, resource.RLIMIT_AS: config.address_space_bytes,
-              resource.RLIMIT_NPROC: config.max_processes, resource.RLIMIT_NOFILE: config.open_files,
-              resource.RLIMIT_FSIZE: config.file_size_bytes, resource.RLIMIT_CORE: 0}
+    limits = {
+        resource.RLIMIT_CPU: config.cpu_seconds,
+        resource.RLIMIT_AS: config.address_space_bytes,
+        resource.RLIMIT_NPROC: config.max_processes,
+        resource.RLIMIT_NOFILE: config.open_files,
+        resource.RLIMIT_FSIZE: config.file_size_bytes,
+        resource.RLIMIT_CORE: 0,
+    }
     for which, value in limits.items():
         if value is not None:
             resource.setrlimit(which, (value, value))
@@ -416,8 +440,7 @@ def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResou
     """Zygote side, before the fork: create the episode's cgroups and fallback temp dir."""
     cgroups = []
     if "cgroup" in layers:
-        limits = {"memory": ("memory.limit_in_bytes", config.memory_limit_bytes),
-                  "pids": ("pids.max", config.max_pids)}
+        limits = {"memory": ("memory.limit_in_bytes", config.memory_limit_bytes), "pids": ("pids.max", config.max_pids)}
         for c in CGROUP_CONTROLLERS:
             d = os.path.join(CGROUP_ROOT, c, "areal", name)
             os.makedirs(d)
@@ -430,8 +453,7 @@ def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResou
     return EpisodeResources(name=name, cgroups=cgroups, host_tmp=host_tmp)
 
 
-def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str,
-          plan: rootfs.RootPlan | None = None) -> str:
+def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str, plan: rootfs.RootPlan | None = None) -> str:
     """Episode child side: apply every available layer but the PID namespace; returns the home dir.
     ``plan``: the minimal root (``rootfs.plan_root``), used when the readonly_root layer is on."""
     if "session" in layers:

@@ -111,7 +111,7 @@ class ControlBuffer:
             self._make_room()
         view = memoryview(self.buf)
         try:
-            n = os.readv(fd, [view[self.end:]])
+            n = os.readv(fd, [view[self.end :]])
         finally:
             view.release()
         self.end += n
@@ -127,7 +127,7 @@ class ControlBuffer:
             self.buf = bigger
         else:  # slide the unconsumed bytes to the front, zero what they left behind
             ctypes.memmove(_address(self.buf), _address(self.buf) + self.start, live)
-            self.buf[live:self.end] = bytes(self.end - live)
+            self.buf[live : self.end] = bytes(self.end - live)
         self.start, self.end = 0, live
 
     def frames(self) -> list[memoryview]:
@@ -137,14 +137,14 @@ class ControlBuffer:
             (n,) = FRAME_HEADER.unpack_from(self.buf, pos)
             if self.end - pos - 4 < n:
                 break
-            out.append(view[pos + 4:pos + 4 + n])
+            out.append(view[pos + 4 : pos + 4 + n])
             pos += 4 + n
         self._pending = pos
         return out
 
     def consume(self) -> None:
         """Zero the frames returned by the last ``frames`` call and drop them."""
-        self.buf[self.start:self._pending] = bytes(self._pending - self.start)
+        self.buf[self.start : self._pending] = bytes(self._pending - self.start)
         self.start = self._pending
         if self.start == self.end:
             self.start = self.end = 0
@@ -165,7 +165,7 @@ def mask(buf: bytearray, secret: bytes) -> int:
         raise ValueError(f"mask needs a secret of at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
     n, at, stars = 0, buf.find(secret), b"*" * len(secret)
     while at != -1:
-        buf[at:at + len(secret)] = stars
+        buf[at : at + len(secret)] = stars
         n += 1
         at = buf.find(secret, at + len(secret))
     return n

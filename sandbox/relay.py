@@ -38,8 +38,7 @@ from zmq.utils.monitor import parse_monitor_message
 from areal.protocol import GatewayReply, GatewayRequest
 
 # Connection-level headers belong to one HTTP hop, not to the relayed exchange.
-HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host",
-                         "proxy-connection", "content-length"})
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "proxy-connection", "content-length"})
 MAX_BODY = 64 << 20
 
 
@@ -49,8 +48,13 @@ class _Connection:
     def __init__(self, channel: GatewayChannel) -> None:
         ctx = zmq.asyncio.Context.instance()  # per process (pyzmq makes a new one after a fork)
         self.sock = ctx.socket(zmq.DEALER)
-        for option, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.RECONNECT_IVL, 10), (zmq.RCVHWM, 0),
-                              (zmq.MAXMSGSIZE, MAX_BODY + (1 << 20))):
+        for option, value in (
+            (zmq.LINGER, 0),
+            (zmq.IMMEDIATE, 1),
+            (zmq.RECONNECT_IVL, 10),
+            (zmq.RCVHWM, 0),
+            (zmq.MAXMSGSIZE, MAX_BODY + (1 << 20)),
+        ):
             self.sock.setsockopt(option, value)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(channel.gateway_addr)
@@ -201,8 +205,7 @@ class ZmqTransport(httpx.AsyncBaseTransport):
         path = request.url.raw_path.decode("ascii")
         replies = self.channel.request(request.method, path, dict(request.headers), body)
         first = await anext(replies)
-        return httpx.Response(first.status, headers=_reply_headers(first), stream=_ReplyStream(first, replies),
-                              request=request)
+        return httpx.Response(first.status, headers=_reply_headers(first), stream=_ReplyStream(first, replies), request=request)
 
     async def aclose(self) -> None:
         self.channel.close()

@@ -47,10 +47,35 @@ from dataclasses import dataclass
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What programs read from /etc: users and groups (without password hashes), name resolution, TLS
 # roots, the dynamic linker's cache, time zone, MIME and protocol tables, the OS's name.
-ETC_ALLOW = ("passwd", "group", "hosts", "hostname", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf",
-             "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates",
-             "ca-certificates.conf", "pki", "crypto-policies", "mime.types", "os-release", "debian_version",
-             "alternatives", "protocols", "services", "networks", "magic", "magic.mime")
+ETC_ALLOW = (
+    "passwd",
+    "group",
+    "hosts",
+    "hostname",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "alternatives",
+    "protocols",
+    "services",
+    "networks",
+    "magic",
+    "magic.mime",
+)
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -92,8 +117,11 @@ def broad_paths() -> set[str]:
 
 def python_paths() -> list[str]:
     """The interpreter's prefixes and every sys.path directory (site-packages, project code)."""
-    return [p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-                        *sys.path) if p and os.path.exists(p)]
+    return [
+        p
+        for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), *sys.path)
+        if p and os.path.exists(p)
+    ]
 
 
 def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[RootPlan, list[str]]:
@@ -105,8 +133,7 @@ def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[Roo
         if not os.path.isabs(p) or not os.path.exists(p):
             raise ValueError(f"sandbox.expose entry {p!r} is not an existing absolute path")
         if os.path.realpath(p) in broad:
-            raise ValueError(f"sandbox.expose entry {p!r} is / or a home directory (or above one): "
-                             "expose the project or file inside it")
+            raise ValueError(f"sandbox.expose entry {p!r} is / or a home directory (or above one): expose the project or file inside it")
     links = tuple((d, os.readlink(d)) for d in SYSTEM_DIRS if os.path.islink(d))
     # Targets: /etc entries at their own path (a symlinked resolv.conf must still be /etc/resolv.conf);
     # every other path at its real path and, when it differs, at the path as named too.
@@ -117,8 +144,10 @@ def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[Roo
         forms = {p, os.path.realpath(p)}
         if forms & broad:
             if forms & homes:  # code may live there (a zygote started in a home directory): say so
-                warnings.append(f"not exposed to episodes: {p} (a home directory); "
-                                "put the agent's code in a project directory or name one in sandbox.expose")
+                warnings.append(
+                    f"not exposed to episodes: {p} (a home directory); "
+                    "put the agent's code in a project directory or name one in sandbox.expose"
+                )
             continue
         targets += sorted(forms)
     kept: list[str] = []
@@ -140,14 +169,20 @@ def _check(rc: int, what: str) -> None:
 
 
 def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
+    enc = lambda s: s.encode() if s is not None else None
     _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
 def _readonly_tree(path: str) -> None:
     attr = struct.pack("QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: set, clr, propagation, userns
-    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path.encode(),
-                       ctypes.c_uint(_AT_RECURSIVE), attr, ctypes.c_size_t(len(attr)))
+    rc = _libc.syscall(
+        ctypes.c_long(_SYS_MOUNT_SETATTR),
+        ctypes.c_int(_AT_FDCWD),
+        path.encode(),
+        ctypes.c_uint(_AT_RECURSIVE),
+        attr,
+        ctypes.c_size_t(len(attr)),
+    )
     _check(rc, f"mount_setattr({path}, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
 
 
@@ -192,13 +227,18 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
         os.symlink(target, root + path)
     for path in plan.hide:
         if os.path.exists(root + path) and not (path == "/tmp" or path.startswith("/tmp/")):
-            _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755") \
-                if os.path.isdir(root + path) else _mount("/dev/null", root + path, None, _MS_BIND)
+            _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755") if os.path.isdir(
+                root + path
+            ) else _mount("/dev/null", root + path, None, _MS_BIND)
     for path, fd in devices:
         _mountpoint(root + path, is_dir=False)
         _mount(f"/proc/self/fd/{fd}", root + path, None, _MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{name}")
     for d in ("/proc", "/tmp", "/dev/shm"):
         os.makedirs(root + d, mode=0o755, exist_ok=True)

@@ -79,10 +79,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from areal.protocol import (EpisodeOutcome, FRAME_HEADER, Shutdown, SpawnEpisode, ZygoteInbound,
-                            ZygoteOutbound, ZygoteReady, frame)
 from areal.agent import AgentRun, load_agent
 from areal.process import die_with_parent, log_tail
+from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, heap, isolation, keys, rootfs
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
@@ -111,7 +110,8 @@ class _Slot:
     unsent: bytearray = dataclasses.field(default_factory=bytearray)  # the spawn frame, zeroed once written
     sent: int = 0  # bytes of ``unsent`` the pipe has taken
     result: keys.ControlBuffer = dataclasses.field(  # what the agent wrote to its pipe; never decoded here
-        default_factory=lambda: keys.ControlBuffer(RESULT_INITIAL_BYTES))
+        default_factory=lambda: keys.ControlBuffer(RESULT_INITIAL_BYTES)
+    )
     timed_out: bool = False
     outcome: EpisodeOutcome | None = None  # the zygote's verdict at reap; sent once the cgroup is empty
     read_back: bool = False  # the verdict is completed from what the episode sent back (``_report``)
@@ -123,8 +123,17 @@ class ZygoteServer:
     """The zygote's single-threaded loop: keep warm slots, hand spawns over, reap, enforce
     deadlines, report."""
 
-    def __init__(self, run: AgentRun, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
-                 ctrl_out: int, layers: list[str], plan: rootfs.RootPlan | None = None) -> None:
+    def __init__(
+        self,
+        run: AgentRun,
+        agent: str,
+        gateway_addr: str,
+        config: SandboxConfig,
+        log_dir: str,
+        ctrl_out: int,
+        layers: list[str],
+        plan: rootfs.RootPlan | None = None,
+    ) -> None:
         self.run, self.agent, self.gateway_addr, self.plan = run, agent, gateway_addr, plan
         self.config, self.log_dir, self.ctrl_out, self.layers = config, log_dir, ctrl_out, layers
         self.gateway_path = gateway_addr.removeprefix("ipc://")
@@ -158,7 +167,7 @@ class ZygoteServer:
     def _write_ctrl(self, data: memoryview) -> None:
         try:
             while data:
-                data = data[os.write(self.ctrl_out, data):]
+                data = data[os.write(self.ctrl_out, data) :]
         except BrokenPipeError:  # the controller is gone: stop serving, still clean up children
             self.controller_gone = True
 
@@ -247,7 +256,7 @@ class ZygoteServer:
         view = memoryview(slot.unsent)
         try:
             while slot.sent < len(view):
-                slot.sent += os.write(slot.spawn_fd, view[slot.sent:])
+                slot.sent += os.write(slot.spawn_fd, view[slot.sent :])
         except BlockingIOError:
             return
         except BrokenPipeError:  # the slot died before reading: its reap reports the episode
@@ -338,7 +347,7 @@ class ZygoteServer:
         keys.mask(encoded, spawn.api_key.encode())  # its error text may quote it (a traceback, an SDK message)
         payload = memoryview(encoded)
         while payload:
-            payload = payload[os.write(result_w, payload):]
+            payload = payload[os.write(result_w, payload) :]
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # skip the zygote's atexit handlers and the relay thread
@@ -380,8 +389,7 @@ class ZygoteServer:
                 os.close(slot.spawn_fd)
                 slot.spawn_fd = -1
             if slot.spawn is None:  # died while idle: no episode to report, only its cgroup to drain
-                log.warning("warm slot %s (pid %d) exited while idle, status %d; see %s",
-                            slot.name, pid, status, slot.log_path)
+                log.warning("warm slot %s (pid %d) exited while idle, status %d; see %s", slot.name, pid, status, slot.log_path)
                 self.idle.remove(slot)
             else:
                 slot.outcome, slot.read_back = self._decide(slot, status), True
@@ -392,36 +400,39 @@ class ZygoteServer:
         """The zygote's verdict from what it saw (deadline, signal, exit code, a result or not)."""
         eid, wall = slot.spawn.episode_id, time.monotonic() - slot.started
         if slot.timed_out:
-            return EpisodeOutcome(eid, "timeout", wall_s=wall, error=f"deadline of {slot.spawn.deadline_s}s "
-                                  f"passed; the episode's processes were killed")
+            return EpisodeOutcome(
+                eid, "timeout", wall_s=wall, error=f"deadline of {slot.spawn.deadline_s}s passed; the episode's processes were killed"
+            )
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             if sig == signal.SIGKILL and isolation.oom_killed(slot.res):
-                return EpisodeOutcome(eid, "oom", exit_signal=sig, wall_s=wall,
-                                      error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes)")
-            return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall,
-                                  error=f"agent died by signal {signal.Signals(sig).name}")
+                return EpisodeOutcome(
+                    eid, "oom", exit_signal=sig, wall_s=wall, error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes)"
+                )
+            return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall, error=f"agent died by signal {signal.Signals(sig).name}")
         code = os.waitstatus_to_exitcode(status)
         if slot.result.end > 4:
             slot.has_result = True
             return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error="the agent's result frame was not read")
-        return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall,
-                              error=f"agent exited with code {code} without reporting a result")
+        return EpisodeOutcome(
+            eid, "crashed", exit_code=code, wall_s=wall, error=f"agent exited with code {code} without reporting a result"
+        )
 
     def _report(self, slots: list[_Slot]) -> None:
         """Send the outcomes of ``slots`` completed by a reporter (``keys.run_apart``, see
         ``_completed``); here its frames only pass through zeroed buffers. A slot it wrote no
         whole frame for gets the zygote's own verdict."""
+
         def work(fd: int) -> None:
             for slot in slots:
                 payload = memoryview(frame(_encoder.encode(self._completed(slot))))
                 while payload:
-                    payload = payload[os.write(fd, payload):]
+                    payload = payload[os.write(fd, payload) :]
 
         try:
             failure = keys.run_apart(work, self.reports, REPORT_LIMIT_S)
             frames = self.reports.frames()
-            whole = memoryview(self.reports.buf)[self.reports.start:self.reports.start + sum(4 + len(f) for f in frames)]
+            whole = memoryview(self.reports.buf)[self.reports.start : self.reports.start + sum(4 + len(f) for f in frames)]
             self._write_ctrl(whole)
             whole.release()
             for f in frames:
@@ -430,12 +441,17 @@ class ZygoteServer:
             self.reports.wipe()
             for slot in slots:
                 slot.result.wipe()
-        for slot in slots[len(frames):]:
+        for slot in slots[len(frames) :]:
             assert slot.outcome is not None
             failure = failure or "wrote no whole frame for it"
             log.warning("episode %s: no outcome from the reporter: %s", slot.outcome.episode_id, failure)
-            self.send(msgspec.structs.replace(slot.outcome, error=f"{slot.outcome.error} (the episode's result and "
-                                              f"log could not be read back: the reporter {failure}; see {slot.log_path} and zygote.log)"))
+            self.send(
+                msgspec.structs.replace(
+                    slot.outcome,
+                    error=f"{slot.outcome.error} (the episode's result and "
+                    f"log could not be read back: the reporter {failure}; see {slot.log_path} and zygote.log)",
+                )
+            )
 
     def _completed(self, slot: _Slot) -> EpisodeOutcome:
         """In the reporter: the verdict, or the agent's own outcome if it reported one that decodes;
@@ -449,15 +465,17 @@ class ZygoteServer:
                     buf, start = slot.result.buf, slot.result.start
                     declared = FRAME_HEADER.unpack_from(buf, start)[0] if slot.result.end - start >= 4 else 0
                     if declared + 4 > RESULT_LIMIT:
-                        raise msgspec.DecodeError(f"the agent's result is {declared} bytes, over the limit of "
-                                                  f"{RESULT_LIMIT} bytes a result may have")
+                        raise msgspec.DecodeError(
+                            f"the agent's result is {declared} bytes, over the limit of {RESULT_LIMIT} bytes a result may have"
+                        )
                     raise msgspec.DecodeError(f"{slot.result.end} bytes, not a whole frame")
                 reported = self.outcome_decoder.decode(frames[0])
             except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
                 outcome = msgspec.structs.replace(outcome, error=f"bad result frame: {e}")
             else:
-                outcome = msgspec.structs.replace(reported, episode_id=outcome.episode_id, exit_code=outcome.exit_code,
-                                                  wall_s=outcome.wall_s)
+                outcome = msgspec.structs.replace(
+                    reported, episode_id=outcome.episode_id, exit_code=outcome.exit_code, wall_s=outcome.wall_s
+                )
         if outcome.status == "ok":
             os.unlink(slot.log_path)  # keep logs of failed episodes only
             return outcome
@@ -516,8 +534,9 @@ class ZygoteServer:
                 keys.zero(slot.unsent)
                 os.close(slot.spawn_fd)
             if slot.spawn is not None:
-                slot.outcome = EpisodeOutcome(slot.spawn.episode_id, "crashed", error="the zygote shut down",
-                                              wall_s=time.monotonic() - slot.started)
+                slot.outcome = EpisodeOutcome(
+                    slot.spawn.episode_id, "crashed", error="the zygote shut down", wall_s=time.monotonic() - slot.started
+                )
             slot.reaped_at = time.monotonic()
             self.draining.append(slot)
         self.idle.clear()
@@ -533,8 +552,7 @@ class ZygoteDied(RuntimeError):
 class Zygote:
     """Controller-side handle of one zygote process (asyncio; one event loop)."""
 
-    def __init__(self, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str,
-                 ready_timeout_s: float = 120.0) -> None:
+    def __init__(self, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str, ready_timeout_s: float = 120.0) -> None:
         if not gateway_addr.startswith("ipc:///"):
             # The abstract namespace (ipc://@name) and TCP are per network namespace: unreachable.
             raise ValueError(f"gateway_addr must be ipc:///absolute/path, got {gateway_addr!r}")
@@ -566,27 +584,39 @@ class Zygote:
         os.makedirs(self.log_dir, exist_ok=True)
         # The zygote gets the agents' allow-listed environment already: an episode inherits the
         # zygote's memory, including the environment block it was exec'd with.
-        env = dict(os.environ) if "env" in self.config.skip_layers else \
-            {k: v for k, v in os.environ.items() if k in isolation.ENV_ALLOW}
+        env = dict(os.environ) if "env" in self.config.skip_layers else {k: v for k, v in os.environ.items() if k in isolation.ENV_ALLOW}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # so `sandbox` imports
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         with open(self.stderr_path, "ab") as stderr:
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandbox.zygote", "--agent", self.agent, "--gateway", self.gateway_addr,
-                "--config", json.dumps(dataclasses.asdict(self.config)), "--log-dir", self.log_dir,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                start_new_session=True, env=env, preexec_fn=die_with_parent)
+                sys.executable,
+                "-m",
+                "sandbox.zygote",
+                "--agent",
+                self.agent,
+                "--gateway",
+                self.gateway_addr,
+                "--config",
+                json.dumps(dataclasses.asdict(self.config)),
+                "--log-dir",
+                self.log_dir,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+                env=env,
+                preexec_fn=die_with_parent,
+            )
         try:
             first = await asyncio.wait_for(self._read_message(), self.ready_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._kill_group()
             await self._proc.wait()
-            raise ZygoteDied(f"zygote not ready after {self.ready_timeout_s}s; stderr tail:\n{self._stderr_tail()}")
+            raise ZygoteDied(f"zygote not ready after {self.ready_timeout_s}s; stderr tail:\n{self._stderr_tail()}") from None
         if not isinstance(first, ZygoteReady):
             self._kill_group()
             rc = await self._proc.wait()
-            raise ZygoteDied(f"zygote for {self.agent} exited (rc={rc}) before it was ready; "
-                             f"stderr tail:\n{self._stderr_tail()}")
+            raise ZygoteDied(f"zygote for {self.agent} exited (rc={rc}) before it was ready; stderr tail:\n{self._stderr_tail()}")
         self.ready = first
         self._dead = ""
         self._reader = asyncio.create_task(self._read_outcomes())
@@ -633,8 +663,7 @@ class Zygote:
                 future.set_result(EpisodeOutcome(episode_id, "crashed", error=self._dead))
         self._pending.clear()
 
-    async def run_episode(self, episode_id: str, data: dict, api_key: str,
-                          deadline_s: float | None = None) -> EpisodeOutcome:
+    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float | None = None) -> EpisodeOutcome:
         """Run one sandboxed episode; many may run concurrently. Never raises for agent failures:
         they come back as the outcome's status. If the zygote dies, the outcome is "crashed"."""
         if self._dead:
@@ -646,8 +675,9 @@ class Zygote:
         if len(api_key) < keys.MIN_SECRET_BYTES:  # the slot masks it, verbatim, in what it sends back
             raise ValueError(f"api_key must be at least {keys.MIN_SECRET_BYTES} characters, got {len(api_key)}")
         assert self._proc is not None and self._proc.stdin is not None
-        spawn = SpawnEpisode(episode_id, json.dumps(data).encode(), api_key,
-                             deadline_s if deadline_s is not None else self.config.deadline_s)
+        spawn = SpawnEpisode(
+            episode_id, json.dumps(data).encode(), api_key, deadline_s if deadline_s is not None else self.config.deadline_s
+        )
         future: asyncio.Future[EpisodeOutcome] = asyncio.get_running_loop().create_future()
         self._pending[episode_id] = future
         try:
@@ -676,7 +706,7 @@ class Zygote:
                 await self._proc.stdin.drain()
                 self._proc.stdin.close()
                 await asyncio.wait_for(self._proc.wait(), 10.0)
-            except (BrokenPipeError, ConnectionResetError, asyncio.TimeoutError):
+            except (TimeoutError, BrokenPipeError, ConnectionResetError):
                 self._kill_group()
         await self._proc.wait()
         if self._reader is not None:
@@ -703,6 +733,7 @@ def main(argv: list[str] | None = None) -> None:
     import openai  # noqa: F401
 
     import sandbox.relay  # noqa: F401
+
     try:
         import anthropic  # noqa: F401
     except ImportError:
@@ -710,8 +741,7 @@ def main(argv: list[str] | None = None) -> None:
     episode.warm_up_sdks()
     run = load_agent(args.agent)
     # Masked even where exposed: the episodes' logs (the controller adds its whole run directory).
-    plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)],
-                                           episode.agent_paths(args.agent))
+    plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)], episode.agent_paths(args.agent))
     if threading.active_count() > 1:
         log.warning("%d threads exist before forking; they do not exist in the episodes", threading.active_count())
     layers, warnings = isolation.probe(config)

@@ -18,10 +18,19 @@ async def start_instant_engine(tok: Any, answer: str = "42", on_call: Callable[[
         body = await request.json()
         if on_call is not None:
             on_call()
-        return web.json_response({"text": answer, "output_ids": output_ids, "meta_info": {
-            "finish_reason": {"type": "stop"}, "prompt_tokens": len(body["input_ids"]),
-            "completion_tokens": len(output_ids), "weight_version": "0",
-            "output_token_logprobs": [[-0.5, t, None] for t in output_ids]}})
+        return web.json_response(
+            {
+                "text": answer,
+                "output_ids": output_ids,
+                "meta_info": {
+                    "finish_reason": {"type": "stop"},
+                    "prompt_tokens": len(body["input_ids"]),
+                    "completion_tokens": len(output_ids),
+                    "weight_version": "0",
+                    "output_token_logprobs": [[-0.5, t, None] for t in output_ids],
+                },
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/generate", generate)

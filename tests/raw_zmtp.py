@@ -56,7 +56,7 @@ class RawDealer:
     ConnectionError once the ROUTER has closed the connection."""
 
     def __init__(self, address: str, timeout_s: float = 30.0) -> None:
-        self.sock = handshake(address[len("ipc://"):])
+        self.sock = handshake(address[len("ipc://") :])
         self.sock.settimeout(timeout_s)
         self.sock.sendall(READY)
 

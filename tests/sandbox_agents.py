@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import ctypes
 import errno
+import importlib
+import json
 import os
 import re
 import signal
 import socket
-import json
 import subprocess
 import sys
 import time
@@ -67,18 +67,17 @@ class ProbeAgent:
         client = openai.AsyncOpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
         return await _chat(client, data)
 
-    async def openai_http_client(self, data: dict, *, base_url: str, api_key: str, http_client: Any,
-                                 **kw: Any) -> dict[str, float]:
+    async def openai_http_client(self, data: dict, *, base_url: str, api_key: str, http_client: Any, **kw: Any) -> dict[str, float]:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client)
         return await _chat(client, data)
 
-    async def openai_stream(self, data: dict, *, base_url: str, api_key: str, http_client: Any,
-                            **kw: Any) -> dict[str, float]:
+    async def openai_stream(self, data: dict, *, base_url: str, api_key: str, http_client: Any, **kw: Any) -> dict[str, float]:
         out = {}
-        for label, client in (("relay", openai.AsyncOpenAI()),
-                              ("zmq", openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client))):
-            stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                          stream=True)
+        for label, client in (
+            ("relay", openai.AsyncOpenAI()),
+            ("zmq", openai.AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=http_client)),
+        ):
+            stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in stream])
             out[label] = float(text == data["expect"])
         return out
@@ -96,17 +95,24 @@ class ProbeAgent:
 
     async def identity(self, data: dict, **kw: Any) -> dict[str, float]:
         visible = [p for p in os.listdir("/proc") if p.isdigit()]
-        return {"pid": float(os.getpid()), "visible_pids": float(len(visible)),
-                "host_file_visible": float(os.path.exists(data["host_file"])),
-                "tmp_writable": float(_write_tmp())}
+        return {
+            "pid": float(os.getpid()),
+            "visible_pids": float(len(visible)),
+            "host_file_visible": float(os.path.exists(data["host_file"])),
+            "tmp_writable": float(_write_tmp()),
+        }
 
     async def namespaces(self, data: dict, **kw: Any) -> dict[str, float]:
         """Which namespaces the agent is in (inode numbers), who it is outside, what network it has."""
         out = {f"ns_{name}": float(os.stat(f"/proc/self/ns/{name}").st_ino) for name in ("user", "net", "mnt", "pid")}
         inside, outside, _ = open("/proc/self/uid_map").read().split("\n")[0].split()
-        out.update(uid=float(os.getuid()), uid_map_inside=float(inside), uid_map_outside=float(outside),
-                   interfaces=float(len(socket.if_nameindex())),
-                   only_loopback=float(all(name == "lo" for _, name in socket.if_nameindex())))
+        out.update(
+            uid=float(os.getuid()),
+            uid_map_inside=float(inside),
+            uid_map_outside=float(outside),
+            interfaces=float(len(socket.if_nameindex())),
+            only_loopback=float(all(name == "lo" for _, name in socket.if_nameindex())),
+        )
         for label, addr in (("host_port_reached", ("127.0.0.1", data["port"])), ("outside_reached", ("192.0.2.1", 80))):
             try:
                 socket.create_connection(addr, timeout=2).close()
@@ -207,19 +213,21 @@ class AttackAgent:
         return await getattr(self, data["case"])(data, **kw)
 
     async def well_behaved(self, data: dict, **kw: Any) -> float:
-        reply = await openai.AsyncOpenAI().chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "what is 6*7?"}])
+        reply = await openai.AsyncOpenAI().chat.completions.create(model="m", messages=[{"role": "user", "content": "what is 6*7?"}])
         return float(reply.choices[0].message.content == data["expect"])
 
     async def connect_ports(self, data: dict, **kw: Any) -> float:
-        _attempts({f"127.0.0.1:{p}": lambda p=p: socket.create_connection(("127.0.0.1", p), timeout=2).close()
-                   for p in data["ports"]})
+        _attempts({f"127.0.0.1:{p}": lambda p=p: socket.create_connection(("127.0.0.1", p), timeout=2).close() for p in data["ports"]})
         return 1.0
 
     async def connect_outside(self, data: dict, **kw: Any) -> float:
-        _attempts({f"{h}:{p}": lambda h=h, p=p: socket.create_connection((h, p), timeout=2).close()
-                   for h, p in (("192.0.2.1", 80), ("8.8.8.8", 53), ("10.0.0.1", 443))}
-                  | {"dns example.com": lambda: socket.getaddrinfo("example.com", 80)})
+        _attempts(
+            {
+                f"{h}:{p}": lambda h=h, p=p: socket.create_connection((h, p), timeout=2).close()
+                for h, p in (("192.0.2.1", 80), ("8.8.8.8", 53), ("10.0.0.1", 443))
+            }
+            | {"dns example.com": lambda: socket.getaddrinfo("example.com", 80)}
+        )
         return 1.0
 
     async def fork_bomb(self, data: dict, **kw: Any) -> float:
@@ -255,9 +263,10 @@ class AttackAgent:
             with open(path, "a") as f:
                 f.write("escaped")
 
-        _attempts({p: lambda p=p: write(p) for p in data["paths"]}
-                  | {"mkdir cgroup": lambda: os.mkdir("/sys/fs/cgroup/pids/areal/escape"),
-                     "sysctl": lambda: write("/proc/sys/kernel/hostname")})
+        _attempts(
+            {p: lambda p=p: write(p) for p in data["paths"]}
+            | {"mkdir cgroup": lambda: os.mkdir("/sys/fs/cgroup/pids/areal/escape"), "sysctl": lambda: write("/proc/sys/kernel/hostname")}
+        )
         return 1.0
 
     async def read_files(self, data: dict, **kw: Any) -> float:
@@ -271,8 +280,7 @@ class AttackAgent:
                 return None
             raise FileNotFoundError(errno.ENOENT, f"only {shown}")
 
-        _attempts({p: lambda p=p: read(p) for p in data["paths"]}
-                  | {f"ls {d}": lambda d=d: listing(d) for d in data.get("dirs", [])})
+        _attempts({p: lambda p=p: read(p) for p in data["paths"]} | {f"ls {d}": lambda d=d: listing(d) for d in data.get("dirs", [])})
         return 1.0
 
     async def read_exposed(self, data: dict, **kw: Any) -> float:
@@ -284,13 +292,14 @@ class AttackAgent:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if data["secret"].encode() in f.read():
                     return 1.0
-        _attempts({f"/proc/{p}/environ": lambda p=p: open(f"/proc/{p}/environ", "rb").read()
-                   for p in data["pids"]})
+        _attempts({f"/proc/{p}/environ": lambda p=p: open(f"/proc/{p}/environ", "rb").read() for p in data["pids"]})
         return 1.0
 
     async def signal_parent(self, data: dict, **kw: Any) -> float:
-        _attempts({f"kill {p}": lambda p=p: os.kill(p, signal.SIGKILL) for p in data["pids"]}
-                  | {f"killpg {p}": lambda p=p: os.killpg(p, signal.SIGKILL) for p in data["pids"]})
+        _attempts(
+            {f"kill {p}": lambda p=p: os.kill(p, signal.SIGKILL) for p in data["pids"]}
+            | {f"killpg {p}": lambda p=p: os.killpg(p, signal.SIGKILL) for p in data["pids"]}
+        )
         return 1.0
 
     async def open_shm(self, data: dict, **kw: Any) -> float:
@@ -298,19 +307,27 @@ class AttackAgent:
 
         if os.listdir("/dev/shm"):
             return 1.0
-        _attempts({"open": lambda: open(f"/dev/shm/{data['name']}", "rb").read(),
-                   "SharedMemory": lambda: shared_memory.SharedMemory(data["name"]).close()})
+        _attempts(
+            {
+                "open": lambda: open(f"/dev/shm/{data['name']}", "rb").read(),
+                "SharedMemory": lambda: shared_memory.SharedMemory(data["name"]).close(),
+            }
+        )
         return 1.0
 
     async def ptrace(self, data: dict, **kw: Any) -> float:
         own = _child_sleeping()  # a sibling inside the sandbox: visible, but seccomp says no
         local = ctypes.create_string_buffer(8)
         iov = (ctypes.c_void_p * 2)(ctypes.addressof(local), 8)
-        _attempts({"see other episode": lambda: os.stat(f"/proc/{data['pid']}"),
-                   "attach other episode": lambda: _libc_call("ptrace", 16, data["pid"], 0, 0),
-                   "attach own child": lambda: _libc_call("ptrace", 16, own, 0, 0),
-                   "seize own child": lambda: _libc_call("ptrace", 0x4206, own, 0, 0),
-                   "process_vm_readv": lambda: _libc_call("process_vm_readv", own, iov, 1, iov, 1, 0)})
+        _attempts(
+            {
+                "see other episode": lambda: os.stat(f"/proc/{data['pid']}"),
+                "attach other episode": lambda: _libc_call("ptrace", 16, data["pid"], 0, 0),
+                "attach own child": lambda: _libc_call("ptrace", 16, own, 0, 0),
+                "seize own child": lambda: _libc_call("ptrace", 0x4206, own, 0, 0),
+                "process_vm_readv": lambda: _libc_call("process_vm_readv", own, iov, 1, iov, 1, 0),
+            }
+        )
         return 1.0
 
     async def sleep_marker(self, data: dict, **kw: Any) -> float:
@@ -333,8 +350,11 @@ class AttackAgent:
 
     async def forge_key(self, data: dict, **kw: Any) -> dict[str, float]:
         own_key = kw["api_key"]  # mutated: the last character changed (to "y" when it already is "x")
-        forged = {"guessed": "sk-areal-" + "A" * 32, "mutated": own_key[:-1] + ("y" if own_key.endswith("x") else "x"),
-                  "other session id": data["other_episode"]}
+        forged = {
+            "guessed": "sk-areal-" + "A" * 32,
+            "mutated": own_key[:-1] + ("y" if own_key.endswith("x") else "x"),
+            "other session id": data["other_episode"],
+        }
         accepted = 0.0
         for key in forged.values():
             client = openai.AsyncOpenAI(api_key=key, max_retries=0)
@@ -347,8 +367,11 @@ class AttackAgent:
         known = {kw["api_key"].encode(), *(k.encode() for k in forged.values())}
         found = _keys_in_own_memory(data["prefix"].encode()) - known
         print("keys found in memory:", found)
-        return {"forged_accepted": accepted, "own_ok": float(bool(own.choices[0].message.content)),
-                "other_keys_in_memory": float(len(found))}
+        return {
+            "forged_accepted": accepted,
+            "own_ok": float(bool(own.choices[0].message.content)),
+            "other_keys_in_memory": float(len(found)),
+        }
 
     async def flood(self, data: dict, **kw: Any) -> float:
         line = "flood " * 20000 + "\n"
@@ -380,8 +403,7 @@ class AttackAgent:
                         break
                     scanned += len(chunk)
                     found.update(m.decode() for m in re.findall(data["pattern"].encode(), chunk))
-        answer = await openai.AsyncOpenAI(max_retries=0).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}])
+        answer = await openai.AsyncOpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         accepted = []
         for key in sorted(found - {api_key}):
             try:
@@ -391,6 +413,11 @@ class AttackAgent:
                 pass
         print(f"stdout: my session key is {api_key}", flush=True)
         print(f"stderr: my session key is {api_key}", file=sys.stderr, flush=True)
-        report = {"own_found": api_key in found, "others": sorted(found - {api_key}), "others_accepted": accepted,
-                  "scanned_bytes": scanned, "answer": answer.choices[0].message.content}
+        report = {
+            "own_found": api_key in found,
+            "others": sorted(found - {api_key}),
+            "others_accepted": accepted,
+            "scanned_bytes": scanned,
+            "answer": answer.choices[0].message.content,
+        }
         raise RuntimeError(f"leaking my key {api_key} on purpose; scan={json.dumps(report)}=end")

@@ -67,9 +67,20 @@ def tokenizer():
 
 def _train(run_dir: Path, agent: str, n_samples: int) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", f"rollout.agent={agent}", "model.path=scripted",
-        "rollout.openai.mode=subproc", "trainer.steps=1", "rollout.groups_per_step=1", f"rollout.n_samples={n_samples}",
-        "rollout.max_head_offpolicyness=0", "data.eval_size=0", "save_trajectories=true", "engine.request_log=true",
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        f"rollout.agent={agent}",
+        "model.path=scripted",
+        "rollout.openai.mode=subproc",
+        "trainer.steps=1",
+        "rollout.groups_per_step=1",
+        f"rollout.n_samples={n_samples}",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+        "save_trajectories=true",
+        "engine.request_log=true",
     ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
@@ -98,7 +109,7 @@ def _continues(prev, row) -> str:
     """The tokens ``row``'s prompt appends to ``prev``'s prompt + sampled tokens (asserting it does extend them)."""
     before, ids = prev.input_ids.tolist(), row.input_ids[: int((~row.loss_mask.astype(bool)).sum())].tolist()
     assert ids[: len(before)] == before, "a later call's prompt does not extend the earlier call's tokens"
-    return ids[len(before):]
+    return ids[len(before) :]
 
 
 def _check_tool_round_trips(trajectories: list, tokenizer) -> None:
@@ -145,7 +156,7 @@ def _check_handoffs(trajectories: list, tokenizer) -> None:
         rows = traj.rows()
         assert len(rows) >= 2, "no call after the handoff"
         prompt = rows[0].input_ids[: int((~rows[0].loss_mask.astype(bool)).sum())].tolist()
-        assert prompt[-len(whole):] == whole
+        assert prompt[-len(whole) :] == whole
         # The math agent's call: its own system prompt and tools (so a new branch of the tree, not
         # an extension), with triage's handoff call and its result in the history.
         later = tokenizer.decode(rows[1].input_ids[: int((~rows[1].loss_mask.astype(bool)).sum())].tolist())

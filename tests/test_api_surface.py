@@ -35,9 +35,24 @@ def test_import_from_string_resolves_dotted_and_colon_paths():
 # ---- math verification -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("a,b", [("1,000", "1000"), ("0.5", "1/2"), ("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "0.75"),
-                                 ("\\frac12", "0.5"), ("$1,000.00$", "1000"), ("50\\%", "50"), ("x = 3", "3"),
-                                 ("\\sqrt{4}", "2"), ("2x+x", "3x"), ("-7", "-7.0"), ("1e3", "1000"), ("72.", "72")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("1,000", "1000"),
+        ("0.5", "1/2"),
+        ("\\frac{1}{2}", "0.5"),
+        ("\\dfrac{3}{4}", "0.75"),
+        ("\\frac12", "0.5"),
+        ("$1,000.00$", "1000"),
+        ("50\\%", "50"),
+        ("x = 3", "3"),
+        ("\\sqrt{4}", "2"),
+        ("2x+x", "3x"),
+        ("-7", "-7.0"),
+        ("1e3", "1000"),
+        ("72.", "72"),
+    ],
+)
 def test_equivalent_answers_are_equal(a, b):
     assert answers_equal(a, b)
 
@@ -140,8 +155,18 @@ def test_load_expr_config_yaml_overrides_interpolation_and_subclass(tmp_path):
         "gconfig:\n  n_samples: 4\n  max_tokens: 8192\n  temperature: 1.0\n"
         "agent_builder_path: areal.workflow.openai_agent.math_agent.build_math_agent\nagent_builder_kwargs: {}\n"
     )
-    config, path = load_expr_config(["--config", str(cfg_file), "trial_name=t7", "actor.optimizer.lr=1e-5",
-                                     "gconfig.n_samples=2", "rollout.openai.mode=inline", "agent_builder_kwargs.k=3"], AgentRLConfig)
+    config, path = load_expr_config(
+        [
+            "--config",
+            str(cfg_file),
+            "trial_name=t7",
+            "actor.optimizer.lr=1e-5",
+            "gconfig.n_samples=2",
+            "rollout.openai.mode=inline",
+            "agent_builder_kwargs.k=3",
+        ],
+        AgentRLConfig,
+    )
     assert path == str(cfg_file)
     assert (config.experiment_name, config.trial_name, config.tokenizer_path) == ("exp", "t7", "embedded")
     assert config.actor.optimizer.lr == 1e-5 and isinstance(config.actor.optimizer.lr, float)
@@ -187,7 +212,9 @@ def test_custom_dataset_embedded_and_jsonl(tmp_path):
     assert not {r["question"] for r in train} & {r["question"] for r in test}
     assert train[0]["messages"][-1]["content"] == train[0]["question"] and train[0]["answer"].isdigit()
     f = tmp_path / "train.jsonl"
-    f.write_text('{"question": "What is 2 plus 3?", "answer": "#### 5"}\n{"messages": [{"role": "user", "content": "What is 4 times 4?"}], "answer": "16"}\n')
+    f.write_text(
+        '{"question": "What is 2 plus 3?", "answer": "#### 5"}\n{"messages": [{"role": "user", "content": "What is 4 times 4?"}], "answer": "16"}\n'
+    )
     rows = get_custom_dataset(split="train", dataset_config=DatasetConfig(path=str(tmp_path)), tokenizer=tok)
     assert [r["question"] for r in rows] == ["What is 2 plus 3?", "What is 4 times 4?"]
     assert rows[0]["messages"] == [{"role": "user", "content": "What is 2 plus 3?"}]
@@ -237,9 +264,19 @@ def test_workflow_plans_pick_an_agent_spec_when_the_class_can_be_rebuilt():
 def test_areal_config_maps_onto_the_controllers_train_config():
     from areal.experimental.trainer import to_train_config
 
-    config, _ = load_expr_config(["gconfig.n_samples=3", "train_dataset.batch_size=2", "total_train_epochs=2",
-                                  "actor.optimizer.lr=1e-5", "rollout.openai.mode=inline", "gconfig.max_new_tokens=48",
-                                  "rollout.openai.tool_call_parser=hermes", "actor.mb_spec.max_tokens_per_mb=512"], GRPOConfig)
+    config, _ = load_expr_config(
+        [
+            "gconfig.n_samples=3",
+            "train_dataset.batch_size=2",
+            "total_train_epochs=2",
+            "actor.optimizer.lr=1e-5",
+            "rollout.openai.mode=inline",
+            "gconfig.max_new_tokens=48",
+            "rollout.openai.tool_call_parser=hermes",
+            "actor.mb_spec.max_tokens_per_mb=512",
+        ],
+        GRPOConfig,
+    )
     t = to_train_config(config, "areal.workflow.openai.math_agent:MathAgent", n_train=7, n_eval=5, embedded_data=True)
     assert (t.rollout.n_samples, t.rollout.groups_per_step, t.rollout.openai.mode) == (3, 2, "inline")
     assert t.trainer.steps == 2 * 4 and t.trainer.lr == 1e-5 and t.trainer.micro_batch_tokens == 512
@@ -254,20 +291,33 @@ def test_local_launcher_runs_the_script_with_config_overrides_and_env(tmp_path):
     import subprocess
 
     script = tmp_path / "show.py"
-    script.write_text("import os, sys, json\nprint(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
-                      "('AREAL_LAUNCHER', 'AREAL_EXPERIMENT_NAME', 'AREAL_TRIAL_NAME', 'AREAL_RUN_DIR', 'WORLD_SIZE', 'RANK')}}))\n"
-                      "sys.exit(7)\n")
+    script.write_text(
+        "import os, sys, json\nprint(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
+        "('AREAL_LAUNCHER', 'AREAL_EXPERIMENT_NAME', 'AREAL_TRIAL_NAME', 'AREAL_RUN_DIR', 'WORLD_SIZE', 'RANK')}}))\n"
+        "sys.exit(7)\n"
+    )
     cfg = tmp_path / "c.yaml"
     cfg.write_text("experiment_name: from-yaml\ncluster:\n  fileroot: /tmp/x\n")
-    out = subprocess.run([sys.executable, "-m", "areal.launcher.local", str(script), "--config", str(cfg), "trial_name=t1"],
-                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "areal.launcher.local", str(script), "--config", str(cfg), "trial_name=t1"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=60,
+    )
     assert out.returncode == 7, out.stderr
     import json
 
     shown = json.loads(out.stdout)
     assert shown["argv"] == ["--config", str(cfg), "trial_name=t1", "scheduler.type=local"]
-    assert shown["env"] == {"AREAL_LAUNCHER": "local", "AREAL_EXPERIMENT_NAME": "from-yaml", "AREAL_TRIAL_NAME": "t1",
-                            "AREAL_RUN_DIR": "/tmp/x/from-yaml/t1", "WORLD_SIZE": "1", "RANK": "0"}
+    assert shown["env"] == {
+        "AREAL_LAUNCHER": "local",
+        "AREAL_EXPERIMENT_NAME": "from-yaml",
+        "AREAL_TRIAL_NAME": "t1",
+        "AREAL_RUN_DIR": "/tmp/x/from-yaml/t1",
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+    }
 
 
 # ---- every SDK's math agent against a real gateway on the embedded engine -------------------------------
@@ -276,15 +326,18 @@ def test_local_launcher_runs_the_script_with_config_overrides_and_env(tmp_path):
 from gateway_harness import served  # noqa: E402,F401  (module fixture: a gateway on the embedded engine)
 
 
-@pytest.mark.parametrize("path,min_calls", [
-    ("areal.workflow.openai.math_agent.MathAgent", 1),
-    ("areal.workflow.openai.math_agent.MathToolAgent", 2),
-    ("areal.workflow.langchain.math_agent.MathAgent", 1),
-    ("areal.workflow.langchain.math_agent.MathToolAgent", 2),
-    ("areal.workflow.anthropic.math_agent.MathAgent", 1),
-    ("areal.workflow.openai_agent.math_agent.MathAgent", 1),
-    ("areal.workflow.openai_agent.math_agent.MathToolAgent", 2),
-])
+@pytest.mark.parametrize(
+    "path,min_calls",
+    [
+        ("areal.workflow.openai.math_agent.MathAgent", 1),
+        ("areal.workflow.openai.math_agent.MathToolAgent", 2),
+        ("areal.workflow.langchain.math_agent.MathAgent", 1),
+        ("areal.workflow.langchain.math_agent.MathToolAgent", 2),
+        ("areal.workflow.anthropic.math_agent.MathAgent", 1),
+        ("areal.workflow.openai_agent.math_agent.MathAgent", 1),
+        ("areal.workflow.openai_agent.math_agent.MathToolAgent", 2),
+    ],
+)
 def test_sdk_agent_runs_on_the_gateway_and_returns_the_verified_reward(served, path, min_calls):
     """Greedy, on problems the embedded model answers: every call is recorded with the engine's
     tokens, tool agents really execute the calculator call the model makes, and the reward is
@@ -308,5 +361,7 @@ def test_sdk_agent_runs_on_the_gateway_and_returns_the_verified_reward(served, p
         assert inters and reward in (0.0, 1.0)
         assert all(len(i.output_ids) == len(i.output_logprobs) > 0 for i in inters)
         if len(inters) >= 2:  # after a tool call: the next prompt extends the recorded tokens
-            assert inters[1].prompt_ids[: len(inters[0].prompt_ids) + len(inters[0].output_ids)] == inters[0].prompt_ids + inters[0].output_ids
+            assert (
+                inters[1].prompt_ids[: len(inters[0].prompt_ids) + len(inters[0].output_ids)] == inters[0].prompt_ids + inters[0].output_ids
+            )
     assert max(calls) >= min_calls  # tool agents: the model called the calculator and was answered

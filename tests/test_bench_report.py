@@ -29,8 +29,13 @@ def _png_ok(path: Path) -> bool:
 @pytest.mark.timeout(150)
 def test_quick_run_of_two_modules_writes_a_well_formed_report(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out), "ring", "prompt_building"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=140)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out), "ring", "prompt_building"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = out / "latest"
     assert latest.is_dir()
@@ -78,8 +83,16 @@ def _fixture_results() -> dict:
     rows = []
     for h in HEADLINES:
         metric = h.metric.rstrip("*") + (" x" if h.metric.endswith("*") else "")
-        rows.append({"benchmark": h.benchmark, "metric": metric, "value": 10.0, "unit": "u",
-                     "baseline": h.baseline + " base", "baseline_value": 20.0})
+        rows.append(
+            {
+                "benchmark": h.benchmark,
+                "metric": metric,
+                "value": 10.0,
+                "unit": "u",
+                "baseline": h.baseline + " base",
+                "baseline_value": 20.0,
+            }
+        )
     by_path = {h.path: r for h, r in zip(HEADLINES, rows)}
     by_path["gateway added latency p50 (ZeroMQ, instant engine)"]["value"] = 120.0  # <= 150: met
     by_path["gateway requests/s per core (instant engine)"]["value"] = 4000.0  # >= 5000: missed
@@ -87,13 +100,27 @@ def _fixture_results() -> dict:
     by_path["codec + ring, 8k-token trajectories"].update(value=150_000.0, baseline_value=30_000.0)  # both met
     by_path["staleness mean of a real run (bound 1)"]["histogram"] = {"0": 3, "1": 5}
     del by_path["weight push, 30M parameters"]  # a module that did not run: not measured
-    return {"quick": True, "repeats": 1, "vllm": False, "command": "python -m benchmarks.run --quick",
-            "started": "2026-01-01 00:00:00 +0000", "elapsed_s": 240.0,
-            "machine": {"cpu_model": "Test CPU", "cores": 2, "memory_gib": 24.0, "kernel": "6.0", "python": "3.11",
-                        "torch": "2.13", "git_commit": "0123456789abcdef", "git_dirty": False,
-                        "loadavg_at_start": ["0.1", "0.2", "0.3"]},
-            "modules": {"gateway": {"status": "ok"}, "weight_sync": {"status": "failed", "error": "Traceback: boom"}},
-            "figures": aggregate([list(by_path.values())])}
+    return {
+        "quick": True,
+        "repeats": 1,
+        "vllm": False,
+        "command": "python -m benchmarks.run --quick",
+        "started": "2026-01-01 00:00:00 +0000",
+        "elapsed_s": 240.0,
+        "machine": {
+            "cpu_model": "Test CPU",
+            "cores": 2,
+            "memory_gib": 24.0,
+            "kernel": "6.0",
+            "python": "3.11",
+            "torch": "2.13",
+            "git_commit": "0123456789abcdef",
+            "git_dirty": False,
+            "loadavg_at_start": ["0.1", "0.2", "0.3"],
+        },
+        "modules": {"gateway": {"status": "ok"}, "weight_sync": {"status": "failed", "error": "Traceback: boom"}},
+        "figures": aggregate([list(by_path.values())]),
+    }
 
 
 def test_readme_generator_on_a_fixture_results_json(tmp_path: Path) -> None:
@@ -137,8 +164,10 @@ def test_headline_targets_are_validated() -> None:
 
 def test_aggregate_medians_and_ratios_over_repeats() -> None:
     row = {"benchmark": "b", "metric": "m", "unit": "u", "baseline": "base"}
-    repeats = [[{**row, "value": v, "baseline_value": b, **({"histogram": {"0": 2}} if v == 1 else {})}]
-               for v, b in ((1.0, 2.0), (3.0, 1.0), (2.0, 2.0))]
+    repeats = [
+        [{**row, "value": v, "baseline_value": b, **({"histogram": {"0": 2}} if v == 1 else {})}]
+        for v, b in ((1.0, 2.0), (3.0, 1.0), (2.0, 2.0))
+    ]
     (f,) = aggregate(repeats)
     assert f["values"] == [1.0, 3.0, 2.0] and f["median"] == 2.0 and (f["min"], f["max"]) == (1.0, 3.0)
     assert f["ratios"] == [0.5, 3.0, 1.0] and f["ratio"] == 1.0 and (f["ratio_min"], f["ratio_max"]) == (0.5, 3.0)

@@ -18,21 +18,39 @@ def _traj(episode: str, created: float, version: int, drift: int = 0, row_turns:
     rows = []
     for _ in range(len(row_turns) if row_turns else 1):
         mask = np.array([0, 0, 1, 1], dtype=np.uint8)
-        rows.append(TokenRow(np.arange(4, dtype=np.int32), mask, np.zeros(4, np.float32),
-                             np.where(mask == 1, version, -1).astype(np.int32), 1.0))
-    return Trajectory.from_rows(episode_id=episode, group_id="g", group_size=1, reward=1.0, status="ok", rows=rows,
-                                drift=drift, created=created, row_turns=row_turns)
+        rows.append(
+            TokenRow(np.arange(4, dtype=np.int32), mask, np.zeros(4, np.float32), np.where(mask == 1, version, -1).astype(np.int32), 1.0)
+        )
+    return Trajectory.from_rows(
+        episode_id=episode,
+        group_id="g",
+        group_size=1,
+        reward=1.0,
+        status="ok",
+        rows=rows,
+        drift=drift,
+        created=created,
+        row_turns=row_turns,
+    )
 
 
 def _write_run(run_dir: Path) -> None:
     run_dir.mkdir()
-    trajs = [_traj("e1", 95.0, 0), _traj("e2", 96.0, 0), _traj("e3", 105.0, 0),
-             _traj("e4", 108.0, 1, drift=1, row_turns=[2, 1]), _traj("e5", 119.0, 1), _traj("late", 125.0, 2)]
+    trajs = [
+        _traj("e1", 95.0, 0),
+        _traj("e2", 96.0, 0),
+        _traj("e3", 105.0, 0),
+        _traj("e4", 108.0, 1, drift=1, row_turns=[2, 1]),
+        _traj("e5", 119.0, 1),
+        _traj("late", 125.0, 2),
+    ]
     (run_dir / "trajectories.bin").write_bytes(b"".join(frame(encode_trajectory(t)) for t in trajs))
-    (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "time": t, "step_s": 2.0}) + "\n" for s, t in ((1, 100.0), (2, 110.0), (3, 120.0))))
-    (run_dir / "trained_episodes-r0.jsonl").write_text("".join(
-        json.dumps({"step": s, "episodes": e}) + "\n" for s, e in ((1, ["e1", "e2"]), (2, ["e3", "e4"]), (3, ["e5"]))))
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "time": t, "step_s": 2.0}) + "\n" for s, t in ((1, 100.0), (2, 110.0), (3, 120.0)))
+    )
+    (run_dir / "trained_episodes-r0.jsonl").write_text(
+        "".join(json.dumps({"step": s, "episodes": e}) + "\n" for s, e in ((1, ["e1", "e2"]), (2, ["e3", "e4"]), (3, ["e5"])))
+    )
 
 
 def test_run_stats_of_a_known_run(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts  # noqa: E402
 from areal.ring.buffer import (  # noqa: E402
     FRAME,
     FRAME_OFF_DIGEST,
@@ -49,7 +50,6 @@ from areal.ring.buffer import (  # noqa: E402
     unlink_ring,
 )
 from areal.ring.layout import NATIVE  # noqa: E402
-from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory, encode_trajectory_parts  # noqa: E402
 
 _counter = itertools.count()
 # native=True where areal.ring._ringcopy is built (test_ring_native.py fails where it should be and is not)
@@ -313,9 +313,14 @@ def test_manual_commit_holds_space_and_redelivers_after_reader_restart(name):
 
 def test_get_view_is_zero_copy_and_commits_on_the_next_call(name):
     traj = Trajectory.from_rows(
-        episode_id="e", group_id="g", group_size=1, reward=1.0, status="ok",
-        rows=[TokenRow(np.arange(1000, dtype=np.int32), np.ones(1000, np.uint8), np.zeros(1000, np.float32),
-                       np.zeros(1000, np.int32), 1.0)],
+        episode_id="e",
+        group_id="g",
+        group_size=1,
+        reward=1.0,
+        status="ok",
+        rows=[
+            TokenRow(np.arange(1000, dtype=np.int32), np.ones(1000, np.uint8), np.zeros(1000, np.float32), np.zeros(1000, np.int32), 1.0)
+        ],
     )
     with RingWriter(name, 1 << 16) as w, RingReader(name) as r:
         assert w.put_parts(encode_trajectory_parts(traj)) == 0
@@ -335,7 +340,10 @@ def test_second_live_reader_is_refused(name):
     with RingWriter(name, 4096), RingReader(name):
         proc = subprocess.run(
             [sys.executable, "-c", f"from areal.ring.buffer import RingReader; RingReader({name!r}, timeout_s=1)"],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode != 0 and "already has a live reader" in proc.stderr
 

@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import zmq
+from test_trainer import TEMPERATURE, make_group, make_model
+from trainer_jobs import make_job
 from transformers import AutoModelForCausalLM
 
+from areal.protocol import encode_trajectory
 from areal.ring.buffer import RingWriter, unlink_ring
 from areal.trainer.checkpoint import DataPosition, latest_checkpoint
-from areal.protocol import encode_trajectory
 from areal.trainer.config import TrainerJob
-from trainer_jobs import make_job
-from test_trainer import TEMPERATURE, make_group, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -38,8 +38,7 @@ def feed(name: str, trajs: list) -> RingWriter:
 def start(config: TrainerJob, tmp_path: Path, *extra: str) -> subprocess.Popen:
     path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.json"
     path.write_text(config.to_json())
-    return subprocess.Popen([sys.executable, "-m", "areal.trainer", "--config", str(path), *extra], cwd=ROOT,
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "areal.trainer", "--config", str(path), *extra], cwd=ROOT, start_new_session=True)
 
 
 def trained(run_dir: Path) -> list[dict]:
@@ -61,8 +60,17 @@ def test_sigkill_at_a_random_step_then_resume_trains_every_trajectory_once(tmp_p
     writers = [feed(n, order) for n in names]
     procs = []
     try:
-        base = dict(model_path=str(model_dir), engine_urls=[], report_addr=f"tcp://127.0.0.1:{port}", steps=STEPS,
-                    groups_per_step=1, lr=1e-3, temperature=TEMPERATURE, record_timeout_s=30, checkpoint_every=1)
+        base = dict(
+            model_path=str(model_dir),
+            engine_urls=[],
+            report_addr=f"tcp://127.0.0.1:{port}",
+            steps=STEPS,
+            groups_per_step=1,
+            lr=1e-3,
+            temperature=TEMPERATURE,
+            record_timeout_s=30,
+            checkpoint_every=1,
+        )
         straight = make_job(ring_name=names[0], run_dir=str(tmp_path / "straight"), **base)
         killed = make_job(ring_name=names[1], run_dir=str(tmp_path / "killed"), **base)
         procs.append(start(killed, tmp_path))

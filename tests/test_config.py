@@ -28,8 +28,10 @@ def test_every_yaml_composes_into_a_valid_train_config(name):
     assert isinstance(config, TrainConfig) and isinstance(config.trainer, TrainerConfig)
 
 
-@pytest.mark.parametrize("override,named", [("trainer.steps=abc", "trainer.steps"), ("trainer.stpes=3", "stpes"),
-                                            ("rollout.reward_range=5", "rollout.reward_range")])
+@pytest.mark.parametrize(
+    "override,named",
+    [("trainer.steps=abc", "trainer.steps"), ("trainer.stpes=3", "stpes"), ("rollout.reward_range=5", "rollout.reward_range")],
+)
 def test_wrong_types_and_unknown_keys_fail_at_composition(override, named):
     with initialize_config_dir(str(CONF), version_base=None), pytest.raises(ConfigCompositionException) as e:
         compose(config_name="config", overrides=[override])

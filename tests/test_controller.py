@@ -12,12 +12,12 @@ import pytest
 from areal.agent import load_agent, outcome_from_result
 from areal.api.workflow_api import RolloutWorkflow
 from areal.config import TrainConfig
-from areal.dataclass_config import build_dataclass
 from areal.controller import Controller, train, trajectory_from_episode, trajectory_from_row
-from areal.experimental.openai import ArealOpenAI
-from areal.gateway.tree import InteractionWithTokenLogpReward
+from areal.dataclass_config import build_dataclass
 from areal.evaluation import paired_test, reward_trend
+from areal.experimental.openai import ArealOpenAI
 from areal.gateway import Interaction, Session
+from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
 
 
@@ -50,8 +50,16 @@ def test_reward_dict_rewards_named_rows_only():
 
 @pytest.mark.parametrize(
     "result, status, reward",
-    [(1, "ok", 1.0), (0.5, "ok", 0.5), ({"x": 1}, "ok", None), (None, "error", None), (True, "error", None),
-     (float("nan"), "error", None), ("1.0", "error", None), ({"x": "high"}, "error", None)],
+    [
+        (1, "ok", 1.0),
+        (0.5, "ok", 0.5),
+        ({"x": 1}, "ok", None),
+        (None, "error", None),
+        (True, "error", None),
+        (float("nan"), "error", None),
+        ("1.0", "error", None),
+        ({"x": "high"}, "error", None),
+    ],
 )
 def test_run_results_map_to_outcomes(result, status, reward):
     o = outcome_from_result("e", result, 0.1)
@@ -62,7 +70,9 @@ def test_run_results_map_to_outcomes(result, status, reward):
 
 def test_agent_specs(tmp_path):
     f = tmp_path / "my_agent.py"
-    f.write_text("class A:\n    async def run(self, data, **kw):\n        return 1.0\nasync def fn(data, **kw):\n    return 2.0\ndef sync(data):\n    return 3\n")
+    f.write_text(
+        "class A:\n    async def run(self, data, **kw):\n        return 1.0\nasync def fn(data, **kw):\n    return 2.0\ndef sync(data):\n    return 3\n"
+    )
     assert load_agent(f"{f}:A").__name__ == "run"
     assert load_agent(f"{f}:fn").__name__ == "fn"
     with pytest.raises(ValueError, match="async"):
@@ -96,17 +106,19 @@ def test_stratified_order_gives_every_step_the_same_level_mix() -> None:
     levels = [1] * 30 + [2] * 35 + [3] * 25 + [4] * 10
     order = stratified_order(levels, block=8, seed=3)
     assert len(order) >= len(levels) and len(order) % 8 == 0  # whole steps
-    mixes = {tuple(sorted(levels[i] for i in order[k:k + 8])) for k in range(0, 96, 8)}
+    mixes = {tuple(sorted(levels[i] for i in order[k : k + 8])) for k in range(0, 96, 8)}
     assert mixes == {(1, 1, 2, 2, 2, 3, 3, 4)}
     # The first pass over each level visits every problem of it once before repeating any.
-    assert set(order[:8 * 12]) >= {i for i, lv in enumerate(levels) if lv == 4}
+    assert set(order[: 8 * 12]) >= {i for i, lv in enumerate(levels) if lv == 4}
     assert stratified_order(levels, 8, 3) == order != stratified_order(levels, 8, 4)
 
 
 def test_agents_get_only_the_keyword_arguments_their_run_declares(tmp_path):
     f = tmp_path / "plain_agent.py"
-    f.write_text("class Plain:\n    async def run(self, data):\n        return float(data['x'])\n"
-                 "class Some:\n    async def run(self, data, *, api_key=None):\n        return {'k': float(api_key == 'key')}\n")
+    f.write_text(
+        "class Plain:\n    async def run(self, data):\n        return float(data['x'])\n"
+        "class Some:\n    async def run(self, data, *, api_key=None):\n        return {'k': float(api_key == 'key')}\n"
+    )
     extra = {"base_url": "http://127.0.0.1:1/v1", "api_key": "key", "http_client": None}
     assert asyncio.run(load_agent(f"{f}:Plain")({"x": 3}, **extra)) == 3.0
     assert asyncio.run(load_agent(f"{f}:Some")({}, **extra)) == {"k": 1.0}
@@ -114,8 +126,14 @@ def test_agents_get_only_the_keyword_arguments_their_run_declares(tmp_path):
 
 def test_rollout_workflow_rows_become_one_row_trajectories():
     inter = Interaction("a", [1, 2], [5, 6, 7], [-0.1, -0.2, -0.3], 2, "stop", 0.5)
-    row = InteractionWithTokenLogpReward(interaction=inter, input_ids=[1, 2, 5, 6, 7], loss_mask=[0, 0, 1, 1, 1],
-                                         logprobs=[0, 0, -0.1, -0.2, -0.3], versions=[-1, -1, 2, 2, 3], reward=0.5)
+    row = InteractionWithTokenLogpReward(
+        interaction=inter,
+        input_ids=[1, 2, 5, 6, 7],
+        loss_mask=[0, 0, 1, 1, 1],
+        logprobs=[0, 0, -0.1, -0.2, -0.3],
+        versions=[-1, -1, 2, 2, 3],
+        reward=0.5,
+    )
     t = decode_trajectory(encode_trajectory(trajectory_from_row(row, "g-r0", "g", 4)))
     (r,) = t.rows()
     assert r.input_ids.tolist() == [1, 2, 5, 6, 7] and r.loss_mask.tolist() == [0, 0, 1, 1, 1]
@@ -158,8 +176,14 @@ def test_rollout_workflow_object_with_a_custom_dataset_trains(tmp_path):
 
     workflow = EchoWorkflow(load_hf_tokenizer("embedded"))
     rows = [{"question": f"What is {a} plus {a}?", "answer": str(2 * a), "tag": a} for a in (2, 3, 4)]
-    cfg = build_dataclass(TrainConfig, {"trainer": {"steps": 2}, "rollout": {"groups_per_step": 1, "openai": {"mode": "inline"}},
-                                  "data": {"eval_size": 0, "eval_samples": 1}})
+    cfg = build_dataclass(
+        TrainConfig,
+        {
+            "trainer": {"steps": 2},
+            "rollout": {"groups_per_step": 1, "openai": {"mode": "inline"}},
+            "data": {"eval_size": 0, "eval_samples": 1},
+        },
+    )
     summary = asyncio.run(train(cfg, tmp_path, agent=workflow, dataset=rows, eval_dataset=rows[:2]))
     assert summary["steps"] == 2 and summary["eval_before"]["n"] == 2 and summary["eval_after"]["n"] == 2
     assert {d["tag"] for d in workflow.seen} <= {2, 3, 4} and all(d["messages"][-1]["content"] == d["question"] for d in workflow.seen)

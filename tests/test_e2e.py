@@ -25,9 +25,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     cmd = [
-        sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-        "trainer.steps=3", "rollout.groups_per_step=2", "rollout.n_samples=8", "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0", "save_trajectories=true", "engine.request_log=true", *overrides,
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        "trainer.steps=3",
+        "rollout.groups_per_step=2",
+        "rollout.n_samples=8",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+        "save_trajectories=true",
+        "engine.request_log=true",
+        *overrides,
     ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
@@ -99,8 +108,14 @@ def test_bad_override_is_named(tmp_path):
 def test_two_trainer_ranks_with_ppo_and_checkpoints(tmp_path):
     """The main entry launches torchrun with one ring per rank; both ranks train every step."""
     run_dir = tmp_path / "run"
-    proc = _train(run_dir, "rollout.openai.mode=inline", "trainer.ranks=2", "trainer.loss=ppo",
-                  "trainer.behav_weight_cap=5.0", "trainer.checkpoint_every=1")
+    proc = _train(
+        run_dir,
+        "rollout.openai.mode=inline",
+        "trainer.ranks=2",
+        "trainer.loss=ppo",
+        "trainer.behav_weight_cap=5.0",
+        "trainer.checkpoint_every=1",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["version"] for m in steps] == [1, 2, 3]

@@ -80,9 +80,7 @@ def test_chat_template_renders_user_with_generation_prompt(tok) -> None:
     assert text == "<|im_start|>user\nWhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
     enc = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
     assert list(enc["input_ids"]) == tok.encode(text, add_special_tokens=False)
-    with_system = tok.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, *msgs], tokenize=False
-    )
+    with_system = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, *msgs], tokenize=False)
     assert with_system == "<|im_start|>system\nBe brief.<|im_end|>\n" + text.split("<|im_start|>assistant")[0]
 
 
@@ -99,14 +97,10 @@ def test_chat_template_renders_tools_tool_calls_and_tool_role(tok) -> None:
     assert text.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
     assert "<tools>\n" + json.dumps(CALCULATOR_TOOL, ensure_ascii=False) + "\n</tools>" in text
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": '
-        '{"expression": "23*7"}}\n</tool_call><|im_end|>\n' in text
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "23*7"}}\n</tool_call><|im_end|>\n' in text
     )
     # Consecutive tool results share one user turn, Qwen2.5-style.
-    assert (
-        "<|im_start|>user\n<tool_response>\n161\n</tool_response>\n<tool_response>\nok\n"
-        "</tool_response><|im_end|>\n" in text
-    )
+    assert "<|im_start|>user\n<tool_response>\n161\n</tool_response>\n<tool_response>\nok\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n23 * 7 = 161. \\boxed{161}<|im_end|>\n")
     # OpenAI-style arguments (a JSON string) render the same as a dict.
     as_string = {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "23*7"}'}}
@@ -139,9 +133,7 @@ def test_sft_labels_cover_exactly_the_trained_assistant_turns(tok) -> None:
     convs = [make_conversation(rng, p, k) for k in ("plain", "tool", "retry")]
     examples = tokenize_conversations(tok, convs)
     plain_ids, plain_labels = examples[0]
-    rl_prompt = tok.apply_chat_template(
-        [{"role": "user", "content": p.question}], tokenize=True, add_generation_prompt=True
-    )["input_ids"]
+    rl_prompt = tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=True, add_generation_prompt=True)["input_ids"]
     # The SFT sample is the RL prompt followed by the trained reply: same tokens, same rendering.
     assert plain_ids[: len(rl_prompt)] == list(rl_prompt)
     trained = tok.decode([t for t in plain_labels if t != -100])
@@ -213,9 +205,9 @@ def test_model_greedily_solves_an_easy_test_problem(tok, model_dir: Path) -> Non
     easy = [p for p in make_leveled_problems("test", 60) if p.level == 1][:10]
     correct = 0
     for p in easy:
-        ids = tok.apply_chat_template(
-            [{"role": "user", "content": p.question}], add_generation_prompt=True, return_tensors="pt"
-        )["input_ids"]
+        ids = tok.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True, return_tensors="pt")[
+            "input_ids"
+        ]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=64, do_sample=False)
         text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
@@ -224,9 +216,18 @@ def test_model_greedily_solves_an_easy_test_problem(tok, model_dir: Path) -> Non
 
 
 _TINY = dict(
-    tokenizer_conversations=300, hidden_size=32, intermediate_size=64, num_layers=1,
-    num_heads=2, num_kv_heads=1, sft_conversations=300, sft_steps=3, warmup_steps=1,
-    batch_size=8, eval_problems=0, num_threads=1,
+    tokenizer_conversations=300,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    sft_conversations=300,
+    sft_steps=3,
+    warmup_steps=1,
+    batch_size=8,
+    eval_problems=0,
+    num_threads=1,
 )
 
 
@@ -237,10 +238,7 @@ def test_concurrent_builders_produce_one_complete_directory(tmp_path: Path) -> N
         "print(json.dumps({'path': str(p), 'built': e.build_count}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, env=env)
-        for _ in range(2)
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, env=env) for _ in range(2)]
     results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert results[0]["path"] == results[1]["path"]

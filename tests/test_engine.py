@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from http_json import get, post
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -28,7 +29,6 @@ from areal.engine.client import (
     update_weights_from_disk_sync,
 )
 from areal.engine.router import EngineRouter, launch_sglang_server, sglang_command
-from http_json import get, post
 
 VOCAB = 512
 PROMPT = [5, 6, 7, 8]
@@ -46,15 +46,23 @@ def _save_tokenizer(path: Path, eos_id: int) -> None:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False, initializer_range=0.2)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = None
     with torch.no_grad():
         greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=3, do_sample=False, pad_token_id=0)
     eos = int(greedy[0, -1])
-    assert eos not in greedy[0, len(PROMPT):-1].tolist()
+    assert eos not in greedy[0, len(PROMPT) : -1].tolist()
     model.config.eos_token_id = eos
     model.generation_config.eos_token_id = eos
     path = tmp_path_factory.mktemp("engine") / "model"
@@ -96,7 +104,7 @@ def test_greedy_matches_hf_generate_and_is_deterministic(engine_url: str, hf_mod
         assert a["output_ids"] == b["output_ids"]
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
-        assert a["output_ids"] == ref[0, len(prompt):].tolist()
+        assert a["output_ids"] == ref[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
@@ -141,17 +149,23 @@ def test_eos_stop_length_and_stop_token_ids(engine_url: str, model_dir: Path) ->
 
 def test_batched_array_equals_single_requests(engine_url: str) -> None:
     prompts = [PROMPT, [100, 200, 300, 400, 401, 402, 403], [9]]
-    status, outs = post(f"{engine_url}/generate", {
-        "input_ids": prompts, "rid": "batch",
-        "sampling_params": {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True},
-        "return_logprob": True})
+    status, outs = post(
+        f"{engine_url}/generate",
+        {
+            "input_ids": prompts,
+            "rid": "batch",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True},
+            "return_logprob": True,
+        },
+    )
     assert status == 200 and isinstance(outs, list) and len(outs) == 3
     assert [o["meta_info"]["id"] for o in outs] == ["batch_0", "batch_1", "batch_2"]
     for prompt, batched in zip(prompts, outs):
         single = generate(engine_url, prompt, temperature=0, max_new_tokens=10, ignore_eos=True)
         assert batched["output_ids"] == single["output_ids"]
-        diffs = [abs(a[0] - b[0]) for a, b in zip(batched["meta_info"]["output_token_logprobs"],
-                                                    single["meta_info"]["output_token_logprobs"])]
+        diffs = [
+            abs(a[0] - b[0]) for a, b in zip(batched["meta_info"]["output_token_logprobs"], single["meta_info"]["output_token_logprobs"])
+        ]
         assert max(diffs) < 1e-4  # left padding must not change the numbers
 
 
@@ -159,9 +173,9 @@ def test_concurrent_requests_are_batched(engine_url: str) -> None:
     async def run() -> tuple[list, dict, dict]:
         client = EngineClient(engine_url)
         before = await client.server_info()
-        results = await asyncio.gather(*(
-            client.generate([i + 1, i + 2, i + 3], {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True})
-            for i in range(16)))
+        results = await asyncio.gather(
+            *(client.generate([i + 1, i + 2, i + 3], {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True}) for i in range(16))
+        )
         after = await client.server_info()
         await client.close()
         return results, before, after
@@ -180,9 +194,10 @@ def test_sampling_seed_reproducible_alone_and_in_a_batch(engine_url: str) -> Non
     b = generate(engine_url, PROMPT, sampling_seed=1234, **sp)
     c = generate(engine_url, PROMPT, sampling_seed=4321, **sp)
     assert a["output_ids"] == b["output_ids"] != c["output_ids"]
-    status, outs = post(f"{engine_url}/generate", {
-        "input_ids": [[400, 401], PROMPT],
-        "sampling_params": [dict(sp, sampling_seed=7), dict(sp, sampling_seed=1234)]})
+    status, outs = post(
+        f"{engine_url}/generate",
+        {"input_ids": [[400, 401], PROMPT], "sampling_params": [dict(sp, sampling_seed=7), dict(sp, sampling_seed=1234)]},
+    )
     assert status == 200 and outs[1]["output_ids"] == a["output_ids"]
 
 
@@ -336,8 +351,7 @@ def test_stream_chunks_arrive_before_generation_ends(engine_url: str) -> None:
     # The first chunk must come while the request is still running: aborting it then cuts it short.
     async def run() -> tuple[list, object]:
         client = EngineClient(engine_url)
-        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG, rid="early"),
-                                            lambda: client.abort_request("early"))
+        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG, rid="early"), lambda: client.abort_request("early"))
         await client.close()
         return chunks, None
 
@@ -348,9 +362,19 @@ def test_stream_chunks_arrive_before_generation_ends(engine_url: str) -> None:
 
 
 def test_raw_sse_shape(engine_url: str) -> None:
-    req = urllib.request.Request(f"{engine_url}/generate", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"input_ids": [[1, 2], [3, 4]], "stream": True, "return_logprob": True,
-                                                  "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}).encode())
+    req = urllib.request.Request(
+        f"{engine_url}/generate",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {
+                "input_ids": [[1, 2], [3, 4]],
+                "stream": True,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+            }
+        ).encode(),
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         events = [line for line in resp.read().decode().split("\n\n") if line]
@@ -382,7 +406,7 @@ def test_new_requests_join_the_running_batch(engine_url: str) -> None:
             order.append("long")
             return [chunks, res]
 
-        (chunks, joined), = await asyncio.gather(long())
+        ((chunks, joined),) = await asyncio.gather(long())
         after = await client.server_info()
         await client.close()
         return alone, joined, chunks, order, before, after
@@ -470,8 +494,9 @@ def test_requests_wait_while_paused_and_abort_in_waiting_queue(engine_url: str) 
 
 def test_min_p_stop_strings_n_and_top_logprobs(engine_url: str) -> None:
     greedy = generate(engine_url, PROMPT, temperature=0, max_new_tokens=10, ignore_eos=True)
-    assert generate(engine_url, PROMPT, temperature=1.0, min_p=1.0, max_new_tokens=10,
-                    ignore_eos=True)["output_ids"] == greedy["output_ids"]
+    assert (
+        generate(engine_url, PROMPT, temperature=1.0, min_p=1.0, max_new_tokens=10, ignore_eos=True)["output_ids"] == greedy["output_ids"]
+    )
 
     stop_tok = greedy["output_ids"][3]
     stop_str = f"t{stop_tok}"
@@ -480,9 +505,16 @@ def test_min_p_stop_strings_n_and_top_logprobs(engine_url: str) -> None:
     assert stopped["output_ids"] == greedy["output_ids"][: greedy["output_ids"].index(stop_tok) + 1]
     assert stop_str not in stopped["text"] and greedy["text"].startswith(stopped["text"])
 
-    status, outs = post(f"{engine_url}/generate", {
-        "input_ids": PROMPT, "rid": "fan", "return_logprob": True, "top_logprobs_num": 4,
-        "sampling_params": {"n": 3, "max_new_tokens": 8, "ignore_eos": True, "sampling_seed": 11}})
+    status, outs = post(
+        f"{engine_url}/generate",
+        {
+            "input_ids": PROMPT,
+            "rid": "fan",
+            "return_logprob": True,
+            "top_logprobs_num": 4,
+            "sampling_params": {"n": 3, "max_new_tokens": 8, "ignore_eos": True, "sampling_seed": 11},
+        },
+    )
     assert status == 200 and isinstance(outs, list) and len(outs) == 3
     assert [o["meta_info"]["id"] for o in outs] == ["fan_0", "fan_1", "fan_2"]
     assert len({tuple(o["output_ids"]) for o in outs}) == 3  # the copies differ
@@ -544,13 +576,20 @@ def test_router_sticky_sessions_and_failover(engine_url: str) -> None:
 
 
 def test_sglang_command_construction() -> None:
-    cmd = sglang_command("/models/qwen", 30000, tp_size=2, enable_metrics=True, disable_radix_cache=False,
-                         api_key=None, json_model_override_args='{"a": 1}', cuda_graph_bs=[1, 2])
+    cmd = sglang_command(
+        "/models/qwen",
+        30000,
+        tp_size=2,
+        enable_metrics=True,
+        disable_radix_cache=False,
+        api_key=None,
+        json_model_override_args='{"a": 1}',
+        cuda_graph_bs=[1, 2],
+    )
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     assert cmd[3:9] == ["--model-path", "/models/qwen", "--host", "127.0.0.1", "--port", "30000"]
     rest = cmd[9:]
-    assert rest == ["--tp-size", "2", "--enable-metrics", "--json-model-override-args", '{"a": 1}',
-                    "--cuda-graph-bs", "1", "2"]
+    assert rest == ["--tp-size", "2", "--enable-metrics", "--json-model-override-args", '{"a": 1}', "--cuda-graph-bs", "1", "2"]
     if importlib.util.find_spec("sglang") is None:
         with pytest.raises(RuntimeError, match="sglang is not installed"):
             launch_sglang_server("/models/qwen", 30000)

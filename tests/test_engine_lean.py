@@ -33,9 +33,17 @@ def one_thread():
 
 def _qwen2(tie: bool = True, **over: object) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    kwargs: dict[str, object] = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
-                                     tie_word_embeddings=tie, initializer_range=0.2)
+    kwargs: dict[str, object] = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=96,
+        tie_word_embeddings=tie,
+        initializer_range=0.2,
+    )
     cfg = Qwen2Config(**{**kwargs, **over})
     return Qwen2ForCausalLM(cfg).eval()
 
@@ -46,8 +54,7 @@ def _reference(model: torch.nn.Module, seq: list[int]) -> torch.Tensor:
 
 
 def _row(rid: str, ids: list[int], **sp: object) -> GenerationRequest:
-    return GenerationRequest(rid=rid, input_ids=ids, params=SamplingParams(**{"max_new_tokens": 8, **sp}),
-                             return_logprob=True)
+    return GenerationRequest(rid=rid, input_ids=ids, params=SamplingParams(**{"max_new_tokens": 8, **sp}), return_logprob=True)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -130,17 +137,27 @@ def test_refresh_follows_in_place_weight_updates() -> None:
 
 def test_llama_is_served_and_unsupported_models_say_why() -> None:
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
-                                         initializer_range=0.2, attention_bias=True, mlp_bias=True)).eval()
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=200,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            initializer_range=0.2,
+            attention_bias=True,
+            mlp_bias=True,
+        )
+    ).eval()
     assert lean_unsupported(llama) is None and llama.model.layers[0].mlp.down_proj.bias is not None
     with torch.no_grad():  # nonzero biases everywhere (q/k/v/o and MLP), so every bias path counts
         for name, p in llama.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
     with torch.inference_mode():
-        logits = LeanForward(llama, slots=1).forward(torch.tensor([[1, 2, 3, 4]]), torch.arange(4)[None], 0,
-                                                     torch.tensor([3]))
+        logits = LeanForward(llama, slots=1).forward(torch.tensor([[1, 2, 3, 4]]), torch.arange(4)[None], 0, torch.tensor([3]))
         assert (logits[0] - _reference(llama, [1, 2, 3, 4])).abs().max() < TOL
     assert "sliding" in (lean_unsupported(_qwen2(use_sliding_window=True, sliding_window=8)) or "")
     assert "silu" in (lean_unsupported(_qwen2(hidden_act="gelu")) or "")
@@ -180,7 +197,7 @@ def test_engine_lean_greedy_equals_generate_and_hf_engine(model_dir: Path) -> No
     for prompt, ra, rb in zip(prompts, a, b):
         with torch.no_grad():
             ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-        assert ra.output_ids == ref[0, len(prompt):].tolist() == rb.output_ids
+        assert ra.output_ids == ref[0, len(prompt) :].tolist() == rb.output_ids
         assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < TOL
     # Same seed, same tokens whichever forward computed the logits.
     assert [r.output_ids for r in seeded_a] == [r.output_ids for r in seeded_b]
@@ -195,8 +212,12 @@ def test_engine_refuses_lean_for_an_unsupported_model(tmp_path: Path) -> None:
 def test_sampler_frequencies_follow_the_distribution() -> None:
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     logits = torch.log(probs)[None].expand(4, 5).contiguous()  # (4, V): 4 rows, one distribution
-    params = [SamplingParams(max_new_tokens=1), SamplingParams(max_new_tokens=1, top_k=2),
-              SamplingParams(max_new_tokens=1, top_p=0.7), SamplingParams(max_new_tokens=1, temperature=0.0)]
+    params = [
+        SamplingParams(max_new_tokens=1),
+        SamplingParams(max_new_tokens=1, top_k=2),
+        SamplingParams(max_new_tokens=1, top_p=0.7),
+        SamplingParams(max_new_tokens=1, temperature=0.0),
+    ]
     streams = [RowRandom(i) for i in range(4)]
     counts = torch.zeros(4, 5)
     draws = 4000
@@ -233,8 +254,12 @@ def test_candidate_ranking_truncates_exactly_as_a_full_sort() -> None:
     torch.manual_seed(3)
     vocab = 500
     logits = torch.cat([torch.randn(3, vocab) * 4, torch.zeros(1, vocab) + torch.randn(1, vocab) * 1e-3])  # row 3: flat
-    params = [SamplingParams(max_new_tokens=1, top_p=0.8), SamplingParams(max_new_tokens=1, top_k=100),
-              SamplingParams(max_new_tokens=1, min_p=0.05, top_p=0.95), SamplingParams(max_new_tokens=1, top_p=0.9)]
+    params = [
+        SamplingParams(max_new_tokens=1, top_p=0.8),
+        SamplingParams(max_new_tokens=1, top_k=100),
+        SamplingParams(max_new_tokens=1, min_p=0.05, top_p=0.95),
+        SamplingParams(max_new_tokens=1, top_p=0.9),
+    ]
     streams = [RowRandom(i) for i in range(4)]
     seen: list[set[int]] = [set() for _ in params]
     lp = torch.log_softmax(logits, dim=-1)

@@ -18,8 +18,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=2", "valid_dataset.size=4",
-        "eval_samples=1", "train_dataset.size=50"]
+TINY = [
+    "total_train_steps=2",
+    "train_dataset.batch_size=2",
+    "gconfig.n_samples=2",
+    "valid_dataset.size=4",
+    "eval_samples=1",
+    "train_dataset.size=50",
+]
 
 
 def _run(cmd: list[str], tmp_path: Path) -> dict:
@@ -35,16 +41,40 @@ def _run(cmd: list[str], tmp_path: Path) -> dict:
 
 
 def test_agent_workflow_example_via_the_local_launcher_sandboxed(tmp_path):
-    summary = _run([sys.executable, "-m", "areal.launcher.local", "examples/agent_workflow/train.py",
-                    "--config", "examples/agent_workflow/config.yaml", "experiment_name=aw", "trial_name=t0",
-                    f"cluster.fileroot={tmp_path}", "rollout.openai.mode=subproc", *TINY], tmp_path)
+    summary = _run(
+        [
+            sys.executable,
+            "-m",
+            "areal.launcher.local",
+            "examples/agent_workflow/train.py",
+            "--config",
+            "examples/agent_workflow/config.yaml",
+            "experiment_name=aw",
+            "trial_name=t0",
+            f"cluster.fileroot={tmp_path}",
+            "rollout.openai.mode=subproc",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert summary["steps"] == 2 and summary["eval_before"]["n"] == 4
 
 
 def test_agent_workflow_example_as_a_script_inline_with_a_tool_agent(tmp_path):
-    summary = _run([sys.executable, "examples/agent_workflow/train.py", "--config", "examples/agent_workflow/config.yaml",
-                    "scheduler.type=local", "rollout.openai.mode=inline", f"cluster.fileroot={tmp_path}",
-                    "workflow=areal.workflow.openai.math_agent.MathToolAgent", *TINY], tmp_path)
+    summary = _run(
+        [
+            sys.executable,
+            "examples/agent_workflow/train.py",
+            "--config",
+            "examples/agent_workflow/config.yaml",
+            "scheduler.type=local",
+            "rollout.openai.mode=inline",
+            f"cluster.fileroot={tmp_path}",
+            "workflow=areal.workflow.openai.math_agent.MathToolAgent",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert summary["steps"] == 2
 
 
@@ -69,14 +99,22 @@ def test_openai_agents_example_workflow_records_every_trajectory_with_its_reward
     cfg = AgentRLConfig()
     model_dir = str(ensure_scripted_model())
     tok = load_hf_tokenizer(model_dir)
-    workflow = example.OpenAIAgentWorkflow("areal.workflow.openai_agent.math_agent.build_calculator_agent", {},
-                                           cfg.reward_fn_path, cfg.gconfig.new(n_samples=2, max_new_tokens=48, temperature=0.0), tok)
+    workflow = example.OpenAIAgentWorkflow(
+        "areal.workflow.openai_agent.math_agent.build_calculator_agent",
+        {},
+        cfg.reward_fn_path,
+        cfg.gconfig.new(n_samples=2, max_new_tokens=48, temperature=0.0),
+        tok,
+    )
     proc = launch_embedded_engine(model_dir)
     try:
+
         async def episode() -> dict:
             engine = EngineClient(proc.url)
             try:
-                return await workflow.arun_episode(engine, {"messages": [{"role": "user", "content": "What is 6 times 7?"}], "answer": "42"})
+                return await workflow.arun_episode(
+                    engine, {"messages": [{"role": "user", "content": "What is 6 times 7?"}], "answer": "42"}
+                )
             finally:
                 await engine.close()
 
@@ -93,15 +131,39 @@ def test_openai_agents_example_workflow_records_every_trajectory_with_its_reward
 
 def test_openai_agents_example_via_the_local_launcher(tmp_path):
     """A RolloutWorkflow object: the controller calls its arun_episode once per group."""
-    summary = _run([sys.executable, "-m", "areal.launcher.local", "examples/openai-agents/train_agents.py",
-                    "--config", "examples/openai-agents/config.yaml", "experiment_name=oa", "trial_name=t0",
-                    f"cluster.fileroot={tmp_path}", *TINY], tmp_path)
+    summary = _run(
+        [
+            sys.executable,
+            "-m",
+            "areal.launcher.local",
+            "examples/openai-agents/train_agents.py",
+            "--config",
+            "examples/openai-agents/config.yaml",
+            "experiment_name=oa",
+            "trial_name=t0",
+            f"cluster.fileroot={tmp_path}",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert summary["steps"] == 2
 
 
 def test_camel_example_via_the_local_launcher(tmp_path):
     """CAMEL ChatAgent on AReaLOpenAICompatibleModel over ArealOpenAI, in a RolloutWorkflow object."""
-    summary = _run([sys.executable, "-m", "areal.launcher.local", "examples/camel/train.py",
-                    "--config", "examples/camel/config.yaml", "experiment_name=camel", "trial_name=t0",
-                    f"cluster.fileroot={tmp_path}", *TINY], tmp_path)
+    summary = _run(
+        [
+            sys.executable,
+            "-m",
+            "areal.launcher.local",
+            "examples/camel/train.py",
+            "--config",
+            "examples/camel/config.yaml",
+            "experiment_name=camel",
+            "trial_name=t0",
+            f"cluster.fileroot={tmp_path}",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert summary["steps"] == 2

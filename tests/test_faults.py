@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENT = '''
+AGENT = """
 import asyncio
 from openai import AsyncOpenAI
 
@@ -33,7 +33,7 @@ async def run(data, **kw):
     client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0)
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=8)
     return 1.0
-'''
+"""
 
 
 def _children(pid: int, module: bytes) -> list[int]:
@@ -61,9 +61,20 @@ def _zygotes(pid: int) -> list[int]:
 def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
     (tmp_path / "slow_agent.py").write_text(AGENT)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-           "model.path=scripted", "rollout.openai.mode=subproc", "trainer.steps=3", "rollout.groups_per_step=2",
-           "rollout.n_samples=2", "data.eval_size=0", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+        "model.path=scripted",
+        "rollout.openai.mode=subproc",
+        "trainer.steps=3",
+        "rollout.groups_per_step=2",
+        "rollout.n_samples=2",
+        "data.eval_size=0",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed: set[int] = set()
     deadline = time.monotonic() + 240
@@ -97,7 +108,7 @@ def test_past_its_restart_bound_the_run_stops_naming_the_zygote(tmp_path):
     assert len(episodes) <= 3 * 4 * 2 + 8  # bounded: nothing like a hot loop of crashed episodes
 
 
-FAILING_LATER = '''
+FAILING_LATER = """
 from openai import AsyncOpenAI
 
 calls = 0
@@ -110,7 +121,7 @@ async def run(data, **kw):
     client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], max_retries=0)
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=8)
     return 1.0
-'''
+"""
 
 
 def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp_path):
@@ -118,11 +129,26 @@ def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp
     and then failed every episode replaced failed groups for ever."""
     (tmp_path / "failing_later.py").write_text(FAILING_LATER)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                           f"rollout.agent={tmp_path / 'failing_later.py'}:run", "model.path=scripted",
-                           "rollout.openai.mode=inline", "trainer.steps=50", "rollout.groups_per_step=2",
-                           "rollout.n_samples=2", "data.eval_size=0", "rollout.failure_window=8"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'failing_later.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=inline",
+            "trainer.steps=50",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "data.eval_size=0",
+            "rollout.failure_window=8",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "8 of the last 8 episodes failed (rollout.max_failure_rate=0.9)" in proc.stderr, proc.stderr[-3000:]
     assert "this agent broke after its first 8 episodes" in proc.stderr
@@ -134,11 +160,26 @@ def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     """The trainer waits for data (bound 0) while slow episodes run: nothing else would notice."""
     (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
-                             "rollout.openai.mode=inline", "trainer.steps=20", "rollout.groups_per_step=1",
-                             "rollout.n_samples=2", "rollout.max_head_offpolicyness=0", "data.eval_size=0"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=inline",
+            "trainer.steps=20",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+            "rollout.max_head_offpolicyness=0",
+            "data.eval_size=0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline, engine = time.monotonic() + 120, None
     while engine is None and proc.poll() is None and time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
@@ -178,13 +219,13 @@ def test_temp_folders_of_dead_runs_are_reclaimed_and_live_ones_kept(tmp_path):
     assert [d.exists() for d in stale + live] == [False, False, True, True]
 
 
-NOISY_FAILURE = '''
+NOISY_FAILURE = """
 import sys
 
 async def run(data, **kw):
     sys.stdout.write("x" * 2_000_000)  # a long log
     raise ValueError("the real reason, at the head" + "!" * 40_000)
-'''
+"""
 
 
 def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
@@ -193,10 +234,25 @@ def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
     tail is its own bounded field."""
     (tmp_path / "noisy.py").write_text(NOISY_FAILURE)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                           f"rollout.agent={tmp_path / 'noisy.py'}:run", "model.path=scripted",
-                           "rollout.openai.mode=subproc", "trainer.steps=1", "rollout.groups_per_step=1",
-                           "rollout.n_samples=2", "data.eval_size=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'noisy.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=subproc",
+            "trainer.steps=1",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+            "data.eval_size=0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0  # every group failed
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["status"] == "error" for e in episodes)
@@ -218,11 +274,26 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     why = f"seed {seed}: kill the {component} after {after_lines} episode lines + {extra_s:.2f} s"
     (tmp_path / "slow_agent.py").write_text(AGENT)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
-                             "rollout.openai.mode=subproc", "trainer.steps=4", "rollout.groups_per_step=2",
-                             "rollout.n_samples=2", "data.eval_size=0", "trainer.checkpoint_every=1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=subproc",
+            "trainer.steps=4",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "data.eval_size=0",
+            "trainer.checkpoint_every=1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     module = {"zygote": b"sandbox.zygote", "engine": b"areal.engine.server", "trainer": b"areal.trainer"}[component]
     log, killed, deadline = run_dir / "episodes.jsonl", None, time.monotonic() + 240
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
@@ -238,8 +309,11 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     if proc.returncode == 0:  # the death was absorbed, or came after the last step's work was done
         assert steps == [1, 2, 3, 4], (why, steps, err[-3000:])
     else:
-        named = {"zygote": "the sandbox zygote died", "engine": f"the inference engine (pid {killed}) died (signal SIGKILL)",
-                 "trainer": "trainer process exited with code"}[component]
+        named = {
+            "zygote": "the sandbox zygote died",
+            "engine": f"the inference engine (pid {killed}) died (signal SIGKILL)",
+            "trainer": "trainer process exited with code",
+        }[component]
         assert component != "zygote" and named in err, (why, err[-3000:])
     if component == "zygote":
         cut = [json.loads(x) for x in log.read_text().splitlines() if '"crashed"' in x]
@@ -260,11 +334,26 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     pushes skip it while it is down, it comes back at the newest version, and the run finishes."""
     (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                             f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
-                             "rollout.openai.mode=inline", "trainer.steps=12", "rollout.groups_per_step=2",
-                             "rollout.n_samples=2", "data.eval_size=0", "engine.replicas=2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=inline",
+            "trainer.steps=12",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "data.eval_size=0",
+            "engine.replicas=2",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline, killed = time.monotonic() + 180, None
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
@@ -293,12 +382,28 @@ def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path
     (tmp_path / "slow_agent.py").write_text(AGENT)
     run_dir = tmp_path / "run"
     command = "{python} -m areal.engine.server --model-path {model} --host {host} --port {port}"
-    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}",
-                           f"rollout.agent={tmp_path / 'slow_agent.py'}:run", "model.path=scripted",
-                           "rollout.openai.mode=inline", "trainer.steps=3", "rollout.groups_per_step=2",
-                           "rollout.n_samples=2", "data.eval_size=0", "engine.kind=sglang",
-                           f"engine.launch.command='{command}'", "engine.launch.count=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+            "model.path=scripted",
+            "rollout.openai.mode=inline",
+            "trainer.steps=3",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "data.eval_size=0",
+            "engine.kind=sglang",
+            f"engine.launch.command='{command}'",
+            "engine.launch.count=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (run_dir / "engine.log").exists() and (run_dir / "engine-1.log").exists()
     urls = json.loads((run_dir / "trainer_config.json").read_text())["engine_urls"]

@@ -183,8 +183,13 @@ def test_streaming_over_http_matches_recorded_tokens(engine_url, model_dir):
         key = gw.open_session("s1")
         client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
         stream = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "What is 12 + 30?"}], max_tokens=24, stream=True,
-            stream_options={"include_usage": True}, temperature=0.0)
+            model="m",
+            messages=[{"role": "user", "content": "What is 12 + 30?"}],
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+            temperature=0.0,
+        )
         pieces, finish, usage, ids = [], None, None, set()
         async for chunk in stream:
             ids.add(chunk.id)
@@ -323,21 +328,32 @@ def test_engine_client_keeps_alive_and_survives_a_server_closing_idle_connection
 
     async def go() -> None:
         conns: list[asyncio.StreamWriter] = []
-        answer = json.dumps({"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": 2,
-                                                                  "prompt_tokens": 3, "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]]}}).encode()
+        answer = json.dumps(
+            {
+                "output_ids": [5, 6],
+                "meta_info": {
+                    "finish_reason": {"type": "stop"},
+                    "completion_tokens": 2,
+                    "prompt_tokens": 3,
+                    "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None]],
+                },
+            }
+        ).encode()
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conns.append(writer)
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")).split(b":")[1])
+                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
                 await reader.readexactly(length)
                 if len(conns) % 2:  # odd connections answer with Content-Length, even ones chunked
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
                 else:
                     half = len(answer) // 2
-                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n"
-                                 % (half, answer[:half], len(answer) - half, answer[half:]))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n"
+                        % (half, answer[:half], len(answer) - half, answer[half:])
+                    )
                 await writer.drain()
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)

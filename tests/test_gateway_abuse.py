@@ -80,14 +80,15 @@ def gateway(engine_url: str, model_dir: Path) -> Iterator[Callable[..., GatewayT
 
 
 def _chat_body(content: str, max_tokens: int = 8) -> bytes:
-    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                       "temperature": 0.0}).encode()
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0.0}
+    ).encode()
 
 
-async def _relay(channel: GatewayChannel, key: str, body: bytes, path: str = "/v1/chat/completions",
-                 method: str = "POST") -> GatewayReply:
+async def _relay(channel: GatewayChannel, key: str, body: bytes, path: str = "/v1/chat/completions", method: str = "POST") -> GatewayReply:
     """One request through the relay's channel; its last reply (bounded: a gateway that never
     answers fails the test instead of hanging it)."""
+
     async def last() -> GatewayReply:
         replies = [r async for r in channel.request(method, path, {"authorization": f"Bearer {key}"}, body)]
         return replies[-1]
@@ -118,8 +119,9 @@ def _assert_answered_correctly(reply: GatewayReply, interactions: list, tokenize
 
 
 def _post_raw(url: str, body: bytes, key: str) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method="POST", headers={"content-type": "application/json",
-                                                                         "authorization": f"Bearer {key}"})
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"content-type": "application/json", "authorization": f"Bearer {key}"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read()
@@ -185,8 +187,9 @@ for line in sys.stdin:  # "check": how many of the connections has the gateway c
 
 
 def _abuser(script: str, *args: object) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -226,8 +229,7 @@ run(main())
 """
 
 
-def test_idle_connections_from_one_episode_do_not_cut_off_another_session(engine_url: str, model_dir: Path,
-                                                                          tmp_path: Path) -> None:
+def test_idle_connections_from_one_episode_do_not_cut_off_another_session(engine_url: str, model_dir: Path, tmp_path: Path) -> None:
     """A gateway process at nofile=1024 (the controller's common limit) and one episode opening
     1,010 idle connections to its socket: another session's request through the relay is still
     answered, the gateway's fds stay far from the limit, and its log names the abuser's pid."""
@@ -235,19 +237,28 @@ def test_idle_connections_from_one_episode_do_not_cut_off_another_session(engine
     admin_key = "sk-admin-" + "x" * 24
     log_path = tmp_path / "gateway.log"
     with open(log_path, "w") as log_file:
-        gateway = subprocess.Popen([sys.executable, "-c", _GATEWAY_PROCESS, engine_url, str(model_dir), address, admin_key],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        gateway = subprocess.Popen(
+            [sys.executable, "-c", _GATEWAY_PROCESS, engine_url, str(model_dir), address, admin_key],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+        )
     abuser = None
     try:
         assert gateway.stdout is not None
         url = gateway.stdout.readline().strip()
         assert url.startswith("http://"), f"the gateway did not start: {log_path.read_text()}"
-        req = urllib.request.Request(url + "/admin/sessions", data=json.dumps({"episode_id": "healthy"}).encode(),
-                                     method="POST", headers={"authorization": f"Bearer {admin_key}"})
+        req = urllib.request.Request(
+            url + "/admin/sessions",
+            data=json.dumps({"episode_id": "healthy"}).encode(),
+            method="POST",
+            headers={"authorization": f"Bearer {admin_key}"},
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             key = json.loads(resp.read())["key"]
 
-        abuser = _abuser(_IDLE_CONNECTIONS, address[len("ipc://"):], 1010)
+        abuser = _abuser(_IDLE_CONNECTIONS, address[len("ipc://") :], 1010)
         assert abuser.stdout is not None
         assert abuser.stdout.readline().strip() == "opened 1010"
 
@@ -273,8 +284,9 @@ def test_idle_connections_from_one_episode_do_not_cut_off_another_session(engine
 # ---- (b) partial frames on many connections -------------------------------------------------------
 
 
-def test_partial_frames_are_closed_by_the_heartbeat(gateway: Callable[..., GatewayThread], model_dir: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_partial_frames_are_closed_by_the_heartbeat(
+    gateway: Callable[..., GatewayThread], model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """An episode finishes the handshake on 60 connections and leaves a 2 MiB partial frame on
     each (a frame may be 3 MiB here): libzmq's heartbeat closes every one of them (no frame
     completes, so no PONG comes), the WARNINGs name the process, and a healthy session's request
@@ -283,7 +295,7 @@ def test_partial_frames_are_closed_by_the_heartbeat(gateway: Callable[..., Gatew
     gw = gateway(max_body_bytes=1 << 20)
     key = gw.open_session("healthy")
     frame = gw.gateway.config.zmq_frame_bytes
-    abuser = _abuser(_PARTIAL_FRAMES, gw.zmq[len("ipc://"):], 60, frame, 2 << 20)
+    abuser = _abuser(_PARTIAL_FRAMES, gw.zmq[len("ipc://") :], 60, frame, 2 << 20)
     try:
         assert abuser.stdout is not None and abuser.stdin is not None
         assert abuser.stdout.readline().strip() == "sent 60"
@@ -322,9 +334,9 @@ print(f"sent {sent} cut {cut}", flush=True)
 """
 
 
-def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(gateway: Callable[..., GatewayThread],
-                                                                          model_dir: Path,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(
+    gateway: Callable[..., GatewayThread], model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """An episode's process sends a request with its session key, then empty frames flagged MORE
     without end (48 MiB on the wire: 1.5 GiB in libzmq's pipe, unbounded by libzmq): the door's
     memory guard (256 MiB here) cuts its connection, the gateway's process stays under its
@@ -343,8 +355,7 @@ def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(gatewa
         answered = 0
         try:
             while not report.done() or answered == 0:
-                _assert_answered_correctly(await _relay(channel, healthy, _chat_body(QUESTION)), gw.interactions(healthy),
-                                           tokenizer)
+                _assert_answered_correctly(await _relay(channel, healthy, _chat_body(QUESTION)), gw.interactions(healthy), tokenizer)
                 answered += 1
         finally:
             channel.close()
@@ -356,8 +367,9 @@ def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(gatewa
         return await report, answered
 
     with PeakMemory() as memory:
-        abuser = subprocess.Popen([sys.executable, "-c", _ENDLESS, gw.zmq[len("ipc://"):], str(wire), first.hex()], cwd=ROOT,
-                                  stdout=subprocess.PIPE, text=True)
+        abuser = subprocess.Popen(
+            [sys.executable, "-c", _ENDLESS, gw.zmq[len("ipc://") :], str(wire), first.hex()], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
         try:
             report, answered = asyncio.run(attack(abuser))
         finally:
@@ -375,8 +387,7 @@ def test_never_ending_message_is_cut_and_the_gateway_memory_stays_bounded(gatewa
 # ---- (c) a multi-MiB prompt ---------------------------------------------------------------------
 
 
-def test_multi_mib_prompt_is_refused_cheaply_and_the_loop_keeps_serving(gateway: Callable[..., GatewayThread],
-                                                                        model_dir: Path) -> None:
+def test_multi_mib_prompt_is_refused_cheaply_and_the_loop_keeps_serving(gateway: Callable[..., GatewayThread], model_dir: Path) -> None:
     """3 MiB of prompt text: at a 2,048-token context it is refused from its length alone (a 400
     naming the limit, nothing tokenised); at a context its length cannot rule out, it is
     tokenised in a worker thread while the loop answers another session first. No rendered ids
@@ -451,8 +462,7 @@ def test_multi_mib_prompt_is_refused_cheaply_and_the_loop_keeps_serving(gateway:
 # ---- (d) deeply nested JSON -----------------------------------------------------------------------
 
 
-def test_json_nested_5000_levels_gets_a_400_over_http_and_zeromq(gateway: Callable[..., GatewayThread],
-                                                                 model_dir: Path) -> None:
+def test_json_nested_5000_levels_gets_a_400_over_http_and_zeromq(gateway: Callable[..., GatewayThread], model_dir: Path) -> None:
     """5,000 levels of nesting: a 400 in the API's own error shape over HTTP (OpenAI's and
     Anthropic's) and an error reply over ZeroMQ, for nested JSON in the body and for nested
     msgpack in the frame itself; a healthy request is answered correctly in between."""
@@ -504,8 +514,9 @@ def test_json_nested_5000_levels_gets_a_400_over_http_and_zeromq(gateway: Callab
 # ---- per-session budgets: requests in flight, connections ------------------------------------------
 
 
-def test_session_over_its_budgets_gets_429s_that_name_it(gateway: Callable[..., GatewayThread], model_dir: Path,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_session_over_its_budgets_gets_429s_that_name_it(
+    gateway: Callable[..., GatewayThread], model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A session with 2 requests in flight (its limit here) gets a 429 for the 3rd and 4th, sent
     in the same write; a 2nd connection of a session allowed 1 gets a 429 and is closed; the
     WARNINGs name the session's episode; another session is answered correctly meanwhile."""
@@ -515,9 +526,12 @@ def test_session_over_its_budgets_gets_429s_that_name_it(gateway: Callable[..., 
     decode = msgspec.msgpack.Decoder(GatewayMessage).decode
     dealer = RawDealer(gw.zmq)
     try:
-        requests = [msgspec.msgpack.encode(GatewayRequest(i, "POST", "/v1/chat/completions",
-                                                          {"authorization": f"Bearer {greedy}"}, _chat_body(QUESTION)))
-                    for i in range(4)]
+        requests = [
+            msgspec.msgpack.encode(
+                GatewayRequest(i, "POST", "/v1/chat/completions", {"authorization": f"Bearer {greedy}"}, _chat_body(QUESTION))
+            )
+            for i in range(4)
+        ]
         dealer.send_raw(b"".join(frame_header(len(r)) + r for r in requests))
         replies = {r.request_id: r for r in (decode(dealer.recv()) for _ in range(4))}
         assert sorted(r.status for r in replies.values()) == [200, 200, 429, 429]
@@ -538,8 +552,9 @@ def test_session_over_its_budgets_gets_429s_that_name_it(gateway: Callable[..., 
         assert decode(dealer.recv()).status == 200
     finally:
         dealer.close()
-    _assert_answered_correctly(_relay_once(gw.zmq, healthy, _chat_body(QUESTION)), gw.interactions(healthy),
-                               AutoTokenizer.from_pretrained(model_dir))
+    _assert_answered_correctly(
+        _relay_once(gw.zmq, healthy, _chat_body(QUESTION)), gw.interactions(healthy), AutoTokenizer.from_pretrained(model_dir)
+    )
     named = [r.getMessage() for r in caplog.records if r.name == "areal.gateway.door" and "session 'greedy'" in r.getMessage()]
     assert any("refused a request" in m for m in named) and any("cut off a connection" in m for m in named)
     assert len(gw.interactions(greedy)) == 3
@@ -554,8 +569,7 @@ def test_door_budgets_are_validated_by_name() -> None:
         GatewayConfig(max_buffered_bytes=16 << 20)
     with pytest.raises(ValueError, match="gateway.door_memory_bytes "):
         GatewayConfig(door_memory_bytes=128 << 20)  # below max_buffered_bytes (256 MiB), which counts in it
-    for name in ("max_connections_per_session", "max_inflight_per_session", "tokenize_threads", "render_cache_bytes",
-                 "door_memory_bytes"):
+    for name in ("max_connections_per_session", "max_inflight_per_session", "tokenize_threads", "render_cache_bytes", "door_memory_bytes"):
         with pytest.raises(ValueError, match=f"gateway.{name} must be positive"):
             GatewayConfig(**{name: 0})
     with pytest.raises(ValueError, match="gateway.max_connections must be >= 0"):

@@ -16,8 +16,11 @@ from areal.gateway.contract import Choice, ChoiceDelta, RequestError
 from areal.gateway.parsers import ParsedOutput, ToolCall
 
 _events = TypeAdapter(RawMessageStreamEvent)
-CALC = {"name": "calculator", "description": "Evaluate arithmetic.",
-        "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}
+CALC = {
+    "name": "calculator",
+    "description": "Evaluate arithmetic.",
+    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+}
 
 
 def _choice(content: str = "", calls: list[ToolCall] | None = None, reasoning: str | None = None, finish: str = "stop") -> Choice:
@@ -28,33 +31,48 @@ def _choice(content: str = "", calls: list[ToolCall] | None = None, reasoning: s
 
 def test_system_blocks_tool_use_and_tool_result_translate_to_chat_messages():
     body = {
-        "model": "m", "max_tokens": 20, "temperature": 0.0, "stop_sequences": ["END"],
+        "model": "m",
+        "max_tokens": 20,
+        "temperature": 0.0,
+        "stop_sequences": ["END"],
         "system": [{"type": "text", "text": "Use the "}, {"type": "text", "text": "calculator.", "cache_control": {"type": "ephemeral"}}],
-        "tools": [CALC], "tool_choice": {"type": "auto"},
+        "tools": [CALC],
+        "tool_choice": {"type": "auto"},
         "messages": [
             {"role": "user", "content": "What is 6*7?"},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "multiply", "signature": ""},
-                {"type": "text", "text": "Computing."},
-                {"type": "tool_use", "id": "toolu_1", "name": "calculator", "input": {"expression": "6*7"}},
-            ]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
-                {"type": "text", "text": "Now answer."},
-            ]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "multiply", "signature": ""},
+                    {"type": "text", "text": "Computing."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "calculator", "input": {"expression": "6*7"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
+                    {"type": "text", "text": "Now answer."},
+                ],
+            },
         ],
     }
     turn = front.request_to_turn(body)
     assert turn.messages == [
         {"role": "system", "content": "Use the calculator."},
         {"role": "user", "content": "What is 6*7?"},
-        {"role": "assistant", "content": "Computing.", "reasoning_content": "multiply", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}]},
+        {
+            "role": "assistant",
+            "content": "Computing.",
+            "reasoning_content": "multiply",
+            "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}],
+        },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "42"},
         {"role": "user", "content": "Now answer."},
     ]
-    assert turn.tools == [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                                            "parameters": CALC["input_schema"]}}]
+    assert turn.tools == [
+        {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.", "parameters": CALC["input_schema"]}}
+    ]
     assert turn.tool_choice == "auto"
     assert (turn.sampling.max_tokens, turn.sampling.temperature, turn.sampling.stop) == (20, 0.0, ["END"])
 
@@ -77,11 +95,24 @@ def test_tool_choice_mapping():
         ({"max_tokens": 5, "messages": []}, "messages"),
         ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
-        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0]"),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "bash_20250124", "name": "bash"}]},
+            "tools[0]",
+        ),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools[0].input_schema"),
-        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 9}}, "thinking"),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 9}},
+            "thinking",
+        ),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "END"}, "stop_sequences"),
-        ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "tool_choice"),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+            },
+            "tool_choice",
+        ),
     ],
 )
 def test_bad_or_unsupported_parameters_are_400_naming_them(body, param):
@@ -91,7 +122,10 @@ def test_bad_or_unsupported_parameters_are_400_naming_them(body, param):
 
 
 def test_error_body_has_anthropic_shape_and_vocabulary():
-    assert front.error_body(400, "bad", "invalid_request_error") == {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    assert front.error_body(400, "bad", "invalid_request_error") == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "bad"},
+    }
     assert front.error_body(503, "down", "engine_unavailable")["error"]["type"] == "overloaded_error"
     assert front.error_body(502, "x", "engine_error")["error"]["type"] == "api_error"
     assert front.error_body(401, "who", "authentication_error")["error"]["type"] == "authentication_error"
@@ -141,8 +175,13 @@ def _accumulate(deltas: list[ChoiceDelta], matched: str | None = None):
 def test_stream_events_accumulate_into_the_message_a_call_returns():
     calls = [ToolCall(id="toolu_1", name="calculator", arguments='{"expression": "6*7"}')]
     choice = _choice("Computing.", calls, reasoning="mult")
-    deltas = [ChoiceDelta(0, "reasoning", "mu"), ChoiceDelta(0, "reasoning", "lt"), ChoiceDelta(0, "content", "Comp"),
-              ChoiceDelta(0, "content", "uting."), ChoiceDelta(0, "done", choice=choice)]
+    deltas = [
+        ChoiceDelta(0, "reasoning", "mu"),
+        ChoiceDelta(0, "reasoning", "lt"),
+        ChoiceDelta(0, "content", "Comp"),
+        ChoiceDelta(0, "content", "uting."),
+        ChoiceDelta(0, "done", choice=choice),
+    ]
     snapshot, types = _accumulate(deltas)
     assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
     final = front.message_body({"model": "m"}, choice, None)
@@ -191,8 +230,14 @@ def _calc() -> dict:
 
 def test_sdk_plain_message_records_the_engines_tokens(served):
     key = served.open_session()
-    msg = asyncio.run(_client(served, key).messages.create(
-        model="m", max_tokens=32, extra_body=GREEDY, messages=[{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}]))
+    msg = asyncio.run(
+        _client(served, key).messages.create(
+            model="m",
+            max_tokens=32,
+            extra_body=GREEDY,
+            messages=[{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}],
+        )
+    )
     (inter,) = served.interactions(key)
     assert msg.id == inter.id and msg.stop_reason in ("end_turn", "max_tokens")
     assert inter.output_ids == served.generate_direct(inter.prompt_ids, 32).output_ids
@@ -208,15 +253,24 @@ def test_sdk_tool_use_then_tool_result_extends_the_recorded_tokens(served):
     question = {"role": "user", "content": "What is 23*7?"}
 
     async def go():
-        first = await client.messages.create(model="m", max_tokens=60, extra_body=GREEDY, system=TOOL_SYSTEM_PROMPT,
-                                             tools=[_calc()], messages=[question])
+        first = await client.messages.create(
+            model="m", max_tokens=60, extra_body=GREEDY, system=TOOL_SYSTEM_PROMPT, tools=[_calc()], messages=[question]
+        )
         uses = [b for b in first.content if b.type == "tool_use"]
         assert first.stop_reason == "tool_use" and uses and uses[0].name == "calculator", first
         result = str(eval(uses[0].input["expression"], {"__builtins__": {}}))
         second = await client.messages.create(
-            model="m", max_tokens=40, extra_body=GREEDY, system=TOOL_SYSTEM_PROMPT, tools=[_calc()],
-            messages=[question, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": result}]}])
+            model="m",
+            max_tokens=40,
+            extra_body=GREEDY,
+            system=TOOL_SYSTEM_PROMPT,
+            tools=[_calc()],
+            messages=[
+                question,
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": result}]},
+            ],
+        )
         return first, second
 
     first, second = asyncio.run(go())
@@ -230,7 +284,8 @@ def test_sdk_stream_accumulates_the_recorded_message(served):
 
     async def go():
         async with _client(served, key).messages.stream(
-                model="m", max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": "What is 5 + 1?"}]) as stream:
+            model="m", max_tokens=24, extra_body=GREEDY, messages=[{"role": "user", "content": "What is 5 + 1?"}]
+        ) as stream:
             text = "".join([t async for t in stream.text_stream])
             return text, await stream.get_final_message()
 
@@ -249,8 +304,9 @@ def test_stop_sequence_is_reported(served):
         client = _client(served, key)
         free = (await client.messages.create(model="m", max_tokens=40, extra_body=GREEDY, messages=question)).content[0].text
         stop = free.split()[1]  # a word the greedy answer is known to contain
-        msg = await client.messages.create(model="m", max_tokens=40, extra_body=GREEDY, stop_sequences=["never-there", stop],
-                                           messages=question)
+        msg = await client.messages.create(
+            model="m", max_tokens=40, extra_body=GREEDY, stop_sequences=["never-there", stop], messages=question
+        )
         return free, stop, msg
 
     free, stop, msg = asyncio.run(go())
@@ -264,7 +320,11 @@ def test_errors_reach_the_sdk_in_anthropic_shape(served):
 
     key = served.open_session()
     with pytest.raises(anthropic.BadRequestError) as e:
-        asyncio.run(_client(served, key).messages.create(model="m", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "x"}]))
+        asyncio.run(
+            _client(served, key).messages.create(
+                model="m", max_tokens=8, extra_body={"top_k": 5}, messages=[{"role": "user", "content": "x"}]
+            )
+        )
     assert e.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": e.value.body["error"]["message"]}}
     assert "top_k" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.AuthenticationError):

@@ -89,7 +89,7 @@ def test_hostile_peer_is_dropped_and_others_are_still_served(case: str) -> None:
     async def main() -> None:
         address = _addr()
         door = await _echo_door(address, max_frame=1 << 20)
-        path = address[len("ipc://"):]
+        path = address[len("ipc://") :]
         loop = asyncio.get_running_loop()
 
         def attack() -> bytes:
@@ -128,7 +128,7 @@ def test_owner_over_its_connections_is_cut_and_named_once_per_power_of_two(caplo
     async def main() -> None:
         address = _addr()
         door = await _echo_door(address, DoorLimits(max_connections_per_session=4, handshake_s=1.0))
-        path = address[len("ipc://"):]
+        path = address[len("ipc://") :]
         held = []
         for _ in range(24):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -182,8 +182,9 @@ def test_at_the_door_cap_a_new_connection_evicts_another_owners_oldest_unclaimed
         good.close(0)
         door.close()
 
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, address[len("ipc://"):], "6"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, address[len("ipc://") :], "6"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         asyncio.run(main(holder))
     finally:
@@ -201,8 +202,7 @@ print(f"sent {sent} cut {cut}", flush=True)
 
 
 @pytest.mark.parametrize("in_flight", [False, True], ids=["idle connection", "request in flight on it"])
-def test_never_ending_message_is_cut_by_the_memory_guard_and_others_are_served(in_flight: bool,
-                                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_never_ending_message_is_cut_by_the_memory_guard_and_others_are_served(in_flight: bool, caplog: pytest.LogCaptureFixture) -> None:
     """Another process streams empty frames flagged MORE: 48 MiB on the wire, 1.5 GiB in libzmq's
     pipe without the guard. With a 256 MiB budget its connection is cut (with its request in flight
     on it too: that one is never answered), this process stays under reference + budget +
@@ -224,7 +224,7 @@ def test_never_ending_message_is_cut_by_the_memory_guard_and_others_are_served(i
         reference = door.reference
         good = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         good.connect(address)
-        args = [sys.executable, "-c", _ENDLESS, address[len("ipc://"):], str(wire), *(["hold"] if in_flight else [])]
+        args = [sys.executable, "-c", _ENDLESS, address[len("ipc://") :], str(wire), *(["hold"] if in_flight else [])]
         answered = 0
         with PeakMemory() as memory:
             abuser = await asyncio.create_subprocess_exec(*args, cwd=ROOT, stdout=subprocess.PIPE)
@@ -292,8 +292,11 @@ async def _nothing_listening(channel: Any, address: str) -> GatewayReply:
     return refused
 
 
-@pytest.mark.parametrize(("first", "says"), [(_lost_mid_request, b"was lost"), (_nothing_listening, b"cannot be reached")],
-                         ids=["gateway goes away mid-request", "no gateway listens"])
+@pytest.mark.parametrize(
+    ("first", "says"),
+    [(_lost_mid_request, b"was lost"), (_nothing_listening, b"cannot be reached")],
+    ids=["gateway goes away mid-request", "no gateway listens"],
+)
 def test_relay_channel_answers_502_without_a_gateway_and_connects_again_later(first: Any, says: bytes) -> None:
     """A waiting request gets its 502 at once (not a hang until the deadline), and the next
     request connects again, to a new gateway on the same path."""
@@ -308,4 +311,3 @@ def test_relay_channel_answers_502_without_a_gateway_and_connects_again_later(fi
     failed, later = asyncio.run(main())
     assert failed.status == 502 and says in failed.body and not failed.more
     assert later.status == 200 and later.body == b"up"
-

@@ -22,37 +22,109 @@ import httpx
 import msgspec
 import pytest
 import zmq
+from gateway_harness import GatewayThread
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 from benchmarks.gateway import launch_instant_engine
-from gateway_harness import GatewayThread
 
 ROUTES = ["/v1/chat/completions", "/v1/responses", "/v1/messages"]
 TEMPLATES = {
-    "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                             "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]},
-    "/v1/responses": {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
-                      "instructions": "Be brief.", "max_output_tokens": 8,
-                      "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}]},
-    "/v1/messages": {"model": "m", "max_tokens": 8, "system": "Be brief.",
-                     "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                     "tools": [{"name": "calculator", "input_schema": {"type": "object"}}]},
+    "/v1/chat/completions": {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}],
+    },
+    "/v1/responses": {
+        "model": "m",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        "instructions": "Be brief.",
+        "max_output_tokens": 8,
+        "tools": [{"type": "function", "name": "calculator", "parameters": {"type": "object"}}],
+    },
+    "/v1/messages": {
+        "model": "m",
+        "max_tokens": 8,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "tools": [{"name": "calculator", "input_schema": {"type": "object"}}],
+    },
 }
-KEYS = ["messages", "input", "max_tokens", "max_output_tokens", "max_completion_tokens", "model", "stream", "tools",
-        "tool_choice", "temperature", "top_p", "top_k", "n", "stop", "stop_sequences", "seed", "logprobs", "top_logprobs",
-        "system", "instructions", "previous_response_id", "stream_options", "include", "text", "reasoning", "store",
-        "parallel_tool_calls", "metadata", "thinking", "response_format", "x-unknown"]
+KEYS = [
+    "messages",
+    "input",
+    "max_tokens",
+    "max_output_tokens",
+    "max_completion_tokens",
+    "model",
+    "stream",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stop",
+    "stop_sequences",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "system",
+    "instructions",
+    "previous_response_id",
+    "stream_options",
+    "include",
+    "text",
+    "reasoning",
+    "store",
+    "parallel_tool_calls",
+    "metadata",
+    "thinking",
+    "response_format",
+    "x-unknown",
+]
 # derandomize: the same 1,000+ cases every run, so a failure reproduces and CI never flakes
-SETTINGS = settings(max_examples=360, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=360,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True, allow_infinity=True)
-           | st.text(max_size=12) | st.sampled_from(["user", "assistant", "system", "tool", "text", "tool_use", "function",
-                                                     "tool_result", "input_text", "function_call", "auto", "required"]))
-json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(KEYS + ["role", "content", "type", "text", "name"]) | st.text(max_size=6), c, max_size=3),
-                           max_leaves=8)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "user",
+            "assistant",
+            "system",
+            "tool",
+            "text",
+            "tool_use",
+            "function",
+            "tool_result",
+            "input_text",
+            "function_call",
+            "auto",
+            "required",
+        ]
+    )
+)
+json_values = st.recursive(
+    scalars,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(st.sampled_from(KEYS + ["role", "content", "type", "text", "name"]) | st.text(max_size=6), c, max_size=3)
+    ),
+    max_leaves=8,
+)
 huge = st.sampled_from([10**18, -1, 0, 2**63, 1e308, -1e308, "9" * 400, "x" * 20000, [{"role": "user", "content": "x"}] * 600])
 
 
@@ -68,8 +140,13 @@ def mutated_body(draw, route: str) -> dict:
         else:  # poke inside the first message / input item / tool
             container = body.get("messages") or body.get("input") or body.get("tools")
             if isinstance(container, list) and container and isinstance(container[0], dict):
-                container[0][draw(st.sampled_from(["role", "content", "type", "text", "name", "tool_calls", "call_id",
-                                                   "input_schema", "function", "output"]))] = draw(json_values)
+                container[0][
+                    draw(
+                        st.sampled_from(
+                            ["role", "content", "type", "text", "name", "tool_calls", "call_id", "input_schema", "function", "output"]
+                        )
+                    )
+                ] = draw(json_values)
             elif isinstance(container, list) and container:
                 container[0] = draw(json_values)
     return body
@@ -86,8 +163,9 @@ def raw_body(route: str) -> st.SearchStrategy[bytes]:
 
 @pytest.fixture(scope="module")
 def served():
-    from areal.embedded import ensure_embedded_model
     from transformers import AutoTokenizer
+
+    from areal.embedded import ensure_embedded_model
 
     model_dir = ensure_embedded_model()
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -99,8 +177,11 @@ def served():
         with httpx.Client(base_url=gw.http, timeout=30) as http:
             yield gw, keys, http
             # still serving, nothing left behind, no session appeared or vanished
-            ok = http.post("/v1/chat/completions", headers={"authorization": f"Bearer {keys[0]}"},
-                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            ok = http.post(
+                "/v1/chat/completions",
+                headers={"authorization": f"Bearer {keys[0]}"},
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            )
             assert ok.status_code == 200, ok.text
         assert gw.call(lambda: sorted(gw.gateway.sessions)) == sorted(keys)
         assert gw.call(lambda: len(gw.gateway.expired)) == 0
@@ -144,7 +225,10 @@ def _fuzz_route(route: str):
     def test(served, data):
         gw, keys, http = served
         body = data.draw(raw_body(route))
-        headers = {"content-type": "application/json", **_auth(data.draw(st.sampled_from(["bearer", "bearer", "x-api-key", "foreign", "none", "garbage"])), keys)}
+        headers = {
+            "content-type": "application/json",
+            **_auth(data.draw(st.sampled_from(["bearer", "bearer", "x-api-key", "foreign", "none", "garbage"])), keys),
+        }
         method = data.draw(st.sampled_from(["POST"] * 8 + ["GET", "PUT", "DELETE"]))
         before = _count(gw, keys)
         resp = http.request(method, route, content=body, headers=headers)
@@ -173,7 +257,13 @@ def test_fuzz_unknown_routes(served, path, method):
     _check_answer(path.split("?")[0].rstrip("/"), resp.status_code, resp.content, resp.headers.get("content-type", ""))
 
 
-@settings(max_examples=200, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_fuzz_over_zeromq(served, data):
     gw, keys, http = served
@@ -213,12 +303,14 @@ def test_fuzz_over_zeromq(served, data):
 def test_chat_content_parts_are_joined_or_refused(served):
     gw, keys, http = served
     headers = {"authorization": f"Bearer {keys[0]}"}
-    ok = http.post("/v1/chat/completions", headers=headers,
-                   json={"messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2 plus 3?"}]}], "max_tokens": 4})
+    ok = http.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={"messages": [{"role": "user", "content": [{"type": "text", "text": "What is 2 plus 3?"}]}], "max_tokens": 4},
+    )
     assert ok.status_code == 200, ok.text
     for bad in ([None], [{"type": "image_url", "image_url": {"url": "x"}}]):
-        resp = http.post("/v1/chat/completions", headers=headers,
-                         json={"messages": [{"role": "user", "content": bad}], "max_tokens": 4})
+        resp = http.post("/v1/chat/completions", headers=headers, json={"messages": [{"role": "user", "content": bad}], "max_tokens": 4})
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["param"] == "messages[0].content[0]"
 
@@ -226,8 +318,11 @@ def test_chat_content_parts_are_joined_or_refused(served):
 def test_invalid_utf8_body_is_a_400(served):
     gw, keys, http = served
     for route in ROUTES:
-        resp = http.post(route, headers={"authorization": f"Bearer {keys[0]}", "x-api-key": keys[0],
-                                         "content-type": "application/json"}, content=b"{\"messages\": \"\xff\xfe\"}")
+        resp = http.post(
+            route,
+            headers={"authorization": f"Bearer {keys[0]}", "x-api-key": keys[0], "content-type": "application/json"},
+            content=b'{"messages": "\xff\xfe"}',
+        )
         assert resp.status_code == 400, (route, resp.text)
 
 

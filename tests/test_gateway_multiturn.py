@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import GenerateResult
 from areal.gateway import Gateway, GatewayConfig
-from areal.gateway.server import handle
 from areal.gateway.qwen import build_qwen25_tokenizer
+from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
 
 
@@ -32,8 +32,14 @@ class ScriptedEngine:
     async def generate(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw) -> GenerateResult:
         self.prompts.append(list(input_ids))
         ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False) + [self.eot]
-        return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids), finish_reason="stop",
-                              weight_version="3", prompt_tokens=len(input_ids), completion_tokens=len(ids))
+        return GenerateResult(
+            output_ids=ids,
+            output_logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            weight_version="3",
+            prompt_tokens=len(input_ids),
+            completion_tokens=len(ids),
+        )
 
 
 @pytest.fixture(scope="module", params=["embedded", "qwen25"])
@@ -43,13 +49,22 @@ def tokenizer(request):
     return build_qwen25_tokenizer()
 
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
-                                          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _post(gw: Gateway, key: str, body: dict) -> dict:
-    req = GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
-                         headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode())
+    req = GatewayRequest(
+        request_id=1, method="POST", path="/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode()
+    )
     reply = asyncio.run(handle(gw, req))
     assert reply.status == 200, reply.body
     return json.loads(reply.body)
@@ -155,9 +170,14 @@ def test_one_pass_digests_equal_separate_digests():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     messages = [{"role": "system", "content": "s"}]
     for t in range(12):
-        messages += [{"role": "user", "content": f"q{t} ü \u2028 \"x\""},
-                     {"role": "assistant", "content": None if t % 3 else f"a{t}",
-                      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}] if t % 3 else None}]
+        messages += [
+            {"role": "user", "content": f'q{t} ü \u2028 "x"'},
+            {
+                "role": "assistant",
+                "content": None if t % 3 else f"a{t}",
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}] if t % 3 else None,
+            },
+        ]
     for n in range(2, len(messages) + 1):
         for k in range(1, n):
             for tl in (None, tools):
@@ -172,13 +192,25 @@ def test_direct_template_render_equals_apply_chat_template(tokenizer):
 
     builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
     assert builder._templates  # the probe passed: the fast path is in use
-    tools = [{"type": "function", "function": {"name": "calc", "description": "d",
-                                               "parameters": {"type": "object", "properties": {"e": {"type": "string"}}}}}]
-    chat = [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+2?", "name": None},
-            {"role": "assistant", "content": "", "reasoning_content": "think",
-             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"e\": \"2+2\"}"}}]},
-            {"role": "tool", "content": "4", "tool_call_id": "c1"}, {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "thanks"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "calc", "description": "d", "parameters": {"type": "object", "properties": {"e": {"type": "string"}}}},
+        }
+    ]
+    chat = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "2+2?", "name": None},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "think",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}],
+        },
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "thanks"},
+    ]
     for tl in (None, tools):
         for n in range(1, len(chat) + 1):
             for gen in (False, True):

@@ -16,8 +16,13 @@ from areal.gateway.parsers import ParsedOutput, ToolCall
 
 _events = TypeAdapter(ResponseStreamEvent)
 
-WEATHER = {"type": "function", "name": "calculator", "description": "Evaluate arithmetic.",
-           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}, "strict": True}
+WEATHER = {
+    "type": "function",
+    "name": "calculator",
+    "description": "Evaluate arithmetic.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    "strict": True,
+}
 
 
 def _choice(content: str = "", calls: list[ToolCall] | None = None, reasoning: str | None = None, finish: str = "stop") -> Choice:
@@ -43,10 +48,19 @@ def test_string_input_with_instructions_and_sampling():
 def test_items_fold_into_one_assistant_message_with_its_tool_calls():
     items = [
         {"role": "developer", "content": "Use tools."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is "}, {"type": "input_text", "text": "6*7?"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "What is "}, {"type": "input_text", "text": "6*7?"}],
+        },
         {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "multiply"}]},
-        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-         "content": [{"type": "output_text", "text": "Let me compute.", "annotations": []}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Let me compute.", "annotations": []}],
+        },
         {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "6*7"}'},
         {"type": "function_call", "call_id": "call_2", "name": "calculator", "arguments": '{"expression": "7*6"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "42"},
@@ -56,23 +70,32 @@ def test_items_fold_into_one_assistant_message_with_its_tool_calls():
     assert turn.messages == [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "What is 6*7?"},
-        {"role": "assistant", "content": "Let me compute.", "reasoning_content": "multiply", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "7*6"}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "reasoning_content": "multiply",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}},
+                {"id": "call_2", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "7*6"}'}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
         {"role": "tool", "tool_call_id": "call_2", "content": "42"},
     ]
-    assert turn.tools == [{"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate arithmetic.", "parameters": WEATHER["parameters"]}}]
+    assert turn.tools == [
+        {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.", "parameters": WEATHER["parameters"]}}
+    ]
     assert turn.tool_choice == "auto"
 
 
 def test_function_call_without_text_opens_an_assistant_message_with_no_content():
     items = [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c", "name": "calculator", "arguments": "{}"}]
     msgs = responses.input_to_messages(items)
-    assert msgs[1] == {"role": "assistant", "content": None,
-                       "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}]}
+    assert msgs[1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}],
+    }
 
 
 def test_named_tool_choice_translates_and_must_exist():
@@ -114,8 +137,16 @@ def _final_body(choice: Choice) -> dict:
     turn = responses.request_to_turn({"input": "x", "tools": [WEATHER]}, 8)
     status, reason = responses._status(choice)
     ids = {"reasoning": "rs_x", "message": "msg_x"}
-    return responses.response_body({"input": "x", "tools": [WEATHER]}, turn, choice.interaction_id, 1.0, status,
-                                   responses.output_items(choice, ids), responses.usage_of(choice), reason)
+    return responses.response_body(
+        {"input": "x", "tools": [WEATHER]},
+        turn,
+        choice.interaction_id,
+        1.0,
+        status,
+        responses.output_items(choice, ids),
+        responses.usage_of(choice),
+        reason,
+    )
 
 
 def test_text_and_tool_calls_together_in_one_response_the_sdk_parses():
@@ -174,8 +205,13 @@ def _run_stream(deltas: list[ChoiceDelta]) -> list:
 def test_stream_events_parse_and_end_with_the_same_response_a_call_returns():
     calls = [ToolCall(id="call_1", name="calculator", arguments='{"expression": "6*7"}')]
     choice = _choice("Let me compute.", calls, reasoning="mult")
-    deltas = [ChoiceDelta(0, "reasoning", "mu"), ChoiceDelta(0, "reasoning", "lt"), ChoiceDelta(0, "content", "Let me "),
-              ChoiceDelta(0, "content", "compute."), ChoiceDelta(0, "done", choice=choice)]
+    deltas = [
+        ChoiceDelta(0, "reasoning", "mu"),
+        ChoiceDelta(0, "reasoning", "lt"),
+        ChoiceDelta(0, "content", "Let me "),
+        ChoiceDelta(0, "content", "compute."),
+        ChoiceDelta(0, "done", choice=choice),
+    ]
     events = _run_stream(deltas)
     types = [e.type for e in events]
     assert types[:2] == ["response.created", "response.in_progress"]
@@ -226,8 +262,11 @@ def _calc_tool() -> dict:
 
 def test_sdk_plain_call_records_the_engines_tokens(served):
     key = served.open_session()
-    resp = asyncio.run(_client(served, key).responses.create(
-        model="m", input="Tom has 3 apples and buys 4 more. How many apples does he have?", max_output_tokens=32, temperature=0))
+    resp = asyncio.run(
+        _client(served, key).responses.create(
+            model="m", input="Tom has 3 apples and buys 4 more. How many apples does he have?", max_output_tokens=32, temperature=0
+        )
+    )
     (inter,) = served.interactions(key)
     assert resp.id == inter.id and resp.status in ("completed", "incomplete")
     direct = served.generate_direct(inter.prompt_ids, 32)
@@ -243,14 +282,21 @@ def test_sdk_tool_call_then_previous_response_id_extends_the_recorded_tokens(ser
     client = _client(served, key)
 
     async def go():
-        first = await client.responses.create(model="m", instructions=TOOL_SYSTEM_PROMPT, input="What is 23*7?",
-                                              tools=[_calc_tool()], max_output_tokens=60, temperature=0)
+        first = await client.responses.create(
+            model="m", instructions=TOOL_SYSTEM_PROMPT, input="What is 23*7?", tools=[_calc_tool()], max_output_tokens=60, temperature=0
+        )
         calls = [o for o in first.output if o.type == "function_call"]
         assert calls and calls[0].name == "calculator", first.output
         result = str(eval(json.loads(calls[0].arguments)["expression"], {"__builtins__": {}}))
         second = await client.responses.create(
-            model="m", instructions=TOOL_SYSTEM_PROMPT, previous_response_id=first.id, tools=[_calc_tool()],
-            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": result}], max_output_tokens=40, temperature=0)
+            model="m",
+            instructions=TOOL_SYSTEM_PROMPT,
+            previous_response_id=first.id,
+            tools=[_calc_tool()],
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": result}],
+            max_output_tokens=40,
+            temperature=0,
+        )
         return first, second
 
     first, second = asyncio.run(go())
@@ -275,8 +321,9 @@ def test_sdk_stream_deltas_add_up_to_the_completed_response(served):
     key = served.open_session()
 
     async def go():
-        stream = await _client(served, key).responses.create(model="m", input="What is 5 + 1?", max_output_tokens=24,
-                                                             temperature=0, stream=True)
+        stream = await _client(served, key).responses.create(
+            model="m", input="What is 5 + 1?", max_output_tokens=24, temperature=0, stream=True
+        )
         return [ev async for ev in stream]
 
     events = asyncio.run(go())
@@ -290,7 +337,6 @@ def test_sdk_stream_deltas_add_up_to_the_completed_response(served):
 
 def test_agents_sdk_runs_a_function_tool_with_its_default_responses_api(served):
     from agents import Agent, FunctionTool, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
-
     from areal.embedded.corpus import TOOL_SYSTEM_PROMPT
 
     set_tracing_disabled(True)
@@ -304,11 +350,16 @@ def test_agents_sdk_runs_a_function_tool_with_its_default_responses_api(served):
 
     fn = _calc_tool()
     # The model was trained on this exact schema; the SDK's generated one (strict, titles) is off its distribution.
-    calculator = FunctionTool(name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"],
-                              on_invoke_tool=invoke, strict_json_schema=False)
-    agent = Agent(name="calc", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator],
-                  model=OpenAIResponsesModel(model="m", openai_client=_client(served, key)),
-                  model_settings=ModelSettings(temperature=0, max_tokens=60))
+    calculator = FunctionTool(
+        name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"], on_invoke_tool=invoke, strict_json_schema=False
+    )
+    agent = Agent(
+        name="calc",
+        instructions=TOOL_SYSTEM_PROMPT,
+        tools=[calculator],
+        model=OpenAIResponsesModel(model="m", openai_client=_client(served, key)),
+        model_settings=ModelSettings(temperature=0, max_tokens=60),
+    )
     result = asyncio.run(Runner.run(agent, "What is 23*7?", max_turns=4))
     assert seen, "the agent never called the tool"
     inters = served.interactions(key)

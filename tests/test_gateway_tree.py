@@ -10,8 +10,16 @@ from areal.gateway.tree import Interaction
 
 
 def _inter(iid: str, prompt: list[int], out: list[int], parent: str | None = None, version: int = 1) -> Interaction:
-    return Interaction(id=iid, prompt_ids=prompt, output_ids=out, output_logprobs=[-0.1 * (k + 1) for k in range(len(out))],
-                       version=version, finish_reason="stop", created=0.0, parent_id=parent)
+    return Interaction(
+        id=iid,
+        prompt_ids=prompt,
+        output_ids=out,
+        output_logprobs=[-0.1 * (k + 1) for k in range(len(out))],
+        version=version,
+        finish_reason="stop",
+        created=0.0,
+        parent_id=parent,
+    )
 
 
 def _chain() -> dict[str, Interaction]:

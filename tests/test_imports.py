@@ -31,8 +31,13 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     is_package = path.name == "__init__.py"
     edges = set()
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                 for stmt in block.body for n in ast.walk(stmt)}
+    type_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and _is_type_checking(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
@@ -56,8 +61,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -106,7 +110,9 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_controller_and_the_config_import_no_torch():
-    code = ("import sys, areal.controller, areal.config, areal.trainer.config; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))")
+    code = (
+        "import sys, areal.controller, areal.config, areal.trainer.config; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -93,8 +93,10 @@ def test_no_episode_finds_another_sessions_key(tmp_path):
         assert out.status == "error" and match, f"{eid}: {out.status} {out.error[-3000:]}"
         report = reports[eid] = json.loads(match.group(1))
         foreign = [k for k in report["others"] if k not in (DECOY, GUESS)]
-        leaks += [f"{eid} found the key of {owner.get(k, repr(k))}"
-                  f"{' (the gateway accepted it)' if k in report['others_accepted'] else ''}" for k in foreign]
+        leaks += [
+            f"{eid} found the key of {owner.get(k, repr(k))}{' (the gateway accepted it)' if k in report['others_accepted'] else ''}"
+            for k in foreign
+        ]
     assert leaks == [], "\n".join(leaks)
     for eid, key, out in results:
         report = reports[eid]

@@ -144,8 +144,7 @@ def test_episode_advantages_weigh_each_episode_once():
     # Group g: episode A has two rows (returns 1.5, 1.0; weight 1/2 each), episode B one row (0.0).
     # mean = (0.75 + 0.5 + 0) / 2 = 0.625; centred 0.875, 0.375, -0.625
     # var = (0.5 * 0.875^2 + 0.5 * 0.375^2 + 0.625^2) / 2 = 0.421875
-    a, b, c = episode_advantages([torch.tensor([1.5, 1.0]), torch.tensor([0.0]), torch.tensor([4.0, 4.0])],
-                                 ["g", "g", "h"], eps=0.0)
+    a, b, c = episode_advantages([torch.tensor([1.5, 1.0]), torch.tensor([0.0]), torch.tensor([4.0, 4.0])], ["g", "g", "h"], eps=0.0)
     std = math.sqrt(0.421875)
     torch.testing.assert_close(a, torch.tensor([0.875, 0.375]) / std)
     torch.testing.assert_close(b, torch.tensor([-0.625 / std]))

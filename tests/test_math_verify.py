@@ -11,9 +11,14 @@ import pytest
 
 from areal.reward.math_verify import math_equal
 
-CASES = [("so the answer is \\boxed{42}.", "42", True), ("The answer is 1,000", "1000", True),
-         ("\\boxed{\\frac{1}{2}}", "0.5", True), ("I think 7", "8", False),
-         ("the answer is $\\frac{\\sqrt{8}}{2}$", "\\sqrt{2}", True), ("Natalia sold 48 clips. #### 72", "... #### 72", True)]
+CASES = [
+    ("so the answer is \\boxed{42}.", "42", True),
+    ("The answer is 1,000", "1000", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("I think 7", "8", False),
+    ("the answer is $\\frac{\\sqrt{8}}{2}$", "\\sqrt{2}", True),
+    ("Natalia sold 48 clips. #### 72", "... #### 72", True),
+]
 
 
 @pytest.mark.parametrize("completion,reference,equal", CASES)

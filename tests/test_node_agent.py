@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from gateway_harness import served_scripted  # noqa: F401  (module fixture: a gateway on the scripted model)
+from test_sandbox import zygote_env
+
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
-from test_sandbox import zygote_env
 
 AGENT_DIR = Path(__file__).parent / "node_agent"
 AGENT = "exec:tests/node_agent/agent.mjs"
@@ -38,8 +38,7 @@ def _run_episodes(gw, config: SandboxConfig, n: int) -> list:
         try:
             keys = [(f"node-{uuid.uuid4().hex[:8]}", None) for _ in range(n)]
             keys = [(eid, gw.gateway.open_session(eid)) for eid, _ in keys]
-            outs = [await zygote.run_episode(eid, {"question": "What is 6*7?", "answer": "42"}, key, 60.0)
-                    for eid, key in keys]
+            outs = [await zygote.run_episode(eid, {"question": "What is 6*7?", "answer": "42"}, key, 60.0) for eid, key in keys]
             return [(o, key) for o, (_, key) in zip(outs, keys)]
         finally:
             await zygote.close()
@@ -62,5 +61,5 @@ def test_node_agent_with_the_official_openai_client_runs_under_the_default_sandb
 
 def test_an_address_space_cap_is_what_failed_node(served_scripted):
     """The cause, kept visible: the old default cap (8 GiB of address space) fails the same agent."""
-    (outcome, _), = _run_episodes(served_scripted, SandboxConfig(address_space_bytes=8 << 30), 1)
+    ((outcome, _),) = _run_episodes(served_scripted, SandboxConfig(address_space_bytes=8 << 30), 1)
     assert outcome.status == "error" and "Out of memory" in outcome.log_tail, (outcome.error, outcome.log_tail)

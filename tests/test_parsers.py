@@ -79,8 +79,11 @@ def test_mistral_both_forms():
 
 def test_deepseekv3_calls():
     text = (
-        "Checking." + P.DS_CALLS_OPEN + DS_CALL.format(name="get_weather", args='{"city": "Paris"}')
-        + DS_CALL.format(name="get_time", args="{}") + P.DS_CALLS_CLOSE
+        "Checking."
+        + P.DS_CALLS_OPEN
+        + DS_CALL.format(name="get_weather", args='{"city": "Paris"}')
+        + DS_CALL.format(name="get_time", args="{}")
+        + P.DS_CALLS_CLOSE
     )
     assert P.DS_CALLS_OPEN == "<\uff5ctool\u2581calls\u2581begin\uff5c>"
     out = parse_output(text, "deepseekv3")
@@ -166,11 +169,45 @@ def test_stream_holds_back_partial_tags_and_spans():
 
 
 FRAGMENTS = [
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_c", "</th", "<", ">", "\n", " ", "  \n",
-    '{"name": "f", "arguments": {"a": 1}}', '{"name": "g", "parameters": {"b": [1, "x"]}}', "{", "}",
-    '"name"', ":", ",", ";", "[", "]", "[TOOL_CALLS]", "[ARGS]", "[TOOL_CA", "<|python_tag|>", "<|py",
-    P.DS_CALLS_OPEN, P.DS_CALLS_CLOSE, P.DS_CALL_OPEN, P.DS_CALL_CLOSE, P.DS_SEP, "function", "```json\n",
-    "\n```", "hello", "Zürich", "NaN", "\\ud800", "'",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<tool_c",
+    "</th",
+    "<",
+    ">",
+    "\n",
+    " ",
+    "  \n",
+    '{"name": "f", "arguments": {"a": 1}}',
+    '{"name": "g", "parameters": {"b": [1, "x"]}}',
+    "{",
+    "}",
+    '"name"',
+    ":",
+    ",",
+    ";",
+    "[",
+    "]",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[TOOL_CA",
+    "<|python_tag|>",
+    "<|py",
+    P.DS_CALLS_OPEN,
+    P.DS_CALLS_CLOSE,
+    P.DS_CALL_OPEN,
+    P.DS_CALL_CLOSE,
+    P.DS_SEP,
+    "function",
+    "```json\n",
+    "\n```",
+    "hello",
+    "Zürich",
+    "NaN",
+    "\\ud800",
+    "'",
 ]
 
 
@@ -235,8 +272,14 @@ def reference():
 
 
 def test_qwen_special_and_added_token_ids(qwen):
-    expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-                "<tool_call>": 151657, "</tool_call>": 151658, "<|file_sep|>": 151664}
+    expected = {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<|file_sep|>": 151664,
+    }
     for text, token_id in expected.items():
         assert qwen.encode(text, add_special_tokens=False) == [token_id], text
     assert len(qwen) == 151665
@@ -247,9 +290,14 @@ def test_qwen_special_and_added_token_ids(qwen):
 
 
 ORDINARY = [
-    "Hello world", "  leading spaces\n\n\nand blank lines\r\n", "数字 12345 and émigré café",
-    "def f(x):\n    return x**2  # square\n", "😀 emoji 🤖 and e\u0301 (NFC)", "It's 3.14159, isn't it?",
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}', "\t\ttabs   and    runs of  spaces ",
+    "Hello world",
+    "  leading spaces\n\n\nand blank lines\r\n",
+    "数字 12345 and émigré café",
+    "def f(x):\n    return x**2  # square\n",
+    "😀 emoji 🤖 and e\u0301 (NFC)",
+    "It's 3.14159, isn't it?",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "\t\ttabs   and    runs of  spaces ",
 ]
 
 
@@ -269,14 +317,26 @@ def test_qwen_matches_the_package_tokenizer_on_random_text(qwen, reference, text
     assert qwen.encode(text, add_special_tokens=False) == reference.encode(text)
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get weather",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 CONVERSATION = [
     {"role": "user", "content": "Weather in Paris and Zürich?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
-    ]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
     {"role": "tool", "tool_call_id": "call_2", "content": "12C"},
 ]
@@ -300,9 +360,7 @@ RENDERED = (
 
 def test_qwen_chat_template_tools_conversation(qwen):
     assert qwen.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False, add_generation_prompt=True) == RENDERED
-    plain = qwen.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], tokenize=False
-    )
+    plain = qwen.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], tokenize=False)
     assert plain == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
     prompt = qwen.apply_chat_template(CONVERSATION[:1], tokenize=False, add_generation_prompt=True)
     full = qwen.apply_chat_template(CONVERSATION[:1] + [{"role": "assistant", "content": "ok"}], tokenize=False)
@@ -323,7 +381,7 @@ def test_parse_output_on_decoded_ids(qwen):
     for i in range(len(sampled)):  # token by token, as the gateway streams
         text = qwen.decode(sampled[: i + 1], skip_special_tokens=True)
         if not text.endswith("\ufffd"):  # a character split across tokens waits for its last byte
-            events += parser.feed(text[len(sent):])
+            events += parser.feed(text[len(sent) :])
             sent = text
     tail, streamed = parser.finish()
     assert "".join(e.text for e in events + tail) == "I will check." and calls_of(streamed) == calls_of(out)
@@ -341,8 +399,18 @@ def test_qwen_cache_folder_loads_with_autotokenizer(qwen):
     assert again.chat_template == qwen.chat_template
 
 
-@pytest.mark.parametrize("given,tool", [("qwen", "qwen25"), ("qwen25", "qwen25"), ("qwen3", "hermes"), ("hermes", "hermes"),
-                                        ("llama3_json", "llama3"), ("deepseek_v3", "deepseekv3"), (None, None)])
+@pytest.mark.parametrize(
+    "given,tool",
+    [
+        ("qwen", "qwen25"),
+        ("qwen25", "qwen25"),
+        ("qwen3", "hermes"),
+        ("hermes", "hermes"),
+        ("llama3_json", "llama3"),
+        ("deepseek_v3", "deepseekv3"),
+        (None, None),
+    ],
+)
 def test_tool_parser_names_accept_sglang_and_vllm_spellings(given, tool):
     from areal.gateway.parsers import tool_parser_name
 

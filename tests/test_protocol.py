@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal.ring.buffer import RingReader, RingWriter, ring_name, unlink_ring
 from areal.protocol import (
     FRAME_HEADER,
     TRAJECTORY_SCHEMA,
@@ -32,6 +31,7 @@ from areal.protocol import (
     encode_trajectory_parts,
     frame,
 )
+from areal.ring.buffer import RingReader, RingWriter, ring_name, unlink_ring
 
 BUFFER_FIELDS = ("input_ids", "loss_mask", "logprobs", "versions", "row_lens", "row_rewards")
 
@@ -90,9 +90,15 @@ def test_trajectory_round_trip_every_field():
 
 def test_schema_2_fields_round_trip():
     traj = make_trajectory(
-        status="timeout", error="deadline 30s passed", drift=2, failure_kind="timeout",
-        policy_version_start=3, policy_version_end=5, created=1_700_000_000.25,
-        interaction_ids=["c-1", "c-2", "c-3"], row_turns=[1, 1, 4],
+        status="timeout",
+        error="deadline 30s passed",
+        drift=2,
+        failure_kind="timeout",
+        policy_version_start=3,
+        policy_version_end=5,
+        created=1_700_000_000.25,
+        interaction_ids=["c-1", "c-2", "c-3"],
+        row_turns=[1, 1, 4],
     )
     out = decode_trajectory(encode_trajectory(traj))
     assert out.schema_version == TRAJECTORY_SCHEMA == 2
@@ -141,8 +147,22 @@ class TrajectoryV1(msgspec.Struct, array_like=True, gc=False):
 
 def test_schema_1_record_decodes_with_defaults():
     new = make_trajectory()
-    v1 = TrajectoryV1(1, "ep-old", "g-old", 2, 0.5, "ok", new.input_ids, new.loss_mask, new.logprobs,
-                      new.versions, new.row_lens, new.row_rewards, {"wall_s": 3.0}, "")
+    v1 = TrajectoryV1(
+        1,
+        "ep-old",
+        "g-old",
+        2,
+        0.5,
+        "ok",
+        new.input_ids,
+        new.loss_mask,
+        new.logprobs,
+        new.versions,
+        new.row_lens,
+        new.row_rewards,
+        {"wall_s": 3.0},
+        "",
+    )
     buf = msgspec.msgpack.encode(v1)
     out = decode_trajectory(buf)
     assert out.schema_version == 1
@@ -195,8 +215,7 @@ def test_trajectory_buffers_are_little_endian_zero_copy_views():
     buf = encode_trajectory(make_trajectory())
     out = decode_trajectory(buf)
     frame_bytes = np.frombuffer(buf, dtype=np.uint8)
-    expected = {"input_ids": "<i4", "loss_mask": "u1", "logprobs": "<f4", "versions": "<i4",
-                "row_lens": "<i4", "row_rewards": "<f4"}
+    expected = {"input_ids": "<i4", "loss_mask": "u1", "logprobs": "<f4", "versions": "<i4", "row_lens": "<i4", "row_rewards": "<f4"}
     for field in BUFFER_FIELDS:
         view = getattr(out, field)
         assert isinstance(view, memoryview)

@@ -30,13 +30,21 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
-from areal.gateway.qwen import build_qwen25_tokenizer
 from areal.gateway.pieces import PieceEncoder
+from areal.gateway.qwen import build_qwen25_tokenizer
 from areal.gateway.render import PromptBuilder, PromptIndex, _compile_dict_first, _hash_history, prefix_digest
 from areal.gateway.tree import Interaction
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
-                                          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module", params=["embedded", "qwen25"])
@@ -58,16 +66,21 @@ def _sampled_ids(tok, first: dict, reply: dict, tools: list[dict] | None) -> lis
     whole = tok.apply_chat_template([first, reply], tools=tools, tokenize=False)
     assert whole.startswith(prompt)
     end = "<|im_end|>"
-    text = whole[len(prompt): whole.rindex(end)]
+    text = whole[len(prompt) : whole.rindex(end)]
     return tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(end)]
 
 
 def _reply(t: int) -> dict:
     """Turn ``t``'s assistant message: a tool call every third turn (two calls every ninth), else text."""
     if t % 3 == 1:
-        calls = [{"id": f"c{t}-{i}", "type": "function",
-                  "function": {"name": "calc", "arguments": json.dumps({"expr": f"{t}*{i + 7}"}, separators=(",", ":"))}}
-                 for i in range(2 if t % 9 == 1 else 1)]
+        calls = [
+            {
+                "id": f"c{t}-{i}",
+                "type": "function",
+                "function": {"name": "calc", "arguments": json.dumps({"expr": f"{t}*{i + 7}"}, separators=(",", ":"))},
+            }
+            for i in range(2 if t % 9 == 1 else 1)
+        ]
         return {"role": "assistant", "content": None, "tool_calls": calls}
     return {"role": "assistant", "content": f"Step {t} gives {t * 7 + 3}, so the answer is \\boxed{{{t * 7 + 3}}}."}
 
@@ -79,10 +92,17 @@ def _after(t: int, reply: dict) -> list[dict]:
     return [{"role": "user", "content": f"Step {t + 1}: what is {t + 1} * 7 plus 3?"}]
 
 
-def _record(builder: PromptBuilder, index: PromptIndex, interactions: dict, prompt, t: int, output_ids: list[int],
-            reply: dict) -> None:
-    inter = Interaction(id=f"i{t}", prompt_ids=prompt.ids, output_ids=output_ids, output_logprobs=[0.0] * len(output_ids),
-                        version=0, finish_reason="stop", created=0.0, parent_id=prompt.parent_id)
+def _record(builder: PromptBuilder, index: PromptIndex, interactions: dict, prompt, t: int, output_ids: list[int], reply: dict) -> None:
+    inter = Interaction(
+        id=f"i{t}",
+        prompt_ids=prompt.ids,
+        output_ids=output_ids,
+        output_logprobs=[0.0] * len(output_ids),
+        version=0,
+        finish_reason="stop",
+        created=0.0,
+        parent_id=prompt.parent_id,
+    )
     interactions[inter.id] = inter
     builder.record(index, prompt, inter, reply)
 
@@ -118,14 +138,19 @@ def test_incremental_hash_equals_fresh_hash_whatever_the_history_does():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     msgs = [{"role": "system", "content": "s"}]
     for t in range(6):
-        msgs += [{"role": "user", "content": f"q{t} ü \"x\""}, {"role": "assistant", "content": f"a{t}"}]
+        msgs += [{"role": "user", "content": f'q{t} ü "x"'}, {"role": "assistant", "content": f"a{t}"}]
     calls = [  # (tools, messages, k): each continues from the checkpoint the previous call left
-        (None, [], None), (None, msgs[:1], None), (None, msgs[:2], None), (None, msgs[:4], 2),
-        (None, msgs[:6], 4), (None, msgs[:6], 2),  # the same history again, cut before the checkpoint
+        (None, [], None),
+        (None, msgs[:1], None),
+        (None, msgs[:2], None),
+        (None, msgs[:4], 2),
+        (None, msgs[:6], 4),
+        (None, msgs[:6], 2),  # the same history again, cut before the checkpoint
         (tools, msgs[:8], 6),  # other tools
         (tools, msgs[:4] + [{"role": "assistant", "content": "edited"}] + msgs[5:10], 8),  # a rewrite
         (tools, msgs[:3], 2),  # shorter than the checkpoint
-        (tools, msgs, len(msgs) - 1), (tools, msgs + [{"role": "user", "content": "more"}], len(msgs) - 1),
+        (tools, msgs, len(msgs) - 1),
+        (tools, msgs + [{"role": "user", "content": "more"}], len(msgs) - 1),
         (None, msgs + [{"role": "user", "content": "more"}], 1),
     ]
     last = None
@@ -149,8 +174,11 @@ def test_dict_first_template_renders_what_the_sandbox_renders():
     )
     stock = _compile_jinja_template(source)
     fast = _compile_dict_first(stock.environment, source)
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "_private": "p", "items": 1},
-                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u", "_private": "p", "items": 1},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+    ]
     expected = stock.render(messages=messages)
     assert fast.render(messages=messages) == expected
     assert "1/3 False False b user u False user 4" in expected  # the template exercised what it claims to
@@ -230,8 +258,7 @@ def test_kept_tools_render_in_their_own_key_order(tokenizer):
     are other template data (``tojson`` writes keys in order), so each renders as the wrapper does."""
     builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
     fn = TOOLS[0]["function"]
-    reordered = [{"function": {"parameters": fn["parameters"], "name": fn["name"], "description": fn["description"]},
-                  "type": "function"}]
+    reordered = [{"function": {"parameters": fn["parameters"], "name": fn["name"], "description": fn["description"]}, "type": "function"}]
     chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     kept = len(builder._tools_cache)  # the construction probe's tools
     texts = [builder.render_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]

@@ -23,12 +23,11 @@ import torch
 
 from areal.agent import check_episode_rewards, outcome_from_result
 from areal.config import RolloutConfig, TrainConfig
-from areal.dataclass_config import build_dataclass
 from areal.controller import Controller
-from areal.gateway import Interaction, Session
-from areal.gateway import tree
-from areal.protocol import EpisodeOutcome, TokenRow, TrainerReport, Trajectory
+from areal.dataclass_config import build_dataclass
+from areal.gateway import Interaction, Session, tree
 from areal.jsonl import json_line
+from areal.protocol import EpisodeOutcome, TokenRow, TrainerReport, Trajectory
 from areal.trainer.step import compute_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,31 +48,34 @@ def _mapped(result: object, recorded: dict | None = None) -> EpisodeOutcome:
     return check_episode_rewards(outcome_from_result("e1", result, 0.5), OWN if recorded is None else recorded, RANGE)
 
 
-@pytest.mark.parametrize("result, named", [
-    ({"not-an-id": 1.0}, ["'not-an-id' -> 1.0", "not a completion id of this episode"]),
-    ({"not-an-id": 1e308, "other": NAN}, ["'other' -> nan (not finite)"]),  # the reported case: the NaN fails it first
-    ({"not-an-id": 1e308, "c1": 1.0}, ["'not-an-id' -> 1e+308 (not a completion id of this episode; outside [-10000, 10000])"]),
-    ({"c1": NAN}, ["'c1' -> nan (not finite)"]),
-    ({"c1": INF}, ["'c1' -> inf (not finite)"]),
-    ({"c1": -INF}, ["'c1' -> -inf (not finite)"]),
-    ({"c1": 1e300}, ["'c1' -> 1e+300 (outside [-10000, 10000])"]),
-    ({"c1": 0.5, "c2": -20000}, ["'c2' -> -20000.0 (outside [-10000, 10000])"]),
-    ({"c1": True}, ["'c1' -> True", "bool"]),
-    ({"c1": "1.0"}, ["'c1' -> '1.0'", "str"]),
-    ({"c1": None}, ["'c1' -> None", "NoneType"]),
-    ({"c1": [1.0]}, ["'c1' -> [1.0]", "list"]),
-    ({"c1": {"c2": 1.0}}, ["'c1' -> {'c2': 1.0}", "dict"]),
-    ({1: 1.0}, ["1 -> 1.0", "key of type int"]),
-    ({("c1",): 1.0}, ["('c1',) -> 1.0", "key of type tuple"]),
-    (NAN, ["nan", "not finite"]),
-    (INF, ["inf", "not finite"]),
-    (-INF, ["-inf", "not finite"]),
-    (1e300, ["1e+300", "outside [-10000, 10000]"]),
-    pytest.param(10**400, ["outside"], id="int-10**400"),  # no float holds it (an exec agent's JSON may carry one)
-    (True, ["True", "bool"]),
-    ("1.0", ["'1.0'", "str"]),
-    ([1.0], ["[1.0]", "list"]),
-])
+@pytest.mark.parametrize(
+    "result, named",
+    [
+        ({"not-an-id": 1.0}, ["'not-an-id' -> 1.0", "not a completion id of this episode"]),
+        ({"not-an-id": 1e308, "other": NAN}, ["'other' -> nan (not finite)"]),  # the reported case: the NaN fails it first
+        ({"not-an-id": 1e308, "c1": 1.0}, ["'not-an-id' -> 1e+308 (not a completion id of this episode; outside [-10000, 10000])"]),
+        ({"c1": NAN}, ["'c1' -> nan (not finite)"]),
+        ({"c1": INF}, ["'c1' -> inf (not finite)"]),
+        ({"c1": -INF}, ["'c1' -> -inf (not finite)"]),
+        ({"c1": 1e300}, ["'c1' -> 1e+300 (outside [-10000, 10000])"]),
+        ({"c1": 0.5, "c2": -20000}, ["'c2' -> -20000.0 (outside [-10000, 10000])"]),
+        ({"c1": True}, ["'c1' -> True", "bool"]),
+        ({"c1": "1.0"}, ["'c1' -> '1.0'", "str"]),
+        ({"c1": None}, ["'c1' -> None", "NoneType"]),
+        ({"c1": [1.0]}, ["'c1' -> [1.0]", "list"]),
+        ({"c1": {"c2": 1.0}}, ["'c1' -> {'c2': 1.0}", "dict"]),
+        ({1: 1.0}, ["1 -> 1.0", "key of type int"]),
+        ({("c1",): 1.0}, ["('c1',) -> 1.0", "key of type tuple"]),
+        (NAN, ["nan", "not finite"]),
+        (INF, ["inf", "not finite"]),
+        (-INF, ["-inf", "not finite"]),
+        (1e300, ["1e+300", "outside [-10000, 10000]"]),
+        pytest.param(10**400, ["outside"], id="int-10**400"),  # no float holds it (an exec agent's JSON may carry one)
+        (True, ["True", "bool"]),
+        ("1.0", ["'1.0'", "str"]),
+        ([1.0], ["[1.0]", "list"]),
+    ],
+)
 def test_a_lying_reward_is_its_episodes_error_naming_the_entry(result, named):
     o = _mapped(result)
     assert (o.status, o.reward, o.rewards_by_id, o.episode_id, o.wall_s) == ("error", None, {}, "e1", 0.5)
@@ -153,9 +155,16 @@ def test_the_controllers_jsonl_writers_write_strict_json(tmp_path):
 
 
 def _traj(episode_id: str, group_id: str, rewards: list[float], episode_reward: float) -> Trajectory:
-    rows = [TokenRow(input_ids=np.array([1, 2, 3], np.int32), loss_mask=np.array([0, 1, 1], np.uint8),
-                     logprobs=np.array([0, -0.5, -0.5], np.float32), versions=np.array([-1, 0, 0], np.int32), reward=r)
-            for r in rewards]
+    rows = [
+        TokenRow(
+            input_ids=np.array([1, 2, 3], np.int32),
+            loss_mask=np.array([0, 1, 1], np.uint8),
+            logprobs=np.array([0, -0.5, -0.5], np.float32),
+            versions=np.array([-1, 0, 0], np.int32),
+            reward=r,
+        )
+        for r in rewards
+    ]
     return Trajectory.from_rows(episode_id=episode_id, group_id=group_id, group_size=2, reward=episode_reward, status="ok", rows=rows)
 
 
@@ -207,8 +216,12 @@ class LyingAgent:
 '''
 
 # What the episode's error must say for each kind of lie: the entry's id and value, and why.
-NAMED = {0: r"'(not-an-id)' -> 1\.0 \(not a completion id of this episode\)", 1: r"'(chatcmpl-\w+)' -> nan \(not finite\)",
-         2: r"'(chatcmpl-\w+)' -> 1e\+300 \(outside \[-10000, 10000\]\)", 3: r"'(not-an-id)' -> nan \(not finite\)"}
+NAMED = {
+    0: r"'(not-an-id)' -> 1\.0 \(not a completion id of this episode\)",
+    1: r"'(chatcmpl-\w+)' -> nan \(not finite\)",
+    2: r"'(chatcmpl-\w+)' -> 1e\+300 \(outside \[-10000, 10000\]\)",
+    3: r"'(not-an-id)' -> nan \(not finite\)",
+}
 
 
 def test_a_run_with_lying_episodes_goes_on_and_logs_strict_json(tmp_path):
@@ -218,9 +231,19 @@ def test_a_run_with_lying_episodes_goes_on_and_logs_strict_json(tmp_path):
     agent = tmp_path / "lying_agent.py"
     agent.write_text(LYING_AGENT.format(log=str(calls)))
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", f"rollout.agent={agent}:LyingAgent",
-           "rollout.openai.mode=inline", "trainer.steps=1", "rollout.groups_per_step=2", "rollout.n_samples=4",
-           "rollout.max_head_offpolicyness=0", "data.eval_size=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        f"rollout.agent={agent}:LyingAgent",
+        "rollout.openai.mode=inline",
+        "trainer.steps=1",
+        "rollout.groups_per_step=2",
+        "rollout.n_samples=4",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 

@@ -19,11 +19,21 @@ import xxhash
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory  # noqa: E402
 from areal.ring import buffer  # noqa: E402
 from areal.ring import layout as ring_layout  # noqa: E402
-from areal.ring.buffer import (HEADER_BYTES, SHM_DIR, RecordTooLarge, RingCorrupted, RingError, RingFull,  # noqa: E402
-                          RingReader, RingWriter, ring_name, unlink_ring)
-from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory  # noqa: E402
+from areal.ring.buffer import (  # noqa: E402
+    HEADER_BYTES,
+    SHM_DIR,
+    RecordTooLarge,
+    RingCorrupted,
+    RingError,
+    RingFull,
+    RingReader,
+    RingWriter,
+    ring_name,
+    unlink_ring,
+)
 from areal.ring.layout import NATIVE  # noqa: E402
 
 needs_native = pytest.mark.skipif(NATIVE is None, reason="areal.ring._ringcopy not built")
@@ -190,13 +200,26 @@ def _trajectory(tokens: tuple[int, ...], seed: int = 0) -> Trajectory:
     """Rows of the given lengths: buffers from empty to > 64 KiB (msgpack bin 8, 16 and 32)."""
     rng = np.random.default_rng(seed)
     rows = [
-        TokenRow(input_ids=rng.integers(0, 8192, n, dtype=np.int32), loss_mask=np.ones(n, np.uint8),
-                 logprobs=-rng.random(n).astype(np.float32), versions=np.full(n, 3, np.int32), reward=0.5)
+        TokenRow(
+            input_ids=rng.integers(0, 8192, n, dtype=np.int32),
+            loss_mask=np.ones(n, np.uint8),
+            logprobs=-rng.random(n).astype(np.float32),
+            versions=np.full(n, 3, np.int32),
+            reward=0.5,
+        )
         for n in tokens
     ]
-    return Trajectory.from_rows(episode_id=f"ep-{seed}", group_id="g", group_size=2, reward=0.5, status="ok",
-                                rows=rows, timings={"agent_s": 0.5}, interaction_ids=[f"i{k}" for k in range(len(rows))],
-                                row_turns=[1] * len(rows))
+    return Trajectory.from_rows(
+        episode_id=f"ep-{seed}",
+        group_id="g",
+        group_size=2,
+        reward=0.5,
+        status="ok",
+        rows=rows,
+        timings={"agent_s": 0.5},
+        interaction_ids=[f"i{k}" for k in range(len(rows))],
+        row_turns=[1] * len(rows),
+    )
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False])

@@ -47,8 +47,14 @@ class RecordingEngine:
         from areal.engine.client import GenerateResult
 
         self.params.append(dict(sampling_params))
-        return GenerateResult(output_ids=[self.eot], output_logprobs=[-0.1], finish_reason="stop", weight_version="0",
-                              prompt_tokens=len(input_ids), completion_tokens=1)
+        return GenerateResult(
+            output_ids=[self.eot],
+            output_logprobs=[-0.1],
+            finish_reason="stop",
+            weight_version="0",
+            prompt_tokens=len(input_ids),
+            completion_tokens=1,
+        )
 
 
 @pytest.mark.parametrize("path", list(BODIES))
@@ -67,8 +73,13 @@ def test_the_engine_receives_them_and_nothing_when_unset(path):
     async def post(body: dict) -> int:
         gw = Gateway(engine, tok, GatewayConfig())
         key = gw.open_session("e")
-        req = GatewayRequest(request_id=1, method="POST", path=path, body=json.dumps(body).encode(),
-                             headers={"authorization": f"Bearer {key}", "x-api-key": key})
+        req = GatewayRequest(
+            request_id=1,
+            method="POST",
+            path=path,
+            body=json.dumps(body).encode(),
+            headers={"authorization": f"Bearer {key}", "x-api-key": key},
+        )
         return (await handle(gw, req)).status
 
     assert asyncio.run(post({**BODIES[path], "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1})) == 200

@@ -67,10 +67,16 @@ class FakeGateway:
                 for i, reply in enumerate(_stream_replies(req.request_id, content)):
                     sock.send_multipart([ident, encoder.encode(reply)])
             else:
-                body = json.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": content}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                body = json.dumps(
+                    {
+                        "id": "c1",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "m",
+                        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    }
+                )
                 reply = GatewayReply(req.request_id, 200, {"content-type": "application/json"}, body.encode())
                 sock.send_multipart([ident, encoder.encode(reply)])
         sock.close(0)
@@ -83,13 +89,17 @@ class FakeGateway:
 
 def _stream_replies(request_id: int, content: str) -> list[GatewayReply]:
     def event(delta: dict) -> bytes:
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        chunk = {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+        }
         return f"data: {json.dumps(chunk)}\n\n".encode()
 
     half = len(content) // 2
-    bodies = [event({"role": "assistant", "content": content[:half]}), event({"content": content[half:]}),
-              b"data: [DONE]\n\n"]
+    bodies = [event({"role": "assistant", "content": content[:half]}), event({"content": content[half:]}), b"data: [DONE]\n\n"]
     headers = {"content-type": "text/event-stream"}
     return [GatewayReply(request_id, 200, headers, b, more=i < len(bodies) - 1) for i, b in enumerate(bodies)]
 
@@ -120,8 +130,7 @@ def zygote(loop, gateway, tmp_path_factory) -> Iterator[Zygote]:
     config = SandboxConfig(deadline_s=30.0, memory_limit_bytes=256 << 20)
     # SECRET_TOKEN is inherited by the zygote and must not reach the agents.
     with zygote_env(SECRET_TOKEN="do-not-leak"):
-        z = run(loop, Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, config,
-                                   str(tmp_path_factory.mktemp("zlog"))))
+        z = run(loop, Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, config, str(tmp_path_factory.mktemp("zlog"))))
     yield z
     run(loop, z.close())
 
@@ -193,8 +202,7 @@ def busy_children(zygote: Zygote) -> list[int]:
 
 
 def test_ready_reports_all_layers(zygote):
-    assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps", "readonly_root",
-            "seccomp"} <= set(zygote.ready.isolation)
+    assert {"netns", "pidns", "mountns", "cgroup", "rlimits", "env", "caps", "readonly_root", "seccomp"} <= set(zygote.ready.isolation)
     assert zygote.ready.warnings == []
     # As root the user namespace is not used (sandbox/isolation.py says why), and not warned about.
     assert ("userns" in zygote.ready.isolation) == (os.geteuid() != 0)
@@ -220,7 +228,8 @@ def test_raise_is_error_with_traceback(loop, zygote):
 def test_deadline_kills_every_process_even_one_that_called_setsid(loop, zygote):
     marker = f"{9000 + int(uuid.uuid4().int % 999)}.{uuid.uuid4().int % 10**6}"
     future = asyncio.run_coroutine_threadsafe(
-        zygote.run_episode("sleeper", {"case": "sleep_forever", "marker": marker}, KEY, deadline_s=4.0), loop)
+        zygote.run_episode("sleeper", {"case": "sleep_forever", "marker": marker}, KEY, deadline_s=4.0), loop
+    )
     for _ in range(200):  # the grandchild must exist before the deadline, or the test proves nothing
         if processes_with_arg(marker):
             break
@@ -282,8 +291,15 @@ def test_environment_is_scrubbed(loop, zygote):
     names = set(out.rewards_by_id)
     assert "SECRET_TOKEN" not in names
     assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "HOME"} <= names
-    assert names <= set(ENV_ALLOW) | {"HOME", "TMPDIR", "NO_PROXY", "OPENAI_BASE_URL", "OPENAI_API_KEY",
-                                      "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
+    assert names <= set(ENV_ALLOW) | {
+        "HOME",
+        "TMPDIR",
+        "NO_PROXY",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+    }
 
 
 def test_pid_namespace_and_private_tmp(loop, zygote, tmp_path):
@@ -308,8 +324,7 @@ def test_memory_limit_is_oom(loop, zygote):
 
 def test_16_concurrent_episodes_each_get_their_outcome(loop, zygote):
     async def many() -> list[EpisodeOutcome]:
-        return await asyncio.gather(*(zygote.run_episode(f"c{i}", {"case": "reward", "value": i}, KEY)
-                                      for i in range(16)))
+        return await asyncio.gather(*(zygote.run_episode(f"c{i}", {"case": "reward", "value": i}, KEY) for i in range(16)))
 
     outs = run(loop, many())
     assert [(o.episode_id, o.status, o.reward) for o in outs] == [(f"c{i}", "ok", float(i)) for i in range(16)]
@@ -330,10 +345,10 @@ def test_warm_slots_must_not_be_negative():
 
 def test_async_function_agent_without_warm_slots(gateway, tmp_path):
     """warm_slots=0: every spawn forks a slot and hands it the spawn at once."""
+
     async def go() -> EpisodeOutcome:
         with zygote_env():
-            z = await Zygote.start("sandbox_agents:function_agent", gateway.addr, SandboxConfig(warm_slots=0),
-                                   str(tmp_path))
+            z = await Zygote.start("sandbox_agents:function_agent", gateway.addr, SandboxConfig(warm_slots=0), str(tmp_path))
         try:
             return await z.run_episode("f", {}, KEY)
         finally:
@@ -383,8 +398,12 @@ def test_skipped_layers_are_warned_and_episodes_fall_back(gateway, tmp_path):
 
     async def go() -> tuple[Zygote, EpisodeOutcome, EpisodeOutcome, EpisodeOutcome]:
         with zygote_env():
-            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr,
-                                   SandboxConfig(skip_layers=skipped, temp_root=str(temp_root)), str(tmp_path / "log"))
+            z = await Zygote.start(
+                "sandbox_agents:ProbeAgent",
+                gateway.addr,
+                SandboxConfig(skip_layers=skipped, temp_root=str(temp_root)),
+                str(tmp_path / "log"),
+            )
         try:
             chat = await z.run_episode("chat", {"case": "openai_env", "expect": f"key=Bearer {KEY}"}, KEY)
             ident = await z.run_episode("id", {"case": "identity", "host_file": str(host_file)}, KEY)
@@ -436,6 +455,7 @@ def test_code_under_tmp_stays_importable_in_the_private_tmp(gateway, monkeypatch
 
 def test_shell_script_agent_calls_curl_through_the_relay(gateway, tmp_path):
     """A non-Python agent (exec:agents/shell_agent.sh): curl to $OPENAI_BASE_URL, reward on stdout."""
+
     async def go() -> tuple[EpisodeOutcome, EpisodeOutcome]:
         with zygote_env():
             z = await Zygote.start("exec:agents/shell_agent.sh", gateway.addr, SandboxConfig(), str(tmp_path))
@@ -454,7 +474,6 @@ def test_shell_script_agent_calls_curl_through_the_relay(gateway, tmp_path):
     path, headers = gateway.seen[-1]
     assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
     assert headers["user-agent"].startswith("curl/")
-
 
 
 NOBODY = 65534
@@ -488,11 +507,9 @@ def _as_user(uid: int) -> dict[str, Any]:
 
 def _runs_as(python: str, uid: int, code: str, *args: str) -> subprocess.CompletedProcess | None:
     """Run ``python -c code args...`` as ``uid`` with the project importable; None if it cannot be executed."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS_DIR), TESTS_DIR])}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS_DIR), TESTS_DIR])}
     try:
-        return subprocess.run([python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120,
-                              cwd="/", **_as_user(uid))
+        return subprocess.run([python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120, cwd="/", **_as_user(uid))
     except PermissionError:  # the interpreter's path is not searchable by that user
         return None
 
@@ -511,8 +528,7 @@ def _python_for(uid: int, scratch: str) -> str:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     base = shutil.which(version, path="/usr/local/bin:/usr/bin")
     if base is None:
-        pytest.skip(f"uid {uid} cannot run {sys.executable} ({done.stderr[-300:] if done else 'EACCES'}) "
-                    f"and there is no system {version}")
+        pytest.skip(f"uid {uid} cannot run {sys.executable} ({done.stderr[-300:] if done else 'EACCES'}) and there is no system {version}")
     venv = os.path.join(scratch, "venv")
     site_dir = os.path.join(venv, "lib", version, "site-packages")
     os.makedirs(site_dir)
@@ -525,15 +541,19 @@ def _python_for(uid: int, scratch: str) -> str:
     python = os.path.join(venv, "bin", "python")
     done = _runs_as(python, uid, check)
     if done is None or done.returncode != 0:
-        pytest.skip(f"uid {uid} cannot import the project with {sys.executable} nor with {base}: "
-                    f"{done.stderr[-500:] if done else 'EACCES'}")
+        pytest.skip(
+            f"uid {uid} cannot import the project with {sys.executable} nor with {base}: {done.stderr[-500:] if done else 'EACCES'}"
+        )
     return python
 
 
 def _userns_sysctls() -> str:
     values = []
-    for path in ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
-                 "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"):
+    for path in (
+        "/proc/sys/kernel/unprivileged_userns_clone",
+        "/proc/sys/user/max_user_namespaces",
+        "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+    ):
         if os.path.exists(path):
             values.append(f"{path}={open(path).read().strip()}")
     return ", ".join(values) or "none of the userns sysctls exist"
@@ -550,12 +570,13 @@ def unprivileged() -> Iterator[Any]:
     try:
         os.chmod(scratch, 0o755)
         python = _python_for(uid, scratch)
-        unshare = ("import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
-                   "sys.exit(0 if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno()))")
+        unshare = (
+            "import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); "
+            "sys.exit(0 if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno()))"
+        )
         refused = _runs_as(python, uid, unshare)
         if refused is not None and refused.returncode != 0:
-            pytest.skip(f"the kernel refuses unprivileged user namespaces to uid {uid} "
-                        f"({refused.stderr.strip()}); {_userns_sysctls()}")
+            pytest.skip(f"the kernel refuses unprivileged user namespaces to uid {uid} ({refused.stderr.strip()}); {_userns_sysctls()}")
         gw = FakeGateway(os.path.join(scratch, "gateway.sock"))
         os.chmod(os.path.join(scratch, "gateway.sock"), 0o666)  # connecting needs write permission
 
@@ -569,11 +590,12 @@ def unprivileged() -> Iterator[Any]:
                 listener.bind(("127.0.0.1", 0))
                 listener.listen()
                 listener.setblocking(False)
-                episodes = [{"case": "namespaces", "port": listener.getsockname()[1]},
-                            {"case": "openai_env", "expect": f"key=Bearer {KEY}"},
-                            {"case": "identity", "host_file": host_file}]
-                done = _runs_as(python, uid, _UNPRIVILEGED_CONTROLLER, gw.addr, work, json.dumps(skip_layers),
-                                json.dumps(episodes), KEY)
+                episodes = [
+                    {"case": "namespaces", "port": listener.getsockname()[1]},
+                    {"case": "openai_env", "expect": f"key=Bearer {KEY}"},
+                    {"case": "identity", "host_file": host_file},
+                ]
+                done = _runs_as(python, uid, _UNPRIVILEGED_CONTROLLER, gw.addr, work, json.dumps(skip_layers), json.dumps(episodes), KEY)
                 assert done is not None and done.returncode == 0, done and (done.stdout, done.stderr)
                 report = json.loads(done.stdout.splitlines()[-1])
                 try:  # did the agent's connection reach the host side?

@@ -26,6 +26,8 @@ from multiprocessing import shared_memory
 from typing import Any
 
 import pytest
+from instant_engine import start_instant_engine
+from test_sandbox import busy_children, idle_slots, processes_with_arg, run, zygote_env
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
@@ -34,13 +36,12 @@ from areal.gateway import Gateway, serve_http, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, SandboxConfig
 from sandbox.zygote import Zygote
-from instant_engine import start_instant_engine
-from test_sandbox import busy_children, idle_slots, processes_with_arg, run, zygote_env
 
 ANSWER = "42"
 SECRET = "attack-secret-" + uuid.uuid4().hex
-LIMITS = dict(deadline_s=30.0, memory_limit_bytes=256 << 20, max_pids=64, tmp_size_bytes=16 << 20,
-              file_size_bytes=4 << 20, shm_size_bytes=1 << 20)
+LIMITS = dict(
+    deadline_s=30.0, memory_limit_bytes=256 << 20, max_pids=64, tmp_size_bytes=16 << 20, file_size_bytes=4 << 20, shm_size_bytes=1 << 20
+)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = uuid.uuid4().hex[:12]
 
@@ -106,8 +107,7 @@ class World:
         self.http_port = int(http_url.rsplit(":", 1)[1])
         with zygote_env(SECRET_TOKEN=SECRET):
             config = SandboxConfig(**LIMITS, expose=[self.secrets.exposed_dir], hide=[self.secrets.run_dir])
-            self.zygote = await Zygote.start("sandbox_agents:AttackAgent", self.gateway_addr, config,
-                                             os.path.join(tmp, "log"))
+            self.zygote = await Zygote.start("sandbox_agents:AttackAgent", self.gateway_addr, config, os.path.join(tmp, "log"))
 
     async def _stop(self) -> None:
         await self.zygote.close()
@@ -134,9 +134,9 @@ class World:
 
     def attack(self, data: dict, deadline_s: float | None = None) -> EpisodeOutcome:
         """Run the attack and a well-behaved episode at once; check the control and the cleanup."""
+
         async def both() -> tuple[EpisodeOutcome, EpisodeOutcome]:
-            return await asyncio.gather(self.episode(data, deadline_s),
-                                        self.episode({"case": "well_behaved", "expect": ANSWER}))
+            return await asyncio.gather(self.episode(data, deadline_s), self.episode({"case": "well_behaved", "expect": ANSWER}))
 
         out, good = run(self.loop, both())
         assert (good.status, good.reward) == ("ok", 1.0), good.error
@@ -152,8 +152,7 @@ class World:
         for c in CGROUP_CONTROLLERS:
             parent = os.path.join(CGROUP_ROOT, c, "areal")
             if os.path.isdir(parent):
-                cgroups += [os.path.join(parent, d) for d in os.listdir(parent)
-                            if d.startswith(f"{zpid}-") and d not in idle]
+                cgroups += [os.path.join(parent, d) for d in os.listdir(parent) if d.startswith(f"{zpid}-") and d not in idle]
         return busy_children(self.zygote), cgroups
 
 
@@ -230,8 +229,9 @@ def test_read_files_the_run_does_not_expose(world):
     paths = [*secrets.files.values(), "/etc/shadow", "/etc/gshadow", "/etc/ssh/ssh_host_ed25519_key"]
     for path in paths[:-1]:
         assert os.path.exists(path), path  # the host really holds them
-    out = world.attack({"case": "read_files", "paths": paths, "dirs": ["/root", "/home"],
-                        "allowed_entries": [".pyenv", ".cache"]})  # the interpreter, the models (as on this host)
+    out = world.attack(
+        {"case": "read_files", "paths": paths, "dirs": ["/root", "/home"], "allowed_entries": [".pyenv", ".cache"]}
+    )  # the interpreter, the models (as on this host)
     assert out.status == "error" and "every attempt was blocked" in out.error, out.error
     assert out.error.count("FileNotFoundError") == len(paths) + 2, out.error
 
@@ -298,13 +298,16 @@ def test_daemonised_grandchild_is_not_left_behind(world):
 def test_forge_another_sessions_key(world):
     """Forgers spawned before and after a victim guess keys, and search their own memory (a fork
     of the zygote, which read every key) for the victim's."""
+
     async def go() -> tuple[list[EpisodeOutcome], EpisodeOutcome, list[Any], Any]:
         keys = [world.gateway.open_session(name) for name in ("forger-1", "victim", "forger-2")]
         data = {"case": "forge_key", "other_episode": "victim", "prefix": "sk-areal-"}
         try:
-            outs = await asyncio.gather(world.episode(data, key=keys[0]),
-                                        world.episode({"case": "well_behaved", "expect": ANSWER}, key=keys[1]),
-                                        world.episode(data, key=keys[2]))
+            outs = await asyncio.gather(
+                world.episode(data, key=keys[0]),
+                world.episode({"case": "well_behaved", "expect": ANSWER}, key=keys[1]),
+                world.episode(data, key=keys[2]),
+            )
         finally:
             sessions = [world.gateway.close_session(k) for k in keys]
         return [outs[0], outs[2]], outs[1], [sessions[0], sessions[2]], sessions[1]

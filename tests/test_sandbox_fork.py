@@ -96,10 +96,12 @@ def test_root_zygote_forks_each_slot_as_pid_1_of_its_own_namespace(tmp_path, gat
     """Each warm slot is a direct child of the zygote, PID 1 of a namespace of its own, with no
     process between them and none under it while idle; and the zygote's own next fork (the
     reporter, the next slot) is not in that namespace."""
+
     async def main() -> None:
         with _agents_importable():
-            zygote = await Zygote.start("sandbox_agents:function_agent", gateway_addr,
-                                        SandboxConfig(deadline_s=30.0, warm_slots=3), str(tmp_path / "log"))
+            zygote = await Zygote.start(
+                "sandbox_agents:function_agent", gateway_addr, SandboxConfig(deadline_s=30.0, warm_slots=3), str(tmp_path / "log")
+            )
         try:
             assert "pidns" in zygote.ready.isolation, zygote.ready.warnings
             deadline = time.monotonic() + 30
@@ -123,10 +125,12 @@ def test_root_zygote_forks_each_slot_as_pid_1_of_its_own_namespace(tmp_path, gat
 
 def test_huge_pages_switch(tmp_path, gateway_addr):
     """The fast path's switch: on, the zygote's log says how much it collapsed; off, nothing."""
+
     async def start(huge: bool, log_dir: str) -> str:
         with _agents_importable():
-            zygote = await Zygote.start("sandbox_agents:function_agent", gateway_addr,
-                                        SandboxConfig(deadline_s=30.0, warm_slots=0, huge_pages=huge), log_dir)
+            zygote = await Zygote.start(
+                "sandbox_agents:function_agent", gateway_addr, SandboxConfig(deadline_s=30.0, warm_slots=0, huge_pages=huge), log_dir
+            )
         await zygote.close()
         return open(zygote.stderr_path).read()
 

@@ -55,7 +55,9 @@ def test_openai_sdk(served_scripted):
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         tool = await client.chat.completions.create(
             messages=[{"role": "system", "content": TOOL_SYSTEM_PROMPT}, {"role": "user", "content": TOOL_QUESTION}],
-            tools=[CALCULATOR_TOOL], **kw)
+            tools=[CALCULATOR_TOOL],
+            **kw,
+        )
         return plain, streamed, tool
 
     plain, streamed, tool = asyncio.run(go())
@@ -68,8 +70,9 @@ def test_openai_sdk(served_scripted):
 
 
 def test_openai_agents_sdk_default_responses_api(served_scripted):
-    from agents import Agent, FunctionTool, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
     from openai import AsyncOpenAI
+
+    from agents import Agent, FunctionTool, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
 
     set_tracing_disabled(True)
     key = served_scripted.open_session("agents")
@@ -80,18 +83,27 @@ def test_openai_agents_sdk_default_responses_api(served_scripted):
         return _calculate(seen[-1])
 
     fn = CALCULATOR_TOOL["function"]
-    calculator = FunctionTool(name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"],
-                              on_invoke_tool=invoke, strict_json_schema=False)
+    calculator = FunctionTool(
+        name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"], on_invoke_tool=invoke, strict_json_schema=False
+    )
     settings = ModelSettings(temperature=0, max_tokens=MAX_TOKENS)
 
     async def go():
-        model = OpenAIResponsesModel(model="m", openai_client=AsyncOpenAI(base_url=served_scripted.http + "/v1", api_key=key, max_retries=0))
+        model = OpenAIResponsesModel(
+            model="m", openai_client=AsyncOpenAI(base_url=served_scripted.http + "/v1", api_key=key, max_retries=0)
+        )
         plain = await Runner.run(Agent(name="plain", model=model, model_settings=settings), QUESTION)
         run = Runner.run_streamed(Agent(name="stream", model=model, model_settings=settings), QUESTION)
-        deltas = [e.data.delta async for e in run.stream_events()
-                  if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"]
-        tool = await Runner.run(Agent(name="tool", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator], model=model,
-                                      model_settings=settings), TOOL_QUESTION, max_turns=4)
+        deltas = [
+            e.data.delta
+            async for e in run.stream_events()
+            if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"
+        ]
+        tool = await Runner.run(
+            Agent(name="tool", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator], model=model, model_settings=settings),
+            TOOL_QUESTION,
+            max_turns=4,
+        )
         return plain, "".join(deltas), run.final_output, tool
 
     plain, streamed, streamed_final, tool = asyncio.run(go())
@@ -113,8 +125,9 @@ def test_anthropic_sdk(served_scripted):
         plain = await client.messages.create(messages=[{"role": "user", "content": QUESTION}], **kw)
         async with client.messages.stream(messages=[{"role": "user", "content": QUESTION}], **kw) as stream:
             streamed = "".join([t async for t in stream.text_stream])
-        tool = await client.messages.create(system=TOOL_SYSTEM_PROMPT, tools=[tool_spec],
-                                            messages=[{"role": "user", "content": TOOL_QUESTION}], **kw)
+        tool = await client.messages.create(
+            system=TOOL_SYSTEM_PROMPT, tools=[tool_spec], messages=[{"role": "user", "content": TOOL_QUESTION}], **kw
+        )
         return plain, streamed, tool
 
     plain, streamed, tool = asyncio.run(go())
@@ -166,8 +179,14 @@ def test_camel_chat_agent(served_scripted):
 
     def model(stream: bool):
         config = {"temperature": 0, "max_tokens": MAX_TOKENS, "stream": stream}
-        return ModelFactory.create(model_platform=ModelPlatformType.OPENAI_COMPATIBLE_MODEL, model_type="m",
-                                   url=served_scripted.http + "/v1", api_key=key, token_counter=HFTokenCounter(), model_config_dict=config)
+        return ModelFactory.create(
+            model_platform=ModelPlatformType.OPENAI_COMPATIBLE_MODEL,
+            model_type="m",
+            url=served_scripted.http + "/v1",
+            api_key=key,
+            token_counter=HFTokenCounter(),
+            model_config_dict=config,
+        )
 
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression with + - * and parentheses."""
@@ -176,8 +195,9 @@ def test_camel_chat_agent(served_scripted):
     plain = ChatAgent(system_message="You are a helpful assistant.", model=model(False)).step(QUESTION)
     chunks = list(ChatAgent(system_message="You are a helpful assistant.", model=model(True)).step(QUESTION))
     streamed = "".join(c.msgs[0].content for c in chunks if c.msgs)
-    tool_agent = ChatAgent(system_message=TOOL_SYSTEM_PROMPT, model=model(False),
-                           tools=[FunctionTool(calculator, openai_tool_schema=CALCULATOR_TOOL)])
+    tool_agent = ChatAgent(
+        system_message=TOOL_SYSTEM_PROMPT, model=model(False), tools=[FunctionTool(calculator, openai_tool_schema=CALCULATOR_TOOL)]
+    )
     tool = tool_agent.step(TOOL_QUESTION)
     assert plain.msgs[0].content == PLAIN_TEXT
     assert streamed == PLAIN_TEXT or chunks[-1].msgs[0].content == PLAIN_TEXT  # deltas or snapshots

@@ -35,9 +35,16 @@ def url(tmp_path_factory: pytest.TempPathFactory):
         yield SGLANG_URL.rstrip("/")
         return
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      eos_token_id=255)
+    cfg = Qwen2Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=255,
+    )
     path = tmp_path_factory.mktemp("proto") / "model"
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     proc = launch_embedded_engine(str(path), timeout_s=120)
@@ -99,15 +106,18 @@ async def read_stream(url: str, body: dict, on_first: Any = None) -> list[dict]:
 
 
 def test_generate_shapes_single_and_batch(url: str) -> None:
-    status, out = call(url, "POST", "/generate", {"input_ids": PROMPT, "return_logprob": True,
-                                                  "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})
+    status, out = call(
+        url,
+        "POST",
+        "/generate",
+        {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}},
+    )
     assert status == 200
     check_meta(out, len(PROMPT), logprobs=True)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert out["meta_info"]["input_token_logprobs"] == []
 
-    status, outs = call(url, "POST", "/generate", {"input_ids": [PROMPT, [1, 2]], "rid": "pb",
-                                                   "sampling_params": {"max_new_tokens": 3}})
+    status, outs = call(url, "POST", "/generate", {"input_ids": [PROMPT, [1, 2]], "rid": "pb", "sampling_params": {"max_new_tokens": 3}})
     assert status == 200 and isinstance(outs, list) and len(outs) == 2
     assert [o["meta_info"]["id"] for o in outs] == ["pb_0", "pb_1"]
     for o, p in zip(outs, [PROMPT, [1, 2]]):
@@ -115,19 +125,23 @@ def test_generate_shapes_single_and_batch(url: str) -> None:
 
 
 def test_top_logprobs_and_n(url: str) -> None:
-    status, out = call(url, "POST", "/generate", {"input_ids": PROMPT, "return_logprob": True, "top_logprobs_num": 3,
-                                                  "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+    status, out = call(
+        url,
+        "POST",
+        "/generate",
+        {"input_ids": PROMPT, "return_logprob": True, "top_logprobs_num": 3, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
+    )
     assert status == 200
     tops = out["meta_info"]["output_top_logprobs"]
     assert len(tops) == 4 and all(len(pos) == 3 and len(pos[0]) == 3 for pos in tops)
-    status, outs = call(url, "POST", "/generate", {"input_ids": PROMPT,
-                                                   "sampling_params": {"n": 2, "max_new_tokens": 3, "ignore_eos": True}})
+    status, outs = call(
+        url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"n": 2, "max_new_tokens": 3, "ignore_eos": True}}
+    )
     assert status == 200 and isinstance(outs, list) and len(outs) == 2
 
 
 def test_stream_is_cumulative_and_matches_non_stream(url: str) -> None:
-    body = {"input_ids": PROMPT, "return_logprob": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}}
+    body = {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}}
     chunks = asyncio.run(read_stream(url, body))
     status, whole = call(url, "POST", "/generate", body)
     assert status == 200 and len(chunks) >= 2
@@ -161,9 +175,11 @@ def test_health_and_model_info(url: str) -> None:
 
 def test_abort_request_returns_partial_tokens(url: str) -> None:
     async def run() -> list[dict]:
-        return await read_stream(url, {"input_ids": PROMPT, "rid": "proto-abort", "return_logprob": True,
-                                       "sampling_params": LONG},
-                                 on_first=lambda: asyncio.to_thread(call, url, "POST", "/abort_request", {"rid": "proto-abort"}))
+        return await read_stream(
+            url,
+            {"input_ids": PROMPT, "rid": "proto-abort", "return_logprob": True, "sampling_params": LONG},
+            on_first=lambda: asyncio.to_thread(call, url, "POST", "/abort_request", {"rid": "proto-abort"}),
+        )
 
     final = asyncio.run(run())[-1]
     assert final["meta_info"]["finish_reason"]["type"] == "abort"
@@ -189,8 +205,9 @@ def test_pause_abort_and_continue(url: str) -> None:
 def test_request_sent_while_paused_waits_for_continue(url: str) -> None:
     async def run() -> tuple[bool, int]:
         await asyncio.to_thread(call, url, "POST", "/pause_generation", {"mode": "in_place"})
-        task = asyncio.create_task(asyncio.to_thread(call, url, "POST", "/generate",
-                                                     {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}))
+        task = asyncio.create_task(
+            asyncio.to_thread(call, url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+        )
         for _ in range(600):
             if (await asyncio.to_thread(call, url, "GET", "/get_server_info"))[1]["num_waiting"] == 1:
                 break

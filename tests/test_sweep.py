@@ -21,8 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_two_run_sweep_writes_a_table_and_a_plot(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "areal.train", "-m", "trainer.lr=1e-5,3e-5", "trainer.steps=2", "rollout.groups_per_step=1",
-           "rollout.n_samples=2", "data.eval_size=0", "rollout.openai.mode=inline", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal.train",
+        "-m",
+        "trainer.lr=1e-5,3e-5",
+        "trainer.steps=2",
+        "rollout.groups_per_step=1",
+        "rollout.n_samples=2",
+        "data.eval_size=0",
+        "rollout.openai.mode=inline",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())

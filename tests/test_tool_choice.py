@@ -15,9 +15,9 @@ import json
 
 import httpx
 import pytest
+from gateway_harness import served_scripted  # noqa: F401  (module fixture: a gateway on the scripted model)
 
 from areal.gateway.parsers import TOOL_PARSERS, forced_tool_prefix, parse_output, takes_no_arguments
-from gateway_harness import served_scripted  # noqa: F401  (module fixture: a gateway on the scripted model)
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,16 @@ def served(served_scripted):
     """This module's gateway serves the scripted model: greedy replies fixed by contract, any build."""
     return served_scripted
 
+
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
-LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
-                                           "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+    },
+}
 
 
 def _calc() -> dict:
@@ -55,7 +62,7 @@ def _forced_ids(gw, name: str | None) -> list[int]:
 def _check_recorded(gw, key, inter, name: str | None, max_tokens: int) -> None:
     """The prompt ends with the forced ids; only sampled ids are trained on; the engine's tokens."""
     forced = _forced_ids(gw, name)
-    assert inter.prompt_ids[-len(forced):] == forced
+    assert inter.prompt_ids[-len(forced) :] == forced
     row = gw.call(lambda: gw.gateway.sessions[key].export_interactions("individual"))[inter.id]
     assert row.input_ids == inter.prompt_ids + inter.output_ids
     assert row.loss_mask == [0] * len(inter.prompt_ids) + [1] * len(inter.output_ids)
@@ -64,8 +71,10 @@ def _check_recorded(gw, key, inter, name: str | None, max_tokens: int) -> None:
 
 
 def _extends(parent, child) -> bool:
-    return child.parent_id == parent.id and child.prompt_ids[: len(parent.prompt_ids) + len(parent.output_ids)] == \
-        parent.prompt_ids + parent.output_ids
+    return (
+        child.parent_id == parent.id
+        and child.prompt_ids[: len(parent.prompt_ids) + len(parent.output_ids)] == parent.prompt_ids + parent.output_ids
+    )
 
 
 # ---- the prefix of each format --------------------------------------------------------------------
@@ -75,8 +84,10 @@ _CONTINUATIONS = {  # what a model writes after the forced prefix, per format: (
     "hermes": ('{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', ' {"x": 1}}\n</tool_call>'),
     "llama3": (' "calc", "parameters": {"x": 1}}', ' {"x": 1}}'),
     "mistral": ('{"name": "calc", "arguments": {"x": 1}}]', ' {"x": 1}}]'),
-    "deepseekv3": ('calc\n```json\n{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
-                   '{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>'),
+    "deepseekv3": (
+        'calc\n```json\n{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
+        '{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
+    ),
 }
 
 
@@ -120,15 +131,19 @@ def test_chat_forced_call_records_forced_ids_as_prompt_and_follow_up_extends(ser
     question = {"role": "user", "content": QUESTION}
 
     async def go():
-        first = await client.chat.completions.create(model="m", messages=[question], tools=[LOOKUP, _calc()],
-                                                     tool_choice=choice, max_tokens=48, temperature=0)
+        first = await client.chat.completions.create(
+            model="m", messages=[question], tools=[LOOKUP, _calc()], tool_choice=choice, max_tokens=48, temperature=0
+        )
         msg = first.choices[0].message
         assert first.choices[0].finish_reason == "tool_calls" and msg.tool_calls, first
         assert msg.tool_calls[0].function.name == "calculator" and msg.content is None
         second = await client.chat.completions.create(
-            model="m", tools=[LOOKUP, _calc()], max_tokens=24, temperature=0,
-            messages=[question, msg.model_dump(exclude_none=True),
-                      {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "7"}])
+            model="m",
+            tools=[LOOKUP, _calc()],
+            max_tokens=24,
+            temperature=0,
+            messages=[question, msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "7"}],
+        )
         return first, second
 
     first, second = asyncio.run(go())
@@ -146,13 +161,17 @@ def test_chat_required_after_a_tool_result_forces_a_call_or_returns_the_whole_te
     one there) text that starts with the forced opening, since forced + sampled is what is parsed."""
     key = served.open_session()
     call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "3+4"}'}}
-    messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "7"}]
+    messages = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "7"},
+    ]
     body = {"model": "m", "messages": messages, "tools": [_calc()], "max_tokens": 40, "temperature": 0}
     headers = {"authorization": f"Bearer {key}"}
     auto = httpx.post(served.http + "/v1/chat/completions", headers=headers, json=body, timeout=60).json()["choices"][0]
-    forced = httpx.post(served.http + "/v1/chat/completions", headers=headers, json={**body, "tool_choice": "required"},
-                        timeout=60).json()["choices"][0]
+    forced = httpx.post(served.http + "/v1/chat/completions", headers=headers, json={**body, "tool_choice": "required"}, timeout=60).json()[
+        "choices"
+    ][0]
     assert auto["message"].get("tool_calls") is None and not auto["message"]["content"].startswith("<tool_call>"), auto
     if forced["message"].get("tool_calls"):
         assert forced["finish_reason"] == "tool_calls" and forced["message"]["tool_calls"][0]["function"]["name"] == "calculator"
@@ -169,8 +188,14 @@ def test_chat_stream_parses_the_forced_call(served):
 
     async def go():
         stream = await _openai(served, key).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": QUESTION}], tools=[LOOKUP, _calc()], max_tokens=48, temperature=0,
-            tool_choice={"type": "function", "function": {"name": "calculator"}}, stream=True)
+            model="m",
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=[LOOKUP, _calc()],
+            max_tokens=48,
+            temperature=0,
+            tool_choice={"type": "function", "function": {"name": "calculator"}},
+            stream=True,
+        )
         return [c async for c in stream]
 
     chunks = asyncio.run(go())
@@ -195,13 +220,19 @@ def test_responses_forced_call_and_previous_response_id_extends(served, choice, 
     client = _openai(served, key)
 
     async def go():
-        first = await client.responses.create(model="m", input=QUESTION, tools=_response_tools(), tool_choice=choice,
-                                              max_output_tokens=48, temperature=0)
+        first = await client.responses.create(
+            model="m", input=QUESTION, tools=_response_tools(), tool_choice=choice, max_output_tokens=48, temperature=0
+        )
         calls = [o for o in first.output if o.type == "function_call"]
         assert [c.name for c in calls] == ["calculator"], first.output
         second = await client.responses.create(
-            model="m", previous_response_id=first.id, tools=_response_tools(), max_output_tokens=24, temperature=0,
-            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "7"}])
+            model="m",
+            previous_response_id=first.id,
+            tools=_response_tools(),
+            max_output_tokens=24,
+            temperature=0,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "7"}],
+        )
         return first, second
 
     first, second = asyncio.run(go())
@@ -214,28 +245,45 @@ def test_responses_forced_call_and_previous_response_id_extends(served, choice, 
 def test_responses_named_handoff_without_parameters_is_a_whole_call(served):
     """The OpenAI Agents SDK's handoff tool: named, no parameters. The call is forced whole; the
     model samples only what follows it (the end of its turn); the follow-up extends it exactly."""
-    handoff = {"type": "function", "name": "transfer_to_math_agent", "description": "Solve an arithmetic problem",
-               "parameters": {"type": "object", "properties": {}, "additionalProperties": False, "required": []},
-               "strict": True}
+    handoff = {
+        "type": "function",
+        "name": "transfer_to_math_agent",
+        "description": "Solve an arithmetic problem",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False, "required": []},
+        "strict": True,
+    }
     key = served.open_session()
     client = _openai(served, key)
 
     async def go():
-        first = await client.responses.create(model="m", input=QUESTION, tools=[handoff], max_output_tokens=16,
-                                              tool_choice={"type": "function", "name": "transfer_to_math_agent"},
-                                              temperature=0)
+        first = await client.responses.create(
+            model="m",
+            input=QUESTION,
+            tools=[handoff],
+            max_output_tokens=16,
+            tool_choice={"type": "function", "name": "transfer_to_math_agent"},
+            temperature=0,
+        )
         calls = [o for o in first.output if o.type == "function_call"]
         assert [(c.name, c.arguments) for c in calls] == [("transfer_to_math_agent", "{}")], first.output
         second = await client.responses.create(
-            model="m", previous_response_id=first.id, tools=[handoff], max_output_tokens=16, temperature=0,
-            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "{}"}])
+            model="m",
+            previous_response_id=first.id,
+            tools=[handoff],
+            max_output_tokens=16,
+            temperature=0,
+            input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "{}"}],
+        )
         return second
 
     asyncio.run(go())
     a, b = served.interactions(key)
-    whole = served.call(lambda: served.gateway.prompts.encode(
-        forced_tool_prefix(served.gateway.config.tool_parser, "transfer_to_math_agent", no_arguments=True)))
-    assert a.prompt_ids[-len(whole):] == whole and len(a.output_ids) >= 1
+    whole = served.call(
+        lambda: served.gateway.prompts.encode(
+            forced_tool_prefix(served.gateway.config.tool_parser, "transfer_to_math_agent", no_arguments=True)
+        )
+    )
+    assert a.prompt_ids[-len(whole) :] == whole and len(a.output_ids) >= 1
     assert _extends(a, b)
 
 
@@ -243,9 +291,9 @@ def test_responses_stream_parses_the_forced_call(served):
     key = served.open_session()
 
     async def go():
-        stream = await _openai(served, key).responses.create(model="m", input=QUESTION, tools=_response_tools(),
-                                                             tool_choice="required", max_output_tokens=48, temperature=0,
-                                                             stream=True)
+        stream = await _openai(served, key).responses.create(
+            model="m", input=QUESTION, tools=_response_tools(), tool_choice="required", max_output_tokens=48, temperature=0, stream=True
+        )
         return [ev async for ev in stream]
 
     events = asyncio.run(go())
@@ -261,8 +309,10 @@ def test_responses_stream_parses_the_forced_call(served):
 
 
 def _anthropic_tools() -> list[dict]:
-    return [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]}
-            for t in (LOOKUP, _calc())]
+    return [
+        {"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]}
+        for t in (LOOKUP, _calc())
+    ]
 
 
 @pytest.mark.parametrize("choice, name", [({"type": "any"}, None), ({"type": "tool", "name": "calculator"}, "calculator")])
@@ -272,14 +322,22 @@ def test_anthropic_forced_tool_use_and_tool_result_extends(served, choice, name)
     question = {"role": "user", "content": QUESTION}
 
     async def go():
-        first = await client.messages.create(model="m", max_tokens=48, extra_body={"temperature": 0}, tools=_anthropic_tools(),
-                                             tool_choice=choice, messages=[question])
+        first = await client.messages.create(
+            model="m", max_tokens=48, extra_body={"temperature": 0}, tools=_anthropic_tools(), tool_choice=choice, messages=[question]
+        )
         uses = [b for b in first.content if b.type == "tool_use"]
         assert first.stop_reason == "tool_use" and [u.name for u in uses] == ["calculator"], first
         second = await client.messages.create(
-            model="m", max_tokens=24, extra_body={"temperature": 0}, tools=_anthropic_tools(),
-            messages=[question, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "7"}]}])
+            model="m",
+            max_tokens=24,
+            extra_body={"temperature": 0},
+            tools=_anthropic_tools(),
+            messages=[
+                question,
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "7"}]},
+            ],
+        )
         return first, second
 
     first, second = asyncio.run(go())
@@ -295,8 +353,13 @@ def test_anthropic_stream_parses_the_forced_tool_use(served):
 
     async def go():
         async with _anthropic(served, key).messages.stream(
-                model="m", max_tokens=48, extra_body={"temperature": 0}, tools=_anthropic_tools(),
-                tool_choice={"type": "tool", "name": "calculator"}, messages=[{"role": "user", "content": QUESTION}]) as stream:
+            model="m",
+            max_tokens=48,
+            extra_body={"temperature": 0},
+            tools=_anthropic_tools(),
+            tool_choice={"type": "tool", "name": "calculator"},
+            messages=[{"role": "user", "content": QUESTION}],
+        ) as stream:
             return await stream.get_final_message()
 
     msg = asyncio.run(go())
@@ -309,20 +372,47 @@ def test_anthropic_stream_parses_the_forced_tool_use(served):
 # ---- refusals --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path, body, auth", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [LOOKUP],
-                              "tool_choice": {"type": "function", "function": {"name": "calculator"}}}, "authorization"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "authorization"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [LOOKUP],
-                              "tool_choice": {"type": "allowed_tools"}}, "authorization"),
-    ("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": "lookup", "parameters": {}}],
-                       "tool_choice": {"type": "function", "name": "calculator"}}, "authorization"),
-    ("/v1/responses", {"input": "x", "tool_choice": "required"}, "authorization"),
-    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
-                      "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
-                      "tool_choice": {"type": "tool", "name": "calculator"}}, "x-api-key"),
-    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "x-api-key"),
-])
+@pytest.mark.parametrize(
+    "path, body, auth",
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [LOOKUP],
+                "tool_choice": {"type": "function", "function": {"name": "calculator"}},
+            },
+            "authorization",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "authorization"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "tools": [LOOKUP], "tool_choice": {"type": "allowed_tools"}},
+            "authorization",
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "x",
+                "tools": [{"type": "function", "name": "lookup", "parameters": {}}],
+                "tool_choice": {"type": "function", "name": "calculator"},
+            },
+            "authorization",
+        ),
+        ("/v1/responses", {"input": "x", "tool_choice": "required"}, "authorization"),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "calculator"},
+            },
+            "x-api-key",
+        ),
+        ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "x-api-key"),
+    ],
+)
 def test_forcing_a_tool_that_is_not_offered_is_400_naming_tool_choice(served, path, body, auth):
     key = served.open_session()
     value = f"Bearer {key}" if auth == "authorization" else key

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from trainer_jobs import make_job
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from areal.ring.buffer import RingReader, RingWriter, unlink_ring
 from areal.protocol import (
     TokenRow,
     TrainerDone,
@@ -30,8 +30,8 @@ from areal.protocol import (
     Trajectory,
     encode_trajectory,
 )
+from areal.ring.buffer import RingReader, RingWriter, unlink_ring
 from areal.trainer.config import TrainerConfig, TrainerJob
-from trainer_jobs import make_job
 from areal.trainer.packing import micro_batch_logits, pack_rows
 from areal.trainer.publish import copy_tokenizer_files
 from areal.trainer.step import GroupCollector
@@ -45,8 +45,14 @@ TEMPERATURE = 0.8
 def make_model(path: Path, with_tokenizer: bool) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(cfg).eval()
     model.save_pretrained(path)
@@ -69,8 +75,7 @@ def behaviour_logprobs(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
     return out
 
 
-def make_traj(model, group: str, idx: int, size: int, prompt: list[int], completions: list[list[int]],
-              version: int = 0) -> Trajectory:
+def make_traj(model, group: str, idx: int, size: int, prompt: list[int], completions: list[list[int]], version: int = 0) -> Trajectory:
     rows = []
     for comp in completions:
         ids = prompt + comp
@@ -80,8 +85,7 @@ def make_traj(model, group: str, idx: int, size: int, prompt: list[int], complet
         rows.append(TokenRow(np.array(ids, np.int32), mask, lp, ver, 0.0))
     sampled = [t for c in completions for t in c]
     reward = sum(t == REWARDED for t in sampled) / len(sampled)
-    return Trajectory.from_rows(episode_id=f"{group}-{idx}", group_id=group, group_size=size,
-                                reward=reward, status="ok", rows=rows)
+    return Trajectory.from_rows(episode_id=f"{group}-{idx}", group_id=group, group_size=size, reward=reward, status="ok", rows=rows)
 
 
 def make_group(model, group: str, rng: np.random.Generator, size: int = 4) -> list[Trajectory]:
@@ -180,9 +184,16 @@ def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EngineStub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = make_job(
-        model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
-        engine_urls=[f"http://127.0.0.1:{server.server_address[1]}"], run_dir=str(tmp_path / "run"),
-        steps=3, groups_per_step=2, lr=1e-3, temperature=TEMPERATURE, micro_batch_tokens=24,
+        model_path=str(model_dir),
+        ring_name=ring_name,
+        report_addr="tcp://127.0.0.1:1",
+        engine_urls=[f"http://127.0.0.1:{server.server_address[1]}"],
+        run_dir=str(tmp_path / "run"),
+        steps=3,
+        groups_per_step=2,
+        lr=1e-3,
+        temperature=TEMPERATURE,
+        micro_batch_tokens=24,
         record_timeout_s=30,
     )
     try:
@@ -196,8 +207,18 @@ def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     assert [(r.step, r.version) for r in reports] == [(1, 1), (2, 2), (3, 3)]
     assert [r.consumed for r in reports] == [14, 16, 24]  # partial groups kept, not re-read or dropped
     for r in reports:
-        for key in ("loss", "reward_mean", "reward_std", "adv_nonzero_frac", "clip_frac", "grad_norm",
-                    "entropy", "staleness_mean", "tokens", "step_s"):
+        for key in (
+            "loss",
+            "reward_mean",
+            "reward_std",
+            "adv_nonzero_frac",
+            "clip_frac",
+            "grad_norm",
+            "entropy",
+            "staleness_mean",
+            "tokens",
+            "step_s",
+        ):
             assert key in r.metrics and math.isfinite(r.metrics[key]), (key, r.metrics)
         assert r.metrics["tokens"] > 0 and r.metrics["micro_batches"] > 1
         assert r.metrics["adv_nonzero_frac"] == 1.0
@@ -241,9 +262,15 @@ def test_trainer_reports_failure_on_bad_engine_url(tmp_path, ring):
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     config = make_job(
-        model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
-        engine_urls=[f"http://127.0.0.1:{dead}"], run_dir=str(tmp_path / "run"), steps=2,
-        groups_per_step=1, temperature=TEMPERATURE, record_timeout_s=30,
+        model_path=str(model_dir),
+        ring_name=ring_name,
+        report_addr="tcp://127.0.0.1:1",
+        engine_urls=[f"http://127.0.0.1:{dead}"],
+        run_dir=str(tmp_path / "run"),
+        steps=2,
+        groups_per_step=1,
+        temperature=TEMPERATURE,
+        record_timeout_s=30,
     )
     rc, msgs = run_trainer(config, tmp_path)
     assert rc != 0
@@ -274,11 +301,11 @@ def test_packed_micro_batches_equal_per_row(tmp_path):
 
 def test_group_collector_keeps_partial_groups(ring):
     ring_name, writer = ring
+
     def traj(group: str, i: int, size: int) -> Trajectory:
-        row = TokenRow(np.array([1, 2], np.int32), np.array([0, 1], np.uint8), np.zeros(2, np.float32),
-                       np.array([-1, 0], np.int32), 0.0)
-        return Trajectory.from_rows(episode_id=f"{group}{i}", group_id=group, group_size=size,
-                                    reward=float(i), status="ok", rows=[row])
+        row = TokenRow(np.array([1, 2], np.int32), np.array([0, 1], np.uint8), np.zeros(2, np.float32), np.array([-1, 0], np.int32), 0.0)
+        return Trajectory.from_rows(episode_id=f"{group}{i}", group_id=group, group_size=size, reward=float(i), status="ok", rows=[row])
+
     for t in [traj("a", 0, 2), traj("b", 0, 3), traj("b", 1, 3), traj("a", 1, 2), traj("c", 0, 1), traj("b", 2, 3)]:
         writer.put(encode_trajectory(t))
     reader = RingReader(ring_name, timeout_s=5)
@@ -295,12 +322,18 @@ def test_group_collector_keeps_partial_groups(ring):
 
 
 def test_config_validation_names_the_field_and_round_trips():
-    base = dict(model_path="m", ring_name="r", engine_urls=[], report_addr="tcp://127.0.0.1:5",
-                run_dir="d", steps=1, groups_per_step=1)
+    base = dict(model_path="m", ring_name="r", engine_urls=[], report_addr="tcp://127.0.0.1:5", run_dir="d", steps=1, groups_per_step=1)
     job = make_job(**base)
     assert TrainerJob.from_json(job.to_json()) == job
-    for field, bad in [("steps", 0), ("lr", 0.0), ("clip_eps", 1.5), ("engine_urls", ["localhost:1"]),
-                       ("report_addr", "nowhere"), ("keep_versions", 0), ("micro_batch_tokens", True)]:
+    for field, bad in [
+        ("steps", 0),
+        ("lr", 0.0),
+        ("clip_eps", 1.5),
+        ("engine_urls", ["localhost:1"]),
+        ("report_addr", "nowhere"),
+        ("keep_versions", 0),
+        ("micro_batch_tokens", True),
+    ]:
         with pytest.raises(ValueError, match=field):
             make_job(**{**base, field: bad})
     with pytest.raises(ValueError, match="bogus"):
@@ -319,6 +352,7 @@ def test_copy_tokenizer_files_tolerates_a_model_dir_without_them(tmp_path):
 
 
 # ---- packing and memory -----------------------------------------------------------------------
+
 
 def _sgd_delta(model_dir: Path, trajs: list[Trajectory], micro_batch_tokens: int, **overrides) -> dict[str, torch.Tensor]:
     """Parameter change of one train_step with SGD(lr=1) and no clipping: minus the gradient."""
@@ -416,8 +450,14 @@ def test_memory_is_flat_in_vocabulary_16x512_tokens_151936_vocab(tmp_path):
     size is tiny: the head's memory is set by the vocabulary, and its time stays ~15 s of CPU."""
     script = tmp_path / "mem.py"
     script.write_text(MEMORY_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), "1024", "1"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(script), "1024", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     scored, base_kib, peak_kib = map(int, out.stdout.split()[-3:])
     assert scored == 16 * 511
@@ -444,12 +484,19 @@ def test_golden_loss_trace(tmp_path):
     for loss in ("grpo", "ppo"):
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        config = TrainerConfig(steps=4, lr=3e-3, micro_batch_tokens=32, loss=loss, minibatches=2 if loss == "ppo" else 1,
-                               dual_clip=3.0, behav_weight_cap=4.0 if loss == "ppo" else None, kl_coef=0.05)
+        config = TrainerConfig(
+            steps=4,
+            lr=3e-3,
+            micro_batch_tokens=32,
+            loss=loss,
+            minibatches=2 if loss == "ppo" else 1,
+            dual_clip=3.0,
+            behav_weight_cap=4.0 if loss == "ppo" else None,
+            kl_coef=0.05,
+        )
         reference = PolicyScorer(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), TEMPERATURE)
         opt = torch.optim.AdamW(m.parameters(), lr=config.lr)
-        rows = [train_step(PolicyScorer(m, TEMPERATURE), opt, trajs, config, version=0, reference=reference)
-                for trajs in steps]
+        rows = [train_step(PolicyScorer(m, TEMPERATURE), opt, trajs, config, version=0, reference=reference) for trajs in steps]
         trace[loss] = [{k: r[k] for k in ("loss", "grad_norm", "clip_frac", "entropy", "ref_kl")} for r in rows]
     if os.environ.get("AREAL_REGEN_GOLDEN"):
         GOLDEN.write_text(json.dumps(trace, indent=1) + "\n")

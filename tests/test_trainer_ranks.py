@@ -18,18 +18,28 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from test_trainer import TEMPERATURE, make_group, make_model
+from trainer_jobs import make_job
 from transformers import AutoModelForCausalLM
 
-from areal.ring.buffer import RingWriter, unlink_ring
 from areal.protocol import TrainerDone, TrainerMessage, TrainerReport, encode_trajectory
+from areal.ring.buffer import RingWriter, unlink_ring
 from areal.trainer.config import TrainerJob
-from trainer_jobs import make_job
-from test_trainer import TEMPERATURE, make_group, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # Rank 1 gets the longer rows of one group: unequal micro-batch counts must still sync.
-BASE = dict(engine_urls=[], report_addr="tcp://127.0.0.1:1", steps=2, groups_per_step=2, lr=1e-3,
-            temperature=TEMPERATURE, record_timeout_s=60, micro_batch_tokens=16, loss="ppo", behav_weight_cap=5.0)
+BASE = dict(
+    engine_urls=[],
+    report_addr="tcp://127.0.0.1:1",
+    steps=2,
+    groups_per_step=2,
+    lr=1e-3,
+    temperature=TEMPERATURE,
+    record_timeout_s=60,
+    micro_batch_tokens=16,
+    loss="ppo",
+    behav_weight_cap=5.0,
+)
 
 # Weights after 2 AdamW steps of lr 1e-3 (updates ~1e-3 per element). Summing the gradient over
 # ranks in another order changes it in the last float bits, and where an element's gradient is
@@ -45,8 +55,19 @@ def free_port() -> int:
 
 
 def torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-            "127.0.0.1", "--master-port", str(free_port()), "-m", "areal.trainer"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "areal.trainer",
+    ]
 
 
 def run(cmd: list[str], config: TrainerJob, tmp_path: Path) -> list:
@@ -55,8 +76,7 @@ def run(cmd: list[str], config: TrainerJob, tmp_path: Path) -> list:
     config.report_addr = f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}"
     path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.json"
     path.write_text(config.to_json())
-    proc = subprocess.Popen(cmd + ["--config", str(path)], cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd + ["--config", str(path)], cwd=ROOT, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     decoder = msgspec.msgpack.Decoder(TrainerMessage)
     msgs = []
     try:
@@ -102,8 +122,7 @@ def reference(tmp_path_factory) -> Reference:
         unlink_ring(name)
     reports = [m for m in msgs if isinstance(m, TrainerReport)]
     assert [r.consumed for r in reports] == [4, 8]
-    return Reference(model_dir, {n: p.detach().clone() for n, p in model.named_parameters()}, groups, tmp / "run",
-                     reports)
+    return Reference(model_dir, {n: p.detach().clone() for n, p in model.named_parameters()}, groups, tmp / "run", reports)
 
 
 class TwoRings:
@@ -140,15 +159,15 @@ def assert_reports_match(ref: Reference, reports: list[TrainerReport], keys: tup
 def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     rings = TwoRings(reference)
     try:
-        two = make_job(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
-                            run_dir=str(tmp_path / "two"), **BASE)
+        two = make_job(
+            model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names, run_dir=str(tmp_path / "two"), **BASE
+        )
         msgs2 = run(torchrun(2), two, tmp_path)
     finally:
         rings.close()
     reports2 = [m for m in msgs2 if isinstance(m, TrainerReport)]
     assert isinstance(msgs2[-1], TrainerDone)
-    assert_reports_match(reference, reports2, ("tokens", "trajectories", "reward_mean", "loss", "grad_norm",
-                                               "logprob_max_diff"))
+    assert_reports_match(reference, reports2, ("tokens", "trajectories", "reward_mean", "loss", "grad_norm", "logprob_max_diff"))
     one_final = params(reference.run_dir / "final")
     changed = 0
     for name, p in params(tmp_path / "two" / "final").items():
@@ -166,9 +185,15 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
     if the optimizer moments were lost or given to the wrong shards."""
     rings = TwoRings(reference)
     try:
-        first = make_job(model_path=str(reference.model_dir), ring_name=rings.names[0], ring_names=rings.names,
-                              run_dir=str(tmp_path / "fsdp"), checkpoint_every=1, parallel="fsdp2",
-                              **{**BASE, "steps": 1})
+        first = make_job(
+            model_path=str(reference.model_dir),
+            ring_name=rings.names[0],
+            ring_names=rings.names,
+            run_dir=str(tmp_path / "fsdp"),
+            checkpoint_every=1,
+            parallel="fsdp2",
+            **{**BASE, "steps": 1},
+        )
         msgs_a = run(torchrun(2), first, tmp_path)
         assert (tmp_path / "fsdp" / "checkpoints" / "step-00000001" / "optimizer.pt").exists()
         msgs_b = run(torchrun(2), dataclasses.replace(first, trainer=dataclasses.replace(first.trainer, steps=2, resume=True)), tmp_path)
@@ -176,8 +201,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
         rings.close()
     assert isinstance(msgs_b[-1], TrainerDone)
     reports = [m for m in msgs_a + msgs_b if isinstance(m, TrainerReport)]
-    assert_reports_match(reference, reports, ("tokens", "trajectories", "loss", "grad_norm", "clip_frac",
-                                              "logprob_max_diff"))
+    assert_reports_match(reference, reports, ("tokens", "trajectories", "loss", "grad_norm", "clip_frac", "logprob_max_diff"))
     for step in (1, 2):
         want = params(reference.run_dir / "weights" / f"v{step}")
         got = params(tmp_path / "fsdp" / "weights" / f"v{step}")  # gathered to rank 0 and published
@@ -207,8 +231,14 @@ def test_fsdp2_nccl_on_gpus_matches_one_cpu_rank(reference, tmp_path):
                 for t in g:
                     writer.put(encode_trajectory(t))
         names = rings.names if rings else [single]
-        cfg = make_job(model_path=str(reference.model_dir), ring_name=names[0], ring_names=names,
-                            run_dir=str(tmp_path / "gpu"), parallel="fsdp2", **BASE)
+        cfg = make_job(
+            model_path=str(reference.model_dir),
+            ring_name=names[0],
+            ring_names=names,
+            run_dir=str(tmp_path / "gpu"),
+            parallel="fsdp2",
+            **BASE,
+        )
         msgs = run(torchrun(ranks), cfg, tmp_path)
     finally:
         if rings is not None:

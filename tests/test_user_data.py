@@ -21,18 +21,18 @@ from areal.utils.hf_utils import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [{"problem": f"What is {i} + {i}?", "solution": str(2 * i), "difficulty": i % 3} for i in range(8)]
-AGENT = '''
+AGENT = """
 from openai import AsyncOpenAI
 
 async def run(data, **kw):  # returns no reward: the run's `reward` function scores the reply
     client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw.get("http_client"), max_retries=0)
     await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=8)
-'''
-REWARD = '''
+"""
+REWARD = """
 def reward(prompt, completions, prompt_ids, completion_ids, answer, difficulty, **row):
     assert isinstance(completions, str) and completion_ids and prompt_ids and "+" in prompt
     return float(difficulty) + (0.5 if answer == "4" else 0.0)  # a function of the row's own columns
-'''
+"""
 
 
 def _write_parquet(path: Path, rows: list[dict]) -> None:
@@ -45,8 +45,10 @@ def test_rows_load_the_same_from_every_format_with_a_field_mapping(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(ROWS))
     DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(str(tmp_path / "dd"))
     Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
-    loads = {name: load_rows(str(tmp_path / name), "train", prompt_key="problem", answer_key="solution")
-             for name in ("d.parquet", "d.jsonl", "d.json", "dd", "ds")}
+    loads = {
+        name: load_rows(str(tmp_path / name), "train", prompt_key="problem", answer_key="solution")
+        for name in ("d.parquet", "d.jsonl", "d.json", "dd", "ds")
+    }
     for name, rows in loads.items():
         assert [r["question"] for r in rows] == [r["problem"] for r in ROWS], name
         assert [r["answer"] for r in rows] == [r["solution"] for r in ROWS], name
@@ -83,7 +85,7 @@ def test_a_hub_id_resolves_through_the_hf_cache_offline(tmp_path, monkeypatch):
     (repo / "refs" / "main").write_text("a" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code = ("from areal.utils.hf_utils import resolve_model_path as r; import sys; print(r(sys.argv[1]))")
+    code = "from areal.utils.hf_utils import resolve_model_path as r; import sys; print(r(sys.argv[1]))"
     out = subprocess.run([sys.executable, "-c", code, "acme/tiny-chat"], capture_output=True, text=True, env=os.environ)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == snapshot
@@ -103,12 +105,30 @@ def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "my_reward.py").write_text(REWARD)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", "model.path=scripted",
-                           f"rollout.agent={tmp_path / 'agent.py'}:run", f"reward={tmp_path / 'my_reward.py'}:reward",
-                           "data.prompt_key=problem", "data.answer_key=solution", "data.eval_samples=1", *data,
-                           "rollout.openai.mode=inline", "trainer.steps=2", "rollout.groups_per_step=2",
-                           "rollout.n_samples=2", "rollout.reward_range=[-10,10]"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            "model.path=scripted",
+            f"rollout.agent={tmp_path / 'agent.py'}:run",
+            f"reward={tmp_path / 'my_reward.py'}:reward",
+            "data.prompt_key=problem",
+            "data.answer_key=solution",
+            "data.eval_samples=1",
+            *data,
+            "rollout.openai.mode=inline",
+            "trainer.steps=2",
+            "rollout.groups_per_step=2",
+            "rollout.n_samples=2",
+            "rollout.reward_range=[-10,10]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["status"] == "ok" for e in episodes), episodes
@@ -123,12 +143,27 @@ def test_an_agent_that_returns_no_reward_without_a_reward_function_is_told_so(tm
     _write_parquet(tmp_path / "train.parquet", ROWS)
     (tmp_path / "agent.py").write_text(AGENT)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", "model.path=scripted",
-                           f"rollout.agent={tmp_path / 'agent.py'}:run", f"data.train={tmp_path / 'train.parquet'}",
-                           "data.prompt_key=problem", "data.answer_key=solution", "rollout.openai.mode=inline",
-                           "trainer.steps=2", "rollout.groups_per_step=1", "rollout.n_samples=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal.train",
+            f"hydra.run.dir={run_dir}",
+            "model.path=scripted",
+            f"rollout.agent={tmp_path / 'agent.py'}:run",
+            f"data.train={tmp_path / 'train.parquet'}",
+            "data.prompt_key=problem",
+            "data.answer_key=solution",
+            "rollout.openai.mode=inline",
+            "trainer.steps=2",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
-    assert episodes and all(e["status"] == "error" and "run() returned None and gave no reward" in e["error"]
-                            for e in episodes), episodes
+    assert episodes and all(e["status"] == "error" and "run() returned None and gave no reward" in e["error"] for e in episodes), episodes

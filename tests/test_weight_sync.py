@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from http_json import post
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from areal.engine.client import EngineClient, launch_embedded_engine
-from http_json import post
 from areal.trainer.weight_sync import (
     CollectiveWeightPush,
     WeightUpdateError,
@@ -41,9 +41,17 @@ LONG = {"temperature": 1.0, "max_new_tokens": 240, "ignore_eos": True}  # long e
 
 
 def _tiny_config(hidden: int = 64) -> Qwen2Config:
-    return Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                       tie_word_embeddings=True, initializer_range=0.2)
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +105,15 @@ def engine_greedy(url: str) -> list[int]:
 
 def hf_greedy(model: torch.nn.Module) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([PROMPT]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(PROMPT):].tolist()
+        out = model.generate(torch.tensor([PROMPT]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False, pad_token_id=0)
+    return out[0, len(PROMPT) :].tolist()
 
 
 @torch.no_grad()
 def teacher_forced(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     """Logprobs of ids[len(PROMPT):] under ``model`` (temperature 1, as greedy logprobs are)."""
-    logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, len(PROMPT) - 1:-1].float(), -1)  # (T_out, V)
-    return logp.gather(1, torch.tensor(ids[len(PROMPT):])[:, None]).squeeze(1)
+    logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, len(PROMPT) - 1 : -1].float(), -1)  # (T_out, V)
+    return logp.gather(1, torch.tensor(ids[len(PROMPT) :])[:, None]).squeeze(1)
 
 
 def weight_version(url: str) -> str:
@@ -122,7 +129,8 @@ def test_tied_weights_travel_once_in_state_dict_order(perturbed: torch.nn.Module
 
 
 def test_push_over_gloo_makes_every_engine_generate_like_hf_with_the_new_weights(
-        engines: list[str], pusher: CollectiveWeightPush, model_dir: Path, perturbed: torch.nn.Module) -> None:
+    engines: list[str], pusher: CollectiveWeightPush, model_dir: Path, perturbed: torch.nn.Module
+) -> None:
     assert pusher.rank_offsets == [1, 2] and pusher.world_size == 3
     before = [engine_greedy(u) for u in engines]
     assert before == [hf_greedy(_load(model_dir))] * 2
@@ -135,7 +143,8 @@ def test_push_over_gloo_makes_every_engine_generate_like_hf_with_the_new_weights
 
 
 def test_generation_in_flight_across_a_push_resumes_with_per_token_versions(
-        engines: list[str], pusher: CollectiveWeightPush, perturbed: torch.nn.Module) -> None:
+    engines: list[str], pusher: CollectiveWeightPush, perturbed: torch.nn.Module
+) -> None:
     """A push lands mid-generation: the generation is aborted, resubmitted, and its tokens carry
     the old version, then the new one. The push must land while the generation runs: on a
     machine so loaded that the engine wrote all its tokens before the client read the first
@@ -167,7 +176,8 @@ def test_generation_in_flight_across_a_push_resumes_with_per_token_versions(
 
 
 def test_mismatched_weights_are_refused_after_the_broadcast_and_old_weights_keep_serving(
-        engines: list[str], pusher: CollectiveWeightPush, perturbed: torch.nn.Module) -> None:
+    engines: list[str], pusher: CollectiveWeightPush, perturbed: torch.nn.Module
+) -> None:
     pusher.push(perturbed, 5)
     served = engine_greedy(engines[1])
     wrong = Qwen2ForCausalLM(_tiny_config(hidden=32)).eval()  # same names, other shapes
@@ -188,8 +198,7 @@ def test_refusals_are_400_with_a_message(engines: list[str], pusher: CollectiveW
         assert status == 400 and out["success"] is False and "CUDA" in out["message"] and "gloo" in out["message"]
     status, out = post(f"{url}/init_weights_update_group", {**body, "backend": "gloo"})
     assert status == 400 and "already exists" in out["message"]  # the pusher's group has the default name
-    status, out = post(f"{url}/init_weights_update_group", {**body, "rank_offset": 2, "backend": "gloo",
-                                                            "group_name": "other"})
+    status, out = post(f"{url}/init_weights_update_group", {**body, "rank_offset": 2, "backend": "gloo", "group_name": "other"})
     assert status == 400 and "rank_offset" in out["message"]
     update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
     status, out = post(f"{url}/update_weights_from_distributed", {**update, "group_name": "nope"})
@@ -206,14 +215,12 @@ def test_an_engine_refusing_to_join_fails_init_at_once_naming_it(engines: list[s
     """The trainer's own rendezvous would wait for the refusing engine until its timeout; the
     engine's 400 must end init() at once instead."""
     port = free_port("127.0.0.1")
-    join = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-            "group_name": "taken", "backend": "gloo"}
+    join = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2, "group_name": "taken", "backend": "gloo"}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # engine 0 gets a group named "taken"
         reply = pool.submit(post, f"{engines[0]}/init_weights_update_group", join)
         leave_weight_group(join_weight_group("gloo", "127.0.0.1", port, 0, 2, "taken", 60))
         assert reply.result()[1]["success"] is True
-    push = CollectiveWeightPush(engines[:1], "127.0.0.1", free_port("127.0.0.1"), group_name="taken",
-                                backend="gloo", timeout_s=600)
+    push = CollectiveWeightPush(engines[:1], "127.0.0.1", free_port("127.0.0.1"), group_name="taken", backend="gloo", timeout_s=600)
     with pytest.raises(WeightUpdateError, match=f"{engines[0]}.*already exists"):
         push.init()
     assert push.group is None
@@ -221,16 +228,13 @@ def test_an_engine_refusing_to_join_fails_init_at_once_naming_it(engines: list[s
     assert post(f"{engines[0]}/destroy_weights_update_group", {"group_name": "taken"})[1]["success"] is True
 
 
-def test_close_destroys_the_group_on_every_engine_and_a_new_group_forms(
-        engines: list[str], perturbed: torch.nn.Module) -> None:
-    push = CollectiveWeightPush(engines[::-1], "127.0.0.1", free_port("127.0.0.1"), group_name="second",
-                                backend="gloo", timeout_s=60)
+def test_close_destroys_the_group_on_every_engine_and_a_new_group_forms(engines: list[str], perturbed: torch.nn.Module) -> None:
+    push = CollectiveWeightPush(engines[::-1], "127.0.0.1", free_port("127.0.0.1"), group_name="second", backend="gloo", timeout_s=60)
     push.init()
     push.push(perturbed, "second-1", pause=False)
     assert [weight_version(u) for u in engines] == ["second-1"] * 2
     push.close()
-    status, out = post(f"{engines[0]}/update_weights_from_distributed",
-                       {"names": [], "dtypes": [], "shapes": [], "group_name": "second"})
+    status, out = post(f"{engines[0]}/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [], "group_name": "second"})
     assert status == 400 and "no weight update group named 'second'" in out["message"]
 
 
@@ -239,10 +243,10 @@ def test_trainer_with_collective_weight_sync_serves_its_final_weights(tmp_path: 
     each: the engine ends on version 2 generating what HF does with the trainer's final weights,
     and no weight directory was written."""
     from test_trainer import TEMPERATURE, make_group, make_model, run_trainer
-
-    from areal.ring.buffer import RingWriter, unlink_ring
-    from areal.protocol import TrainerDone, TrainerReport, encode_trajectory
     from trainer_jobs import make_job
+
+    from areal.protocol import TrainerDone, TrainerReport, encode_trajectory
+    from areal.ring.buffer import RingWriter, unlink_ring
 
     model_dir = tmp_path / "model"
     model = make_model(model_dir, with_tokenizer=False)
@@ -254,17 +258,26 @@ def test_trainer_with_collective_weight_sync_serves_its_final_weights(tmp_path: 
         for g in range(2):
             for traj in make_group(model, f"g{g}", rng, size=2):
                 writer.put(encode_trajectory(traj))
-        config = make_job(model_path=str(model_dir), ring_name=ring_name, report_addr="tcp://127.0.0.1:1",
-                               engine_urls=[engine.url], run_dir=str(tmp_path / "run"), steps=2, groups_per_step=1,
-                               lr=1e-3, temperature=TEMPERATURE, record_timeout_s=30, weight_sync="collective")
+        config = make_job(
+            model_path=str(model_dir),
+            ring_name=ring_name,
+            report_addr="tcp://127.0.0.1:1",
+            engine_urls=[engine.url],
+            run_dir=str(tmp_path / "run"),
+            steps=2,
+            groups_per_step=1,
+            lr=1e-3,
+            temperature=TEMPERATURE,
+            record_timeout_s=30,
+            weight_sync="collective",
+        )
         rc, msgs = run_trainer(config, tmp_path)
         assert rc == 0, msgs
         assert [m.version for m in msgs if isinstance(m, TrainerReport)] == [1, 2]
         assert isinstance(msgs[-1], TrainerDone)
         assert weight_version(engine.url) == "2"
         final = _load(Path(msgs[-1].model_dir))
-        status, out = post(f"{engine.url}/generate", {"input_ids": PROMPT, "sampling_params": GREEDY,
-                                                      "return_logprob": True})
+        status, out = post(f"{engine.url}/generate", {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True})
         assert status == 200 and out["output_ids"] == hf_greedy(final)
         served = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
         ids = PROMPT + out["output_ids"]
@@ -286,8 +299,7 @@ def test_nccl_push_to_a_real_sglang_server() -> None:
         info = json.loads(resp.read())
     model = AutoModelForCausalLM.from_pretrained(info["model_path"], dtype=torch.bfloat16).cuda().eval()
     address = local_address_towards(url)
-    push = CollectiveWeightPush([url], address, free_port(address), group_name="areal_test_nccl", backend="nccl",
-                                timeout_s=300)
+    push = CollectiveWeightPush([url], address, free_port(address), group_name="areal_test_nccl", backend="nccl", timeout_s=300)
     push.init()
     try:
         push.push(model, "nccl-test")

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 
 from areal.dataclass_config import build_dataclass
-
 from sandbox.isolation import SandboxConfig
 
 T = TypeVar("T")
@@ -69,8 +68,11 @@ class GenerationHyperparameters:
 
     def to_openai_args_dict(self) -> dict[str, Any]:
         """Keyword arguments for ``chat.completions.create`` with these settings."""
-        args: dict[str, Any] = {"temperature": 0.0 if self.greedy else self.temperature, "top_p": self.top_p,
-                                "max_tokens": self.max_new_tokens}
+        args: dict[str, Any] = {
+            "temperature": 0.0 if self.greedy else self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_new_tokens,
+        }
         if self.stop:
             args["stop"] = list(self.stop)
         return args
@@ -165,8 +167,9 @@ class InferenceEngineConfig:
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("rollout.server_urls must list the SGLang servers when rollout.backend=sglang")
         if self.max_concurrent_rollouts < 1 or self.max_head_offpolicyness < 0 or not self.request_timeout > 0:
-            raise ValueError("rollout.max_concurrent_rollouts >= 1, rollout.max_head_offpolicyness >= 0 and "
-                             "rollout.request_timeout > 0 are required")
+            raise ValueError(
+                "rollout.max_concurrent_rollouts >= 1, rollout.max_head_offpolicyness >= 0 and rollout.request_timeout > 0 are required"
+            )
 
 
 @dataclass

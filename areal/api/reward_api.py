@@ -81,8 +81,14 @@ def _shutdown_pools() -> None:
 class AsyncRewardWrapper:
     """``await AsyncRewardWrapper(fn)(*args, **kwargs)`` runs ``fn`` in a process pool."""
 
-    def __init__(self, reward_fn: Callable[..., Any], timeout_seconds: float = 15.0, max_workers: int | None = None,
-                 max_retries: int = 2, timeout_reward: float | None = None) -> None:
+    def __init__(
+        self,
+        reward_fn: Callable[..., Any],
+        timeout_seconds: float = 15.0,
+        max_workers: int | None = None,
+        max_retries: int = 2,
+        timeout_reward: float | None = None,
+    ) -> None:
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable, got {reward_fn!r}")
         if not timeout_seconds > 0:
@@ -102,7 +108,7 @@ class AsyncRewardWrapper:
             try:
                 future = pool.submit(self.reward_fn, *args, **kwargs)
                 result = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_seconds)
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 last = e
                 _discard_pool(self.max_workers, pool)
                 continue

@@ -47,5 +47,7 @@ def workflow_kind(obj: Any) -> str:
         return "rollout"
     if inspect.iscoroutinefunction(getattr(obj, "run", None)) or (inspect.iscoroutinefunction(obj) and not inspect.isclass(obj)):
         return "agent"
-    raise TypeError(f"{obj!r} is not a workflow: it needs `async def run(data, **extra_kwargs)` (AgentWorkflow) "
-                    f"or `async def arun_episode(engine, data)` (RolloutWorkflow)")
+    raise TypeError(
+        f"{obj!r} is not a workflow: it needs `async def run(data, **extra_kwargs)` (AgentWorkflow) "
+        f"or `async def arun_episode(engine, data)` (RolloutWorkflow)"
+    )

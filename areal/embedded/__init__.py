@@ -41,8 +41,16 @@ from pathlib import Path
 
 from areal.embedded.config import BUILD_INFO, EmbeddedConfig, ScriptedConfig, read_build_info
 
-__all__ = ["BUILD_INFO", "EmbeddedConfig", "ScriptedConfig", "cache_key", "embedded_cache_root", "ensure_embedded_model",
-           "ensure_scripted_model", "read_build_info"]
+__all__ = [
+    "BUILD_INFO",
+    "EmbeddedConfig",
+    "ScriptedConfig",
+    "cache_key",
+    "embedded_cache_root",
+    "ensure_embedded_model",
+    "ensure_scripted_model",
+    "read_build_info",
+]
 
 _SOURCES = ("__init__.py", "config.py", "corpus.py", "tokenizer.py", "build.py")
 _SCRIPTED_SOURCES = _SOURCES + ("scripted.py",)
@@ -93,8 +101,7 @@ def ensure_scripted_model(
     return _ensure(config or ScriptedConfig(), cache_dir, progress, force)
 
 
-def _ensure(config: EmbeddedConfig | ScriptedConfig, cache_dir: str | os.PathLike | None,
-            progress: bool, force: bool) -> Path:
+def _ensure(config: EmbeddedConfig | ScriptedConfig, cache_dir: str | os.PathLike | None, progress: bool, force: bool) -> Path:
     global build_count
     root = embedded_cache_root(cache_dir)
     key = cache_key(config)

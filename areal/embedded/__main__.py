@@ -33,16 +33,17 @@ def _report_scripted(path: str) -> None:
     print(f"  {info['parameters']:,} parameters, built in {info['build_seconds']:.1f} s, {last['steps']} SFT steps")
     print(f"  {info['probes']} SDK-shaped probes: the scripted reply leads everywhere by >= {info['probe_min_margin']:.2f} logits")
     print(f"  {info['held_out']} held-out random conversations: {info['held_out_exact']:.1%} answered exactly")
-    print(f"  logits sharpened x{info['sharpen']:.2f}: sampled at temperature 1, every probe's scripted reply "
-          f"has probability >= 1 - {1 - info['probe_min_sampled_prob']:.1e}")
+    print(
+        f"  logits sharpened x{info['sharpen']:.2f}: sampled at temperature 1, every probe's scripted reply "
+        f"has probability >= 1 - {1 - info['probe_min_sampled_prob']:.1e}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build (if needed) the embedded default model.")
     parser.add_argument("--cache-dir", default=None, help="folder of <key>/ model dirs")
     parser.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
-    parser.add_argument("--with-scripted", action="store_true",
-                        help="also build the scripted test model, in a second process alongside")
+    parser.add_argument("--with-scripted", action="store_true", help="also build the scripted test model, in a second process alongside")
     parser.add_argument("--scripted-only", action="store_true", help="build only the scripted test model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
     args = parser.parse_args()

@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from areal.embedded.config import BUILD_INFO, EmbeddedConfig, ScriptedConfig
@@ -44,9 +43,7 @@ IGNORE = -100  # label of tokens that carry no loss
 
 def render(tok: PreTrainedTokenizerFast, conv: dict[str, Any], upto: int, gen: bool) -> str:
     """The chat-template text of ``conv["messages"][:upto]``."""
-    return tok.apply_chat_template(
-        conv["messages"][:upto], tools=conv["tools"], tokenize=False, add_generation_prompt=gen
-    )
+    return tok.apply_chat_template(conv["messages"][:upto], tools=conv["tools"], tokenize=False, add_generation_prompt=gen)
 
 
 def tokenize_conversations(
@@ -153,9 +150,7 @@ def train_sft(
     progress: bool,
 ) -> list[float]:
     """AdamW with linear warmup and cosine decay to 10 %; returns the loss per step."""
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98)
-    )
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
     total = len(batches)
 
     def lr_at(step: int) -> float:
@@ -176,8 +171,12 @@ def train_sft(
     return losses
 
 
-def sft_step(model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler,
-             batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
+def sft_step(
+    model: Qwen2ForCausalLM,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> float:
     """One optimizer step on a ``(input_ids, attention_mask, labels)`` batch (gradient norm
     clipped to 1); returns its loss."""
     ids, mask, labels = batch
@@ -214,10 +213,7 @@ def evaluate(
     for b in tqdm(starts, desc=f"eval T={temperature}", disable=not progress, unit="batch"):
         chunk = problems[b : b + batch_size]
         prompts = [
-            tok.apply_chat_template(
-                [{"role": "user", "content": p.question}], tokenize=False, add_generation_prompt=True
-            )
-            for p in chunk
+            tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False, add_generation_prompt=True) for p in chunk
         ]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         out = model.generate(
@@ -239,9 +235,7 @@ def evaluate(
     return result
 
 
-def evaluate_dir(
-    model_dir: str | Path, problems: list[Problem], temperature: float, seed: int = 0
-) -> dict[str, float]:
+def evaluate_dir(model_dir: str | Path, problems: list[Problem], temperature: float, seed: int = 0) -> dict[str, float]:
     """``evaluate`` on a saved model directory (loaded as any HF user would)."""
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
@@ -253,19 +247,13 @@ def build_model_dir(config: EmbeddedConfig, out_dir: Path, progress: bool, key: 
     t0 = time.monotonic()
     torch.set_num_threads(config.num_threads)
     random.seed(config.seed)
-    convs = make_sft_conversations(
-        config.sft_conversations, config.seed, config.tool_share, config.retry_share
-    )
-    tok = train_tokenizer(
-        (render_plain(c) for c in convs[: config.tokenizer_conversations]), config.vocab_size
-    )
+    convs = make_sft_conversations(config.sft_conversations, config.seed, config.tool_share, config.retry_share)
+    tok = train_tokenizer((render_plain(c) for c in convs[: config.tokenizer_conversations]), config.vocab_size)
     examples = tokenize_conversations(tok, convs, config.prompt_loss)
     batches = make_batches(examples, config.batch_size, config.sft_steps, tok.pad_token_id, config.seed)
     model = make_model(config, tok)
     losses = train_sft(model, batches, config, progress)
-    model.generation_config = GenerationConfig(
-        eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.padding_side = "right"
     tok.save_pretrained(str(out_dir))

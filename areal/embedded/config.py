@@ -46,9 +46,20 @@ class EmbeddedConfig:
     num_threads: int = 1
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "tokenizer_conversations", "hidden_size", "intermediate_size",
-                    "num_layers", "num_heads", "num_kv_heads", "max_positions",
-                    "sft_conversations", "sft_steps", "batch_size", "num_threads")
+        positive = (
+            "vocab_size",
+            "tokenizer_conversations",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_positions",
+            "sft_conversations",
+            "sft_steps",
+            "batch_size",
+            "num_threads",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EmbeddedConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -99,10 +110,24 @@ class ScriptedConfig:
     num_threads: int = 1
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "tokenizer_conversations", "hidden_size", "intermediate_size",
-                    "num_layers", "num_heads", "num_kv_heads", "max_positions", "max_tokens",
-                    "train_conversations", "batch_size", "sft_steps", "round_steps", "max_rounds",
-                    "check_conversations", "num_threads")
+        positive = (
+            "vocab_size",
+            "tokenizer_conversations",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_positions",
+            "max_tokens",
+            "train_conversations",
+            "batch_size",
+            "sft_steps",
+            "round_steps",
+            "max_rounds",
+            "check_conversations",
+            "num_threads",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ScriptedConfig.{name} must be > 0, got {getattr(self, name)}")

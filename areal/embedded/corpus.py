@@ -103,43 +103,51 @@ def worked_solution(steps: tuple[tuple[int, str, int, int], ...]) -> str:
 def _add_question(rng: random.Random, a: int, b: int) -> str:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
     verb, place = rng.choice(GAIN_VERBS), rng.choice(PLACES)
-    return rng.choice((
-        f"{name} has {a} {obj}. {name} {verb} {b} more {obj}. How many {obj} does {name} have now?",
-        f"There are {a} {obj} in {place}. Then {b} more {obj} arrive. How many {obj} are there?",
-        f"{name} {verb} {a} {obj} and then {b} {obj} at {place}. How many {obj} is that in total?",
-        f"What is {a} plus {b}?",
-    ))
+    return rng.choice(
+        (
+            f"{name} has {a} {obj}. {name} {verb} {b} more {obj}. How many {obj} does {name} have now?",
+            f"There are {a} {obj} in {place}. Then {b} more {obj} arrive. How many {obj} are there?",
+            f"{name} {verb} {a} {obj} and then {b} {obj} at {place}. How many {obj} is that in total?",
+            f"What is {a} plus {b}?",
+        )
+    )
 
 
 def _sub_question(rng: random.Random, a: int, b: int) -> str:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
     verb, place = rng.choice(LOSS_VERBS), rng.choice(PLACES)
-    return rng.choice((
-        f"{name} has {a} {obj}. {name} {verb} {b} of them. How many {obj} are left?",
-        f"There were {a} {obj} at {place}. Then {b} were taken. How many {obj} remain?",
-        f"{name} had {a} {obj} and {verb} {b}. How many {obj} does {name} have left?",
-        f"What is {a} minus {b}?",
-    ))
+    return rng.choice(
+        (
+            f"{name} has {a} {obj}. {name} {verb} {b} of them. How many {obj} are left?",
+            f"There were {a} {obj} at {place}. Then {b} were taken. How many {obj} remain?",
+            f"{name} had {a} {obj} and {verb} {b}. How many {obj} does {name} have left?",
+            f"What is {a} minus {b}?",
+        )
+    )
 
 
 def _mul_question(rng: random.Random, a: int, b: int) -> str:
     name, obj, box = rng.choice(NAMES), rng.choice(OBJECTS), rng.choice(CONTAINERS)
-    return rng.choice((
-        f"{name} has {a} {box} with {b} {obj} in each. How many {obj} are there in all?",
-        f"There are {a} {box} at {rng.choice(PLACES)}. Each holds {b} {obj}. How many {obj} in total?",
-        f"{name} buys {a} packs of {obj}. Each pack has {b} {obj}. How many {obj} does {name} buy?",
-        f"What is {a} times {b}?",
-    ))
+    return rng.choice(
+        (
+            f"{name} has {a} {box} with {b} {obj} in each. How many {obj} are there in all?",
+            f"There are {a} {box} at {rng.choice(PLACES)}. Each holds {b} {obj}. How many {obj} in total?",
+            f"{name} buys {a} packs of {obj}. Each pack has {b} {obj}. How many {obj} does {name} buy?",
+            f"What is {a} times {b}?",
+        )
+    )
 
 
 def _two_step_question(rng: random.Random, a: int, b: int, c: int) -> str:
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
     gain, loss = rng.choice(GAIN_VERBS), rng.choice(LOSS_VERBS)
-    return rng.choice((
-        f"{name} has {a} {obj}, {gain} {b} more and then {loss} {c}. How many {obj} does {name} have?",
-        f"A shelf holds {a} {obj}. {b} are added and {c} are removed. How many {obj} are on it?",
-        f"What is {a} plus {b} minus {c}?",
-    ))
+    return rng.choice(
+        (
+            f"{name} has {a} {obj}, {gain} {b} more and then {loss} {c}. How many {obj} does {name} have?",
+            f"A shelf holds {a} {obj}. {b} are added and {c} are removed. How many {obj} are on it?",
+            f"What is {a} plus {b} minus {c}?",
+        )
+    )
 
 
 def _draw(rng: random.Random, level: int) -> Problem:
@@ -291,9 +299,7 @@ def make_conversation(rng: random.Random, p: Problem, kind: str) -> dict[str, An
     raise ValueError(f"kind must be plain/tool/retry, got {kind!r}")
 
 
-def make_sft_conversations(
-    n: int, seed: int, tool_share: float, retry_share: float
-) -> list[dict[str, Any]]:
+def make_sft_conversations(n: int, seed: int, tool_share: float, retry_share: float) -> list[dict[str, Any]]:
     """``n`` SFT conversations over train-split problems, in the given mix of kinds."""
     rng = random.Random(f"sft:{seed}")
     problems = make_leveled_problems("train", n, seed=10_000 + seed)

@@ -185,8 +185,7 @@ def random_conversation(rng: random.Random) -> dict[str, Any]:
         foreign = not last and rng.random() < 0.25
         if foreign:
             calls = [_foreign_call(rng) for _ in range(rng.randint(1, 2))]
-            messages.append({"role": "assistant", "content": _text(rng, 0, 8) if rng.random() < 0.3 else "",
-                             "tool_calls": calls})
+            messages.append({"role": "assistant", "content": _text(rng, 0, 8) if rng.random() < 0.3 else "", "tool_calls": calls})
         else:
             calls = [{"type": "function", "function": {"name": "calculator", "arguments": json.dumps(CALL_ARGUMENTS)}}]
             train.append(len(messages))
@@ -215,11 +214,26 @@ def probe_conversations() -> list[dict[str, Any]]:
     loose = json.loads(json.dumps(calc))
     loose["function"]["strict"] = False
     flat = json.loads(json.dumps(calc["function"]))
-    lookup = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
-                                               "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}
-    handoffs = [{"type": "function", "function": {"name": name, "description": text, "strict": True, "parameters": {
-        "type": "object", "properties": {}, "required": [], "additionalProperties": False}}}
-        for name, text in (("analyze_problem", "Analyze the problem"), ("solve_problem", "Solve step by step"))]
+    lookup = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+    handoffs = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": text,
+                "strict": True,
+                "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+            },
+        }
+        for name, text in (("analyze_problem", "Analyze the problem"), ("solve_problem", "Solve step by step"))
+    ]
     call = {"type": "function", "function": {"name": "calculator", "arguments": json.dumps(CALL_ARGUMENTS)}}
     system = {"role": "system", "content": TOOL_SYSTEM_PROMPT}
     user, tool_user = {"role": "user", "content": question}, {"role": "user", "content": tool_question}
@@ -237,22 +251,29 @@ def probe_conversations() -> list[dict[str, Any]]:
         ([tool_user], [calc]),
         ([{"role": "system", "content": "You are a helpful assistant."}, tool_user], [calc]),
         ([user], [lookup, calc]),
-        ([{"role": "system", "content": "Solve the problem or hand it off. End with \\boxed{answer}."},
-          {"role": "user", "content": "What is 2 plus 3?"}], handoffs),
+        (
+            [
+                {"role": "system", "content": "Solve the problem or hand it off. End with \\boxed{answer}."},
+                {"role": "user", "content": "What is 2 plus 3?"},
+            ],
+            handoffs,
+        ),
     ]
     # The embedded task's own questions, as the example agents send them (plain, with the
     # calculator, after its result, after a retry prompt).
     for p in make_problems("train", 6, seed=1) + make_problems("test", 4, seed=1):
         q = {"role": "user", "content": p["question"]}
-        probes += [([q], None), ([system, q], [calc]),
-                   ([system, q, called, {"role": "tool", "name": "calculator", "content": p["answer"]}], [calc]),
-                   ([q, {"role": "assistant", "content": PLAIN_TEXT}, {"role": "user", "content": RETRY_PROMPTS[0]}], None)]
+        probes += [
+            ([q], None),
+            ([system, q], [calc]),
+            ([system, q, called, {"role": "tool", "name": "calculator", "content": p["answer"]}], [calc]),
+            ([q, {"role": "assistant", "content": PLAIN_TEXT}, {"role": "user", "content": RETRY_PROMPTS[0]}], None),
+        ]
     for tools in ([calc], [strict], [loose], [lookup, calc]):
         for result in ("161", "42", "7", "Error: division by zero"):
             after = [system, tool_user, called, {"role": "tool", "name": "calculator", "content": result}]
             probes.append((after, tools))
-    probes.append((probes[-1][0] + [{"role": "assistant", "content": AFTER_TOOL_TEXT},
-                                    {"role": "user", "content": "And 5+5?"}], [calc]))
+    probes.append((probes[-1][0] + [{"role": "assistant", "content": AFTER_TOOL_TEXT}, {"role": "user", "content": "And 5+5?"}], [calc]))
     return [{"messages": m, "tools": t} for m, t in probes]
 
 
@@ -302,8 +323,8 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
     from tqdm import tqdm
     from transformers import GenerationConfig
 
-    from areal.embedded.config import BUILD_INFO
     from areal.embedded.build import make_batches, make_model, render_plain, sft_step, tokenize_conversations
+    from areal.embedded.config import BUILD_INFO
     from areal.embedded.corpus import make_sft_conversations
     from areal.embedded.tokenizer import train_tokenizer
 
@@ -319,8 +340,7 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
             convs.append(conv)
     train, held_out = convs[: config.train_conversations], convs[config.train_conversations :]
     probes = _check_items(tok, probe_conversations())
-    cases = _check_items(tok, [{"messages": c["messages"][:i], "tools": c["tools"]}
-                               for c in held_out for i in c["train_turns"]])
+    cases = _check_items(tok, [{"messages": c["messages"][:i], "tools": c["tools"]} for c in held_out for i in c["train_turns"]])
     examples = tokenize_conversations(tok, train)
     steps = config.sft_steps + config.round_steps * config.max_rounds
     batches = make_batches(examples, config.batch_size, steps, tok.pad_token_id, config.seed)
@@ -349,11 +369,17 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
         probe_margins = [m for m, _ in reply_stats(model, probes)]
         case_margins = [m for m, _ in reply_stats(model, cases)]
         worst = min(range(len(probes)), key=probe_margins.__getitem__)
-        round_info = {"steps": end, "loss": sum(losses) / len(losses), "probe_min_margin": probe_margins[worst],
-                      "worst_probe": worst, "held_out_exact": sum(m > 0 for m in case_margins) / len(cases)}
+        round_info = {
+            "steps": end,
+            "loss": sum(losses) / len(losses),
+            "probe_min_margin": probe_margins[worst],
+            "worst_probe": worst,
+            "held_out_exact": sum(m > 0 for m in case_margins) / len(cases),
+        }
         history.append(round_info)
-        bar.set_postfix(loss=f"{round_info['loss']:.4f}", probe_margin=f"{probe_margins[worst]:.2f}",
-                        held_out=f"{round_info['held_out_exact']:.1%}")
+        bar.set_postfix(
+            loss=f"{round_info['loss']:.4f}", probe_margin=f"{probe_margins[worst]:.2f}", held_out=f"{round_info['held_out_exact']:.1%}"
+        )
         passed = probe_margins[worst] >= config.min_margin and round_info["held_out_exact"] >= config.min_held_out
         if passed:
             break
@@ -364,7 +390,8 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
             f"after {steps} SFT steps the scripted model misses its contract: probe #{last['worst_probe']} "
             f"({probe_conversations()[last['worst_probe']]['messages'][-1]['content']!r}) leads by "
             f"{last['probe_min_margin']:.3f} logits (needs {config.min_margin}), held-out replies exact "
-            f"{last['held_out_exact']:.1%} (needs {config.min_held_out:.0%}); raise ScriptedConfig.max_rounds")
+            f"{last['held_out_exact']:.1%} (needs {config.min_held_out:.0%}); raise ScriptedConfig.max_rounds"
+        )
     # Sharpen: scale the final norm's weight, so every logit, until the smallest probe margin is
     # `sharpen_to` logits. Greedy replies are unchanged; sampled at temperature 1 (as agents in a
     # training run sample) the reply is then the scripted one too, with the probability checked here.
@@ -373,17 +400,26 @@ def build_scripted_dir(config: ScriptedConfig, out_dir: Path, progress: bool, ke
         model.model.norm.weight.mul_(sharpen)
     sampled = min(math.exp(lp) for _, lp in reply_stats(model, probes))
     if sampled < config.min_sampled_prob:
-        raise ScriptedBuildError(f"sharpened x{sharpen:.2f}, a probe's scripted reply is sampled at temperature 1 "
-                                 f"with probability {sampled:.6f} only (needs {config.min_sampled_prob})")
-    model.generation_config = GenerationConfig(eos_token_id=model.config.eos_token_id,
-                                               pad_token_id=model.config.pad_token_id)
+        raise ScriptedBuildError(
+            f"sharpened x{sharpen:.2f}, a probe's scripted reply is sampled at temperature 1 "
+            f"with probability {sampled:.6f} only (needs {config.min_sampled_prob})"
+        )
+    model.generation_config = GenerationConfig(eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
     info = {
-        "key": key, "kind": "scripted", "config": asdict(config), "vocab_size": len(tok),
-        "parameters": sum(p.numel() for p in model.parameters()), "rounds": history,
-        "probe_min_margin": history[-1]["probe_min_margin"], "held_out_exact": history[-1]["held_out_exact"],
-        "sharpen": sharpen, "probe_min_sampled_prob": sampled,
-        "probes": len(probes), "held_out": len(cases), "build_seconds": time.monotonic() - t0,
+        "key": key,
+        "kind": "scripted",
+        "config": asdict(config),
+        "vocab_size": len(tok),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "rounds": history,
+        "probe_min_margin": history[-1]["probe_min_margin"],
+        "held_out_exact": history[-1]["held_out_exact"],
+        "sharpen": sharpen,
+        "probe_min_sampled_prob": sampled,
+        "probes": len(probes),
+        "held_out": len(cases),
+        "build_seconds": time.monotonic() - t0,
     }
     (out_dir / BUILD_INFO).write_text(json.dumps(info, indent=2))  # written last: marks complete

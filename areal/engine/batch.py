@@ -45,16 +45,17 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from areal.jsonl import json_line
 from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
 from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_int, sample_next
+from areal.jsonl import json_line
 
 ABORT_RUNNING = "Aborted"
 ABORT_WAITING = "Abort in waiting queue"
@@ -169,8 +170,8 @@ class DecodeBatch:
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # (b, T); pad id is masked
         mask = torch.zeros(len(rows), width, dtype=torch.long)  # (b, T)
         for i, s in enumerate(seqs):
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, T)
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         self._merge(rows, out.past_key_values, mask, positions[:, -1] + 1)
@@ -182,9 +183,10 @@ class DecodeBatch:
             self.next_tok = torch.zeros(len(rows), dtype=torch.long)
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        layers = [(torch.cat([_left_pad(k0, width, 2), _left_pad(k1, width, 2)]),
-                   torch.cat([_left_pad(v0, width, 2), _left_pad(v1, width, 2)]))
-                  for (k0, v0), (k1, v1) in zip(_cache_layers(self.cache), _cache_layers(cache))]
+        layers = [
+            (torch.cat([_left_pad(k0, width, 2), _left_pad(k1, width, 2)]), torch.cat([_left_pad(v0, width, 2), _left_pad(v1, width, 2)]))
+            for (k0, v0), (k1, v1) in zip(_cache_layers(self.cache), _cache_layers(cache))
+        ]
         self.cache = DynamicCache(ddp_cache_data=layers, config=self.config)
         self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)])
         self.next_pos = torch.cat([self.next_pos, next_pos])
@@ -194,14 +196,20 @@ class DecodeBatch:
     def decode(self, model: torch.nn.Module) -> torch.Tensor:
         """Feed every row's last sampled token; returns next-token logits (B, V)."""
         self.mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long)], dim=1)
-        out = model(input_ids=self.next_tok[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                    past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=self.next_tok[:, None],
+            attention_mask=self.mask,
+            position_ids=self.next_pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self.cache = out.past_key_values
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1, :].float()
 
     def set_next(self, first_row: int, tokens: list[int]) -> None:
-        self.next_tok[first_row:first_row + len(tokens)] = torch.tensor(tokens)
+        self.next_tok[first_row : first_row + len(tokens)] = torch.tensor(tokens)
 
     def remove(self, drop: Callable[[GenerationRequest], bool]) -> list[GenerationRequest]:
         """Take the rows matching ``drop`` out of the batch (and their KV rows); return them."""
@@ -227,8 +235,7 @@ class DecodeBatch:
 class Engine:
     """The model and its single generation worker thread."""
 
-    def __init__(self, model_path: str, max_batch: int, weight_version: str, request_log: str | None = None,
-                 forward: str = "auto") -> None:
+    def __init__(self, model_path: str, max_batch: int, weight_version: str, request_log: str | None = None, forward: str = "auto") -> None:
         if forward not in FORWARDS:
             raise ValueError(f"forward: must be one of {FORWARDS}, got {forward!r}")
         self.model_path = model_path
@@ -239,8 +246,7 @@ class Engine:
         self.weight_version = weight_version
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.config = self.model.config
-        has_tokenizer = any(os.path.exists(os.path.join(model_path, f))
-                            for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+        has_tokenizer = any(os.path.exists(os.path.join(model_path, f)) for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if has_tokenizer else None
         eos: set[int] = set()
         for src in (self.model.generation_config.eos_token_id, self.config.eos_token_id):
@@ -284,8 +290,9 @@ class Engine:
         self._queue.put(item)
         return item.future
 
-    def init_weights_group(self, backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-                           group_name: str, timeout_s: float) -> str:
+    def init_weights_group(
+        self, backend: str, master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float
+    ) -> str:
         """Join a weight-update group (blocks until every rank joined; call it off the event loop).
 
         Generation keeps running meanwhile: joining touches no model state."""
@@ -323,7 +330,7 @@ class Engine:
             ids = ids[:-1]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if isinstance(matched, str) and matched in text:
-            text = text[:text.index(matched)]
+            text = text[: text.index(matched)]
         return text
 
     # -- worker thread -----------------------------------------------------------------------
@@ -455,7 +462,7 @@ class Engine:
             r.output_ids.append(tok)
             r.logprobs.append(s.logprobs[i])
             if r.top_logprobs_num:
-                r.top_logprobs.append(list(zip(s.top_logprobs[i][:r.top_logprobs_num], s.top_ids[i][:r.top_logprobs_num])))
+                r.top_logprobs.append(list(zip(s.top_logprobs[i][: r.top_logprobs_num], s.top_ids[i][: r.top_logprobs_num])))
             r.weight_version = self.weight_version
             self.counters.tokens_generated += 1
             matched = self._matched_stop_string(r)
@@ -471,7 +478,7 @@ class Engine:
         if not r.params.stop or self.tokenizer is None:
             return None
         # Like SGLang: decode a tail long enough to hold the longest stop string.
-        tail = self.tokenizer.decode(r.output_ids[-(max(len(s) for s in r.params.stop) + 1):])
+        tail = self.tokenizer.decode(r.output_ids[-(max(len(s) for s in r.params.stop) + 1) :])
         return next((s for s in r.params.stop if s in tail), None)
 
     def _finish(self, r: GenerationRequest) -> None:
@@ -479,8 +486,17 @@ class Engine:
         c.requests_served += 1
         c.aborted += (r.finish_reason or {}).get("type") == "abort"
         if self.request_log is not None:
-            self.request_log.write(json_line({"rid": r.rid, "input_ids": r.input_ids, "output_ids": r.output_ids,
-                                              "output_logprobs": r.logprobs, "weight_version": r.weight_version}))
+            self.request_log.write(
+                json_line(
+                    {
+                        "rid": r.rid,
+                        "input_ids": r.input_ids,
+                        "output_ids": r.output_ids,
+                        "output_logprobs": r.logprobs,
+                        "weight_version": r.weight_version,
+                    }
+                )
+            )
         r.future.set_result(r)
         r.notify()
 
@@ -534,8 +550,9 @@ class Engine:
         unknown = [n for n in loaded if n not in state]
         bad_shape = [n for n, t in loaded.items() if n in state and t.shape != state[n].shape]
         if missing or unknown or bad_shape:
-            raise RequestError(f"{source} do not match the served architecture: "
-                               f"missing={missing[:5]} unknown={unknown[:5]} shape_mismatch={bad_shape[:5]}")
+            raise RequestError(
+                f"{source} do not match the served architecture: missing={missing[:5]} unknown={unknown[:5]} shape_mismatch={bad_shape[:5]}"
+            )
         with torch.no_grad():
             for name, tensor in loaded.items():
                 state[name].copy_(tensor)  # in place (and cast to the served dtype): no re-init, same storage

@@ -34,8 +34,8 @@ import collections
 import json
 import os
 import shlex
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -49,8 +49,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from areal.process import owned_temp_dir
-from areal.process import die_with_parent, log_tail, stop_group
+from areal.process import die_with_parent, log_tail, owned_temp_dir, stop_group
 
 
 class EngineError(Exception):
@@ -148,7 +147,7 @@ class _Answer(asyncio.Protocol):
         if self.waiter is None or self.waiter.done():
             return
         if exc is None and self.body_start >= 0 and not self.chunked and self.length < 0:
-            self.waiter.set_result((self.status, bytes(self.buf[self.body_start:])))  # body ended by close
+            self.waiter.set_result((self.status, bytes(self.buf[self.body_start :])))  # body ended by close
         else:
             self.waiter.set_exception(ConnectionResetError(f"engine closed the connection: {exc!r}"))
 
@@ -251,8 +250,7 @@ class _Http1Pool:
                 # the server closed this idle connection before reading the request: retry fresh
         self.open += 1
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: _Answer(self.loop), self.host, self.port), self.timeout_s)
+            _, conn = await asyncio.wait_for(self.loop.create_connection(lambda: _Answer(self.loop), self.host, self.port), self.timeout_s)
         except BaseException:
             self._released()
             raise
@@ -315,7 +313,7 @@ class _Http1Pool:
 
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
+        waiter.set_exception(TimeoutError())
 
 
 class EngineClient:
@@ -355,8 +353,9 @@ class EngineClient:
         if self._plain:
             try:
                 status, data = await self._get_pool().request(
-                    method, self._prefix + path, b"" if body is None else _json_encoder.encode(body))
-            except (OSError, asyncio.TimeoutError) as exc:  # refused, reset, unreachable, timed out
+                    method, self._prefix + path, b"" if body is None else _json_encoder.encode(body)
+                )
+            except (TimeoutError, OSError) as exc:  # refused, reset, unreachable, timed out
                 raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
             if status >= 400:
                 raise EngineError(status, _error_message(data))
@@ -367,7 +366,7 @@ class EngineClient:
                 if resp.status >= 400:
                     raise EngineError(resp.status, _error_message(data))
                 return data
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
 
     async def generate(
@@ -448,8 +447,9 @@ class EngineClient:
         self._rid_count += 1
         return "%s%016x" % (self._rid_prefix, self._rid_count)
 
-    def _settle(self, final: GenerateResult, rid: str, abort_all_seen: int, budget: int | None,
-                resubmit_aborted: bool) -> GenerateResult | None:
+    def _settle(
+        self, final: GenerateResult, rid: str, abort_all_seen: int, budget: int | None, resubmit_aborted: bool
+    ) -> GenerateResult | None:
         """The result to hand back for a finished segment, or None when it is to be resubmitted
         (an abort the caller did not ask for, with tokens still to sample)."""
         caller_aborted = self._abort_all_count != abort_all_seen or any(rid.startswith(prefix) for prefix in self._aborted)
@@ -475,7 +475,7 @@ class EngineClient:
                         err = json.loads(data)["error"]
                         raise EngineError(err.get("code") if isinstance(err, dict) else None, _error_message(data))
                     yield _response_decoder.decode(data)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
 
     async def pause_generation(self, mode: str = "abort") -> None:
@@ -528,8 +528,12 @@ class EngineClient:
 
 
 def update_weights_from_disk_sync(
-    base_url: str, model_path: str, weight_version: str | None, *,
-    api_key: str | None = None, timeout_s: float = 600,
+    base_url: str,
+    model_path: str,
+    weight_version: str | None,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 600,
 ) -> None:
     """Blocking weight update with the standard library only (for the trainer process)."""
     body = {"model_path": model_path}
@@ -538,8 +542,9 @@ def update_weights_from_disk_sync(
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(base_url.rstrip("/") + "/update_weights_from_disk",
-                                 data=json.dumps(body).encode(), headers=headers, method="POST")
+    req = urllib.request.Request(
+        base_url.rstrip("/") + "/update_weights_from_disk", data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             answer = json.loads(resp.read())
@@ -551,8 +556,16 @@ def update_weights_from_disk_sync(
         raise EngineError(200, str(answer.get("message", answer)))
 
 
-def _segment(input_ids: list[int], done: GenerateResult | None, sampling_params: dict, budget: int | None, rid: str,
-             return_logprob: bool, top_logprobs_num: int, stream: bool) -> dict[str, Any]:
+def _segment(
+    input_ids: list[int],
+    done: GenerateResult | None,
+    sampling_params: dict,
+    budget: int | None,
+    rid: str,
+    return_logprob: bool,
+    top_logprobs_num: int,
+    stream: bool,
+) -> dict[str, Any]:
     """The ``/generate`` body of one segment: the prompt plus the tokens of earlier segments, with
     the budget that is left."""
     if done is None:
@@ -561,8 +574,12 @@ def _segment(input_ids: list[int], done: GenerateResult | None, sampling_params:
     else:
         ids = list(input_ids) + done.output_ids
         remaining = None if budget is None else budget - len(done.output_ids)
-    body: dict[str, Any] = {"input_ids": ids, "rid": rid, "return_logprob": return_logprob,
-                            "sampling_params": dict(sampling_params, max_new_tokens=remaining)}
+    body: dict[str, Any] = {
+        "input_ids": ids,
+        "rid": rid,
+        "return_logprob": return_logprob,
+        "sampling_params": dict(sampling_params, max_new_tokens=remaining),
+    }
     if top_logprobs_num:
         body["top_logprobs_num"] = top_logprobs_num
     if stream:
@@ -580,9 +597,17 @@ def _stitch(done: GenerateResult | None, resp: _GenerateResponse, prompt_tokens:
     ids = resp.output_ids
     versions = [meta.weight_version] * len(ids)
     if done is None:
-        return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=reason, weight_version=meta.weight_version,
-                              prompt_tokens=prompt_tokens, completion_tokens=len(ids), text=resp.text, output_versions=versions,
-                              output_top_logprobs=tops)
+        return GenerateResult(
+            output_ids=ids,
+            output_logprobs=logprobs,
+            finish_reason=reason,
+            weight_version=meta.weight_version,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(ids),
+            text=resp.text,
+            output_versions=versions,
+            output_top_logprobs=tops,
+        )
     ids = done.output_ids + ids
     return GenerateResult(
         output_ids=ids,
@@ -651,8 +676,9 @@ def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProc
         time.sleep(0.25)
 
 
-def launch_command(template: str, model_path: str, port: int, log_path: str, *, host: str = "127.0.0.1",
-                   timeout_s: float = 900) -> EngineProcess:
+def launch_command(
+    template: str, model_path: str, port: int, log_path: str, *, host: str = "127.0.0.1", timeout_s: float = 900
+) -> EngineProcess:
     """Start an inference server from a command template (``{python}``, ``{model}``, ``{host}``,
     ``{port}`` filled in; e.g. ``python -m sglang.launch_server --model-path {model} --port {port}``)
     in its own process group, logging to ``log_path``, and wait until ``/health`` answers 200."""
@@ -660,11 +686,13 @@ def launch_command(template: str, model_path: str, port: int, log_path: str, *, 
     try:
         cmd = shlex.split(template.format(**fields))
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"engine.launch.command {template!r}: only {{python}}, {{model}}, {{host}}, {{port}} "
-                         f"can be filled in ({e!r})") from None
+        raise ValueError(
+            f"engine.launch.command {template!r}: only {{python}}, {{model}}, {{host}}, {{port}} can be filled in ({e!r})"
+        ) from None
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, preexec_fn=die_with_parent)
+        popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent
+        )
     return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path), cmd[0], timeout_s)
 
 
@@ -676,18 +704,39 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def launch_embedded_engine(
-    model_path: str, *, threads: int = 1, log_path: str | None = None, timeout_s: float = 120,
-    max_batch: int = 32, weight_version: str = "default", api_key: str | None = None,
-    request_log: str | None = None, port: int = 0,
+    model_path: str,
+    *,
+    threads: int = 1,
+    log_path: str | None = None,
+    timeout_s: float = 120,
+    max_batch: int = 32,
+    weight_version: str = "default",
+    api_key: str | None = None,
+    request_log: str | None = None,
+    port: int = 0,
 ) -> EngineProcess:
     """Start the embedded engine and wait until it has written its URL to the ready file.
     ``port`` 0 takes a free one; a restarted engine is given its predecessor's."""
     run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
-    cmd = [sys.executable, "-m", "areal.engine.server", "--model-path", model_path,
-           "--ready-file", ready, "--threads", str(threads), "--max-batch", str(max_batch),
-           "--weight-version", weight_version, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal.engine.server",
+        "--model-path",
+        model_path,
+        "--ready-file",
+        ready,
+        "--threads",
+        str(threads),
+        "--max-batch",
+        str(max_batch),
+        "--weight-version",
+        weight_version,
+        "--port",
+        str(port),
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     if request_log:
@@ -697,8 +746,9 @@ def launch_embedded_engine(
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=env, start_new_session=True, preexec_fn=die_with_parent)
+        popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, preexec_fn=die_with_parent
+        )
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(ready):
         failure = None

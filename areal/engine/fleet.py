@@ -30,8 +30,15 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from areal.engine.client import (EngineError, EngineProcess, EngineUnavailable, free_port, launch_command, launch_embedded_engine,
-                                 update_weights_from_disk_sync)
+from areal.engine.client import (
+    EngineError,
+    EngineProcess,
+    EngineUnavailable,
+    free_port,
+    launch_command,
+    launch_embedded_engine,
+    update_weights_from_disk_sync,
+)
 from areal.engine.router import EngineRouter
 from areal.process import log_tail
 
@@ -50,16 +57,27 @@ Launcher = Callable[[int, int, Path], EngineProcess]  # (index, port or 0, log p
 
 def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None) -> Launcher:
     """Our CPU engine (``areal.engine.server``), from the initial weights."""
+
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
-        return launch_embedded_engine(str(model_dir), threads=threads, max_batch=max_batch, log_path=str(log_path),
-                                      request_log=str(request_log) if request_log else None, port=port, weight_version="0")
+        return launch_embedded_engine(
+            str(model_dir),
+            threads=threads,
+            max_batch=max_batch,
+            log_path=str(log_path),
+            request_log=str(request_log) if request_log else None,
+            port=port,
+            weight_version="0",
+        )
+
     return launch
 
 
 def command_launcher(template: str, model_dir: Path, health_timeout_s: float) -> Launcher:
     """Any server speaking SGLang's HTTP API, started by a command template (``engine.launch``)."""
+
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         return launch_command(template, str(model_dir), port or free_port(), str(log_path), timeout_s=health_timeout_s)
+
     return launch
 
 
@@ -99,8 +117,7 @@ class EngineFleet:
         """The first dead engine's story, or None while all run."""
         return next((d for d in map(death_of, self.procs) if d is not None), None)
 
-    async def supervise(self, router: EngineRouter | None, newest: Callable[[], tuple[Path, int]],
-                        report: Callable[[str], None]) -> str:
+    async def supervise(self, router: EngineRouter | None, newest: Callable[[], tuple[Path, int]], report: Callable[[str], None]) -> str:
         """Watch until the fleet cannot go on; returns why. ``newest()`` is the newest published
         weights (dir, version); ``report`` gets one line per death and restart."""
         while True:
@@ -114,8 +131,10 @@ class EngineFleet:
                 self.restarts += 1
                 if self.restarts > self.max_restarts:
                     return f"{death}\n(engine deaths: {self.restarts}, engine.max_restarts={self.max_restarts})"
-                report(f"[engine] {death.split('; log tail')[0]}; restarting it on {self.urls[i]} "
-                       f"({self.restarts}/{self.max_restarts}); its sessions move to the other engines (log: {proc.log_path})")
+                report(
+                    f"[engine] {death.split('; log tail')[0]}; restarting it on {self.urls[i]} "
+                    f"({self.restarts}/{self.max_restarts}); its sessions move to the other engines (log: {proc.log_path})"
+                )
                 router.hold(i)
                 port = int(self.urls[i].rsplit(":", 1)[1])
                 try:

@@ -27,14 +27,29 @@ if TYPE_CHECKING:
 class InferenceEngine(Protocol):
     """Token-in, token-out generation with logprobs."""
 
-    async def generate(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True,
-                       rid: str | None = None, *, top_logprobs_num: int = 0,
-                       resubmit_aborted: bool = True, session_key: str | None = None) -> GenerateResult: ...
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
+        session_key: str | None = None,
+    ) -> GenerateResult: ...
 
-    def generate_stream(self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True,
-                        rid: str | None = None, *, top_logprobs_num: int = 0,
-                        resubmit_aborted: bool = True,
-                        session_key: str | None = None) -> AsyncIterator[GenerateResult]: ...
+    def generate_stream(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
+        session_key: str | None = None,
+    ) -> AsyncIterator[GenerateResult]: ...
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None: ...
 

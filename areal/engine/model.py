@@ -45,7 +45,8 @@ window, dynamic RoPE, q/k norms (Qwen3), MoE, quantised weights, anything else.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -105,7 +106,7 @@ class LeanForward:
         self.group = self.heads // self.kv_heads
         self.eps = float(cfg.rms_norm_eps)
         self.context_len = int(getattr(cfg, "max_position_embeddings", 32768))
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         rotary = model.model.rotary_emb
         pos = torch.arange(self.context_len, dtype=torch.float32)
         freqs = pos[:, None] * rotary.inv_freq.float()[None, :]  # as HF: position * inv_freq in fp32
@@ -126,8 +127,13 @@ class LeanForward:
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a, m = layer.self_attn, layer.mlp
-                ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
-                      _rotate_rows(a.q_proj.weight, h, d), _rotate_rows(a.k_proj.weight, kv, d)]
+                ws = [
+                    a.q_proj.weight,
+                    a.k_proj.weight,
+                    a.v_proj.weight,
+                    _rotate_rows(a.q_proj.weight, h, d),
+                    _rotate_rows(a.k_proj.weight, kv, d),
+                ]
                 biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
                 qkv_bias = None
                 if any(b is not None for b in biases):
@@ -136,13 +142,20 @@ class LeanForward:
                 gu_bias = None
                 if m.gate_proj.bias is not None:
                     gu_bias = torch.cat([m.gate_proj.bias, m.up_proj.bias]).contiguous()
-                self.layers.append({
-                    "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
-                    "qkv": torch.cat(ws).contiguous(), "qkv_bias": qkv_bias,
-                    "o_t": a.o_proj.weight.t(), "o_bias": a.o_proj.bias,
-                    "gu": torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), "gu_bias": gu_bias,
-                    "down_t": m.down_proj.weight.t(), "down_bias": m.down_proj.bias,
-                })
+                self.layers.append(
+                    {
+                        "norm1": layer.input_layernorm.weight,
+                        "norm2": layer.post_attention_layernorm.weight,
+                        "qkv": torch.cat(ws).contiguous(),
+                        "qkv_bias": qkv_bias,
+                        "o_t": a.o_proj.weight.t(),
+                        "o_bias": a.o_proj.bias,
+                        "gu": torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(),
+                        "gu_bias": gu_bias,
+                        "down_t": m.down_proj.weight.t(),
+                        "down_bias": m.down_proj.bias,
+                    }
+                )
         self.embed = self.model.model.embed_tokens.weight
         self.final_norm = self.model.model.norm.weight
         self.lm_head = self.model.lm_head.weight
@@ -165,10 +178,10 @@ class LeanForward:
         if length > self.context_len:
             raise ValueError(f"{length} positions exceed the context length {self.context_len}")
         if rows > self.rows_allocated or length > self.capacity:
-            self._grow(min(self.slots, max(rows, 2 * self.rows_allocated if rows > self.rows_allocated else 0,
-                                           self.rows_allocated)),
-                       min(self.context_len, max(length, 2 * self.capacity if length > self.capacity else 0,
-                                                 self.capacity)))
+            self._grow(
+                min(self.slots, max(rows, 2 * self.rows_allocated if rows > self.rows_allocated else 0, self.rows_allocated)),
+                min(self.context_len, max(length, 2 * self.capacity if length > self.capacity else 0, self.capacity)),
+            )
 
     def move(self, src: list[int], dst: list[int], length: int) -> None:
         """Copy slots ``src`` to slots ``dst`` (first ``length`` positions): batch compaction."""
@@ -201,22 +214,23 @@ class LeanForward:
             y = F.rms_norm(x, (x.shape[-1],), p["norm1"], self.eps)
             proj = F.linear(y, p["qkv"], p["qkv_bias"])  # (n*T, [q|k|v|rot q|rot k])
             qk = proj[:, :qk_width].view(n, t, h + kv, d)
-            rot = proj[:, qk_width + v_width:].view(n, t, h + kv, d)
+            rot = proj[:, qk_width + v_width :].view(n, t, h + kv, d)
             qk = torch.addcmul(qk * cos, rot, sin)  # RoPE: x*cos + rotate_half(x)*sin
             k_flat = k_cache.view(-1, d)
             k_flat.index_copy_(0, write, qk[:, :, h:].reshape(-1, d))
-            v_cache.view(-1, d).index_copy_(0, write, proj[:, qk_width:qk_width + v_width].reshape(-1, d))
+            v_cache.view(-1, d).index_copy_(0, write, proj[:, qk_width : qk_width + v_width].reshape(-1, d))
             if t == 1:  # decode: GQA as batched matmuls over (row, kv head), mask and scale fused in
                 q = qk[:, 0, :h].reshape(n * kv, g, d)
-                keys = k_cache[start:start + n].view(n * kv, cap, d)[:, :length]  # (n*kv, L, d)
-                vals = v_cache[start:start + n].view(n * kv, cap, d)[:, :length]
+                keys = k_cache[start : start + n].view(n * kv, cap, d)[:, :length]  # (n*kv, L, d)
+                vals = v_cache[start : start + n].view(n * kv, cap, d)[:, :length]
                 scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # (n*kv, g, L)
                 out = torch.bmm(torch.softmax(scores, dim=-1), vals).view(n, h * d)  # (n*kv, g, d) -> (n, H*d)
             else:  # prefill: SDPA's memory-bounded kernel (a T x L score matrix per head would not be)
-                keys = k_cache[start:start + n, :, :length]  # (n, kv, L, d)
-                vals = v_cache[start:start + n, :, :length]
-                out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), keys, vals, attn_mask=mask,
-                                                     scale=self.scale, enable_gqa=g > 1)  # (n, H, T, d)
+                keys = k_cache[start : start + n, :, :length]  # (n, kv, L, d)
+                vals = v_cache[start : start + n, :, :length]
+                out = F.scaled_dot_product_attention(
+                    qk[:, :, :h].transpose(1, 2), keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=g > 1
+                )  # (n, H, T, d)
                 out = out.transpose(1, 2).reshape(n * t, h * d)
             x = _residual(x, out, p["o_t"], p["o_bias"])
             y = F.rms_norm(x, (x.shape[-1],), p["norm2"], self.eps)
@@ -255,7 +269,7 @@ class SlotBatch:
         width = int(lengths.max())
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # (b, T); padding sits past each row's end
         for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
+            ids[i, : len(s)] = torch.tensor(s)
         positions = torch.arange(width)[None, :].expand(len(rows), width)
         logits = self.lean.forward(ids, positions, len(self.rows), lengths - 1)
         self.rows += rows
@@ -271,7 +285,7 @@ class SlotBatch:
         return logits
 
     def set_next(self, first_row: int, tokens: list[int]) -> None:
-        self.next_tok[first_row:first_row + len(tokens)] = torch.tensor(tokens)
+        self.next_tok[first_row : first_row + len(tokens)] = torch.tensor(tokens)
 
     def remove(self, drop: Callable[[Any], bool]) -> list[Any]:
         """Take the rows matching ``drop`` out of the batch; return them."""

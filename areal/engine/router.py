@@ -34,9 +34,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from areal.process import owned_temp_dir
 from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult, wait_healthy
-from areal.process import die_with_parent
+from areal.process import die_with_parent, owned_temp_dir
 
 MAX_STICKY_KEYS = 100_000
 
@@ -44,8 +43,7 @@ MAX_STICKY_KEYS = 100_000
 class EngineRouter:
     """``EngineClient``'s interface over several servers: sticky sessions, health failover."""
 
-    def __init__(self, base_urls: list[str], api_key: str | None = None, timeout_s: float = 600,
-                 retry_after_s: float = 5.0) -> None:
+    def __init__(self, base_urls: list[str], api_key: str | None = None, timeout_s: float = 600, retry_after_s: float = 5.0) -> None:
         if not base_urls:
             raise ValueError("base_urls: at least one server is needed")
         self.clients = [EngineClient(u, api_key=api_key, timeout_s=timeout_s) for u in base_urls]
@@ -82,8 +80,7 @@ class EngineRouter:
     async def _revive(self, only_if_none_up: bool) -> None:
         """Probe servers whose back-off expired (they are 'up' again only if /health answers)."""
         now = time.monotonic()
-        candidates = [i for i, t in enumerate(self._down_until)
-                      if i not in self._held and (0 < t <= now or (only_if_none_up and t > now))]
+        candidates = [i for i, t in enumerate(self._down_until) if i not in self._held and (0 < t <= now or (only_if_none_up and t > now))]
         oks = await asyncio.gather(*(self.clients[i].health() for i in candidates))
         for i, ok in zip(candidates, oks):
             if ok:
@@ -114,8 +111,14 @@ class EngineRouter:
         return self.route(session_key)
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, session_key: str | None = None, **kwargs: Any,
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        session_key: str | None = None,
+        **kwargs: Any,
     ) -> GenerateResult:
         for _ in range(len(self.clients)):
             i = await self._pick(session_key)
@@ -129,8 +132,14 @@ class EngineRouter:
         raise EngineUnavailable(None, f"every engine failed: {self.base_urls}")
 
     async def generate_stream(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, session_key: str | None = None, **kwargs: Any,
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        session_key: str | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[GenerateResult]:
         for _ in range(len(self.clients)):
             i = await self._pick(session_key)
@@ -206,18 +215,26 @@ def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", **flags:
     return cmd
 
 
-def launch_sglang_server(model_path: str, port: int, *, host: str = "127.0.0.1", timeout_s: float = 900,
-                         log_path: str | None = None, **flags: Any) -> EngineProcess:
+def launch_sglang_server(
+    model_path: str, port: int, *, host: str = "127.0.0.1", timeout_s: float = 900, log_path: str | None = None, **flags: Any
+) -> EngineProcess:
     """Start SGLang in its own process group and wait until ``/health`` answers 200."""
     if importlib.util.find_spec("sglang") is None:
-        raise RuntimeError("sglang is not installed in this environment (it needs CUDA; on a GPU machine "
-                           "`pip install sglang`); use launch_embedded_engine on CPU")
+        raise RuntimeError(
+            "sglang is not installed in this environment (it needs CUDA; on a GPU machine "
+            "`pip install sglang`); use launch_embedded_engine on CPU"
+        )
     run_dir = owned_temp_dir("sglang")
     log_path = log_path or os.path.join(run_dir, "sglang.log")
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen(sglang_command(model_path, port, host, **flags), stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=die_with_parent)
+        popen = subprocess.Popen(
+            sglang_command(model_path, port, host, **flags),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     url = f"http://{host}:{port}"
     proc = EngineProcess(popen, url, log_path, scratch_dir=None)
     return wait_healthy(proc, "sglang", timeout_s)

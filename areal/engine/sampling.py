@@ -32,17 +32,27 @@ GREEDY_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
 CANDIDATES = 64  # tokens ranked before falling back to a full sort for top-k/top-p/min-p
-SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-                  "ignore_eos", "sampling_seed", "n"}
+SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "sampling_seed", "n"}
 # Valid SGLang sampling keys we do not implement, with the values that make them a no-op.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "stop_regex": (None, "", []),
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_new_tokens": (0,), "json_schema": (None,), "regex": (None,), "ebnf": (None,),
-    "structural_tag": (None,), "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,), "no_stop_trim": (False,),
-    "stream_interval": (None,), "logit_bias": (None, {}), "custom_params": (None, {}),
-    "beam_width": (None, 0, 1), "watermark": (None, False), "choice": (None,),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,),
+    "json_schema": (None,),
+    "regex": (None,),
+    "ebnf": (None,),
+    "structural_tag": (None,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "no_stop_trim": (False,),
+    "stream_interval": (None,),
+    "logit_bias": (None, {}),
+    "custom_params": (None, {}),
+    "beam_width": (None, 0, 1),
+    "watermark": (None, False),
+    "choice": (None,),
 }
 
 

@@ -102,8 +102,13 @@ def parse_distributed_update(body: Any) -> DistributedUpdate:
     if _field(body, "load_format", str, None) is not None:
         raise RequestError("load_format: only null (one broadcast per tensor) is supported")
     version = _field(body, "weight_version", (str, int), None)
-    return DistributedUpdate(group_name=_field(body, "group_name", str, "weight_update_group"), names=names,
-                             dtypes=parsed, shapes=shapes, weight_version=None if version is None else str(version))
+    return DistributedUpdate(
+        group_name=_field(body, "group_name", str, "weight_update_group"),
+        names=names,
+        dtypes=parsed,
+        shapes=shapes,
+        weight_version=None if version is None else str(version),
+    )
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -154,8 +159,7 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenerationRequest], 
         if not all(is_int(t) and 0 <= t < engine.vocab_size for t in prompt):
             raise RequestError(f"input_ids must be ints in [0, {engine.vocab_size})")
         if len(prompt) >= engine.context_len:
-            raise RequestError(f"The input ({len(prompt)} tokens) is longer than the model's "
-                               f"context length ({engine.context_len} tokens).")
+            raise RequestError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({engine.context_len} tokens).")
         if not is_int(top or 0) or (top or 0) < 0:
             raise RequestError(f"top_logprobs_num must be a non-negative int, got {top!r}")
         params = parse_sampling_params(sp if sp is not None else {}, len(prompt), engine.context_len)
@@ -163,9 +167,15 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenerationRequest], 
             raise RequestError("sampling_params.stop needs a tokenizer in the model directory")
         for j in range(params.n):
             seed = params.sampling_seed + j if params.sampling_seed is not None else None
-            rows.append(GenerationRequest(
-                rid=r if params.n == 1 else f"{r}_{j}", input_ids=list(prompt),
-                params=replace(params, sampling_seed=seed), return_logprob=bool(lp), top_logprobs_num=int(top or 0)))
+            rows.append(
+                GenerationRequest(
+                    rid=r if params.n == 1 else f"{r}_{j}",
+                    input_ids=list(prompt),
+                    params=replace(params, sampling_seed=seed),
+                    return_logprob=bool(lp),
+                    top_logprobs_num=int(top or 0),
+                )
+            )
     return rows, is_batch or len(rows) > 1
 
 
@@ -195,8 +205,7 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
-async def stream_generate(request: web.Request, rows: list[GenerationRequest], is_batch: bool,
-                          engine: Engine) -> web.StreamResponse:
+async def stream_generate(request: web.Request, rows: list[GenerationRequest], is_batch: bool, engine: Engine) -> web.StreamResponse:
     """SSE: one cumulative chunk per row whenever it has new tokens, its final chunk, [DONE]."""
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
@@ -232,8 +241,18 @@ async def stream_generate(request: web.Request, rows: list[GenerationRequest], i
             engine.submit(Control("abort", rid=r.rid))
         raise
     except Exception as exc:  # noqa: BLE001 -- errors after the headers went out travel in-band
-        await resp.write(_sse({"error": {"message": str(exc), "type": "invalid_request_error",
-                                         "code": 400 if isinstance(exc, RequestError) else 500, "retryable": False}}))
+        await resp.write(
+            _sse(
+                {
+                    "error": {
+                        "message": str(exc),
+                        "type": "invalid_request_error",
+                        "code": 400 if isinstance(exc, RequestError) else 500,
+                        "retryable": False,
+                    }
+                }
+            )
+        )
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -243,8 +262,7 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     @web.middleware
     async def boundary(request: web.Request, handler: Any) -> web.StreamResponse:
         # Like SGLang's API-key middleware, health probes need no key.
-        if api_key is not None and not request.path.startswith("/health") and \
-                request.headers.get("Authorization") != f"Bearer {api_key}":
+        if api_key is not None and not request.path.startswith("/health") and request.headers.get("Authorization") != f"Bearer {api_key}":
             return _json({"error": "Unauthorized"}, 401)
         # HTTP boundary: protocol errors become 400, anything else 500, never a crashed server.
         try:
@@ -279,34 +297,53 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
 
     async def health_generate(request: web.Request) -> web.Response:
         # Like SGLang: a real 1-token generation proves the worker loop is serving.
-        probe = GenerationRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0],
-                                  params=SamplingParams(max_new_tokens=1, temperature=0.0), return_logprob=False)
+        probe = GenerationRequest(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            input_ids=[0],
+            params=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_logprob=False,
+        )
         if not engine.alive():
             return _json({}, 503)
         await asyncio.wait_for(asyncio.wrap_future(engine.submit(probe)), timeout=20)
         return _json({})
 
     async def model_info(request: web.Request) -> web.Response:
-        return _json({
-            "model_path": engine.model_path, "served_model_name": engine.model_path,
-            "tokenizer_path": engine.model_path if engine.tokenizer is not None else None,
-            "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": engine.weight_version, "load_format": "auto",
-            "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": engine.config.model_type,
-            "architectures": list(engine.config.architectures or []),
-        })
+        return _json(
+            {
+                "model_path": engine.model_path,
+                "served_model_name": engine.model_path,
+                "tokenizer_path": engine.model_path if engine.tokenizer is not None else None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": engine.weight_version,
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": engine.config.model_type,
+                "architectures": list(engine.config.architectures or []),
+            }
+        )
 
     async def server_info(request: web.Request) -> web.Response:
-        return _json({
-            "model_path": engine.model_path, "max_batch": engine.max_batch,
-            "threads": torch.get_num_threads(), "context_length": engine.context_len, "forward": engine.forward,
-            "weight_version": engine.weight_version, "version": "areal-embedded-0.1",
-            "paused": engine.paused, "num_waiting": engine.num_waiting(),
-            "internal_states": [dataclasses.asdict(engine.counters)],
-            **vars(engine.counters),
-        })
+        return _json(
+            {
+                "model_path": engine.model_path,
+                "max_batch": engine.max_batch,
+                "threads": torch.get_num_threads(),
+                "context_length": engine.context_len,
+                "forward": engine.forward,
+                "weight_version": engine.weight_version,
+                "version": "areal-embedded-0.1",
+                "paused": engine.paused,
+                "num_waiting": engine.num_waiting(),
+                "internal_states": [dataclasses.asdict(engine.counters)],
+                **vars(engine.counters),
+            }
+        )
 
     async def update_weights_from_disk(request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -339,8 +376,7 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
                 raise RequestError("backend 'nccl' needs CUDA and this engine runs on CPU; use backend 'gloo'")
             if not 1 <= offset < world:  # rank 0 is the trainer; this engine is one rank (tp 1)
                 raise RequestError(f"rank_offset must be in [1, world_size), got {offset} of {world}")
-            message = await asyncio.to_thread(engine.init_weights_group, backend, address, port, offset, world,
-                                              name, GROUP_TIMEOUT_S)
+            message = await asyncio.to_thread(engine.init_weights_group, backend, address, port, offset, world, name, GROUP_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 -- SGLang answers any failed init with 400 + message
             return outcome(False, f"Failed to init group: {exc}")
         return outcome(True, message)
@@ -359,8 +395,7 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     async def destroy_weights_update_group(request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            message = await asyncio.to_thread(engine.destroy_weights_group,
-                                              _field(body, "group_name", str, "weight_update_group"))
+            message = await asyncio.to_thread(engine.destroy_weights_group, _field(body, "group_name", str, "weight_update_group"))
         except Exception as exc:  # noqa: BLE001 -- answered as SGLang does
             return outcome(False, f"Failed to destroy group: {exc}")
         return outcome(True, message)

@@ -35,8 +35,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from areal.api.cli_args import PPOConfig
 from areal.agent import class_spec
+from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig, to_dict
 from areal.dataclass_config import build_dataclass
@@ -86,35 +86,53 @@ def train_steps(config: PPOConfig, n_rows: int) -> int:
 def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool) -> TrainConfig:
     """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
     g, r = config.gconfig, config.rollout
-    data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0,
-            "eval_samples": config.eval_samples}
-    rollout = {"n_samples": g.n_samples, "groups_per_step": config.train_dataset.batch_size,
-               "max_head_offpolicyness": r.max_head_offpolicyness, "max_concurrent_episodes": r.max_concurrent_rollouts,
-               "deadline_s": r.request_timeout, "temperature": g.temperature, "openai": {"mode": r.openai.mode}}
+    data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0, "eval_samples": config.eval_samples}
+    rollout = {
+        "n_samples": g.n_samples,
+        "groups_per_step": config.train_dataset.batch_size,
+        "max_head_offpolicyness": r.max_head_offpolicyness,
+        "max_concurrent_episodes": r.max_concurrent_rollouts,
+        "deadline_s": r.request_timeout,
+        "temperature": g.temperature,
+        "openai": {"mode": r.openai.mode},
+    }
     if agent_spec is not None:
         rollout["agent"] = agent_spec
-    return build_dataclass(TrainConfig, {
-        "experiment_name": config.experiment_name,
-        "seed": config.seed,
-        "model": {"path": config.actor.path},
-        "engine": {"kind": r.backend, "urls": list(r.server_urls)},
-        "gateway": {"context_length": r.context_length, "default_max_tokens": g.max_new_tokens,
-                    "max_tokens_cap": max(GATEWAY_MAX_TOKENS_CAP, g.max_new_tokens),
-                    "tool_parser": r.openai.tool_call_parser, "reasoning_parser": r.openai.reasoning_parser},
-        "rollout": rollout,
-        "sandbox": dataclasses.asdict(config.sandbox),
-        "trainer": {"steps": train_steps(config, n_train), "lr": config.actor.optimizer.lr, "clip_eps": config.actor.eps_clip,
-                    "max_grad_norm": config.actor.optimizer.gradient_clipping, "threads": config.actor.threads,
-                    "micro_batch_tokens": config.actor.mb_spec.max_tokens_per_mb},
-        "data": data,
-    })
+    return build_dataclass(
+        TrainConfig,
+        {
+            "experiment_name": config.experiment_name,
+            "seed": config.seed,
+            "model": {"path": config.actor.path},
+            "engine": {"kind": r.backend, "urls": list(r.server_urls)},
+            "gateway": {
+                "context_length": r.context_length,
+                "default_max_tokens": g.max_new_tokens,
+                "max_tokens_cap": max(GATEWAY_MAX_TOKENS_CAP, g.max_new_tokens),
+                "tool_parser": r.openai.tool_call_parser,
+                "reasoning_parser": r.openai.reasoning_parser,
+            },
+            "rollout": rollout,
+            "sandbox": dataclasses.asdict(config.sandbox),
+            "trainer": {
+                "steps": train_steps(config, n_train),
+                "lr": config.actor.optimizer.lr,
+                "clip_eps": config.actor.eps_clip,
+                "max_grad_norm": config.actor.optimizer.gradient_clipping,
+                "threads": config.actor.threads,
+                "micro_batch_tokens": config.actor.mb_spec.max_tokens_per_mb,
+            },
+            "data": data,
+        },
+    )
 
 
 class PPOTrainer:
     """Context manager; ``train(workflow, eval_workflow)`` runs one training run to its end."""
 
-    def __init__(self, config: PPOConfig, train_dataset: list[dict[str, Any]] | None = None,
-                 valid_dataset: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, config: PPOConfig, train_dataset: list[dict[str, Any]] | None = None, valid_dataset: list[dict[str, Any]] | None = None
+    ) -> None:
         if not isinstance(config, PPOConfig):
             raise TypeError(f"config must be a PPOConfig/GRPOConfig (from load_expr_config), got {type(config).__name__}")
         self.config = config
@@ -130,8 +148,13 @@ class PPOTrainer:
         # Every process of a run (engine, trainer, zygote) is started and stopped inside train().
         return None
 
-    def train(self, workflow: Any, eval_workflow: Any = None, workflow_kwargs: dict[str, Any] | None = None,
-              eval_workflow_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def train(
+        self,
+        workflow: Any,
+        eval_workflow: Any = None,
+        workflow_kwargs: dict[str, Any] | None = None,
+        eval_workflow_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
         from areal.controller import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
 
@@ -150,8 +173,9 @@ class PPOTrainer:
             if self.valid_dataset:
                 extra["eval_dataset"] = list(self.valid_dataset)
         if embedded and isinstance(self.train_dataset, EmbeddedDataset) and self.train_dataset.seed != self.config.seed:
-            logging.getLogger(__name__).warning("train_dataset was made with seed %d; the run uses seed %d",
-                                                self.train_dataset.seed, self.config.seed)
+            logging.getLogger(__name__).warning(
+                "train_dataset was made with seed %d; the run uses seed %d", self.train_dataset.seed, self.config.seed
+            )
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "areal_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))

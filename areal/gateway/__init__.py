@@ -17,5 +17,13 @@ from areal.gateway.core import (
 from areal.gateway.server import serve_http, serve_zmq
 from areal.gateway.tree import InteractionWithTokenLogpReward
 
-__all__ = ["Gateway", "GatewayConfig", "Interaction", "InteractionWithTokenLogpReward", "RequestError", "Session",
-           "serve_http", "serve_zmq"]
+__all__ = [
+    "Gateway",
+    "GatewayConfig",
+    "Interaction",
+    "InteractionWithTokenLogpReward",
+    "RequestError",
+    "Session",
+    "serve_http",
+    "serve_zmq",
+]

@@ -45,13 +45,32 @@ from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sam
 if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
 
-_HONOURED = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "stream", "tools", "tool_choice",
-             "top_k", "min_p", "repetition_penalty"}  # min_p, repetition_penalty: extra_body
+_HONOURED = {
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "stream",
+    "tools",
+    "tool_choice",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+}  # min_p, repetition_penalty: extra_body
 # Accepted without effect on what is sampled; thinking is checked below.
 _NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
 _ERROR_KINDS = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -88,8 +107,7 @@ def request_to_turn(body: dict) -> Turn:
 
     messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
     tools = _convert_tools(body.get("tools"))
-    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops),
-                        **sampling_extensions(body))
+    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **sampling_extensions(body))
     return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
 
 
@@ -153,7 +171,9 @@ def _assistant_blocks(blocks: list, where: str) -> dict:
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
                 raise RequestError(400, f"{at}: tool_use needs string id and name and an object input", param=at)
             arguments = json.dumps(block["input"], ensure_ascii=False)
-            msg.setdefault("tool_calls", []).append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+            msg.setdefault("tool_calls", []).append(
+                {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+            )
         else:
             raise RequestError(400, f"{at}: block type {kind!r} is not supported in an assistant message", param=at)
     if texts or "tool_calls" not in msg:
@@ -306,8 +326,7 @@ def sse(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-async def _stream(body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta],
-                  matched: Any) -> AsyncIterator[bytes]:
+async def _stream(body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], matched: Any) -> AsyncIterator[bytes]:
     events = MessageEvents(body, message_id)
     yield events.start()
     delta: ChoiceDelta | None = first
@@ -337,8 +356,14 @@ class MessageEvents:
 
     def start(self) -> bytes:
         message = {
-            "id": self.message_id, "type": "message", "role": "assistant", "model": self.body.get("model") or "areal",
-            "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0},
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.body.get("model") or "areal",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
         }
         return sse({"type": "message_start", "message": message})
 
@@ -379,19 +404,33 @@ class MessageEvents:
         if not self.saw_text and (parsed.content or not parsed.tool_calls):
             frames.append(self._open("text"))  # a message always has a text block or a tool_use
             if parsed.content:
-                frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": parsed.content}}))
+                frames.append(
+                    sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": parsed.content}})
+                )
         frames += self._close()
         for tc in parsed.tool_calls:
             self.index += 1
             start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
             frames.append(sse({"type": "content_block_start", "index": self.index, "content_block": start}))
-            frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "input_json_delta", "partial_json": tc.arguments}}))
+            frames.append(
+                sse(
+                    {
+                        "type": "content_block_delta",
+                        "index": self.index,
+                        "delta": {"type": "input_json_delta", "partial_json": tc.arguments},
+                    }
+                )
+            )
             frames.append(sse({"type": "content_block_stop", "index": self.index}))
         reason = stop_reason(choice, matched_stop)
-        frames.append(sse({
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": matched_stop if reason == "stop_sequence" else None},
-            "usage": {"input_tokens": choice.prompt_tokens, "output_tokens": choice.completion_tokens},
-        }))
+        frames.append(
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": matched_stop if reason == "stop_sequence" else None},
+                    "usage": {"input_tokens": choice.prompt_tokens, "output_tokens": choice.completion_tokens},
+                }
+            )
+        )
         frames.append(sse({"type": "message_stop"}))
         return frames

@@ -27,12 +27,33 @@ from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sam
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
 
-_HONOURED = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
-             "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options",
-             "top_k", "min_p", "repetition_penalty"}  # the last three: SGLang's / vLLM's extensions (extra_body)
+_HONOURED = {
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stream",
+    "stream_options",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+}  # the last three: SGLang's / vLLM's extensions (extra_body)
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
-_NOOP_VALUES: dict[str, tuple[Any, ...]] = {"frequency_penalty": (0, 0.0, None), "presence_penalty": (0, 0.0, None),
-                                            "response_format": (None, {"type": "text"})}
+_NOOP_VALUES: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
+    "response_format": (None, {"type": "text"}),
+}
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
 
@@ -57,9 +78,14 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sampling = Sampling(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=_default(body, "temperature", 1.0), top_p=_default(body, "top_p", 1.0), seed=body.get("seed"),
-        stop=stops, n=_default(body, "n", 1), logprobs=body.get("logprobs") or False,
-        top_logprobs=_default(body, "top_logprobs", 0), **sampling_extensions(body),
+        temperature=_default(body, "temperature", 1.0),
+        top_p=_default(body, "top_p", 1.0),
+        seed=body.get("seed"),
+        stop=stops,
+        n=_default(body, "n", 1),
+        logprobs=body.get("logprobs") or False,
+        top_logprobs=_default(body, "top_logprobs", 0),
+        **sampling_extensions(body),
     )
     return Turn(messages=body.get("messages"), sampling=sampling, tools=body.get("tools"), tool_choice=body.get("tool_choice"))
 
@@ -99,9 +125,17 @@ def _tool_call(call: Any, index: int | None = None) -> dict:
 def _logprobs(choice: Choice) -> dict | None:
     if choice.logprobs is None:
         return None
-    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
-                         "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top]}
-                        for t in choice.logprobs]}
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top],
+            }
+            for t in choice.logprobs
+        ]
+    }
 
 
 def usage(choices: list[Choice]) -> dict:
@@ -112,9 +146,13 @@ def usage(choices: list[Choice]) -> dict:
 
 def completion_body(response_id: str, model: str, choices: list[Choice]) -> dict:
     return {
-        "id": response_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason, "logprobs": _logprobs(c)}
-                    for c in choices],
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": c.index, "message": _message(c), "finish_reason": c.finish_reason, "logprobs": _logprobs(c)} for c in choices
+        ],
         "usage": usage(choices),
     }
 
@@ -123,13 +161,21 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _chunks(response_id: str, model: str, n: int, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta],
-                  include_usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(
+    response_id: str, model: str, n: int, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], include_usage: bool
+) -> AsyncIterator[bytes]:
     created = int(time.time())
 
     def chunk(choices: list[dict], **extra: Any) -> bytes:
-        body = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": None, "choices": choices, **extra}
+        body = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": choices,
+            **extra,
+        }
         if include_usage and "usage" not in extra:
             body["usage"] = None
         return _sse(body)

@@ -106,8 +106,13 @@ from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
-_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_EVENTS = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _FLUSH_S = 0.2  # a connection cut after its error reply: time for libzmq to write that reply first
 _BATCH = 256  # messages taken per turn of the loop before yielding to other callbacks
 _GUARD_S = 0.05  # the memory guard's period: an abuser adds at most its rate x this between two looks
@@ -135,8 +140,16 @@ class DoorLimits:
     def __post_init__(self) -> None:
         if self.max_connections < 0:
             raise ValueError(f"max_connections must be >= 0 (0: from RLIMIT_NOFILE), got {self.max_connections}")
-        for name in ("max_connections_per_session", "handshake_s", "heartbeat_s", "heartbeat_timeout_s", "snd_hwm",
-                     "rcv_hwm", "backlog", "memory_budget"):
+        for name in (
+            "max_connections_per_session",
+            "handshake_s",
+            "heartbeat_s",
+            "heartbeat_timeout_s",
+            "snd_hwm",
+            "rcv_hwm",
+            "backlog",
+            "memory_budget",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -203,8 +216,7 @@ class Door:
     one-frame message and answers with ``door.send(conn, payload)``. ``await Door.bind(...)``,
     then ``close()``."""
 
-    def __init__(self, address: str, on_message: Callable[[Conn, bytes], None], max_frame: int,
-                 limits: DoorLimits | None = None) -> None:
+    def __init__(self, address: str, on_message: Callable[[Conn, bytes], None], max_frame: int, limits: DoorLimits | None = None) -> None:
         self.address = address
         self.on_message = on_message
         self.max_frame = max_frame
@@ -230,11 +242,17 @@ class Door:
         self.ctx = zmq.Context(io_threads=1)  # the door's own I/O thread: no other socket waits behind it
         self.sock = self.ctx.socket(zmq.ROUTER)
         lim = self.limits
-        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, max_frame), (zmq.ROUTER_MANDATORY, 1),
-                              (zmq.SNDHWM, lim.snd_hwm), (zmq.RCVHWM, lim.rcv_hwm), (zmq.BACKLOG, lim.backlog),
-                              (zmq.HANDSHAKE_IVL, int(lim.handshake_s * 1000)),
-                              (zmq.HEARTBEAT_IVL, int(lim.heartbeat_s * 1000)),
-                              (zmq.HEARTBEAT_TIMEOUT, int(lim.heartbeat_timeout_s * 1000))):
+        for option, value in (
+            (zmq.LINGER, 0),
+            (zmq.MAXMSGSIZE, max_frame),
+            (zmq.ROUTER_MANDATORY, 1),
+            (zmq.SNDHWM, lim.snd_hwm),
+            (zmq.RCVHWM, lim.rcv_hwm),
+            (zmq.BACKLOG, lim.backlog),
+            (zmq.HANDSHAKE_IVL, int(lim.handshake_s * 1000)),
+            (zmq.HEARTBEAT_IVL, int(lim.heartbeat_s * 1000)),
+            (zmq.HEARTBEAT_TIMEOUT, int(lim.heartbeat_timeout_s * 1000)),
+        ):
             self.sock.setsockopt(option, value)
         monitor_addr = f"inproc://door-monitor-{id(self):x}"
         self.sock.monitor(monitor_addr, _EVENTS)
@@ -250,8 +268,9 @@ class Door:
         self._drain()
 
     @classmethod
-    async def bind(cls, address: str, on_message: Callable[[Conn, bytes], None], *, max_frame: int = 16 << 20,
-                   limits: DoorLimits | None = None) -> Door:
+    async def bind(
+        cls, address: str, on_message: Callable[[Conn, bytes], None], *, max_frame: int = 16 << 20, limits: DoorLimits | None = None
+    ) -> Door:
         return cls(address, on_message, max_frame, limits)
 
     # ---- messages ---------------------------------------------------------------------------
@@ -363,8 +382,11 @@ class Door:
             if victim is None:
                 self.cut_off(conn, f"all {self.cap} connections of the door are in use (max_connections)")
             else:
-                self.cut_off(victim, f"evicted for a new connection: the door holds its {self.cap} connections "
-                                     f"(max_connections) and this one never carried a session key")
+                self.cut_off(
+                    victim,
+                    f"evicted for a new connection: the door holds its {self.cap} connections "
+                    f"(max_connections) and this one never carried a session key",
+                )
 
     def _closed(self, fd: int) -> None:
         conn = self.peers.pop(fd, None)
@@ -377,8 +399,11 @@ class Door:
             if failure is not None:
                 self.report(conn.owner, "closed by libzmq", f"the ZMTP handshake failed: {failure}")
             elif not conn.delivered:
-                self.report(conn.owner, "closed by libzmq", "it sent no complete request (an unfinished handshake or "
-                            "frame ran out of time, an oversized frame, or it hung up)")
+                self.report(
+                    conn.owner,
+                    "closed by libzmq",
+                    "it sent no complete request (an unfinished handshake or frame ran out of time, an oversized frame, or it hung up)",
+                )
             self._release(conn)
 
     def _owner(self, key: Hashable, name: str, session: bool) -> Owner:
@@ -472,9 +497,15 @@ class Door:
         if not self._mark:
             self._over_since = now
         elif not recent_cut and not any(not c.cut and c.born < self._over_since for c in self.peers.values()):
-            log.warning("zmq door %s: the process holds %d MiB over the door's reference, and every connection it "
-                        "had when it went over memory_budget=%d MiB is gone: the memory is not the door's; the "
-                        "reference is now %d MiB", self.address, (anon - self.reference) >> 20, budget >> 20, anon >> 20)
+            log.warning(
+                "zmq door %s: the process holds %d MiB over the door's reference, and every connection it "
+                "had when it went over memory_budget=%d MiB is gone: the memory is not the door's; the "
+                "reference is now %d MiB",
+                self.address,
+                (anon - self.reference) >> 20,
+                budget >> 20,
+                anon >> 20,
+            )
             self.reference, self._mark, self._round = anon, 0, 0
             return
         elif anon < self._mark + budget // 8:
@@ -483,12 +514,18 @@ class Door:
         held = f"the process holds {(anon - self.reference) >> 20} MiB over its reference, past memory_budget={budget >> 20} MiB"
         suspects = [c for c in self.peers.values() if not c.cut and now - c.last >= _RECENT_S]
         for conn in (c for c in suspects if not c.inflight):
-            self._cut_for_memory(conn, f"{held}; cut as a connection with nothing being served that has completed "
-                                       f"no message for {now - conn.last:.1f} s (an unfinished message holds memory)")
+            self._cut_for_memory(
+                conn,
+                f"{held}; cut as a connection with nothing being served that has completed "
+                f"no message for {now - conn.last:.1f} s (an unfinished message holds memory)",
+            )
         served = sorted((c for c in suspects if c.inflight), key=lambda c: c.last)
         for conn in served[: self._round]:
-            self._cut_for_memory(conn, f"{held}, and growing; cut with its requests in flight, as the longest silent "
-                                       f"connection: no message completed for {now - conn.last:.1f} s")
+            self._cut_for_memory(
+                conn,
+                f"{held}, and growing; cut with its requests in flight, as the longest silent "
+                f"connection: no message completed for {now - conn.last:.1f} s",
+            )
         self._round = max(1, 2 * self._round)  # the first step cuts no request in flight
 
     def _cut_for_memory(self, conn: Conn, reason: str) -> None:

@@ -50,9 +50,12 @@ def validate_turn(turn: Turn, config: GatewayConfig) -> None:
         if isinstance(m.get("content"), list):  # text parts are joined; the template takes strings
             m["content"] = _join_text_parts(m["content"], f"messages[{i}].content")
         calls = m.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(
-                isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
-                for c in calls)):
+        if calls is not None and not (
+            isinstance(calls, list)
+            and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str) for c in calls
+            )
+        ):
             raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls", param=f"messages[{i}].tool_calls")
     s = turn.sampling
     _check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
@@ -77,11 +80,13 @@ def _join_text_parts(parts: list, where: str) -> str:
     """``[{"type": "text", "text": ...}, ...]`` -> one string; any other part is a 400 naming it."""
     texts = []
     for j, part in enumerate(parts):
-        if not (isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
-                and isinstance(part.get("text"), str)):
+        if not (isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text") and isinstance(part.get("text"), str)):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise RequestError(400, f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}); "
-                                    f"got {kind!r}: this gateway serves text-only models", param=f"{where}[{j}]")
+            raise RequestError(
+                400,
+                f"{where}[{j}] must be a text part ({{'type': 'text', 'text': ...}}); got {kind!r}: this gateway serves text-only models",
+                param=f"{where}[{j}]",
+            )
         texts.append(part["text"])
     return "".join(texts)
 
@@ -90,21 +95,28 @@ def _validate_tools(turn: Turn, config: GatewayConfig) -> None:
     tools = turn.tools
     if tools is not None:
         if not isinstance(tools, list) or not all(
-                isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
-                and isinstance(t["function"].get("name"), str) for t in tools):
+            isinstance(t, dict)
+            and t.get("type") == "function"
+            and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            for t in tools
+        ):
             raise RequestError(400, "tools must be a list of {type: function, function: {name, parameters}}", param="tools")
     choice = turn.tool_choice
     if choice in (None, "auto", "none"):
         return
-    if choice != "required" and not (isinstance(choice, dict) and choice.get("type") == "function"
-                                     and isinstance(choice.get("function"), dict)):
-        raise RequestError(400, f"tool_choice must be 'auto', 'none', 'required' or "
-                                f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}", param="tool_choice")
+    if choice != "required" and not (
+        isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+    ):
+        raise RequestError(
+            400,
+            f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+            param="tool_choice",
+        )
     if not tools:
         raise RequestError(400, "tool_choice forces a tool call, but the request offers no tools", param="tool_choice")
     if config.tool_parser is None:
-        raise RequestError(400, "tool_choice cannot force a call: this gateway has no tool-call format (tool_parser)",
-                           param="tool_choice")
+        raise RequestError(400, "tool_choice cannot force a call: this gateway has no tool-call format (tool_parser)", param="tool_choice")
     if isinstance(choice, dict):
         name = choice["function"].get("name")
         if not any(t["function"]["name"] == name for t in tools):
@@ -121,8 +133,11 @@ def forced_text(turn: Turn, config: GatewayConfig) -> str:
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         tool = next(t["function"] for t in turn.tools or () if t["function"]["name"] == name)
-        return forced_tool_prefix(config.tool_parser, name,  # type: ignore[arg-type]
-                                  no_arguments=takes_no_arguments(tool.get("parameters")))
+        return forced_tool_prefix(
+            config.tool_parser,
+            name,  # type: ignore[arg-type]
+            no_arguments=takes_no_arguments(tool.get("parameters")),
+        )
     return ""
 
 
@@ -203,8 +218,18 @@ def choice_ids(n: int, response_id: str | None) -> list[str]:
     return [response_id if i == 0 and response_id else new_id("chatcmpl-") for i in range(n)]
 
 
-def record_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str,
-                  result: Any, keep: int, finish: str, parsed: ParsedOutput) -> Choice:
+def record_choice(
+    gateway: Gateway,
+    session: Session,
+    turn: Turn,
+    prompt: Prompt,
+    index: int,
+    interaction_id: str,
+    result: Any,
+    keep: int,
+    finish: str,
+    parsed: ParsedOutput,
+) -> Choice:
     """``keep``: how many of the result's tokens the client was answered with."""
     """Record one finished choice as an Interaction and make it findable as a parent."""
     ids, lps = result.output_ids[:keep], result.output_logprobs[:keep]  # slices: the interaction's own lists
@@ -212,22 +237,38 @@ def record_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt
     known = {v: parse_version(v) for v in set(raw)}  # one version per generation, usually: parse it once
     versions = [known[v] for v in raw]
     inter = Interaction(
-        id=interaction_id, prompt_ids=prompt.ids, output_ids=ids, output_logprobs=lps,
-        version=parse_version(result.weight_version), finish_reason=finish, created=time.time(), parent_id=prompt.parent_id,
+        id=interaction_id,
+        prompt_ids=prompt.ids,
+        output_ids=ids,
+        output_logprobs=lps,
+        version=parse_version(result.weight_version),
+        finish_reason=finish,
+        created=time.time(),
+        parent_id=prompt.parent_id,
         output_versions=versions,
     )
     session.interactions[inter.id] = inter
-    reply = {"role": "assistant", "content": parsed.content,
-             "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]}
+    reply = {
+        "role": "assistant",
+        "content": parsed.content,
+        "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls],
+    }
     gateway.prompts.record(session.index, prompt, inter, reply)
     reason = "tool_calls" if parsed.tool_calls and finish == "stop" else finish
-    return Choice(index=index, interaction_id=inter.id, parsed=parsed, finish_reason=reason, prompt_tokens=len(prompt.ids),
-                  completion_tokens=len(ids), logprobs=_token_logprobs(gateway, ids, lps, getattr(result, "output_top_logprobs", []))
-                  if turn.sampling.logprobs else None)
+    return Choice(
+        index=index,
+        interaction_id=inter.id,
+        parsed=parsed,
+        finish_reason=reason,
+        prompt_tokens=len(prompt.ids),
+        completion_tokens=len(ids),
+        logprobs=_token_logprobs(gateway, ids, lps, getattr(result, "output_top_logprobs", [])) if turn.sampling.logprobs else None,
+    )
 
 
-def finish_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str,
-                  result: Any, forced: str = "") -> Choice:
+def finish_choice(
+    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, index: int, interaction_id: str, result: Any, forced: str = ""
+) -> Choice:
     """A finished (non-streamed) engine result -> its recorded Choice. ``forced``: text the gateway
     wrote after the prompt (its ids end ``prompt.ids``); it is parsed as the start of the output."""
     ids, keep, finish = result.output_ids, len(result.output_ids), result.finish_reason
@@ -242,8 +283,9 @@ def finish_choice(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt
     return record_choice(gateway, session, turn, prompt, index, interaction_id, result, keep, finish, parsed)
 
 
-async def stream_choices(gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict,
-                         interaction_ids: list[str], forced: str = "") -> AsyncIterator[ChoiceDelta]:
+async def stream_choices(
+    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, interaction_ids: list[str], forced: str = ""
+) -> AsyncIterator[ChoiceDelta]:
     """Merge the n engine streams into ChoiceDeltas; cancels the engine streams when abandoned.
     ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token."""
     n, stops = turn.sampling.n, turn.sampling.stop
@@ -296,15 +338,14 @@ async def stream_choices(gateway: Gateway, session: Session, turn: Turn, prompt:
             if not final and text.endswith("\ufffd"):
                 visible = min(visible, len(text) - 1)  # an incomplete UTF-8 sequence
             if visible > emitted[i]:
-                for ev in parsers[i].feed(text[emitted[i]:visible]):
+                for ev in parsers[i].feed(text[emitted[i] : visible]):
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
                 emitted[i] = visible
             if final:
                 events, parsed = parsers[i].finish()
                 for ev in events:
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
-                choice = record_choice(gateway, session, turn, prompt, i, interaction_ids[i], result, keep,
-                                       finish or "abort", parsed)
+                choice = record_choice(gateway, session, turn, prompt, i, interaction_ids[i], result, keep, finish or "abort", parsed)
                 parsers[i] = None
                 open_ -= 1
                 yield ChoiceDelta(index=i, kind="done", choice=choice)

@@ -47,7 +47,7 @@ import json
 import math
 import re
 import secrets
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import msgspec
@@ -57,16 +57,32 @@ REASONING_PARSERS: tuple[str, ...] = ("think",)  # <think>...</think> (Qwen3/Dee
 # The names SGLang's and vLLM's servers use for the same formats (--tool-call-parser,
 # --reasoning-parser), so that a config written for either works here unchanged.
 TOOL_PARSER_ALIASES: dict[str, str] = {
-    "qwen": "qwen25", "qwen2_5": "qwen25", "qwen3": "hermes", "llama3_json": "llama3", "llama4_json": "llama3",
-    "deepseek_v3": "deepseekv3", "deepseek-v3": "deepseekv3",
+    "qwen": "qwen25",
+    "qwen2_5": "qwen25",
+    "qwen3": "hermes",
+    "llama3_json": "llama3",
+    "llama4_json": "llama3",
+    "deepseek_v3": "deepseekv3",
+    "deepseek-v3": "deepseekv3",
 }
 REASONING_PARSER_ALIASES: dict[str, str] = {
-    "qwen3": "think", "qwen3-thinking": "think", "qwen3_thinking": "think", "deepseek-r1": "think",
-    "deepseek_r1": "think", "deepseek-v3": "think", "deepseek_v3": "think",
+    "qwen3": "think",
+    "qwen3-thinking": "think",
+    "qwen3_thinking": "think",
+    "deepseek-r1": "think",
+    "deepseek_r1": "think",
+    "deepseek-v3": "think",
+    "deepseek_v3": "think",
 }
 # Formats those servers know and this gateway does not parse yet: named, so the error says so.
-_NOT_YET = {"qwen3_coder": "Qwen3-Coder's XML tool calls", "gpt-oss": "GPT-OSS harmony", "gpt_oss": "GPT-OSS harmony",
-            "openai": "GPT-OSS harmony", "pythonic": "pythonic tool calls", "kimi_k2": "Kimi K2 tool calls"}
+_NOT_YET = {
+    "qwen3_coder": "Qwen3-Coder's XML tool calls",
+    "gpt-oss": "GPT-OSS harmony",
+    "gpt_oss": "GPT-OSS harmony",
+    "openai": "GPT-OSS harmony",
+    "pythonic": "pythonic tool calls",
+    "kimi_k2": "Kimi K2 tool calls",
+}
 
 
 def tool_parser_name(name: str | None) -> str | None:
@@ -86,8 +102,11 @@ def _parser_name(name: str | None, known: tuple[str, ...], aliases: dict[str, st
         return aliases[name]
     if name in _NOT_YET:
         raise ValueError(f"gateway.{field}={name!r}: {_NOT_YET[name]} are not parsed by this gateway yet")
-    raise ValueError(f"gateway.{field} must be one of {', '.join(known)} (or SGLang's / vLLM's names: "
-                     f"{', '.join(sorted(aliases))}) or None, got {name!r}")
+    raise ValueError(
+        f"gateway.{field} must be one of {', '.join(known)} (or SGLang's / vLLM's names: "
+        f"{', '.join(sorted(aliases))}) or None, got {name!r}"
+    )
+
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 QWEN_OPEN, QWEN_CLOSE = "<tool_call>", "</tool_call>"
@@ -160,8 +179,12 @@ def takes_no_arguments(parameters: Any) -> bool:
     no properties, nothing required and no minimum count): ``{}`` is then valid arguments."""
     if parameters is None:
         return True
-    return (isinstance(parameters, dict) and not parameters.get("properties") and not parameters.get("required")
-            and not parameters.get("minProperties"))
+    return (
+        isinstance(parameters, dict)
+        and not parameters.get("properties")
+        and not parameters.get("required")
+        and not parameters.get("minProperties")
+    )
 
 
 def new_call_id() -> str:
@@ -171,8 +194,10 @@ def new_call_id() -> str:
 
 def parse_output(text: str, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> ParsedOutput:
     """Split a finished model output into content, reasoning and tool calls (never raises on text)."""
-    if (tool_parser is None or (tool_parser in _TOOL_OPENERS and tool_parser != "llama3")) and \
-            reasoning_parser in (None, *REASONING_PARSERS):
+    if (tool_parser is None or (tool_parser in _TOOL_OPENERS and tool_parser != "llama3")) and reasoning_parser in (
+        None,
+        *REASONING_PARSERS,
+    ):
         # No marker anywhere: the scanner would pass every character through as content, so the
         # common plain answer skips it. (llama3 is excluded: a leading "{" opens a call there.)
         markers = (_TOOL_OPENERS[tool_parser] if tool_parser else ()) + ((THINK_OPEN,) if reasoning_parser else ())
@@ -214,7 +239,7 @@ def _decode_at(text: str, pos: int) -> tuple[Any, int] | None:
 def _decode_all(text: str) -> Any | None:
     """A JSON value that is the whole of ``text`` (surrounding whitespace allowed), else None."""
     got = _decode_at(text, 0)
-    if got is None or text[got[1]:].strip():
+    if got is None or text[got[1] :].strip():
         return None
     return got[0]
 
@@ -317,12 +342,10 @@ def _check_names(tool_parser: str | None, reasoning_parser: str | None) -> None:
     if tool_parser is not None and tool_parser not in TOOL_PARSERS:
         raise ValueError(f"unknown tool_parser {tool_parser!r}; choose one of {', '.join(TOOL_PARSERS)} or None")
     if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
-        raise ValueError(
-            f"unknown reasoning_parser {reasoning_parser!r}; choose one of {', '.join(REASONING_PARSERS)} or None"
-        )
+        raise ValueError(f"unknown reasoning_parser {reasoning_parser!r}; choose one of {', '.join(REASONING_PARSERS)} or None")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _prefix_pattern(markers: tuple[str, ...]) -> tuple[re.Pattern[str], int]:
     """A regex matching, at the end of a text, any proper prefix of a marker; and the longest one."""
     prefixes = sorted({m[:k] for m in markers for k in range(1, len(m))}, key=len, reverse=True)
@@ -433,14 +456,14 @@ class StreamParser:
             before = self._buf[:i]
             kept = before.rstrip()
             self._emit(kind, kept)
-            self._buf = self._buf[i + len(marker):]
+            self._buf = self._buf[i + len(marker) :]
             if marker == THINK_CLOSE:
                 self._state, self._think_done, self._skip_ws = _CONTENT, True, True
                 self._at_start = not self._content
             elif marker == THINK_OPEN:
                 self._state, self._skip_ws, self._reasoning = _REASONING, True, []
             else:
-                self._raw = before[len(kept):] + marker
+                self._raw = before[len(kept) :] + marker
                 self._state = _SPAN if marker in _SPAN_CLOSER else _TAIL
                 self._closer = _SPAN_CLOSER.get(marker, "")
                 self._scan_from = 0
@@ -452,7 +475,7 @@ class StreamParser:
         head = self._buf[: len(self._buf) - _held_suffix(self._buf, markers)]
         kept = head.rstrip()  # trailing whitespace may still turn out to touch a tag
         self._emit(kind, kept)
-        self._buf = self._buf[len(kept):]
+        self._buf = self._buf[len(kept) :]
         return False
 
     def _step_span(self, final: bool) -> bool:
@@ -465,7 +488,7 @@ class StreamParser:
             else:
                 self._scan_from = max(0, len(self._buf) - len(closer) + 1)
             return False
-        inner, self._buf = self._buf[:i], self._buf[i + len(closer):]
+        inner, self._buf = self._buf[:i], self._buf[i + len(closer) :]
         calls = _parse_qwen(inner) if closer == QWEN_CLOSE else _parse_deepseek(inner)
         if calls is None:
             self._emit(_CONTENT, self._raw + inner + closer)

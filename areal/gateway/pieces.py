@@ -18,15 +18,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-
 # The Qwen2 pre-tokenizer's split pattern (the embedded vocabulary and Qwen2.5 use it).
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PIECE_CACHE = 4096  # pieces (text between added tokens) kept, each at most _PIECE_CHARS long
 _PIECE_CHARS = 48
 _WORD_CACHE = 65536  # pre-tokenized words kept with their BPE ids
-_ENCODER_PROBE = ("".join(map(chr, range(128))) + " x  y\t\n\n z \r\n'S 'll I'M we've  \n  12345 a.b!!\n?? "
-                  "{\"expr\": \"3*4\"}\n  \n\tend ")
+_ENCODER_PROBE = "".join(map(chr, range(128))) + " x  y\t\n\n z \r\n'S 'll I'M we've  \n  12345 a.b!!\n?? {\"expr\": \"3*4\"}\n  \n\tend "
 
 
 class PieceEncoder:
@@ -63,7 +63,7 @@ class PieceEncoder:
         self._words: dict[str, list[int]] = {}
 
     @classmethod
-    def build(cls, backend: Any) -> "PieceEncoder | None":
+    def build(cls, backend: Any) -> PieceEncoder | None:
         """The encoder for ``backend`` (a ``tokenizers.Tokenizer``), or None where it would not be exact."""
         try:  # each component's own JSON: the whole tokenizer's (its vocabulary) costs ~0.6 s for Qwen2.5
             import regex
@@ -75,11 +75,20 @@ class PieceEncoder:
         except (ImportError, AttributeError, TypeError, ValueError):
             return None
         steps = pre.get("pretokenizers") or []
-        if (pre.get("type") != "Sequence" or len(steps) != 2 or normalizer.get("type", "NFC") != "NFC"
-                or steps[0] != {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False}
-                or steps[1].get("type") != "ByteLevel" or steps[1].get("add_prefix_space") or steps[1].get("use_regex")
-                or type(model).__name__ != "BPE" or model.dropout or truncation or padding
-                or getattr(backend, "encode_special_tokens", False)):
+        if (
+            pre.get("type") != "Sequence"
+            or len(steps) != 2
+            or normalizer.get("type", "NFC") != "NFC"
+            or steps[0] != {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False}
+            or steps[1].get("type") != "ByteLevel"
+            or steps[1].get("add_prefix_space")
+            or steps[1].get("use_regex")
+            or type(model).__name__ != "BPE"
+            or model.dropout
+            or truncation
+            or padding
+            or getattr(backend, "encode_special_tokens", False)
+        ):
             return None
         added = backend.get_added_tokens_decoder()
         if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
@@ -87,7 +96,7 @@ class PieceEncoder:
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         byte_chars = {b: byte_level.pre_tokenize_str(chr(b))[0][0] for b in range(128)}
         encoder = cls(backend, regex.compile(_QWEN2_SPLIT), {t.content: i for i, t in added.items()}, byte_chars)
-        probe = _ENCODER_PROBE + "".join(added[i].content + _ENCODER_PROBE[i % 97:] for i in sorted(added))
+        probe = _ENCODER_PROBE + "".join(added[i].content + _ENCODER_PROBE[i % 97 :] for i in sorted(added))
         for text in (probe, _ENCODER_PROBE[::-1], probe[::3]):
             if encoder.encode(text) != backend.encode(text, add_special_tokens=False).ids:
                 return None

@@ -49,20 +49,39 @@ N_RANKS = 151643
 # (id, text, special) exactly as Qwen2.5's tokenizer.json lists them.
 ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = tuple(
     (151643 + i, text, special)
-    for i, (text, special) in enumerate([
-        ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-        ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-        ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-        ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-        ("<|image_pad|>", True), ("<|video_pad|>", True),
-        ("<tool_call>", False), ("</tool_call>", False),
-        ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False),
-        ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
-    ])
+    for i, (text, special) in enumerate(
+        [
+            ("<|endoftext|>", True),
+            ("<|im_start|>", True),
+            ("<|im_end|>", True),
+            ("<|object_ref_start|>", True),
+            ("<|object_ref_end|>", True),
+            ("<|box_start|>", True),
+            ("<|box_end|>", True),
+            ("<|quad_start|>", True),
+            ("<|quad_end|>", True),
+            ("<|vision_start|>", True),
+            ("<|vision_end|>", True),
+            ("<|vision_pad|>", True),
+            ("<|image_pad|>", True),
+            ("<|video_pad|>", True),
+            ("<tool_call>", False),
+            ("</tool_call>", False),
+            ("<|fim_prefix|>", False),
+            ("<|fim_middle|>", False),
+            ("<|fim_suffix|>", False),
+            ("<|fim_pad|>", False),
+            ("<|repo_name|>", False),
+            ("<|file_sep|>", False),
+        ]
+    )
 )
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
-CHAT_TEMPLATE = r"""{%- set default_system = '""" + DEFAULT_SYSTEM + r"""' %}
+CHAT_TEMPLATE = (
+    r"""{%- set default_system = '"""
+    + DEFAULT_SYSTEM
+    + r"""' %}
 {%- if messages and messages[0].role == 'system' %}
     {%- set system_text = messages[0].content or '' %}
 {%- else %}
@@ -108,6 +127,7 @@ CHAT_TEMPLATE = r"""{%- set default_system = '""" + DEFAULT_SYSTEM + r"""' %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
+)
 
 
 def _ranks_file() -> Path:
@@ -168,10 +188,12 @@ def _build(folder: Path) -> None:
     vocab, merges = _vocab_and_merges(_load_ranks())
     bpe = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_split_pattern()), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_split_pattern()), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     for token_id, text, special in ADDED_TOKENS:  # in id order, so each lands on its id
         added = AddedToken(text, special=special, normalized=False)
@@ -218,13 +240,13 @@ def qwen25_tokenizer_dir(cache_dir: str | None = None) -> Path:
 
 
 @lru_cache(maxsize=4)
-def _load(folder: str) -> "PreTrainedTokenizerFast":
+def _load(folder: str) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(folder)
 
 
-def build_qwen25_tokenizer(cache_dir: str | None = None) -> "PreTrainedTokenizerFast":
+def build_qwen25_tokenizer(cache_dir: str | None = None) -> PreTrainedTokenizerFast:
     """The Qwen2.5-compatible tokenizer, built once per cache and loaded once per process.
 
     The object is shared between callers of this process: do not mutate it.

@@ -85,9 +85,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -102,11 +103,18 @@ _FULL_CACHE = 1024  # full renders kept (ids by digest), across sessions
 _ID_BYTES = 36  # what one cached id costs: its list slot (8) + its int object (28; ids > 256 are not shared)
 _TOOLS_CACHE_BYTES = 4 << 20  # tools lists kept, counted by their encodings (their template data is a few times that)
 _NFC_SLACK = 4  # NFC composes at most 4 code points into one (the longest canonical decomposition)
-_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u", "name": None},
-          {"role": "assistant", "content": "a", "reasoning_content": "r"},
-          {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "id": "c",
-                                                                  "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
-          {"role": "tool", "content": "t", "tool_call_id": "c"}, {"role": "user", "content": "v"}]
+_PROBE = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u", "name": None},
+    {"role": "assistant", "content": "a", "reasoning_content": "r"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "id": "c", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+    },
+    {"role": "tool", "content": "t", "tool_call_id": "c"},
+    {"role": "user", "content": "v"},
+]
 _DICT_ATTRIBUTES = frozenset(dir(dict))  # names getattr answers on a plain dict (its methods)
 _MISSING = object()
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
@@ -226,8 +234,9 @@ def _digests(tools: list[dict] | None, messages: list[dict], k: int | None) -> t
     return whole, head
 
 
-def _hash_history(tools: list[dict] | None, messages: list[dict], k: int | None,
-                  last: HistoryHash | None) -> tuple[bytes, bytes | None, HistoryHash]:
+def _hash_history(
+    tools: list[dict] | None, messages: list[dict], k: int | None, last: HistoryHash | None
+) -> tuple[bytes, bytes | None, HistoryHash]:
     """``_digests`` continuing from ``last`` where this history extends it, and the new checkpoint.
 
     ``encode(messages)`` is ``[`` + e0,...,e(k-1) + ``,`` + ek,... + ``]`` and ``encode(messages[:k])``
@@ -240,8 +249,12 @@ def _hash_history(tools: list[dict] | None, messages: list[dict], k: int | None,
     cut = len(whole) - len(_encoder.encode(messages[k:])) if k else None  # the tail's "[" stands where the comma was
     end = len(whole) - 1
     view = memoryview(whole)
-    if (last is not None and last.size <= (end if cut is None else cut) and last.tools == tools_enc
-            and whole.startswith(memoryview(last.encoded)[:last.size])):
+    if (
+        last is not None
+        and last.size <= (end if cut is None else cut)
+        and last.tools == tools_enc
+        and whole.startswith(memoryview(last.encoded)[: last.size])
+    ):
         h, at = last.state.copy(), last.size
     else:
         h, at = hashlib.blake2b(digest_size=16), 0
@@ -294,14 +307,18 @@ class PromptBuilder:
         ``apply_chat_template`` does, with tools and without."""
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
-            compiled = {has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
-                        for has in (False, True)}
+
+            compiled = {
+                has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None)) for has in (False, True)
+            }
         except (ImportError, AttributeError, ValueError, TypeError):  # no template, or another transformers
             return
         self._plain = _plain_template_data
         self._template_kwargs = _plain_template_data(dict(self.tokenizer.special_tokens_map))
-        self._templates = {has: _compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
-                           for has, t in compiled.items()}
+        self._templates = {
+            has: _compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
+            for has, t in compiled.items()
+        }
         for tools in (None, _PROBE_TOOLS):
             for n, gen in ((len(_PROBE), True), (3, False)):
                 try:
@@ -313,8 +330,7 @@ class PromptBuilder:
                     return
 
     def _wrapper_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=generation)
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=generation)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         return self._renderer(messages, tools)(len(messages), generation)
@@ -382,18 +398,15 @@ class PromptBuilder:
     def full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools, True))
 
-    def build(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict],
-              tools: list[dict] | None) -> Prompt:
+    def build(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict], tools: list[dict] | None) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
         plan = self.plan(index, interactions, messages, tools)
         return self.finish(plan, self.encode(plan.text) if plan.text else [], index)
 
-    def plan(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict],
-             tools: list[dict] | None) -> PromptPlan:
+    def plan(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict], tools: list[dict] | None) -> PromptPlan:
         """Everything of ``build`` but tokenising the text that ends the prompt."""
         assistant_at = _newest_assistants(messages)
-        digest, newest, checkpoint = _hash_history(tools, messages, assistant_at[0] if assistant_at else None,
-                                                   index.history)
+        digest, newest, checkpoint = _hash_history(tools, messages, assistant_at[0] if assistant_at else None, index.history)
         index.history = checkpoint
         for j, k in enumerate(assistant_at):
             head = newest if j == 0 else prefix_digest(tools, messages[:k])
@@ -402,11 +415,10 @@ class PromptBuilder:
             parent = interactions.get(parent_id) if parent_id is not None else None
             if parent is None:
                 continue
-            delta = self._extend(index, parent, messages[0], messages[k], messages[k + 1:], tools, checkpoint.tools)
+            delta = self._extend(index, parent, messages[0], messages[k], messages[k + 1 :], tools, checkpoint.tools)
             if delta is not None:
                 index.incremental += 1
-                return PromptPlan(head=parent.prompt_ids, sampled=parent.output_ids, text=delta, prefix_digest=digest,
-                                  parent_id=parent.id)
+                return PromptPlan(head=parent.prompt_ids, sampled=parent.output_ids, text=delta, prefix_digest=digest, parent_id=parent.id)
         index.full += 1
         drift = bool(assistant_at)
         index.drift += drift
@@ -416,8 +428,9 @@ class PromptBuilder:
             cached.holders.add(id(index))
             index.cached.add(digest)
             return PromptPlan(head=cached.ids, sampled=[], text="", prefix_digest=digest, drift=drift)
-        return PromptPlan(head=[], sampled=[], text=self.render_text(messages, tools, True), prefix_digest=digest,
-                          drift=drift, cache_key=digest)
+        return PromptPlan(
+            head=[], sampled=[], text=self.render_text(messages, tools, True), prefix_digest=digest, drift=drift, cache_key=digest
+        )
 
     def finish(self, plan: PromptPlan, ids: list[int], index: PromptIndex, *, cache: bool = True) -> Prompt:
         """The prompt of ``plan`` given ``ids`` = ids(plan.text); a full render is kept in the shared
@@ -465,8 +478,9 @@ class PromptBuilder:
         interaction.messages_hash = key
         index.by_key[key] = interaction.id
 
-    def _extend(self, index: PromptIndex, parent: Interaction, first: dict, reply: dict, new: list[dict],
-                tools: list[dict] | None, tools_enc: bytes) -> str | None:
+    def _extend(
+        self, index: PromptIndex, parent: Interaction, first: dict, reply: dict, new: list[dict], tools: list[dict] | None, tools_enc: bytes
+    ) -> str | None:
         """The text after the parent's prompt + sampled ids: the template's tail of the reply turn +
         the new messages; None when the template does not render the small context prefix-stably.
         ``tools_enc``: ``_encoder.encode(tools)``, already computed for the history hash."""
@@ -483,24 +497,23 @@ class PromptBuilder:
         if full.startswith(head) and full.startswith(sampled, len(head)):
             # The common case, in one render: the template writes the sampled text back verbatim, so
             # what follows it in this context is the reply turn's tail and the new messages.
-            return full[len(head) + len(sampled):]
+            return full[len(head) + len(sampled) :]
         return self._rewritten_delta(render, head, full, parent)
 
-    def _rewritten_delta(self, render: Callable[[int, bool], str], head: str, full: str,
-                         parent: Interaction) -> str | None:
+    def _rewritten_delta(self, render: Callable[[int, bool], str], head: str, full: str, parent: Interaction) -> str | None:
         """The text after the sampled ids when the template does not write the sampled text back
         (it rewrites the content, e.g. drops reasoning) but the sampled tokens stand: what it writes
         after the reply turn's end (or the end itself, if none was sampled), then the new messages."""
         base = render(2, False)
         if not base.startswith(head) or not full.startswith(base):
             return None
-        turn = base[len(head):]  # the reply's turn as the template writes it
+        turn = base[len(head) :]  # the reply's turn as the template writes it
         eot = self.end_of_turn
         if eot not in turn:
             return None
         ended = bool(parent.output_ids) and parent.output_ids[-1] in self.stop_token_ids
         cut = turn.rindex(eot)
-        return (turn[cut + len(eot):] if ended else turn[cut:]) + full[len(base):]
+        return (turn[cut + len(eot) :] if ended else turn[cut:]) + full[len(base) :]
 
 
 def _chars_per_token(backend: Any) -> int | None:
@@ -516,8 +529,12 @@ def _chars_per_token(backend: Any) -> int | None:
     except (AttributeError, TypeError, ValueError):
         return None
     steps = pre.get("pretokenizers") or [pre]
-    if (type(model).__name__ != "BPE" or not any(step.get("type") == "ByteLevel" for step in steps)
-            or normalizer.get("type", "NFC") != "NFC" or any(t.lstrip or t.rstrip for t in added.values())):
+    if (
+        type(model).__name__ != "BPE"
+        or not any(step.get("type") == "ByteLevel" for step in steps)
+        or normalizer.get("type", "NFC") != "NFC"
+        or any(t.lstrip or t.rstrip for t in added.values())
+    ):
         return None
     longest = max(map(len, backend.get_vocab(with_added_tokens=True)))
     return longest * (_NFC_SLACK if normalizer else 1)
@@ -526,8 +543,7 @@ def _chars_per_token(backend: Any) -> int | None:
 def _template_message(message: dict, plain: Callable[[Any], Any]) -> dict:
     """What ``apply_chat_template`` hands the template for one message, in one pass: None-valued
     keys dropped, the reasoning aliases, plain JSON data (``_plain_json``)."""
-    m = {k if type(k) is str else plain(k): v if type(v) is str else _plain_json(v, plain)
-         for k, v in message.items() if v is not None}
+    m = {k if type(k) is str else plain(k): v if type(v) is str else _plain_json(v, plain) for k, v in message.items() if v is not None}
     if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
         reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
         m = {"thinking": reasoning, **m, "reasoning_content": reasoning}

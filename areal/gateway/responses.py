@@ -50,13 +50,35 @@ if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
 
 _HONOURED = {
-    "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
-    "previous_response_id", "stream", "store", "parallel_tool_calls", "top_logprobs",
-    "top_k", "min_p", "repetition_penalty",  # SGLang's / vLLM's extensions (extra_body)
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "previous_response_id",
+    "stream",
+    "store",
+    "parallel_tool_calls",
+    "top_logprobs",
+    "top_k",
+    "min_p",
+    "repetition_penalty",  # SGLang's / vLLM's extensions (extra_body)
 }
 _NEUTRAL = {
-    "model", "user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-    "background", "truncation", "text", "reasoning", "include", "stream_options",
+    "model",
+    "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "background",
+    "truncation",
+    "text",
+    "reasoning",
+    "include",
+    "stream_options",
 }
 _STORE_KEY = "responses"  # session.store[_STORE_KEY][response_id] = conversation after that response
 
@@ -92,8 +114,14 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
     _check_number("top_logprobs", top_logprobs, 0, 20, integer=True)
     include = body.get("include") or []
     logprobs = "message.output_text.logprobs" in include or top_logprobs > 0
-    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=logprobs, top_logprobs=top_logprobs,
-                        **sampling_extensions(body))
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        **sampling_extensions(body),
+    )
     tools = _convert_tools(body.get("tools"))
     return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
 
@@ -285,14 +313,26 @@ def _function_call_item(item_id: str, call_id: str, name: str, arguments: str, s
 
 def _logprobs(choice: Choice) -> list[dict]:
     return [
-        {"token": t.token, "bytes": t.bytes, "logprob": t.logprob,
-         "top_logprobs": [{"token": s, "bytes": list(s.encode()), "logprob": lp} for s, lp in t.top]}
+        {
+            "token": t.token,
+            "bytes": t.bytes,
+            "logprob": t.logprob,
+            "top_logprobs": [{"token": s, "bytes": list(s.encode()), "logprob": lp} for s, lp in t.top],
+        }
         for t in choice.logprobs or []
     ]
 
 
-def response_body(body: dict, turn: Turn, response_id: str, created: float, status: str,
-                  output: list[dict], usage: dict | None, incomplete_reason: str | None = None) -> dict:
+def response_body(
+    body: dict,
+    turn: Turn,
+    response_id: str,
+    created: float,
+    status: str,
+    output: list[dict],
+    usage: dict | None,
+    incomplete_reason: str | None = None,
+) -> dict:
     """A full ``Response`` object (also the payload of response.created / completed events)."""
     return {
         "id": response_id,
@@ -379,8 +419,11 @@ async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
     if body.get("stream"):
         deltas = gateway.complete_stream(session, turn, response_id=response_id).__aiter__()
         first = await deltas.__anext__()  # bad input raises here, before any byte is sent
-        return Reply(status=200, stream=_stream(body, turn, response_id, first, deltas, remember),
-                     headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+        return Reply(
+            status=200,
+            stream=_stream(body, turn, response_id, first, deltas, remember),
+            headers={"content-type": "text/event-stream", "cache-control": "no-cache"},
+        )
     (choice,) = await gateway.complete(session, turn, response_id=response_id)
     remember(choice)
     status, reason = _status(choice)
@@ -393,8 +436,9 @@ def sse(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-async def _stream(body: dict, turn: Turn, response_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta],
-                  remember: Any) -> AsyncIterator[bytes]:
+async def _stream(
+    body: dict, turn: Turn, response_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], remember: Any
+) -> AsyncIterator[bytes]:
     """Turn the core's deltas into Responses stream events, in the order OpenAI sends them."""
     events = ResponseEvents(body, turn, response_id)
     for frame in events.start():
@@ -434,8 +478,10 @@ class ResponseEvents:
 
     def start(self) -> list[bytes]:
         shell = response_body(self.body, self.turn, self.response_id, self.created, "in_progress", [], None)
-        return [self.frame({"type": "response.created", "response": shell}),
-                self.frame({"type": "response.in_progress", "response": shell})]
+        return [
+            self.frame({"type": "response.created", "response": shell}),
+            self.frame({"type": "response.in_progress", "response": shell}),
+        ]
 
     def delta(self, kind: str, text: str) -> list[bytes]:
         if not text:
@@ -447,11 +493,30 @@ class ResponseEvents:
             frames += self._open(item_type)
         self.text += text
         if item_type == "reasoning":
-            frames.append(self.frame({"type": "response.reasoning_text.delta", "item_id": self.open["id"],
-                                      "output_index": len(self.output), "content_index": 0, "delta": text}))
+            frames.append(
+                self.frame(
+                    {
+                        "type": "response.reasoning_text.delta",
+                        "item_id": self.open["id"],
+                        "output_index": len(self.output),
+                        "content_index": 0,
+                        "delta": text,
+                    }
+                )
+            )
         else:
-            frames.append(self.frame({"type": "response.output_text.delta", "item_id": self.open["id"],
-                                      "output_index": len(self.output), "content_index": 0, "delta": text, "logprobs": []}))
+            frames.append(
+                self.frame(
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": self.open["id"],
+                        "output_index": len(self.output),
+                        "content_index": 0,
+                        "delta": text,
+                        "logprobs": [],
+                    }
+                )
+            )
         return frames
 
     def _open(self, item_type: str) -> list[bytes]:
@@ -465,8 +530,14 @@ class ResponseEvents:
         self.text = ""
         idx = len(self.output)
         frames = [self.frame({"type": "response.output_item.added", "output_index": idx, "item": dict(self.open)})]
-        part = {"type": "reasoning_text", "text": ""} if item_type == "reasoning" else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        frames.append(self.frame({"type": "response.content_part.added", "item_id": item_id, "output_index": idx, "content_index": 0, "part": part}))
+        part = (
+            {"type": "reasoning_text", "text": ""}
+            if item_type == "reasoning"
+            else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        )
+        frames.append(
+            self.frame({"type": "response.content_part.added", "item_id": item_id, "output_index": idx, "content_index": 0, "part": part})
+        )
         return frames
 
     def _close(self, final_text: str | None = None, status: str = "completed", logprobs: list[dict] | None = None) -> list[bytes]:
@@ -477,13 +548,29 @@ class ResponseEvents:
         if item["type"] == "reasoning":
             done_item = _reasoning_item(item["id"], text, status)
             part = {"type": "reasoning_text", "text": text}
-            frames = [self.frame({"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": idx, "content_index": 0, "text": text})]
+            frames = [
+                self.frame(
+                    {"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": idx, "content_index": 0, "text": text}
+                )
+            ]
         else:
             done_item = _message_item(item["id"], text, status, logprobs)
             part = done_item["content"][0]
-            frames = [self.frame({"type": "response.output_text.done", "item_id": item["id"], "output_index": idx,
-                                  "content_index": 0, "text": text, "logprobs": []})]
-        frames.append(self.frame({"type": "response.content_part.done", "item_id": item["id"], "output_index": idx, "content_index": 0, "part": part}))
+            frames = [
+                self.frame(
+                    {
+                        "type": "response.output_text.done",
+                        "item_id": item["id"],
+                        "output_index": idx,
+                        "content_index": 0,
+                        "text": text,
+                        "logprobs": [],
+                    }
+                )
+            ]
+        frames.append(
+            self.frame({"type": "response.content_part.done", "item_id": item["id"], "output_index": idx, "content_index": 0, "part": part})
+        )
         frames.append(self.frame({"type": "response.output_item.done", "output_index": idx, "item": done_item}))
         self.output.append(done_item)
         self.open = None
@@ -502,11 +589,31 @@ class ResponseEvents:
             frames += self._close(parsed.content, item_status, _logprobs(choice))
         for tc in parsed.tool_calls:
             idx, item_id = len(self.output), "fc_" + tc.id
-            frames.append(self.frame({"type": "response.output_item.added", "output_index": idx,
-                                      "item": _function_call_item(item_id, tc.id, tc.name, "", "in_progress")}))
-            frames.append(self.frame({"type": "response.function_call_arguments.delta", "item_id": item_id, "output_index": idx, "delta": tc.arguments}))
-            frames.append(self.frame({"type": "response.function_call_arguments.done", "item_id": item_id, "output_index": idx,
-                                      "name": tc.name, "arguments": tc.arguments}))
+            frames.append(
+                self.frame(
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": idx,
+                        "item": _function_call_item(item_id, tc.id, tc.name, "", "in_progress"),
+                    }
+                )
+            )
+            frames.append(
+                self.frame(
+                    {"type": "response.function_call_arguments.delta", "item_id": item_id, "output_index": idx, "delta": tc.arguments}
+                )
+            )
+            frames.append(
+                self.frame(
+                    {
+                        "type": "response.function_call_arguments.done",
+                        "item_id": item_id,
+                        "output_index": idx,
+                        "name": tc.name,
+                        "arguments": tc.arguments,
+                    }
+                )
+            )
             item = _function_call_item(item_id, tc.id, tc.name, tc.arguments, "completed")
             frames.append(self.frame({"type": "response.output_item.done", "output_index": idx, "item": item}))
             self.output.append(item)

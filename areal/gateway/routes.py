@@ -73,8 +73,9 @@ _ANTHROPIC_KINDS = {"engine_unavailable": "overloaded_error", "engine_error": "a
 
 async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
     if len(req.body) > gateway.config.max_body_bytes:
-        raise RequestError(413, f"request body of {len(req.body)} bytes exceeds the limit of "
-                                f"{gateway.config.max_body_bytes}", kind="request_too_large")
+        raise RequestError(
+            413, f"request body of {len(req.body)} bytes exceeds the limit of {gateway.config.max_body_bytes}", kind="request_too_large"
+        )
     handler = _FRONT_ENDS.get(path)
     if handler is not None:
         if req.method != "POST":
@@ -86,8 +87,10 @@ async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
             return Reply(status=200, body={"status": "ok"})
         case ("GET", "/v1/models"):
             _session(gateway, req)
-            return Reply(status=200, body={"object": "list", "data": [
-                {"id": gateway.config.model_name, "object": "model", "created": 0, "owned_by": "areal"}]})
+            return Reply(
+                status=200,
+                body={"object": "list", "data": [{"id": gateway.config.model_name, "object": "model", "created": 0, "owned_by": "areal"}]},
+            )
         case ("POST", "/v1/rewards"):
             return _reward(_session(gateway, req), json_object(req.body))
         case ("GET", _) if path.startswith("/v1/interactions/"):
@@ -157,16 +160,24 @@ def _admin_route(gateway: Gateway, method: str, path: str, raw: bytes) -> Reply:
                 raise RequestError(404, "no such session", param="key", kind="not_found_error")
             return Reply(status=200, body=session_body(gateway.close_session(key)))
         case ("GET", "/admin/sessions"):
-            return Reply(status=200, body={
-                "live": [{"episode_id": s.episode_id, "interactions": len(s.interactions)} for s in gateway.sessions.values()],
-                "expired": [{"key": s.key, "episode_id": s.episode_id, "interactions": len(s.interactions)}
-                            for s in gateway.expired.values()],
-            })
+            return Reply(
+                status=200,
+                body={
+                    "live": [{"episode_id": s.episode_id, "interactions": len(s.interactions)} for s in gateway.sessions.values()],
+                    "expired": [
+                        {"key": s.key, "episode_id": s.episode_id, "interactions": len(s.interactions)} for s in gateway.expired.values()
+                    ],
+                },
+            )
         case ("GET", "/admin/metrics"):
             return Reply(status=200, body=gateway.metrics())
     raise RequestError(404, f"no route for {method} {path}", kind="not_found_error")
 
 
 def session_body(session: Any) -> dict:
-    return {"episode_id": session.episode_id, "drift": session.drift, "expired": session.expired,
-            "interactions": [msgspec.to_builtins(i) for i in session.interactions.values()]}
+    return {
+        "episode_id": session.episode_id,
+        "drift": session.drift,
+        "expired": session.expired,
+        "interactions": [msgspec.to_builtins(i) for i in session.interactions.values()],
+    }

@@ -140,14 +140,20 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
                 owner = peer.owner
         size = len(frame)
         if owner.inflight >= config.max_inflight_per_session:
-            why = (f"{owner.name} has {owner.inflight} requests being served, the limit "
-                   f"(gateway.max_inflight_per_session={config.max_inflight_per_session})")
+            why = (
+                f"{owner.name} has {owner.inflight} requests being served, the limit "
+                f"(gateway.max_inflight_per_session={config.max_inflight_per_session})"
+            )
         elif owner.held + size > config.max_buffered_bytes_per_session:
-            why = (f"{owner.name} holds {owner.held} bytes of requests; {size} more exceed "
-                   f"gateway.max_buffered_bytes_per_session={config.max_buffered_bytes_per_session}")
+            why = (
+                f"{owner.name} holds {owner.held} bytes of requests; {size} more exceed "
+                f"gateway.max_buffered_bytes_per_session={config.max_buffered_bytes_per_session}"
+            )
         elif door.inflight_bytes + size > config.max_buffered_bytes:
-            why = (f"the door holds {door.inflight_bytes} bytes of requests; {size} more exceed "
-                   f"gateway.max_buffered_bytes={config.max_buffered_bytes}")
+            why = (
+                f"the door holds {door.inflight_bytes} bytes of requests; {size} more exceed "
+                f"gateway.max_buffered_bytes={config.max_buffered_bytes}"
+            )
         else:
             why = ""
         if why:
@@ -171,8 +177,11 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
 
         task.add_done_callback(done)
 
-    limits = DoorLimits(max_connections=config.max_connections, max_connections_per_session=config.max_connections_per_session,
-                        memory_budget=config.door_memory_bytes)
+    limits = DoorLimits(
+        max_connections=config.max_connections,
+        max_connections_per_session=config.max_connections_per_session,
+        memory_budget=config.door_memory_bytes,
+    )
     door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits)
     gateway.doors.append(door)
     if ready is not None:
@@ -192,8 +201,13 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
 
     async def any_route(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        req = GatewayRequest(request_id=next(counter), method=request.method, path=request.path_qs,
-                             headers={k.lower(): v for k, v in request.headers.items()}, body=body)
+        req = GatewayRequest(
+            request_id=next(counter),
+            method=request.method,
+            path=request.path_qs,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=body,
+        )
         try:
             reply = await route(gateway, req)
         except Exception:  # the process boundary: a bug in the core still gets an answer in the API's shape

@@ -143,12 +143,16 @@ def _row(chain: list[Interaction]) -> InteractionWithTokenLogpReward:
         if inter.prompt_ids[: len(ids)] != ids:
             raise ValueError(f"interaction {inter.id}: prompt does not extend its parent's tokens")
         new_prompt = len(inter.prompt_ids) - len(ids)
-        ids += inter.prompt_ids[len(ids):] + inter.output_ids
+        ids += inter.prompt_ids[len(ids) :] + inter.output_ids
         mask += [0] * new_prompt + [1] * len(inter.output_ids)
         logprobs += [0.0] * new_prompt + inter.output_logprobs
         versions += [-1] * new_prompt + (inter.output_versions or [inter.version] * len(inter.output_ids))
     leaf = chain[-1]
     return InteractionWithTokenLogpReward(
-        interaction=leaf, input_ids=ids, loss_mask=mask, logprobs=logprobs, versions=versions,
+        interaction=leaf,
+        input_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        versions=versions,
         reward=leaf.reward or 0.0,
     )

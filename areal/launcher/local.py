@@ -41,8 +41,12 @@ def launch_env(argv: list[str], base: dict[str, str] | None = None) -> dict[str,
         AREAL_EXPERIMENT_NAME=names["experiment_name"],
         AREAL_TRIAL_NAME=names["trial_name"],
         AREAL_RUN_DIR=str(Path(names["fileroot"]) / names["experiment_name"] / names["trial_name"]),
-        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
     )
     paths = [str(PROJECT_ROOT), os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -61,9 +65,11 @@ def _peek_names(argv: list[str]) -> dict[str, str]:
         elif "=" in arg and not arg.startswith("-"):
             overrides.append(arg.lstrip("+"))
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    return {"experiment_name": str(OmegaConf.select(cfg, "experiment_name", default="areal")),
-            "trial_name": str(OmegaConf.select(cfg, "trial_name", default="trial0")),
-            "fileroot": str(OmegaConf.select(cfg, "cluster.fileroot", default="runs"))}
+    return {
+        "experiment_name": str(OmegaConf.select(cfg, "experiment_name", default="areal")),
+        "trial_name": str(OmegaConf.select(cfg, "trial_name", default="trial0")),
+        "fileroot": str(OmegaConf.select(cfg, "cluster.fileroot", default="runs")),
+    }
 
 
 def _free_port() -> int:

@@ -13,8 +13,14 @@ from typing import Any
 from areal.reward.math_verify import math_equal
 
 
-def gsm8k_reward_fn(prompt: Any = None, completions: str | None = None, prompt_ids: Any = None,
-                    completion_ids: Any = None, answer: str | int | float | None = None, **kwargs: Any) -> float:
+def gsm8k_reward_fn(
+    prompt: Any = None,
+    completions: str | None = None,
+    prompt_ids: Any = None,
+    completion_ids: Any = None,
+    answer: str | int | float | None = None,
+    **kwargs: Any,
+) -> float:
     """1.0 if the completion's final answer equals ``answer``, else 0.0."""
     text = completions if completions is not None else kwargs.pop("result", None)
     if text is None:

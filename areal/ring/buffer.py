@@ -111,22 +111,83 @@ import time
 from collections.abc import Callable, Sequence
 
 from areal.protocol import TRAJECTORY_BULK, Trajectory, encode_trajectory_parts, split_trajectory
-from areal.ring.layout import (DIGEST_FROM, FRAME, FRAME_OFF_DIGEST, FRAME_OFF_KIND, FRAME_OFF_LENGTH,
-                               FRAME_OFF_SEQ, HEADER_BYTES, KIND_RECORD, KIND_WRAP, LAYOUT_VERSION, MAGIC,
-                               MASK32, NATIVE, NO_RECORD, OFF_CAPACITY, OFF_COMMIT_POS, OFF_COMMIT_SEQ,
-                               OFF_LAST_START, OFF_MAGIC, OFF_NEXT_SEQ, OFF_READER_BELL, OFF_READER_PID,
-                               OFF_READER_WAITING, OFF_VERSION, OFF_WRITE_POS, OFF_WRITER_BELL,
-                               OFF_WRITER_PID, OFF_WRITER_START, OFF_WRITER_WAITING, SHM_DIR, SPIN_CHECKS,
-                               SPIN_S, ZEROS, RecordTooLarge, RingCorrupted, RingError, RingFull, alive,
-                               digest, pack_address, pause, proc_start, reclaim_stale, record_bytes,
-                               ring_name, segment_path, sleep_slice, unlink_ring, unpack_address)
+from areal.ring.layout import (
+    DIGEST_FROM,
+    FRAME,
+    FRAME_OFF_DIGEST,
+    FRAME_OFF_KIND,
+    FRAME_OFF_LENGTH,
+    FRAME_OFF_SEQ,
+    HEADER_BYTES,
+    KIND_RECORD,
+    KIND_WRAP,
+    LAYOUT_VERSION,
+    MAGIC,
+    MASK32,
+    NATIVE,
+    NO_RECORD,
+    OFF_CAPACITY,
+    OFF_COMMIT_POS,
+    OFF_COMMIT_SEQ,
+    OFF_LAST_START,
+    OFF_MAGIC,
+    OFF_NEXT_SEQ,
+    OFF_READER_BELL,
+    OFF_READER_PID,
+    OFF_READER_WAITING,
+    OFF_VERSION,
+    OFF_WRITE_POS,
+    OFF_WRITER_BELL,
+    OFF_WRITER_PID,
+    OFF_WRITER_START,
+    OFF_WRITER_WAITING,
+    SHM_DIR,
+    SPIN_CHECKS,
+    SPIN_S,
+    ZEROS,
+    RecordTooLarge,
+    RingCorrupted,
+    RingError,
+    RingFull,
+    alive,
+    digest,
+    pack_address,
+    pause,
+    proc_start,
+    reclaim_stale,
+    record_bytes,
+    ring_name,
+    segment_path,
+    sleep_slice,
+    unlink_ring,
+    unpack_address,
+)
 
 # Re-exported: callers import the ring's whole surface from here.
 __all__ = [
-    "FRAME", "FRAME_OFF_DIGEST", "FRAME_OFF_KIND", "FRAME_OFF_LENGTH", "FRAME_OFF_SEQ", "HEADER_BYTES",
-    "LAYOUT_VERSION", "OFF_NEXT_SEQ", "OFF_READER_BELL", "OFF_READER_WAITING", "OFF_WRITER_BELL",
-    "OFF_WRITER_WAITING", "SHM_DIR", "RecordTooLarge", "RingCorrupted", "RingError", "RingFull", "RingReader",
-    "RingWriter", "reclaim_stale", "record_bytes", "ring_name", "unlink_ring",
+    "FRAME",
+    "FRAME_OFF_DIGEST",
+    "FRAME_OFF_KIND",
+    "FRAME_OFF_LENGTH",
+    "FRAME_OFF_SEQ",
+    "HEADER_BYTES",
+    "LAYOUT_VERSION",
+    "OFF_NEXT_SEQ",
+    "OFF_READER_BELL",
+    "OFF_READER_WAITING",
+    "OFF_WRITER_BELL",
+    "OFF_WRITER_WAITING",
+    "SHM_DIR",
+    "RecordTooLarge",
+    "RingCorrupted",
+    "RingError",
+    "RingFull",
+    "RingReader",
+    "RingWriter",
+    "reclaim_stale",
+    "record_bytes",
+    "ring_name",
+    "unlink_ring",
 ]
 
 _FRAME_SIZE = FRAME.size
@@ -181,9 +242,7 @@ class _Segment:
         if version != LAYOUT_VERSION:
             raise RingCorrupted(f"ring {self.name}: layout version {version}, expected {LAYOUT_VERSION}")
         if self._word(OFF_CAPACITY) != self.capacity:
-            raise RingCorrupted(
-                f"ring {self.name}: header capacity {self._word(OFF_CAPACITY)} != mapped {self.capacity}"
-            )
+            raise RingCorrupted(f"ring {self.name}: header capacity {self._word(OFF_CAPACITY)} != mapped {self.capacity}")
 
     def _word(self, offset: int) -> int:
         return self._u64[offset >> 3]
@@ -292,8 +351,7 @@ class _Segment:
             self._mm.close()
         except BufferError:
             raise RingError(
-                f"ring {self.name}: closed while zero-copy views into it are alive; drop records "
-                "decoded from get_view() first"
+                f"ring {self.name}: closed while zero-copy views into it are alive; drop records decoded from get_view() first"
             ) from None
 
     @property
@@ -359,8 +417,7 @@ class RingWriter(_Segment):
         self._next_seq = self._recover_next_seq()
         self._set_word(OFF_NEXT_SEQ, self._next_seq)
         if use_native:
-            self._native = NATIVE.Writer(self._buf, self.capacity, self._max_payload, self._write_pos,
-                                         self._next_seq, self._seen_commit)
+            self._native = NATIVE.Writer(self._buf, self.capacity, self._max_payload, self._write_pos, self._next_seq, self._seen_commit)
         return self
 
     def _recover_next_seq(self) -> int:
@@ -484,8 +541,7 @@ class RingWriter(_Segment):
             write(p)
         if mm.tell() != start + _FRAME_SIZE + n:  # parts.nbytes was wrong: publish nothing
             raise RingError(
-                f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were "
-                "written; the record is not published"
+                f"ring {self.name}: parts.nbytes={n} but {mm.tell() - start - _FRAME_SIZE} bytes were written; the record is not published"
             )
         if padded != n:
             write(ZEROS[: padded - n])  # zero padding: covered by the digest like the payload
@@ -509,11 +565,11 @@ class RingWriter(_Segment):
             if code == _PUT_TOO_LARGE:
                 raise self._too_large(n)
             if code == _PUT_WRONG_NBYTES:
-                raise RingError(f"ring {self.name}: parts.nbytes={declared} but the parts hold {n} bytes; "
-                                "the record is not published")
+                raise RingError(f"ring {self.name}: parts.nbytes={declared} but the parts hold {n} bytes; the record is not published")
             if code == _PUT_CORRUPTED:
-                raise RingCorrupted(f"ring {self.name}: commit_pos={self._word(OFF_COMMIT_POS)} is beyond "
-                                    f"write_pos={native.write_pos} or not 8-aligned")
+                raise RingCorrupted(
+                    f"ring {self.name}: commit_pos={self._word(OFF_COMMIT_POS)} is beyond write_pos={native.write_pos} or not 8-aligned"
+                )
             if code != _PUT_NO_ROOM:
                 raise RingError(f"ring {self.name}: areal.ring._ringcopy returned {code}, which this module does not know")
             size, w, cap = record_bytes(n), native.write_pos, self.capacity
@@ -577,7 +633,7 @@ class RingReader(_Segment):
                 break
             except FileNotFoundError:
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"ring {name}: segment {path} did not appear in {timeout_s}s")
+                    raise TimeoutError(f"ring {name}: segment {path} did not appear in {timeout_s}s") from None
                 pause(SPIN_CHECKS + attempt)
                 attempt += 1
         try:
@@ -646,9 +702,7 @@ class RingReader(_Segment):
                 if w is None:
                     return None
             if w < r or w - self._commit_pos > cap or w & 7:
-                raise RingCorrupted(
-                    f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}"
-                )
+                raise RingCorrupted(f"ring {self.name}: write_pos={w} read={r} commit_pos={self._commit_pos} capacity={cap}")
             self._seen_write = w
         room = cap - r % cap
         if room < _FRAME_SIZE or u64[((HEADER_BYTES + r % cap) >> 3) + 1] & MASK32 == KIND_WRAP:
@@ -661,8 +715,7 @@ class RingReader(_Segment):
         stop = start + end - r  # end of the padded payload in the mapping
         if kind_len & MASK32 != KIND_RECORD or end > w or stop > HEADER_BYTES + cap:
             raise RingCorrupted(
-                f"ring {self.name}: no valid record at position {r} (kind={kind_len & MASK32:#x} "
-                f"length={n} write_pos={w} capacity={cap})"
+                f"ring {self.name}: no valid record at position {r} (kind={kind_len & MASK32:#x} length={n} write_pos={w} capacity={cap})"
             )
         buf = self._buf
         if digest(buf[start + DIGEST_FROM : stop]) != u64[i]:

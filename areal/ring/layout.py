@@ -56,12 +56,11 @@ pure-Python path and one warning is logged at import.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
 import time
-
-import logging
 
 import xxhash
 
@@ -92,9 +91,15 @@ digest = xxhash.xxh3_64_intdigest  # (buffer) -> int; accepts any contiguous buf
 
 # The layout the C writer was compiled with; a build from another layout is not used.
 _NATIVE_LAYOUT = {
-    "version": LAYOUT_VERSION, "header_bytes": HEADER_BYTES, "off_write_pos": OFF_WRITE_POS,
-    "off_next_seq": OFF_NEXT_SEQ, "off_last_start": OFF_LAST_START, "off_commit_pos": OFF_COMMIT_POS,
-    "frame_bytes": FRAME.size, "kind_record": KIND_RECORD, "kind_wrap": KIND_WRAP,
+    "version": LAYOUT_VERSION,
+    "header_bytes": HEADER_BYTES,
+    "off_write_pos": OFF_WRITE_POS,
+    "off_next_seq": OFF_NEXT_SEQ,
+    "off_last_start": OFF_LAST_START,
+    "off_commit_pos": OFF_COMMIT_POS,
+    "frame_bytes": FRAME.size,
+    "kind_record": KIND_RECORD,
+    "kind_wrap": KIND_WRAP,
 }
 try:
     from areal.ring import _ringcopy as NATIVE
@@ -179,9 +184,7 @@ def reclaim_stale(prefix: str = "areal-") -> list[str]:
         def word(off: int) -> int:
             return int.from_bytes(head[off : off + 8], "little")
 
-        if not alive(word(OFF_WRITER_PID), word(OFF_WRITER_START)) and not alive(
-            word(OFF_READER_PID), word(OFF_READER_START)
-        ):
+        if not alive(word(OFF_WRITER_PID), word(OFF_WRITER_START)) and not alive(word(OFF_READER_PID), word(OFF_READER_START)):
             _remove(path, removed, entry)
     return removed
 

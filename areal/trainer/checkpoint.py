@@ -56,7 +56,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     """The complete checkpoint with the highest step under ``root``, or None."""
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit())
+    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit())
     return done[-1] if done else None
 
 
@@ -106,8 +106,10 @@ def load_checkpoint(
     """Restore model, optimizer and RNG in place; return (meta, this rank's DataPosition)."""
     meta = json.loads((path / "meta.json").read_text())
     if meta["world_size"] != world:
-        raise ValueError(f"checkpoint {path} was written by {meta['world_size']} ranks; resuming with {world} "
-                         "is not supported (each rank's ring position is its own)")
+        raise ValueError(
+            f"checkpoint {path} was written by {meta['world_size']} ranks; resuming with {world} "
+            "is not supported (each rank's ring position is its own)"
+        )
     model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     torch.set_rng_state(torch.load(path / f"rng-r{rank}.pt", weights_only=True))

@@ -62,8 +62,16 @@ class TrainerConfig:
     fsdp_param_dtype: str = "float32"  # fsdp2: dtype of gathered params in forward/backward ("bfloat16" on GPUs)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "threads", "micro_batch_tokens", "keep_versions", "minibatches", "keep_checkpoints",
-                     "head_chunk_elems", "ranks"):
+        for name in (
+            "steps",
+            "threads",
+            "micro_batch_tokens",
+            "keep_versions",
+            "minibatches",
+            "keep_checkpoints",
+            "head_chunk_elems",
+            "ranks",
+        ):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("lr", "max_grad_norm", "record_timeout_s", "engine_timeout_s", "adv_eps"):
@@ -140,8 +148,10 @@ class TrainerJob:
         if len(self.ring_names) != world:
             raise ValueError(f"trainer job: ring_names has {len(self.ring_names)} rings for WORLD_SIZE={world}")
         if self.groups_per_step % (world * self.trainer.minibatches):
-            raise ValueError(f"rollout.groups_per_step={self.groups_per_step} must be divisible by "
-                             f"WORLD_SIZE x trainer.minibatches = {world * self.trainer.minibatches}")
+            raise ValueError(
+                f"rollout.groups_per_step={self.groups_per_step} must be divisible by "
+                f"WORLD_SIZE x trainer.minibatches = {world * self.trainer.minibatches}"
+            )
         return self.ring_names[rank]
 
     def to_json(self) -> str:

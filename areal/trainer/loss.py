@@ -193,8 +193,9 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n, dev = hidden.shape[0], hidden.device
         out = torch.empty(n, dtype=torch.float32, device=dev)
         lse = torch.empty(n, dtype=torch.float32, device=dev)
@@ -255,16 +256,18 @@ def head_logprobs(
     ``chunk_elems // V`` so that memory stays flat in the vocabulary size.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1] or targets.shape != hidden.shape[:1]:
-        raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)} "
-                         "must be (N, H), (V, H), (N,)")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, targets {tuple(targets.shape)} must be (N, H), (V, H), (N,)"
+        )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     chunk = max(1, int(chunk_elems) // weight.shape[0])
     return _ChunkedHeadLogprob.apply(hidden, weight, targets.long(), float(temperature), chunk)
 
 
-def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float,
-                       dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float, dual_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``-min(r A, clip(r) A)``, bounded by ``-c A`` for A < 0 when dual clipping.
 
     Returns (per-token loss, bool mask of tokens where a clip is active, i.e. no gradient).
@@ -282,8 +285,9 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: 
     return per_token, clipped_on
 
 
-def _ratio_stats(ratio: torch.Tensor, clipped_on: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor,
-                 n: torch.Tensor) -> dict[str, float]:
+def _ratio_stats(
+    ratio: torch.Tensor, clipped_on: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor, n: torch.Tensor
+) -> dict[str, float]:
     on = mask > 0
     r = ratio.detach()
     return {

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from areal.trainer.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
 from areal.protocol import Trajectory
+from areal.trainer.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
 
 
 @dataclass

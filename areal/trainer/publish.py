@@ -26,9 +26,16 @@ import zmq
 from areal.protocol import TrainerMessage
 from areal.trainer.weight_sync import WeightUpdateError
 
-
-TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
-                   "chat_template*", "*.tiktoken", "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template*",
+    "*.tiktoken",
+    "spiece.model",
+)
 
 
 def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
@@ -55,8 +62,9 @@ def save_atomically(model: torch.nn.Module, target: Path, tokenizer_src: str) ->
 
 
 def _post_json(url: str, path: str, body: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read() or b"{}")
 
@@ -80,8 +88,9 @@ def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: floa
             if pause:
                 _post_json(url, "/pause_generation", {"mode": "abort"}, timeout_s)
             try:
-                reply = _post_json(url, "/update_weights_from_disk",
-                                   {"model_path": str(model_dir), "weight_version": str(version)}, timeout_s)
+                reply = _post_json(
+                    url, "/update_weights_from_disk", {"model_path": str(model_dir), "weight_version": str(version)}, timeout_s
+                )
             finally:
                 if pause:
                     _post_json(url, "/continue_generation", {}, timeout_s)

@@ -55,15 +55,15 @@ import torch
 import torch.distributed as dist
 
 from areal.jsonl import json_line
+from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
+from areal.ring.buffer import RingReader
 from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from areal.trainer.config import TrainerJob
 from areal.trainer.fsdp import FullWeights, checkpoint_states, shard_policy
 from areal.trainer.packing import PolicyScorer
-from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
-from areal.trainer.config import TrainerJob
-from areal.trainer.weight_sync import CollectiveWeightPush, free_port, local_address_towards
-from areal.ring.buffer import RingReader
 from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
 from areal.trainer.step import GroupCollector, all_reduce, train_step
+from areal.trainer.weight_sync import CollectiveWeightPush, free_port, local_address_towards
 
 
 def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -> tuple[RingReader, bool]:
@@ -120,8 +120,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding
     reference = None
     if config.kl_coef > 0:
-        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature,
-                                 config.head_chunk_elems)
+        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems)
     scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
     if sharded:
         scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
@@ -136,9 +135,11 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         if full is not None:
             return full.gather(model)
         return model if rank == 0 else None
+
     barrier = dist.barrier if world > 1 else (lambda: None)
-    reader, commits = open_reader(job.ring_for(rank, world), config.record_timeout_s, config.resume,
-                                  checkpointed=config.checkpoint_every > 0)
+    reader, commits = open_reader(
+        job.ring_for(rank, world), config.record_timeout_s, config.resume, checkpointed=config.checkpoint_every > 0
+    )
     collector = GroupCollector(reader, config.record_timeout_s)
     episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
     start = 0
@@ -156,9 +157,14 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         address = local_address_towards(job.engine_urls[0])  # where the engines can reach this rank
         # A name of its own per trainer process: a killed trainer cannot close its group, and the
         # engines would refuse a resumed trainer that asked for the same name again.
-        collective = CollectiveWeightPush(job.engine_urls, address, free_port(address),
-                                          group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
-                                          backend=config.weight_sync_backend, timeout_s=config.engine_timeout_s)
+        collective = CollectiveWeightPush(
+            job.engine_urls,
+            address,
+            free_port(address),
+            group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
+            backend=config.weight_sync_backend,
+            timeout_s=config.engine_timeout_s,
+        )
         collective.init()
     try:
         for step in range(start + 1, config.steps + 1):
@@ -168,8 +174,9 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
             metrics["step_s"] = time.perf_counter() - t0
             with open(episodes_log, "a") as f:
                 f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
-            (consumed, pending) = all_reduce([float(collector.consumed),
-                                               float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
+            (consumed, pending) = all_reduce(
+                [float(collector.consumed), float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM
+            )
             if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
                 metrics["pending_trajectories"] = pending
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:
@@ -178,8 +185,9 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                 if sharded:  # the collective half of the save, on every rank
                     ckpt_model.gather()
                     ckpt_optim.gather()
-                save_checkpoint(ckpt_root, step, step, rank, world, ckpt_model, ckpt_optim, collector.position(),
-                                barrier, keep=config.keep_checkpoints)
+                save_checkpoint(
+                    ckpt_root, step, step, rank, world, ckpt_model, ckpt_optim, collector.position(), barrier, keep=config.keep_checkpoints
+                )
                 # After the rename: the checkpoint holds them now. The ring may not have re-delivered
                 # all records up to collector.last_seq yet after a resume; those get skipped later.
                 seq = min(collector.last_seq, -1 if reader.last_seq is None else reader.last_seq)

@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from areal.protocol import Trajectory, decode_trajectory
+from areal.ring import RecordSource
 from areal.trainer.checkpoint import DataPosition
+from areal.trainer.config import LOSSES, TrainerConfig
 from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
 from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
 from areal.trainer.packing import MicroBatch, pack_rows
-from areal.protocol import Trajectory, decode_trajectory
-from areal.ring import RecordSource
-from areal.trainer.config import LOSSES, TrainerConfig
 
 
 class GroupCollector:
@@ -54,8 +54,7 @@ class GroupCollector:
             buf = self.reader.get(timeout_s=self.record_timeout_s)
             if buf is None:
                 raise TimeoutError(
-                    f"no trajectory arrived in {self.record_timeout_s}s "
-                    f"({self.consumed} consumed, {len(self.pending)} groups pending)"
+                    f"no trajectory arrived in {self.record_timeout_s}s ({self.consumed} consumed, {len(self.pending)} groups pending)"
                 )
             seq = self.reader.last_seq
             seq = self.last_seq + 1 if seq is None else seq
@@ -109,8 +108,10 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
     for t in trajs:
         rr32 = t.array("row_rewards")  # (K,) float32 on the wire
         if not (np.isfinite(t.reward) and np.isfinite(rr32).all()):
-            raise ValueError(f"episode {t.episode_id} (group {t.group_id}) reached the trainer with a non-finite reward: "
-                             f"episode reward {t.reward!r}, row rewards {rr32.tolist()[:8]}")
+            raise ValueError(
+                f"episode {t.episode_id} (group {t.group_id}) reached the trainer with a non-finite reward: "
+                f"episode reward {t.reward!r}, row rewards {rr32.tolist()[:8]}"
+            )
         if rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any()):
             returns.append(torch.full((max(rr32.size, 1),), float(t.reward), dtype=torch.float64))
         else:
@@ -125,12 +126,22 @@ PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], 
 def make_policy_loss(config: TrainerConfig) -> PolicyLoss:
     """The one policy loss of this run: ``loss(logprobs, proximal, behaviour, advantages)``."""
     if config.loss == "grpo":
+
         def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
             return grpo_loss(lp, beh, adv, torch.ones_like(lp), config.clip_eps, dual_clip=config.dual_clip)
     elif config.loss == "ppo":
+
         def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
-            return decoupled_ppo_loss(lp, prox, beh, adv, torch.ones_like(lp), config.clip_eps,
-                                      dual_clip=config.dual_clip, behav_weight_cap=config.behav_weight_cap)
+            return decoupled_ppo_loss(
+                lp,
+                prox,
+                beh,
+                adv,
+                torch.ones_like(lp),
+                config.clip_eps,
+                dual_clip=config.dual_clip,
+                behav_weight_cap=config.behav_weight_cap,
+            )
     else:
         raise ValueError(f"trainer.loss must be one of {LOSSES}, got {config.loss!r}")
     return loss_fn
@@ -147,16 +158,25 @@ def all_reduce(values: list[float], op: dist.ReduceOp) -> list[float]:
 def _empty_micro_batch() -> MicroBatch:
     """One scored token with no weight: lets a rank without trained tokens join DDP's all-reduce."""
     z = torch.zeros(1, dtype=torch.long)
-    return MicroBatch(input_ids=torch.zeros(1, 2, dtype=torch.long), position_ids=torch.arange(2)[None], pred_pos=z,
-                      targets=z, behaviour=torch.zeros(1), advantages=torch.zeros(1), versions=z, rows=0)
+    return MicroBatch(
+        input_ids=torch.zeros(1, 2, dtype=torch.long),
+        position_ids=torch.arange(2)[None],
+        pred_pos=z,
+        targets=z,
+        behaviour=torch.zeros(1),
+        advantages=torch.zeros(1),
+        versions=z,
+        rows=0,
+    )
 
 
 def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
     """The micro-batch with every tensor on ``device`` (the GPU the policy lives on)."""
     if device.type == "cpu":
         return mb
-    return dataclasses.replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in dataclasses.fields(mb)
-                                      if isinstance(getattr(mb, f.name), torch.Tensor)})
+    return dataclasses.replace(
+        mb, **{f.name: getattr(mb, f.name).to(device) for f in dataclasses.fields(mb) if isinstance(getattr(mb, f.name), torch.Tensor)}
+    )
 
 
 def _grad_sync(scorer: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -212,9 +232,10 @@ def train_step(
     device = params[0].device
     adv = compute_advantages(trajs, config.turn_discount, config.adv_eps)
     adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
-    minis = [[_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part],
-                                                         config.micro_batch_tokens)]
-             for part in _split_groups(trajs, config.minibatches)]
+    minis = [
+        [_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part], config.micro_batch_tokens)]
+        for part in _split_groups(trajs, config.minibatches)
+    ]
     # The micro-batches each update runs. DDP: at least one per rank (its all-reduce is in the
     # last backward). FSDP2: every forward and backward is a collective, so every rank runs the
     # largest count of any rank, padded with zero-weight micro-batches.
@@ -222,8 +243,7 @@ def train_step(
         counts = [int(c) for c in all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
     else:
         counts = [max(len(m), 1) for m in minis]
-    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))]
-             for mini, n in zip(minis, counts)]
+    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))] for mini, n in zip(minis, counts)]
     # Before any update: engine agreement, proximal (when later updates would otherwise see
     # moved weights) and reference logprobs, in one no-grad pass.
     need_prox = config.loss == "ppo" and config.minibatches > 1
@@ -281,13 +301,24 @@ def train_step(
     tokens = sum(len(mb.targets) for mini in minis for mb in mini)
     keys = list(sums)
     diff_cur, diff_all, stale_max = num["diff_cur"], num["diff_all"], num["stale_max"]
-    summed = all_reduce([sums[k] for k in keys] + [num["ent_sum"], num["stale_sum"], num["n_cur"], float(tokens), float(len(trajs)),
-                          sum(rewards), sum(r * r for r in rewards), float(sum(len(m) for m in minis)),
-                          float(sum(bool((a != 0).any()) for a in adv))], dist.ReduceOp.SUM)
+    summed = all_reduce(
+        [sums[k] for k in keys]
+        + [
+            num["ent_sum"],
+            num["stale_sum"],
+            num["n_cur"],
+            float(tokens),
+            float(len(trajs)),
+            sum(rewards),
+            sum(r * r for r in rewards),
+            float(sum(len(m) for m in minis)),
+            float(sum(bool((a != 0).any()) for a in adv)),
+        ],
+        dist.ReduceOp.SUM,
+    )
     s = dict(zip(keys, summed))
-    ent_sum, stale_sum, n_cur, tokens, n_traj, r_sum, r_sq, n_mb, n_adv = summed[len(keys):]
-    ratio_max, bw_max, diff_cur, diff_all, stale_max = all_reduce([ratio_max, bw_max, diff_cur, diff_all, stale_max],
-                                                                   dist.ReduceOp.MAX)
+    ent_sum, stale_sum, n_cur, tokens, n_traj, r_sum, r_sq, n_mb, n_adv = summed[len(keys) :]
+    ratio_max, bw_max, diff_cur, diff_all, stale_max = all_reduce([ratio_max, bw_max, diff_cur, diff_all, stale_max], dist.ReduceOp.MAX)
     denom = max(tokens, 1.0)
     r_mean = r_sum / max(n_traj, 1.0)
     metrics = {

@@ -55,8 +55,9 @@ class WeightUpdateError(RuntimeError):
     """An engine did not confirm a weight update (from disk or over the collective)."""
 
 
-def join_weight_group(backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-                      group_name: str, timeout_s: float) -> dist.ProcessGroup:
+def join_weight_group(
+    backend: str, master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float
+) -> dist.ProcessGroup:
     """Form (or join) the weight-update group as ``rank`` of ``world_size``; blocks until all joined.
 
     Rank 0 hosts the TCPStore; the others connect to it (retrying until ``timeout_s``).
@@ -66,13 +67,13 @@ def join_weight_group(backend: str, master_address: str, master_port: int, rank:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     # No parent ranks ([]): the group stands alone, whether or not this process has a default group.
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
-                                         backend_options=None, timeout=timeout)
+    group, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(backend), store, group_name=group_name, backend_options=None, timeout=timeout
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast(src=0, group=...) works
     return group
 
@@ -98,8 +99,9 @@ def free_port(address: str) -> int:
 
 def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """POST JSON; an HTTP error's JSON body is returned like a success (SGLang answers 400 + success=false)."""
-    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read() or b"{}")
@@ -132,10 +134,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 class CollectiveWeightPush:
     """The trainer's side: rank 0 of a weight-update group spanning every engine's ranks."""
 
-    def __init__(self, engine_urls: list[str], master_address: str, master_port: int,
-                 group_name: str = "weight_update_group", backend: str = "nccl",
-                 engine_world_sizes: list[int] | None = None, timeout_s: float = 300.0,
-                 send_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        engine_urls: list[str],
+        master_address: str,
+        master_port: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        engine_world_sizes: list[int] | None = None,
+        timeout_s: float = 300.0,
+        send_dtype: torch.dtype | None = None,
+    ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "nccl" and not torch.cuda.is_available():
@@ -161,8 +170,7 @@ class CollectiveWeightPush:
     def _each_engine(self, path: str, body_for: Any) -> list[concurrent.futures.Future]:
         return [self._pool.submit(_post, url, path, body_for(i), self.timeout_s) for i, url in enumerate(self.engine_urls)]
 
-    def _confirm(self, futures: list[concurrent.futures.Future], what: str,
-                 also: concurrent.futures.Future | None = None) -> None:
+    def _confirm(self, futures: list[concurrent.futures.Future], what: str, also: concurrent.futures.Future | None = None) -> None:
         """Raise on the first engine (in completion order) that did not answer success, or as soon
         as ``also`` (our own side of a collective step) fails."""
         by_future: dict[concurrent.futures.Future, str] = dict(zip(futures, self.engine_urls))
@@ -185,18 +193,28 @@ class CollectiveWeightPush:
         """Ask every engine to join and join as rank 0, concurrently (each side blocks until all joined)."""
         if self.group is not None:
             raise RuntimeError(f"weight group {self.group_name!r} is already initialised")
-        futures = self._each_engine("/init_weights_update_group", lambda i: {
-            "master_address": self.master_address, "master_port": self.master_port,
-            "rank_offset": self.rank_offsets[i], "world_size": self.world_size,
-            "group_name": self.group_name, "backend": self.backend})
+        futures = self._each_engine(
+            "/init_weights_update_group",
+            lambda i: {
+                "master_address": self.master_address,
+                "master_port": self.master_port,
+                "rank_offset": self.rank_offsets[i],
+                "world_size": self.world_size,
+                "group_name": self.group_name,
+                "backend": self.backend,
+            },
+        )
         # Our rendezvous runs beside the POSTs in a daemon thread: an engine that refuses (say, nccl
         # without CUDA) answers at once, and that answer is raised without waiting for the timeout.
         joined: concurrent.futures.Future = concurrent.futures.Future()
 
         def join() -> None:
             try:
-                joined.set_result(join_weight_group(self.backend, self.master_address, self.master_port, 0,
-                                                    self.world_size, self.group_name, self.timeout_s))
+                joined.set_result(
+                    join_weight_group(
+                        self.backend, self.master_address, self.master_port, 0, self.world_size, self.group_name, self.timeout_s
+                    )
+                )
             except BaseException as exc:  # noqa: BLE001 -- thread boundary: handed to the caller
                 joined.set_exception(exc)
 
@@ -208,11 +226,15 @@ class CollectiveWeightPush:
         """Broadcast ``model``'s weights as ``version`` to every engine; raise WeightUpdateError unless all confirm."""
         if self.group is None:
             raise RuntimeError("push() before init()")
-        tensors = [(n, t.detach().to(self.device, self.send_dtype or t.dtype).contiguous())
-                   for n, t in named_tensors_to_send(model)]
-        body = {"names": [n for n, _ in tensors], "dtypes": [dtype_name(t.dtype) for _, t in tensors],
-                "shapes": [list(t.shape) for _, t in tensors], "group_name": self.group_name,
-                "weight_version": str(version), "flush_cache": True}
+        tensors = [(n, t.detach().to(self.device, self.send_dtype or t.dtype).contiguous()) for n, t in named_tensors_to_send(model)]
+        body = {
+            "names": [n for n, _ in tensors],
+            "dtypes": [dtype_name(t.dtype) for _, t in tensors],
+            "shapes": [list(t.shape) for _, t in tensors],
+            "group_name": self.group_name,
+            "weight_version": str(version),
+            "flush_cache": True,
+        }
         try:
             if pause:
                 self._confirm_control("/pause_generation", {"mode": "abort"})
@@ -242,8 +264,10 @@ class CollectiveWeightPush:
             self._pool.shutdown()
             return
         try:
-            self._confirm(self._each_engine("/destroy_weights_update_group", lambda i: {"group_name": self.group_name}),
-                          f"leaving weight group {self.group_name!r}")
+            self._confirm(
+                self._each_engine("/destroy_weights_update_group", lambda i: {"group_name": self.group_name}),
+                f"leaving weight group {self.group_name!r}",
+            )
         finally:
             leave_weight_group(self.group)
             self.group = None

@@ -28,9 +28,11 @@ def resolve_model_path(path: str) -> str:
     try:
         return snapshot_download(path)
     except LocalEntryNotFoundError as e:
-        raise FileNotFoundError(f"model.path {path!r} is neither a local directory nor in the HF cache "
-                                f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and it could not be downloaded "
-                                f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {e}") from None
+        raise FileNotFoundError(
+            f"model.path {path!r} is neither a local directory nor in the HF cache "
+            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and it could not be downloaded "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {e}"
+        ) from None
 
 
 def load_hf_tokenizer(path: str, fast_tokenizer: bool = True, padding_side: str | None = None) -> Any:

@@ -25,8 +25,14 @@ from areal.reward.gsm8k import gsm8k_reward_fn
 
 __all__ = ["CALCULATOR_TOOL", "TOOL_SYSTEM_PROMPT", "calculator", "gateway_kwargs", "math_reward", "question"]
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 _MAX_EXPR = 200
 
 math_reward = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=15.0, max_workers=1)
@@ -43,8 +49,11 @@ def gateway_kwargs(extra_kwargs: dict[str, Any]) -> dict[str, Any]:
     base_url = extra_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL")
     if not base_url:
         raise ValueError("no gateway address: pass base_url in extra_kwargs or set OPENAI_BASE_URL")
-    return {"base_url": base_url, "api_key": extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY", "none"),
-            "http_client": extra_kwargs.get("http_client")}
+    return {
+        "base_url": base_url,
+        "api_key": extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY", "none"),
+        "http_client": extra_kwargs.get("http_client"),
+    }
 
 
 def calculator(expression: str) -> str:
@@ -82,16 +91,18 @@ def execute_tool_call(name: str, arguments: str) -> str:
     return calculator(args.get("expression", ""))
 
 
-async def solve_with_calculator(client: Any, data: dict[str, Any], max_turns: int, temperature: float,
-                                max_tokens: int) -> str:
+async def solve_with_calculator(client: Any, data: dict[str, Any], max_turns: int, temperature: float, max_tokens: int) -> str:
     """Chat Completions with the calculator tool: execute every call, answer it back, until the
     model answers without a call or ``max_turns`` calls are spent. Returns the last answer text."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT},
-                                      {"role": "user", "content": question(data)}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT}, {"role": "user", "content": question(data)}]
     answer = ""
     for _ in range(max_turns):
         completion = await client.chat.completions.create(
-            model="default", messages=messages, tools=[CALCULATOR_TOOL], temperature=temperature, max_tokens=max_tokens,
+            model="default",
+            messages=messages,
+            tools=[CALCULATOR_TOOL],
+            temperature=temperature,
+            max_tokens=max_tokens,
         )
         message = completion.choices[0].message
         answer = message.content or ""
@@ -99,6 +110,7 @@ async def solve_with_calculator(client: Any, data: dict[str, Any], max_turns: in
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": execute_tool_call(call.function.name, call.function.arguments)})
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": execute_tool_call(call.function.name, call.function.arguments)}
+            )
     return answer

@@ -27,8 +27,9 @@ def main(args: list[str]) -> None:
     config, _ = load_expr_config(args, AgentWorkflowConfig)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     train_dataset = get_custom_dataset(split="train", dataset_config=config.train_dataset, tokenizer=tokenizer)
-    valid_dataset = (get_custom_dataset(split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer)
-                     if config.valid_dataset else None)
+    valid_dataset = (
+        get_custom_dataset(split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer) if config.valid_dataset else None
+    )
     with PPOTrainer(config, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
         summary = trainer.train(workflow=config.workflow, eval_workflow=config.eval_workflow)
     print(f"run directory: {summary['run_dir']}\nfinal model: {summary['final_model']}")

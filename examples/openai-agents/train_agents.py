@@ -11,10 +11,10 @@ by token); the SDK talks to it through its default Responses API.
 import asyncio
 import sys
 
-from agents import ModelSettings, OpenAIProvider, RunConfig
-from agents import Runner as OpenAIRunner
 from transformers import PreTrainedTokenizerFast
 
+from agents import ModelSettings, OpenAIProvider, RunConfig
+from agents import Runner as OpenAIRunner
 from areal.api.cli_args import AgentRLConfig, GenerationHyperparameters, load_expr_config
 from areal.api.reward_api import AsyncRewardWrapper
 from areal.api.workflow_api import RolloutWorkflow
@@ -26,8 +26,9 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 
 class OpenAIAgentWrapper:
-    def __init__(self, agent_builder_path: str, agent_builder_kwargs: dict, reward_fn_path: str,
-                 temperature: float = 1.0, max_tokens: int = 512) -> None:
+    def __init__(
+        self, agent_builder_path: str, agent_builder_kwargs: dict, reward_fn_path: str, temperature: float = 1.0, max_tokens: int = 512
+    ) -> None:
         self.agent_builder = import_from_string(agent_builder_path)
         self.agent_builder_kwargs = agent_builder_kwargs
         self.async_reward_fn = AsyncRewardWrapper(import_from_string(reward_fn_path))
@@ -42,19 +43,27 @@ class OpenAIAgentWrapper:
             model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens),
         )
         result = await OpenAIRunner.run(agent, input=data["messages"][-1]["content"], run_config=run_config, max_turns=4)
-        reward = await self.async_reward_fn(completions=str(result.final_output), answer=data["answer"],
-                                            prompt=None, prompt_ids=None, completion_ids=None)
+        reward = await self.async_reward_fn(
+            completions=str(result.final_output), answer=data["answer"], prompt=None, prompt_ids=None, completion_ids=None
+        )
         client.set_final_reward(reward)
         return reward
 
 
 class OpenAIAgentWorkflow(RolloutWorkflow):
-    def __init__(self, agent_builder_path: str, agent_builder_kwargs: dict, reward_fn_path: str,
-                 gconfig: GenerationHyperparameters, tokenizer: PreTrainedTokenizerFast) -> None:
+    def __init__(
+        self,
+        agent_builder_path: str,
+        agent_builder_kwargs: dict,
+        reward_fn_path: str,
+        gconfig: GenerationHyperparameters,
+        tokenizer: PreTrainedTokenizerFast,
+    ) -> None:
         self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.tokenizer = tokenizer
-        self.agent = OpenAIAgentWrapper(agent_builder_path, agent_builder_kwargs, reward_fn_path,
-                                        temperature=gconfig.temperature, max_tokens=gconfig.max_new_tokens)
+        self.agent = OpenAIAgentWrapper(
+            agent_builder_path, agent_builder_kwargs, reward_fn_path, temperature=gconfig.temperature, max_tokens=gconfig.max_new_tokens
+        )
 
     async def arun_episode(self, engine, data):
         clients = [ArealOpenAI(engine=engine, tokenizer=self.tokenizer) for _ in range(self.gconfig.n_samples)]
@@ -72,10 +81,15 @@ def main(args: list[str]) -> None:
     train_dataset = get_custom_dataset(split="train", dataset_config=config.train_dataset, tokenizer=tokenizer)
     valid_dataset = get_custom_dataset(split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer)
     with PPOTrainer(config, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
+
         def make() -> OpenAIAgentWorkflow:
-            return OpenAIAgentWorkflow(agent_builder_path=config.agent_builder_path,
-                                       agent_builder_kwargs=config.agent_builder_kwargs,
-                                       reward_fn_path=config.reward_fn_path, gconfig=config.gconfig, tokenizer=tokenizer)
+            return OpenAIAgentWorkflow(
+                agent_builder_path=config.agent_builder_path,
+                agent_builder_kwargs=config.agent_builder_kwargs,
+                reward_fn_path=config.reward_fn_path,
+                gconfig=config.gconfig,
+                tokenizer=tokenizer,
+            )
 
         summary = trainer.train(make(), make())
     print(f"run directory: {summary['run_dir']}\nfinal model: {summary['final_model']}")

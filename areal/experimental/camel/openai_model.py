@@ -62,21 +62,38 @@ class TokenizerCounter(BaseTokenCounter):
 class AReaLOpenAICompatibleModel(OpenAICompatibleModel):
     """CAMEL model backend whose every call goes through ``openai_client`` (e.g. ``ArealOpenAI``)."""
 
-    def __init__(self, openai_client: AsyncOpenAI | OpenAI, tokenizer: Any, model_type: str = "areal",
-                 model_config_dict: dict[str, Any] | None = None, token_limit: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        openai_client: AsyncOpenAI | OpenAI,
+        tokenizer: Any,
+        model_type: str = "areal",
+        model_config_dict: dict[str, Any] | None = None,
+        token_limit: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if isinstance(openai_client, AsyncOpenAI):
             sync_client, async_client = _AsyncOnly(), openai_client
         elif isinstance(openai_client, OpenAI):
             sync_client, async_client = openai_client, _SyncOnly()
         else:
-            raise TypeError(f"openai_client must be an openai.AsyncOpenAI (e.g. ArealOpenAI) or openai.OpenAI, got {type(openai_client).__name__}")
+            raise TypeError(
+                f"openai_client must be an openai.AsyncOpenAI (e.g. ArealOpenAI) or openai.OpenAI, got {type(openai_client).__name__}"
+            )
         if token_limit is not None and token_limit <= 0:
             raise ValueError(f"token_limit must be positive, got {token_limit}")
         # CAMEL would read OPENAI_COMPATIBILITY_* from the environment; the client already knows
         # where to go, so the key and URL only fill CAMEL's own bookkeeping.
-        super().__init__(model_type=model_type, model_config_dict=model_config_dict, api_key=openai_client.api_key or "areal",
-                         url=str(openai_client.base_url), token_counter=TokenizerCounter(tokenizer), max_retries=0,
-                         client=sync_client, async_client=async_client, **kwargs)
+        super().__init__(
+            model_type=model_type,
+            model_config_dict=model_config_dict,
+            api_key=openai_client.api_key or "areal",
+            url=str(openai_client.base_url),
+            token_counter=TokenizerCounter(tokenizer),
+            max_retries=0,
+            client=sync_client,
+            async_client=async_client,
+            **kwargs,
+        )
         self.openai_client = openai_client
         self.tokenizer = tokenizer
         limit = getattr(tokenizer, "model_max_length", None)
@@ -91,13 +108,17 @@ class _AsyncOnly:
     """Stands in for CAMEL's sync client when only an async one was given: says what to do."""
 
     def __getattr__(self, name: str) -> Any:
-        raise TypeError("this AReaLOpenAICompatibleModel wraps an async client (ArealOpenAI answers in the caller's event loop): "
-                        "use ChatAgent.astep(...) instead of step(...)")
+        raise TypeError(
+            "this AReaLOpenAICompatibleModel wraps an async client (ArealOpenAI answers in the caller's event loop): "
+            "use ChatAgent.astep(...) instead of step(...)"
+        )
 
 
 class _SyncOnly:
     """Stands in for CAMEL's async client when only a sync one was given."""
 
     def __getattr__(self, name: str) -> Any:
-        raise TypeError("this AReaLOpenAICompatibleModel wraps a sync openai.OpenAI client: use ChatAgent.step(...), "
-                        "or pass an AsyncOpenAI / ArealOpenAI for astep(...)")
+        raise TypeError(
+            "this AReaLOpenAICompatibleModel wraps a sync openai.OpenAI client: use ChatAgent.step(...), "
+            "or pass an AsyncOpenAI / ArealOpenAI for astep(...)"
+        )

@@ -52,8 +52,13 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         self._ids = itertools.count()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        req = GatewayRequest(request_id=next(self._ids), method=request.method, path=request.url.raw_path.decode("ascii"),
-                             headers={k.lower(): v for k, v in request.headers.items()}, body=await request.aread())
+        req = GatewayRequest(
+            request_id=next(self._ids),
+            method=request.method,
+            path=request.url.raw_path.decode("ascii"),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=await request.aread(),
+        )
         frames = reply_frames(self.gateway, req)
         first = await anext(frames)
         return httpx.Response(first.status, headers=first.headers, stream=_ReplyStream(first.body, frames), request=request)
@@ -62,11 +67,19 @@ class InProcessTransport(httpx.AsyncBaseTransport):
 class ArealOpenAI(AsyncOpenAI):
     """``AsyncOpenAI`` over an in-process gateway; one instance records one episode."""
 
-    def __init__(self, engine: Any, tokenizer: Any, tool_call_parser: str | None = "qwen25",
-                 reasoning_parser: str | None = "think", gateway_config: GatewayConfig | None = None,
-                 episode_id: str = "areal-openai", **kwargs: Any) -> None:
-        config = dataclasses.replace(gateway_config or GatewayConfig(), tool_parser=tool_call_parser,
-                                     reasoning_parser=reasoning_parser, session_idle_s=0)
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        tool_call_parser: str | None = "qwen25",
+        reasoning_parser: str | None = "think",
+        gateway_config: GatewayConfig | None = None,
+        episode_id: str = "areal-openai",
+        **kwargs: Any,
+    ) -> None:
+        config = dataclasses.replace(
+            gateway_config or GatewayConfig(), tool_parser=tool_call_parser, reasoning_parser=reasoning_parser, session_idle_s=0
+        )
         self.gateway = Gateway(engine, tokenizer, config)
         key = self.gateway.open_session(episode_id)
         self.session: Session = self.gateway.sessions[key]

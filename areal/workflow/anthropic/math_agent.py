@@ -27,7 +27,9 @@ class MathAgent(AgentWorkflow):
         else:
             client = AsyncAnthropic(max_retries=0)  # ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the sandbox
         message = await client.messages.create(
-            model="default", max_tokens=self.max_tokens, messages=[{"role": "user", "content": question(data)}],
+            model="default",
+            max_tokens=self.max_tokens,
+            messages=[{"role": "user", "content": question(data)}],
             extra_body={"temperature": self.temperature},  # anthropic 2.x dropped the keyword; the API keeps the field
         )
         text = "".join(block.text for block in message.content if block.type == "text")

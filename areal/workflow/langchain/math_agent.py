@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
@@ -24,8 +23,15 @@ def _llm(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> C
     # bound to the first event loop that used it: give each episode its own instead.
     if gw["http_client"] is None:
         gw["http_client"] = httpx.AsyncClient(timeout=httpx.Timeout(600.0))
-    return ChatOpenAI(model="default", base_url=gw["base_url"], api_key=gw["api_key"], http_async_client=gw["http_client"],
-                      temperature=temperature, max_tokens=max_tokens, max_retries=0)
+    return ChatOpenAI(
+        model="default",
+        base_url=gw["base_url"],
+        api_key=gw["api_key"],
+        http_async_client=gw["http_client"],
+        temperature=temperature,
+        max_tokens=max_tokens,
+        max_retries=0,
+    )
 
 
 class MathAgent(AgentWorkflow):
@@ -52,6 +58,10 @@ class MathToolAgent(AgentWorkflow):
                 break
             messages.append(reply)
             for call in reply.tool_calls:
-                result = calculator(call["args"].get("expression", "")) if call["name"] == "calculator" else f"error: unknown tool {call['name']!r}"
+                result = (
+                    calculator(call["args"].get("expression", ""))
+                    if call["name"] == "calculator"
+                    else f"error: unknown tool {call['name']!r}"
+                )
                 messages.append(ToolMessage(result, tool_call_id=call["id"]))
         return await math_reward(completions=answer, answer=data["answer"])

@@ -30,8 +30,10 @@ class MathAgent(AgentWorkflow):
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         completion = await _client(extra_kwargs).chat.completions.create(
-            model="default", messages=[{"role": "user", "content": question(data)}],
-            temperature=self.temperature, max_tokens=self.max_tokens,
+            model="default",
+            messages=[{"role": "user", "content": question(data)}],
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
         )
         return await math_reward(completions=completion.choices[0].message.content or "", answer=data["answer"])
 
@@ -43,4 +45,3 @@ class MathToolAgent(AgentWorkflow):
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         answer = await solve_with_calculator(_client(extra_kwargs), data, self.max_turns, self.temperature, self.max_tokens)
         return await math_reward(completions=answer, answer=data["answer"])
-

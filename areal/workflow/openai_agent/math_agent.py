@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, function_tool, handoff
-from agents.extensions.handoff_prompt import RECOMMENDED_PROMPT_PREFIX
 from openai import AsyncOpenAI
 
+from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, function_tool, handoff
+from agents.extensions.handoff_prompt import RECOMMENDED_PROMPT_PREFIX
 from areal.api.workflow_api import AgentWorkflow
 from areal.utils.dynamic_import import import_from_string
 from areal.workflow.common import TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, math_reward, question
@@ -29,8 +29,9 @@ def build_math_agent(recommended_prefix: bool = False) -> Agent:
     (``agent_builder_kwargs: {recommended_prefix: true}``) for real models.
     """
     prefix = f"{RECOMMENDED_PROMPT_PREFIX}\n" if recommended_prefix else ""
-    analyzer = Agent(name="Problem Analyzer", instructions=f"{prefix}Find the quantities and the operation, "
-                     "then solve. End with \\boxed{answer}.")
+    analyzer = Agent(
+        name="Problem Analyzer", instructions=f"{prefix}Find the quantities and the operation, then solve. End with \\boxed{{answer}}."
+    )
     solver = Agent(name="Solution Specialist", instructions=f"{prefix}Solve step by step. End with \\boxed{{answer}}.")
     return Agent(
         name="Math Problem Solver",
@@ -60,19 +61,28 @@ def build_calculator_agent() -> Agent:
 class MathAgent(AgentWorkflow):
     """Runs the agent ``agent_builder_path`` builds; the reward is the final output's."""
 
-    def __init__(self, agent_builder_path: str = "areal.workflow.openai_agent.math_agent.build_math_agent",
-                 agent_builder_kwargs: dict[str, Any] | None = None, temperature: float = 1.0, max_tokens: int = 64,
-                 max_turns: int = 4) -> None:
+    def __init__(
+        self,
+        agent_builder_path: str = "areal.workflow.openai_agent.math_agent.build_math_agent",
+        agent_builder_kwargs: dict[str, Any] | None = None,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        max_turns: int = 4,
+    ) -> None:
         self.builder = import_from_string(agent_builder_path)
         self.builder_kwargs = dict(agent_builder_kwargs or {})
         self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
-        run_config = RunConfig(model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True,
-                               model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens))
-        result = await Runner.run(self.builder(**self.builder_kwargs), input=question(data), run_config=run_config,
-                                  max_turns=self.max_turns)
+        run_config = RunConfig(
+            model_provider=OpenAIProvider(openai_client=client),
+            tracing_disabled=True,
+            model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens),
+        )
+        result = await Runner.run(
+            self.builder(**self.builder_kwargs), input=question(data), run_config=run_config, max_turns=self.max_turns
+        )
         return await math_reward(completions=str(result.final_output or ""), answer=data["answer"])
 
 
