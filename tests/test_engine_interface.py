@@ -15,9 +15,11 @@ from areal.engine.vllm import VLLMClient
 
 
 def _clients() -> dict[str, object]:
-    return {"sglang-protocol": EngineClient("http://127.0.0.1:9"),
-            "router": EngineRouter(["http://127.0.0.1:9", "http://127.0.0.1:10"]),
-            "vllm": VLLMClient("http://127.0.0.1:9")}
+    return {
+        "sglang-protocol": EngineClient("http://127.0.0.1:9"),
+        "router": EngineRouter(["http://127.0.0.1:9", "http://127.0.0.1:10"]),
+        "vllm": VLLMClient("http://127.0.0.1:9"),
+    }
 
 
 def _accepts(impl: object, proto: type, name: str) -> None:
@@ -43,7 +45,7 @@ def test_every_engine_client_is_an_inference_engine(kind):
     assert inspect.iscoroutinefunction(client.generate)
 
 
-@pytest.mark.parametrize("kind", ["sglang-protocol", "router"])
+@pytest.mark.parametrize("kind", ["sglang-protocol", "router", "vllm"])
 def test_engines_that_load_weights_are_weight_updatable(kind):
     client = _clients()[kind]
     assert isinstance(client, WeightUpdatable)
@@ -58,4 +60,3 @@ def test_the_interface_check_fails_on_a_client_missing_a_parameter():
 
     with pytest.raises(TypeError):
         _accepts(Partial(), InferenceEngine, "generate")
-

