@@ -25,11 +25,13 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import msgspec
 
 from areal.protocol import EpisodeOutcome
@@ -38,7 +40,7 @@ from areal.protocol import EpisodeOutcome
 class EpisodeRunner(Protocol):
     """Runs one episode of the agent and says how it ended; the controller is written against
     this. Implementations: ``sandbox.zygote.Zygote`` (a sandboxed process per episode) and
-    ``areal.controller.InlineRunner`` (the controller's own event loop, for trusted agents).
+    ``InlineRunner`` below (the controller's own event loop, for trusted agents).
     ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit."""
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome: ...
@@ -277,3 +279,30 @@ def agent_object_spec(agent: Any) -> str | None:
     """``module:Class`` (or ``file.py:Class``) rebuilding an agent object in another process, or
     None when its class needs constructor arguments or is not importable (defined in a function)."""
     return None if inspect.isfunction(agent) or inspect.isclass(agent) else class_spec(type(agent))
+
+
+class InlineRunner:
+    """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``).
+    ``agent`` is a spec (``TARGET:ATTR``) or an object with ``async run(data, **extra_kwargs)``."""
+
+    def __init__(self, agent: str | Any, base_url: str):
+        self.run_agent = load_agent(agent) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
+        self.base_url = base_url + "/v1"
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256))
+
+    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
+        t0 = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                self.run_agent(data, base_url=self.base_url, api_key=api_key, http_client=self.http), deadline_s
+            )
+        except TimeoutError:
+            return EpisodeOutcome(
+                episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0
+            )
+        except Exception as e:  # the agent's own failure: becomes the episode's outcome
+            return outcome_from_exception(episode_id, e, time.monotonic() - t0)
+        return outcome_from_result(episode_id, result, time.monotonic() - t0)
+
+    async def close(self) -> None:
+        await self.http.aclose()

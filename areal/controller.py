@@ -32,18 +32,13 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import zmq
 import zmq.asyncio
@@ -51,17 +46,15 @@ from tqdm import tqdm
 
 from areal.agent import (
     EpisodeRunner,
+    InlineRunner,
     agent_object_spec,
-    agent_run,
     check_episode_rewards,
-    load_agent,
     load_reward_fn,
     outcome_from_exception,
-    outcome_from_result,
 )
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
-from areal.dataset import load_rows, normalize_row
+from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
@@ -70,22 +63,21 @@ from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.jsonl import json_line
 from areal.plots import plot_reward_curve
-from areal.process import die_with_parent, log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
+from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import (
-    FRAME_HEADER,
     EpisodeOutcome,
-    TokenRow,
     TrainerDone,
     TrainerFailed,
     TrainerMessage,
     TrainerReport,
     Trajectory,
-    decode_trajectory,
     encode_trajectory,
     frame,
 )
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.trainer.config import TrainerJob
+from areal.trainer.launch import start_trainer
+from areal.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.utils.hf_utils import resolve_model_path
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
@@ -93,114 +85,6 @@ from sandbox.zygote import Zygote
 
 class RunFailed(RuntimeError):
     """The run could not continue; the message names the component and the reason."""
-
-
-class InlineRunner:
-    """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``).
-    ``agent`` is a spec (``TARGET:ATTR``) or an object with ``async run(data, **extra_kwargs)``."""
-
-    def __init__(self, agent: str | Any, base_url: str):
-        self.run_agent = load_agent(agent) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
-        self.base_url = base_url + "/v1"
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256))
-
-    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
-        t0 = time.monotonic()
-        try:
-            result = await asyncio.wait_for(
-                self.run_agent(data, base_url=self.base_url, api_key=api_key, http_client=self.http), deadline_s
-            )
-        except TimeoutError:
-            return EpisodeOutcome(
-                episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0
-            )
-        except Exception as e:  # the agent's own failure: becomes the episode's outcome
-            return outcome_from_exception(episode_id, e, time.monotonic() - t0)
-        return outcome_from_result(episode_id, result, time.monotonic() - t0)
-
-    async def close(self) -> None:
-        await self.http.aclose()
-
-
-def stratified_order(levels: list[int], block: int, seed: int) -> list[int]:
-    """Problem indices ordered so that every ``block`` consecutive prompts (one step's groups)
-    mix the difficulty levels in the same proportions as the whole set.
-
-    Without this, the mean reward of a step mostly measures how many hard prompts it drew, and a
-    reward curve is noise around the policy's real progress.
-    """
-    rng = random.Random(seed)
-    by_level: dict[int, list[int]] = {}
-    for i, lv in enumerate(levels):
-        by_level.setdefault(lv, []).append(i)
-    for idx in by_level.values():
-        rng.shuffle(idx)
-    # Per block, each level gets its share by largest remainder; the same allocation every block.
-    shares = {lv: len(idx) / len(levels) * block for lv, idx in by_level.items()}
-    counts = {lv: int(s) for lv, s in shares.items()}
-    for lv in sorted(shares, key=lambda lv: shares[lv] - counts[lv], reverse=True)[: block - sum(counts.values())]:
-        counts[lv] += 1
-    order: list[int] = []
-    cursor = dict.fromkeys(by_level, 0)
-    while len(order) < len(levels):
-        chunk = []
-        for lv, c in sorted(counts.items()):
-            for _ in range(c):
-                chunk.append(by_level[lv][cursor[lv] % len(by_level[lv])])
-                cursor[lv] += 1
-        rng.shuffle(chunk)
-        order.extend(chunk)
-    return order
-
-
-def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
-    """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids.
-
-    Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
-    rewards the named rows; rows it does not name keep a reward set through the gateway
-    (``set_reward``), else 0. ``outcome`` has passed ``check_episode_rewards`` against
-    ``session``: every id it names is one of the session's (else ``KeyError``).
-    """
-    for inter_id, r in outcome.rewards_by_id.items():
-        session.set_reward(inter_id, r)
-    exported = session.export_interactions("individual")
-    rows, versions = [], []
-    for row in exported.values():
-        reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
-        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
-        versions.extend(v for v in row.versions if v >= 0)
-    episode_reward = outcome.reward if outcome.reward is not None else sum(r.reward for r in rows)
-    return Trajectory.from_rows(
-        episode_id=outcome.episode_id,
-        group_id=group_id,
-        group_size=group_size,
-        reward=episode_reward,
-        status=outcome.status,
-        rows=rows,
-        timings={"wall_s": outcome.wall_s},
-        error=outcome.error[-2000:],
-        drift=session.drift,
-        failure_kind="" if outcome.status == "ok" else outcome.status,
-        policy_version_start=min(versions, default=-1),
-        policy_version_end=max(versions, default=-1),
-        interaction_ids=list(exported),
-    )
-
-
-def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int) -> Trajectory:
-    """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward)."""
-    versions = [v for v in row.versions if v >= 0]
-    return Trajectory.from_rows(
-        episode_id=episode_id,
-        group_id=group_id,
-        group_size=group_size,
-        reward=row.reward,
-        status="ok",
-        rows=[TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=row.reward)],
-        policy_version_start=min(versions, default=-1),
-        policy_version_end=max(versions, default=-1),
-        interaction_ids=[row.interaction.id],
-    )
 
 
 class Controller:
@@ -447,34 +331,7 @@ class Controller:
             seed=cfg.seed,
             trainer=cfg.trainer,
         )
-        path = self.run_dir / "trainer_config.json"
-        path.write_text(job.to_json())
-        log = open(self.run_dir / "trainer.log", "ab")
-        launcher = [sys.executable, "-m", "areal.trainer"]
-        if len(rings) > 1:  # torchrun: one process per rank, DDP over gloo on CPU
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            launcher = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(len(rings)),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(port),
-                "-m",
-                "areal.trainer",
-            ]
-        return subprocess.Popen(
-            [*launcher, "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        return start_trainer(job, self.run_dir)
 
     # ---- rollouts -------------------------------------------------------------------------
 
@@ -829,31 +686,6 @@ def reason(error: str) -> str:
     if len(error) <= REASON_CHARS:
         return error
     return f"{error[:REASON_CHARS]}... ({len(error) - REASON_CHARS} more characters)"
-
-
-def read_saved_trajectories(path: Path) -> list[Trajectory]:
-    """Read back ``trajectories.bin`` (written with ``save_trajectories=true``): every complete
-    record. A file cut short (a full disk, a kill mid-write) keeps the records before the cut,
-    and the cut is reported (a ``UserWarning`` naming the offset and the bytes dropped)."""
-    data, out, pos = path.read_bytes(), [], 0
-    while pos < len(data):
-        n = FRAME_HEADER.unpack_from(data, pos)[0] if len(data) - pos >= FRAME_HEADER.size else None
-        if n is None or len(data) - pos - FRAME_HEADER.size < n:
-            warnings.warn(
-                f"{path}: cut at byte {pos} of {len(data)} (an incomplete record); read the {len(out)} complete records before it",
-                stacklevel=2,
-            )
-            break
-        try:
-            out.append(decode_trajectory(data[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + n]))
-        except msgspec.DecodeError as e:
-            warnings.warn(
-                f"{path}: record {len(out)} at byte {pos} does not decode ({e}); read the {len(out)} complete records before it",
-                stacklevel=2,
-            )
-            break
-        pos += FRAME_HEADER.size + n
-    return out
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

@@ -22,6 +22,7 @@ Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,34 @@ def _filter_length(rows: list[dict[str, Any]], cfg: DatasetConfig, tokenizer: An
         if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= cfg.max_length:
             keep.append(row)
     return keep
+
+
+def stratified_order(levels: list[int], block: int, seed: int) -> list[int]:
+    """Problem indices ordered so that every ``block`` consecutive prompts (one step's groups)
+    mix the difficulty levels in the same proportions as the whole set.
+
+    Without this, the mean reward of a step mostly measures how many hard prompts it drew, and a
+    reward curve is noise around the policy's real progress.
+    """
+    rng = random.Random(seed)
+    by_level: dict[int, list[int]] = {}
+    for i, lv in enumerate(levels):
+        by_level.setdefault(lv, []).append(i)
+    for idx in by_level.values():
+        rng.shuffle(idx)
+    # Per block, each level gets its share by largest remainder; the same allocation every block.
+    shares = {lv: len(idx) / len(levels) * block for lv, idx in by_level.items()}
+    counts = {lv: int(s) for lv, s in shares.items()}
+    for lv in sorted(shares, key=lambda lv: shares[lv] - counts[lv], reverse=True)[: block - sum(counts.values())]:
+        counts[lv] += 1
+    order: list[int] = []
+    cursor = dict.fromkeys(by_level, 0)
+    while len(order) < len(levels):
+        chunk = []
+        for lv, c in sorted(counts.items()):
+            for _ in range(c):
+                chunk.append(by_level[lv][cursor[lv] % len(by_level[lv])])
+                cursor[lv] += 1
+        rng.shuffle(chunk)
+        order.extend(chunk)
+    return order

@@ -5,6 +5,7 @@ listing shows every field with its type; the trainer's config exists once."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,38 @@ def test_the_trainer_config_is_defined_once():
     """The run's `trainer:` section is the trainer process's own TrainerConfig, not a copy."""
     assert {f.name: f.type for f in dataclasses.fields(TrainConfig)}["trainer"] in ("TrainerConfig", TrainerConfig)
     assert TrainConfig().trainer == TrainerConfig()
+
+
+@pytest.mark.parametrize(
+    "gpus, ranks, named",
+    [([0, 0], 2, "distinct"), ([0], 2, "one per rank"), ([-1], 1, "integers >= 0"), ([True], 1, "integers >= 0")],
+)
+def test_trainer_gpus_must_name_one_distinct_gpu_per_rank(gpus, ranks, named):
+    with pytest.raises(ValueError, match=f"trainer.gpus .*{named}|trainer.gpus must list {ranks} distinct"):
+        TrainerConfig(gpus=gpus, ranks=ranks)
+    assert TrainerConfig(gpus=list(range(ranks)), ranks=ranks).gpus == list(range(ranks))
+
+
+def test_the_trainer_process_sees_the_configured_gpus(tmp_path):
+    """``trainer.gpus`` becomes the trainer's CUDA_VISIBLE_DEVICES, read from the live process."""
+    from trainer_jobs import make_job
+
+    from areal.process import stop_group
+    from areal.trainer.launch import start_trainer
+
+    job = make_job(
+        model_path=str(tmp_path / "no-model"),
+        ring_name="areal-test-no-ring",
+        engine_urls=[],
+        report_addr="ipc:///nonexistent",
+        run_dir=str(tmp_path),
+        groups_per_step=1,
+        gpus=[3],
+    )
+    proc = start_trainer(job, tmp_path)
+    try:
+        environ = dict(v.split("=", 1) for v in Path(f"/proc/{proc.pid}/environ").read_text().split("\0") if "=" in v)
+    finally:
+        stop_group(proc, 5.0)
+    assert environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert json.loads((tmp_path / "trainer_config.json").read_text())["trainer"]["gpus"] == [3]

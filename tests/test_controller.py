@@ -12,13 +12,14 @@ import pytest
 from areal.agent import load_agent, outcome_from_result
 from areal.api.workflow_api import RolloutWorkflow
 from areal.config import TrainConfig
-from areal.controller import Controller, train, trajectory_from_episode, trajectory_from_row
+from areal.controller import Controller, train
 from areal.dataclass_config import build_dataclass
 from areal.evaluation import paired_test, reward_trend
 from areal.experimental.openai import ArealOpenAI
 from areal.gateway import Interaction, Session
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
+from areal.trajectories import trajectory_from_episode, trajectory_from_row
 
 
 def _session() -> Session:
@@ -101,7 +102,7 @@ def test_statistics():
 
 
 def test_stratified_order_gives_every_step_the_same_level_mix() -> None:
-    from areal.controller import stratified_order
+    from areal.dataset import stratified_order
 
     levels = [1] * 30 + [2] * 35 + [3] * 25 + [4] * 10
     order = stratified_order(levels, block=8, seed=3)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from areal.controller import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
+from areal.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

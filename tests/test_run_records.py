@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.controller import read_saved_trajectories
+from areal.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

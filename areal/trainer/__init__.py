@@ -1,6 +1,7 @@
 """The trainer: one process per rank, reading trajectories from its ring and publishing weights.
 
     config.py       TrainerConfig (the run's `trainer:` section) and TrainerJob (one process's wiring)
+    launch.py       the controller's side: start the process(es) for a job (torchrun for several ranks)
     rank.py         the process: main(), train() — ring → steps → checkpoints → published versions
     step.py         one optimizer step: complete groups, advantages, micro-batches, the loss
     loss.py         advantages and policy losses (GRPO, decoupled PPO, KL estimators)

@@ -58,6 +58,9 @@ class TrainerConfig:
     weight_sync: str = "disk"  # "disk": save + /update_weights_from_disk; "collective": broadcast (weight_sync.py)
     weight_sync_backend: str = "gloo"  # collective backend: "gloo" (CPU engines) or "nccl" (SGLang on GPUs)
     ranks: int = 1  # trainer processes (torchrun); each reads its own ring
+    # GPU ids the ranks run on (their CUDA_VISIBLE_DEVICES; rank i takes the i-th). Empty: what the
+    # environment gives. On one node, keep them apart from the servers' (engine.launch.gpus).
+    gpus: list[int] = field(default_factory=list)
     parallel: str = "ddp"  # "ddp": weights replicated per rank; "fsdp2": sharded per decoder layer (fsdp.py)
     fsdp_param_dtype: str = "float32"  # fsdp2: dtype of gathered params in forward/backward ("bfloat16" on GPUs)
 
@@ -103,6 +106,12 @@ class TrainerConfig:
             raise ValueError(f"trainer.weight_sync_backend must be one of {BACKENDS}, got {self.weight_sync_backend!r}")
         if self.parallel not in PARALLELS:
             raise ValueError(f"trainer.parallel must be one of {PARALLELS}, got {self.parallel!r}")
+        if not isinstance(self.gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus):
+            raise ValueError(f"trainer.gpus must be a list of GPU ids (integers >= 0), got {self.gpus!r}")
+        if self.gpus and (len(self.gpus) != self.ranks or len(set(self.gpus)) != len(self.gpus)):
+            raise ValueError(
+                f"trainer.gpus must list {self.ranks} distinct GPU ids (one per rank, trainer.ranks={self.ranks}), got {self.gpus!r}"
+            )
         if self.fsdp_param_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"trainer.fsdp_param_dtype must be 'float32' or 'bfloat16', got {self.fsdp_param_dtype!r}")
 

@@ -1,0 +1,96 @@
+"""Finished episodes as ``Trajectory`` records, the unit the rings carry to the trainer, and the
+run's saved copy of them read back.
+
+    EpisodeOutcome + the gateway's Session ─► trajectory_from_episode ─► Trajectory (one row per call)
+    RolloutWorkflow export row              ─► trajectory_from_row     ─► Trajectory (one row)
+    run_dir/trajectories.bin (save_trajectories=true) ─► read_saved_trajectories ─► [Trajectory]
+
+Every token id, loss-mask bit, logprob and policy version comes from what the gateway recorded
+from the engine; nothing is re-tokenized here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import msgspec
+
+from areal.gateway import Session
+from areal.gateway.tree import InteractionWithTokenLogpReward
+from areal.protocol import FRAME_HEADER, EpisodeOutcome, TokenRow, Trajectory, decode_trajectory
+
+
+def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
+    """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids.
+
+    Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
+    rewards the named rows; rows it does not name keep a reward set through the gateway
+    (``set_reward``), else 0. ``outcome`` has passed ``check_episode_rewards`` against
+    ``session``: every id it names is one of the session's (else ``KeyError``).
+    """
+    for inter_id, r in outcome.rewards_by_id.items():
+        session.set_reward(inter_id, r)
+    exported = session.export_interactions("individual")
+    rows, versions = [], []
+    for row in exported.values():
+        reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
+        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
+        versions.extend(v for v in row.versions if v >= 0)
+    episode_reward = outcome.reward if outcome.reward is not None else sum(r.reward for r in rows)
+    return Trajectory.from_rows(
+        episode_id=outcome.episode_id,
+        group_id=group_id,
+        group_size=group_size,
+        reward=episode_reward,
+        status=outcome.status,
+        rows=rows,
+        timings={"wall_s": outcome.wall_s},
+        error=outcome.error[-2000:],
+        drift=session.drift,
+        failure_kind="" if outcome.status == "ok" else outcome.status,
+        policy_version_start=min(versions, default=-1),
+        policy_version_end=max(versions, default=-1),
+        interaction_ids=list(exported),
+    )
+
+
+def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int) -> Trajectory:
+    """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward)."""
+    versions = [v for v in row.versions if v >= 0]
+    return Trajectory.from_rows(
+        episode_id=episode_id,
+        group_id=group_id,
+        group_size=group_size,
+        reward=row.reward,
+        status="ok",
+        rows=[TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=row.reward)],
+        policy_version_start=min(versions, default=-1),
+        policy_version_end=max(versions, default=-1),
+        interaction_ids=[row.interaction.id],
+    )
+
+
+def read_saved_trajectories(path: Path) -> list[Trajectory]:
+    """Read back ``trajectories.bin`` (written with ``save_trajectories=true``): every complete
+    record. A file cut short (a full disk, a kill mid-write) keeps the records before the cut,
+    and the cut is reported (a ``UserWarning`` naming the offset and the bytes dropped)."""
+    data, out, pos = path.read_bytes(), [], 0
+    while pos < len(data):
+        n = FRAME_HEADER.unpack_from(data, pos)[0] if len(data) - pos >= FRAME_HEADER.size else None
+        if n is None or len(data) - pos - FRAME_HEADER.size < n:
+            warnings.warn(
+                f"{path}: cut at byte {pos} of {len(data)} (an incomplete record); read the {len(out)} complete records before it",
+                stacklevel=2,
+            )
+            break
+        try:
+            out.append(decode_trajectory(data[pos + FRAME_HEADER.size : pos + FRAME_HEADER.size + n]))
+        except msgspec.DecodeError as e:
+            warnings.warn(
+                f"{path}: record {len(out)} at byte {pos} does not decode ({e}); read the {len(out)} complete records before it",
+                stacklevel=2,
+            )
+            break
+        pos += FRAME_HEADER.size + n
+    return out
