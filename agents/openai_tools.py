@@ -21,16 +21,16 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import gateway_kwargs, solve_with_calculator
+from areal.workflow.common import Sampling, gateway_kwargs, solve_with_calculator
 
 
 class CalculatorAgent:
     def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
-        answer = await solve_with_calculator(client, data, self.max_turns, self.temperature, self.max_tokens)
+        answer = await solve_with_calculator(client, data, self.sampling)
         return gsm8k_reward_fn(completions=answer, answer=data["answer"])

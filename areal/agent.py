@@ -53,8 +53,9 @@ EXEC_PREFIX = "exec:"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_agent(spec: str) -> AgentRun:
-    """Resolve an agent spec to its async ``run(data, **extra_kwargs)`` callable."""
+def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> AgentRun:
+    """Resolve an agent spec to its async ``run(data, **extra_kwargs)`` callable; a class is
+    built with ``kwargs`` (``rollout.agent_kwargs``, AReaL's ``workflow_kwargs``)."""
     if spec.startswith(EXEC_PREFIX):
         return executable_agent(spec[len(EXEC_PREFIX) :])
     target, sep, attr = spec.rpartition(":")
@@ -66,7 +67,9 @@ def load_agent(spec: str) -> AgentRun:
     except AttributeError:
         raise ValueError(f"agent spec {spec!r}: {target} has no attribute {attr!r}") from None
     if inspect.isclass(obj):
-        obj = obj()
+        obj = obj(**(kwargs or {}))
+    elif kwargs:
+        raise ValueError(f"agent spec {spec!r}: agent_kwargs {sorted(kwargs)} need a class to build, and {attr!r} is not one")
     return agent_run(obj, f"agent spec {spec!r}")
 
 
@@ -281,20 +284,34 @@ def agent_object_spec(agent: Any) -> str | None:
     return None if inspect.isfunction(agent) or inspect.isclass(agent) else class_spec(type(agent))
 
 
+def hand_out(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """``client``, noted as the ``http_client`` the runners hand agents, so that SDKs built on
+    ``httpx2`` (anthropic >= 2.11), which refuse httpx clients, take it too: they get an httpx2
+    client sending through it (``areal/httpx2_bridge.py``). Without httpx2 every SDK takes it."""
+    if importlib.util.find_spec("httpx2") is not None:
+        from areal import httpx2_bridge
+
+        httpx2_bridge.install()
+        httpx2_bridge.HANDED.add(client)
+    return client
+
+
 class InlineRunner:
     """Runs trusted agents in the controller's own event loop (``rollout.openai.mode=inline``).
     ``agent`` is a spec (``TARGET:ATTR``) or an object with ``async run(data, **extra_kwargs)``."""
 
-    def __init__(self, agent: str | Any, base_url: str):
-        self.run_agent = load_agent(agent) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
-        self.base_url = base_url + "/v1"
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256))
+    def __init__(self, agent: str | Any, base_url: str, agent_kwargs: dict[str, Any] | None = None):
+        self.run_agent = load_agent(agent, agent_kwargs) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
+        self.root = base_url
+        self.http = hand_out(httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256)))
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
         t0 = time.monotonic()
         try:
             result = await asyncio.wait_for(
-                self.run_agent(data, base_url=self.base_url, api_key=api_key, http_client=self.http), deadline_s
+                # the session in the URL too: agents that send no key, or a placeholder, reach it
+                self.run_agent(data, base_url=f"{self.root}/sessions/{api_key}/v1", api_key=api_key, http_client=self.http),
+                deadline_s,
             )
         except TimeoutError:
             return EpisodeOutcome(

@@ -44,23 +44,23 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
+from areal import workflow_stats
 from areal.agent import (
     EpisodeRunner,
     InlineRunner,
     agent_object_spec,
     check_episode_rewards,
     load_reward_fn,
-    outcome_from_exception,
 )
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.engine.client import EngineClient
-from areal.engine.fleet import EngineFleet, command_launcher, embedded_launcher
+from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
+from areal.engine.serving import start_engines
 from areal.evaluation import evaluate, paired_test, reward_trend
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
-from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.jsonl import json_line
 from areal.plots import plot_reward_curve
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
@@ -79,6 +79,7 @@ from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.utils.hf_utils import resolve_model_path
+from areal.workflow_groups import AdvantageWatch, WorkflowGrouping
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote import Zygote
 
@@ -132,7 +133,7 @@ class Controller:
         self.failed_groups = 0
         self.wake = asyncio.Event()
         self.failure: str | None = None
-        self.fleet: EngineFleet | None = None  # the engines this run launched (engine.kind=embedded)
+        self.fleet: EngineFleet | None = None  # the engines this run launched (embedded, or engine.launch.command)
         self.fleet_failure: str | None = None  # why the fleet could not go on (its supervisor's verdict)
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
@@ -152,6 +153,8 @@ class Controller:
         self.metrics_log = open(run_dir / "metrics.jsonl", "a")
         self.step_metrics: list[dict[str, Any]] = []
         self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
+        self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
+        self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -189,30 +192,10 @@ class Controller:
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.tokenizer = tokenizer
-            urls = cfg.engine.urls
-            if cfg.engine.kind == "embedded" or cfg.engine.launch.command:  # servers this run starts and watches
-                e = cfg.engine
-                if e.kind == "embedded":
-                    launch = embedded_launcher(
-                        model_dir,
-                        threads=e.threads,
-                        max_batch=e.max_batch,
-                        request_log=self.run_dir / "engine_requests.jsonl" if e.request_log else None,
-                    )
-                else:
-                    launch = command_launcher(e.launch.command, model_dir, e.launch.health_timeout_s)
-                fleet = EngineFleet(
-                    launch, e.replicas if e.kind == "embedded" else e.launch.count, self.run_dir, max_restarts=e.max_restarts
-                )
-                stack.callback(fleet.stop)
-                await asyncio.to_thread(fleet.start)
-                urls, self.fleet = fleet.urls, fleet
-            engine: EngineClient | EngineRouter = EngineRouter(urls) if len(urls) > 1 else EngineClient(urls[0])
-            stack.push_async_callback(engine.close)
+            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write)
+            engine, urls, model_dir, self.fleet = engines.client, engines.urls, engines.model_dir, engines.fleet
             if self.fleet is not None:
-                supervisor = asyncio.create_task(
-                    self._supervise(self.fleet, engine if isinstance(engine, EngineRouter) else None, model_dir)
-                )
+                supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, model_dir))
                 stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
             gateway = Gateway(engine, tokenizer, self._gateway_config(model_dir))
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
@@ -245,8 +228,9 @@ class Controller:
                 eval_set = []
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
+            eval_temperature = cfg.rollout.temperature if cfg.data.eval_temperature is None else cfg.data.eval_temperature
             eval_before = (
-                await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
+                await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
                 if eval_set
                 else None
             )
@@ -270,7 +254,7 @@ class Controller:
             if self.failure:
                 raise RunFailed(self._with_engine_death(self.failure))
             eval_after = (
-                await evaluate(engine, tokenizer, eval_set, cfg.rollout.temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
+                await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
                 if eval_set
                 else None
             )
@@ -283,11 +267,15 @@ class Controller:
         if self.workflow_kind == "rollout":
             return None
         if cfg.rollout.openai.mode == "subproc":
-            runner = await Zygote.start(self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"))
+            runner = await Zygote.start(
+                self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"), cfg.rollout.agent_kwargs
+            )
             for w in runner.ready.warnings:
                 tqdm.write(f"[sandbox] warning: {w}")
             return runner
-        return InlineRunner(self.agent if self.agent is not None else cfg.rollout.agent, http_url)
+        if self.agent is not None:
+            return InlineRunner(self.agent, http_url)
+        return InlineRunner(cfg.rollout.agent, http_url, cfg.rollout.agent_kwargs)
 
     def _sandbox_config(self) -> SandboxConfig:
         """The configured sandbox, with this run's directory masked in every episode's root, and
@@ -330,6 +318,7 @@ class Controller:
             temperature=cfg.rollout.temperature,
             seed=cfg.seed,
             trainer=cfg.trainer,
+            engine_kind=cfg.engine.kind,
         )
         return start_trainer(job, self.run_dir)
 
@@ -411,51 +400,33 @@ class Controller:
         await self._publish(rings, [trajectory_from_episode(o, s, group_id, len(good)) for o, s in good])
 
     async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
-        """One ``arun_episode(engine, data)`` call is one group: each exported row is one
-        Trajectory, normalised together (group_size = rows); None or {} fails the group."""
-        t0 = time.monotonic()
-        episode_id = f"{group_id}-w"
-        deadline = self.config.rollout.deadline_s
-        rows: dict[str, InteractionWithTokenLogpReward] | None = None
-        try:
-            rows = await asyncio.wait_for(self.agent.arun_episode(engine, dict(problem)), deadline)
-        except TimeoutError:
-            outcome = EpisodeOutcome(
-                episode_id, "timeout", error=f"arun_episode exceeded its deadline of {deadline} s", wall_s=time.monotonic() - t0
-            )
-        except Exception as e:  # the workflow's own failure: the group fails, the run goes on
-            outcome = outcome_from_exception(episode_id, e, time.monotonic() - t0)
-        else:
-            if rows is not None and not isinstance(rows, dict):  # a programming error, not a bad episode: stop the run
-                raise TypeError(f"arun_episode must return dict[str, InteractionWithTokenLogpReward] or None, got {type(rows).__name__}")
-            outcome = EpisodeOutcome(
-                episode_id, "ok" if rows else "error", error="" if rows else f"arun_episode returned {rows!r}", wall_s=time.monotonic() - t0
-            )
-        if rows:  # the workflow's rewards get the same check as an agent's
-            outcome = check_episode_rewards(outcome, {i: r.reward for i, r in rows.items()}, self.config.rollout.reward_range)
-        rows = rows if outcome.status == "ok" else {}
-        self.window.append(outcome)
-        self._count_failures([(outcome, not rows)])
-        record = {
-            "episode_id": episode_id,
-            "group_id": group_id,
-            "status": outcome.status,
-            "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
-            "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
-            "interactions": len(rows),
-            "output_tokens": sum(sum(r.loss_mask) for r in rows.values()),
-            "wall_s": round(outcome.wall_s, 4),
-            "exit_signal": 0,
-            "error": reason(outcome.error),
-            "log_tail": outcome.log_tail,
-        }
-        self.episode_log.write(json_line(record))
+        """One group of ``arun_episode`` calls (``areal/workflow_groups.py`` decides how many):
+        each call gets its line in episodes.jsonl; each row of the ok calls is one Trajectory, all
+        normalised together (group_size = rows); no rows at all fails the group."""
+        calls = await self.grouping.run_group(engine, problem, group_id)
+        self._count_failures([(c.outcome, not c.rows) for c in calls])
+        for c in calls:
+            self.window.append(c.outcome)
+            rows = c.rows
+            record = {
+                "episode_id": c.outcome.episode_id,
+                "group_id": group_id,
+                "status": c.outcome.status,
+                "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
+                "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
+                "interactions": len(rows),
+                "output_tokens": sum(sum(r.loss_mask) for r in rows.values()),
+                "wall_s": round(c.outcome.wall_s, 4),
+                "exit_signal": 0,
+                "error": reason(c.outcome.error),
+                "log_tail": c.outcome.log_tail,
+            }
+            self.episode_log.write(json_line(record))
+        rows = [row for c in calls for row in c.rows.values()]
         if not rows:
-            self._group_failed(outcome)
+            self._group_failed(calls[0].outcome)
             return
-        await self._publish(
-            rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows.values())]
-        )
+        await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows)])
 
     async def _restart_sandbox(self, zygote: Zygote, reason: str) -> bool:
         """Restart a dead zygote (once, whichever group notices first); False, with the run's
@@ -533,6 +504,7 @@ class Controller:
                 if self.saved is not None:
                     self.saved.write(frame(encode_trajectory(traj)))
         self.accepted_groups += 1
+        self.advantage_watch.add(trajectories[0].group_id, trajectories)
 
     async def _run_episode(
         self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, group_id: str
@@ -641,6 +613,7 @@ class Controller:
             "consumed": r.consumed,
             **r.metrics,
             **{f"episodes_{k}": v for k, v in statuses.items()},
+            **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
             "time": time.time(),
         }
         self.step_metrics.append(row)

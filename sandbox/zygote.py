@@ -76,6 +76,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -552,11 +553,20 @@ class ZygoteDied(RuntimeError):
 class Zygote:
     """Controller-side handle of one zygote process (asyncio; one event loop)."""
 
-    def __init__(self, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str, ready_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        agent: str,
+        gateway_addr: str,
+        config: SandboxConfig,
+        log_dir: str,
+        ready_timeout_s: float = 120.0,
+        agent_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if not gateway_addr.startswith("ipc:///"):
             # The abstract namespace (ipc://@name) and TCP are per network namespace: unreachable.
             raise ValueError(f"gateway_addr must be ipc:///absolute/path, got {gateway_addr!r}")
         self.agent, self.gateway_addr, self.config, self.log_dir = agent, gateway_addr, config, log_dir
+        self.agent_kwargs = dict(agent_kwargs or {})  # the agent class's constructor arguments (JSON values)
         self.ready_timeout_s = ready_timeout_s
         self.ready: ZygoteReady | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -566,9 +576,11 @@ class Zygote:
         self._decoder = msgspec.msgpack.Decoder(ZygoteOutbound)
 
     @classmethod
-    async def start(cls, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str) -> Zygote:
+    async def start(
+        cls, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str, agent_kwargs: dict[str, Any] | None = None
+    ) -> Zygote:
         """Spawn the zygote (own process group) and wait for ZygoteReady."""
-        zygote = cls(agent, gateway_addr, config, log_dir)
+        zygote = cls(agent, gateway_addr, config, log_dir, agent_kwargs=agent_kwargs)
         await zygote._spawn()
         return zygote
 
@@ -600,6 +612,8 @@ class Zygote:
                 json.dumps(dataclasses.asdict(self.config)),
                 "--log-dir",
                 self.log_dir,
+                "--agent-kwargs",
+                json.dumps(self.agent_kwargs),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
@@ -720,6 +734,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway", required=True, help="ipc:///path/to/gateway.sock")
     parser.add_argument("--config", default="{}", help="SandboxConfig as JSON")
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--agent-kwargs", default="{}", help="the agent class's constructor arguments as JSON")
     args = parser.parse_args(argv)
     ctrl_out = os.dup(1)  # the frame channel; fd 1 now points at stderr
     os.dup2(2, 1)
@@ -739,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         log.info("anthropic SDK not installed; not preloaded")
     episode.warm_up_sdks()
-    run = load_agent(args.agent)
+    run = load_agent(args.agent, json.loads(args.agent_kwargs))
     # Masked even where exposed: the episodes' logs (the controller adds its whole run directory).
     plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)], episode.agent_paths(args.agent))
     if threading.active_count() > 1:

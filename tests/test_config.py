@@ -95,3 +95,14 @@ def test_the_trainer_process_sees_the_configured_gpus(tmp_path):
         stop_group(proc, 5.0)
     assert environ["CUDA_VISIBLE_DEVICES"] == "3"
     assert json.loads((tmp_path / "trainer_config.json").read_text())["trainer"]["gpus"] == [3]
+
+
+def test_engine_launch_gpus_are_split_evenly_over_the_servers():
+    from areal.config import EngineLaunchConfig
+
+    launch = EngineLaunchConfig(command="x", count=2, gpus=[4, 5, 6, 7])
+    assert [launch.gpus_of(0), launch.gpus_of(1)] == [[4, 5], [6, 7]]
+    assert EngineLaunchConfig(command="x", count=2).gpus_of(1) == []
+    for bad in ([4, 5, 6], [4, 4], [-1, 0]):
+        with pytest.raises(ValueError, match="engine.launch.gpus"):
+            EngineLaunchConfig(command="x", count=2, gpus=bad)

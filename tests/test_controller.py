@@ -55,7 +55,7 @@ def test_reward_dict_rewards_named_rows_only():
         (1, "ok", 1.0),
         (0.5, "ok", 0.5),
         ({"x": 1}, "ok", None),
-        (None, "error", None),
+        (None, "ok", None),  # the reward comes from set_reward or the run's reward function
         (True, "error", None),
         (float("nan"), "error", None),
         ("1.0", "error", None),

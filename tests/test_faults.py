@@ -377,11 +377,13 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
 
 def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path):
     """engine.launch: the run starts two servers from a command template (here our own engine,
-    which speaks SGLang's HTTP API), routes through both, pushes weights to both, logs each to the
-    run dir, and stops them at the end."""
+    which speaks SGLang's HTTP API), each with its share of engine.launch.gpus as its
+    CUDA_VISIBLE_DEVICES, routes through both, pushes weights to both, logs each to the run dir,
+    and stops them at the end."""
     (tmp_path / "slow_agent.py").write_text(AGENT)
     run_dir = tmp_path / "run"
-    command = "{python} -m areal.engine.server --model-path {model} --host {host} --port {port}"
+    serve = "{python} -m areal.engine.server --model-path {model} --host {host} --port {port}"
+    command = f'sh -c "echo gpus=$CUDA_VISIBLE_DEVICES; exec {serve}"'
     proc = subprocess.run(
         [
             sys.executable,
@@ -398,6 +400,7 @@ def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path
             "engine.kind=sglang",
             f"engine.launch.command='{command}'",
             "engine.launch.count=2",
+            "engine.launch.gpus=[5,6]",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -405,7 +408,7 @@ def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (run_dir / "engine.log").exists() and (run_dir / "engine-1.log").exists()
+    assert "gpus=5\n" in (run_dir / "engine.log").read_text() and "gpus=6\n" in (run_dir / "engine-1.log").read_text()
     urls = json.loads((run_dir / "trainer_config.json").read_text())["engine_urls"]
     assert len(set(urls)) == 2
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

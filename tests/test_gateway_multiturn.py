@@ -191,7 +191,7 @@ def test_direct_template_render_equals_apply_chat_template(tokenizer):
     from areal.gateway.render import PromptBuilder
 
     builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
-    assert builder._templates  # the probe passed: the fast path is in use
+    assert builder.template.compiled  # the probe passed: the fast path is in use
     tools = [
         {
             "type": "function",
@@ -214,4 +214,4 @@ def test_direct_template_render_equals_apply_chat_template(tokenizer):
     for tl in (None, tools):
         for n in range(1, len(chat) + 1):
             for gen in (False, True):
-                assert builder.render_text(chat[:n], tl, gen) == builder._wrapper_text(chat[:n], tl, gen)
+                assert builder.render_text(chat[:n], tl, gen) == builder.template.wrapper_text(chat[:n], tl, gen)

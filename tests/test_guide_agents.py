@@ -1,6 +1,7 @@
 """The guide's agents run the way a training run calls them: handed the runner's ``http_client``
 (an ``httpx`` client), inline and sandboxed. anthropic >= 2.11 is built on ``httpx2`` and refuses
-that client, which failed every episode of the Anthropic guide agent (80 of 80)."""
+httpx clients, which failed every episode of an Anthropic agent that passes the handed client on,
+as AReaL's does (80 of 80); areal/httpx2_bridge.py gives the SDK a bridge to that very client."""
 
 from __future__ import annotations
 
@@ -9,13 +10,73 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anthropic
+import httpx
+import httpx2
 import pytest
 
+from areal.agent import hand_out
+from areal.utils.aio import run as run_loop
+
 ROOT = Path(__file__).resolve().parents[1]
+MESSAGE = {
+    "id": "m1",
+    "type": "message",
+    "role": "assistant",
+    "model": "default",
+    "stop_reason": "end_turn",
+    "content": [{"type": "text", "text": "\\boxed{4}"}],
+    "usage": {"input_tokens": 3, "output_tokens": 2},
+}
+
+
+def test_anthropic_takes_the_handed_client_and_no_other():
+    seen: list[tuple[str, str, str]] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("x-fail") == "timeout":
+            raise httpx.ReadTimeout("no reply", request=request)
+        seen.append((request.url.path, request.headers["authorization"], json.loads(request.content)["messages"][0]["content"]))
+        return httpx.Response(200, json=MESSAGE)
+
+    async def go() -> None:
+        handed = hand_out(httpx.AsyncClient(transport=httpx.MockTransport(reply), timeout=30.0))
+        async with anthropic.AsyncAnthropic(base_url="http://gw/sessions/k/v1", api_key="k", http_client=handed, max_retries=0) as client:
+            message = await client.messages.create(model="default", max_tokens=4, messages=[{"role": "user", "content": "2+2?"}])
+            assert message.content[0].text == "\\boxed{4}" and client.timeout == httpx2.Timeout(30.0)  # the handed client's timeouts
+            with pytest.raises(anthropic.APITimeoutError):  # an httpx timeout stays a timeout for the SDK
+                await client.messages.create(
+                    model="default", max_tokens=4, messages=[{"role": "user", "content": "x"}], extra_headers={"x-fail": "timeout"}
+                )
+        assert seen == [("/sessions/k/v1/v1/messages", "Bearer k", "2+2?")]  # through the handed client's own transport
+        assert not handed.is_closed  # closing the SDK's client leaves the runner's, shared by episodes, open
+        await handed.aclose()
+
+    run_loop(go())
+    with pytest.raises(TypeError, match="httpx2"):  # a client the agent made itself is not touched
+        anthropic.AsyncAnthropic(api_key="k", http_client=httpx.AsyncClient())
+    own = httpx2.AsyncClient()
+    assert anthropic.AsyncAnthropic(api_key="k", http_client=own)._client is own
+
+
+# What AReaL's examples/agent_workflow/train.py hands every agent class (workflow_kwargs).
+AREAL_KWARGS = "++rollout.agent_kwargs={temperature:1.0,top_p:1.0,max_tokens:256,max_completion_tokens:32,max_turns:2}"
+GUIDE_AGENTS = [  # (agent, model calls per episode; None: as many as the agent's turns take)
+    ("areal.workflow.openai.math_agent:MathAgent", 1),
+    ("areal.workflow.openai.math_agent:MultiTurnMathAgent", None),
+    ("areal.workflow.openai.math_agent:MathToolAgent", None),
+    ("areal.workflow.anthropic.math_agent:MathAgent", 1),
+    ("areal.workflow.langchain.math_agent:MathAgent", 1),
+    ("areal.workflow.langchain.math_agent:MathToolAgent", None),
+    ("areal.workflow.openai_agent.math_agent:MathAgent", None),
+    ("areal.workflow.openai_agent.math_agent:MathToolAgent", None),
+    ("tests/areal_shaped_agents.py:AnthropicMathAgent", 2),  # AReaL's own Anthropic agent's shape
+]
 
 
 @pytest.mark.parametrize("mode", ["inline", "subproc"])
-def test_the_anthropic_guide_agent_runs_its_episodes(tmp_path, mode):
+@pytest.mark.parametrize(("agent", "calls"), GUIDE_AGENTS, ids=[a.split(".")[-1].replace(":", ".") for a, _ in GUIDE_AGENTS])
+def test_guide_agents_run_their_episodes_as_a_run_calls_them(tmp_path, mode, agent, calls):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [
@@ -24,7 +85,8 @@ def test_the_anthropic_guide_agent_runs_its_episodes(tmp_path, mode):
             "areal.train",
             f"hydra.run.dir={run_dir}",
             "model.path=scripted",
-            "rollout.agent=areal.workflow.anthropic.math_agent:MathAgent",
+            f"rollout.agent={agent}",
+            AREAL_KWARGS,
             f"rollout.openai.mode={mode}",
             "trainer.steps=1",
             "rollout.groups_per_step=1",
@@ -36,6 +98,8 @@ def test_the_anthropic_guide_agent_runs_its_episodes(tmp_path, mode):
         text=True,
         timeout=400,
     )
+    assert (run_dir / "episodes.jsonl").is_file(), proc.stderr[-3000:]
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
-    assert episodes and all(e["status"] == "ok" and e["interactions"] == 1 for e in episodes), episodes
+    assert episodes and all(e["status"] == "ok" for e in episodes), [e.get("error", "")[-2000:] for e in episodes]
+    assert all(e["interactions"] == calls if calls else 1 <= e["interactions"] for e in episodes), episodes
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -208,6 +208,18 @@ FRAGMENTS = [
     "NaN",
     "\\ud800",
     "'",
+    "<function=f>\n",
+    "<parameter=a>\n",
+    "\n</parameter>\n",
+    "</function>",
+    "<function=",
+    "<|channel|>analysis<|message|>",
+    "<|channel|>final<|message|>",
+    "<|channel|>commentary to=functions.f <|constrain|>json<|message|>",
+    "<|start|>assistant",
+    "<|end|>",
+    "<|message|>",
+    "<|",
 ]
 
 
@@ -219,6 +231,13 @@ def valid_call(parser: str, name: str, args: dict) -> str:
         return f'<|python_tag|>{{"name": "{name}", "parameters": {body}}}'
     if parser == "mistral":
         return f"[TOOL_CALLS]{name}[ARGS]{body}"
+    if parser == "qwen3_coder":
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+        return f"\n<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    if parser == "deepseekv31":
+        return P.DS_CALLS_OPEN + P.DS_CALL_OPEN + name + P.DS_SEP + body + P.DS_CALL_CLOSE + P.DS_CALLS_CLOSE
+    if parser == "gpt-oss":
+        return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
     return P.DS_CALLS_OPEN + DS_CALL.format(name=name, args=body) + P.DS_CALLS_CLOSE
 
 
@@ -427,9 +446,9 @@ def test_reasoning_parser_names_accept_sglang_and_vllm_spellings(given):
 def test_parser_names_not_parsed_yet_or_unknown_are_refused_naming_them():
     from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
 
-    with pytest.raises(ValueError, match="Qwen3-Coder's XML tool calls are not parsed by this gateway yet"):
-        tool_parser_name("qwen3_coder")
-    with pytest.raises(ValueError, match="gateway.reasoning_parser must be one of think .* got 'bogus'"):
+    with pytest.raises(ValueError, match="Kimi K2 tool calls are not parsed by this gateway yet"):
+        tool_parser_name("kimi_k2")
+    with pytest.raises(ValueError, match="gateway.reasoning_parser must be one of think, gpt-oss .* got 'bogus'"):
         reasoning_parser_name("bogus")
 
 

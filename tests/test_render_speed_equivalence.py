@@ -32,7 +32,8 @@ from transformers import AutoTokenizer
 from areal.embedded import ensure_embedded_model
 from areal.gateway.pieces import PieceEncoder
 from areal.gateway.qwen import build_qwen25_tokenizer
-from areal.gateway.render import PromptBuilder, PromptIndex, _compile_dict_first, _hash_history, prefix_digest
+from areal.gateway.render import PromptBuilder, PromptIndex, _hash_history, prefix_digest
+from areal.gateway.template import compile_dict_first
 from areal.gateway.tree import Interaction
 
 TOOLS = [
@@ -110,7 +111,7 @@ def _record(builder: PromptBuilder, index: PromptIndex, interactions: dict, prom
 @pytest.mark.timeout(120)
 def test_200_turn_episode_incremental_equals_full_render_every_turn(tokenizer):
     builder = PromptBuilder(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
-    assert builder._templates  # the fast template path is the one under test
+    assert builder.template.compiled  # the fast template path is the one under test
     index, interactions = PromptIndex(), {}
     first = {"role": "system", "content": "You are a calculator."}
     messages = [first, {"role": "user", "content": "Step 0: what is 0 * 7 plus 3?"}]
@@ -173,7 +174,7 @@ def test_dict_first_template_renders_what_the_sandbox_renders():
         "{{ messages[0].__class__ is defined }} {{ (messages | first).role }}"
     )
     stock = _compile_jinja_template(source)
-    fast = _compile_dict_first(stock.environment, source)
+    fast = compile_dict_first(stock.environment, source)
     messages = [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "u", "_private": "p", "items": 1},
@@ -260,7 +261,7 @@ def test_kept_tools_render_in_their_own_key_order(tokenizer):
     fn = TOOLS[0]["function"]
     reordered = [{"function": {"parameters": fn["parameters"], "name": fn["name"], "description": fn["description"]}, "type": "function"}]
     chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    kept = len(builder._tools_cache)  # the construction probe's tools
+    kept = len(builder.template.tools_cache)  # the construction probe's tools
     texts = [builder.render_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]
-    assert texts == [builder._wrapper_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]
-    assert texts[0] != texts[1] and len(builder._tools_cache) == kept + 2
+    assert texts == [builder.template.wrapper_text(chat, tools, True) for tools in (TOOLS, reordered, TOOLS, reordered)]
+    assert texts[0] != texts[1] and len(builder.template.tools_cache) == kept + 2

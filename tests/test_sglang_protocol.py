@@ -229,3 +229,33 @@ def test_update_weights_from_disk_sets_version(url: str) -> None:
     assert gen["meta_info"]["weight_version"] == "proto-v1"
     assert call(url, "GET", "/get_model_info")[1]["weight_version"] == "proto-v1"
     call(url, "POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": "default"})
+
+
+def test_distributed_update_runs_inside_a_weight_update_session(url: str) -> None:
+    """SGLang 0.5.23 refuses /update_weights_from_distributed outside /begin_weight_update ...
+    /end_weight_update (CollectiveWeightPush opens one around each push)."""
+    update = {"names": [], "dtypes": [], "shapes": []}
+    status, out = call(url, "POST", "/update_weights_from_distributed", update)
+    assert status == 400 and out["success"] is False and "begin_weight_update" in out["message"]
+    assert call(url, "POST", "/end_weight_update", {})[0] == 400  # none is open
+    assert call(url, "POST", "/begin_weight_update", {}) == (200, {"success": True, "message": "Success"})
+    assert call(url, "POST", "/begin_weight_update", {})[0] == 400  # one at a time
+    assert call(url, "POST", "/end_weight_update", {}) == (200, {"success": True, "message": "Success"})
+
+
+def test_context_overflow_zero_budget_and_final_meta(url: str) -> None:
+    """SGLang refuses prompt + max_new_tokens beyond the context (no silent clamp), answers
+    max_new_tokens=0 with no tokens, and puts its extra meta_info keys on a final answer."""
+    status, out = call(url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10**7}})
+    assert status == 400 and "maximum context length" in error_text(out)
+    status, out = call(url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})
+    assert status == 200 and out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    status, out = call(url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    meta = out["meta_info"]
+    assert status == 200 and meta["num_retractions"] == 0 and meta["reasoning_tokens"] == 0
+    assert meta["weight_versions"] == [{"version": meta["weight_version"], "start": 0, "end": 3}]
+
+
+def test_abort_request_without_a_rid_is_ignored(url: str) -> None:
+    assert call(url, "POST", "/abort_request", {})[0] == 200
+    assert call(url, "POST", "/abort_request", {"rid": ""})[0] == 200

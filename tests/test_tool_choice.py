@@ -88,6 +88,15 @@ _CONTINUATIONS = {  # what a model writes after the forced prefix, per format: (
         'calc\n```json\n{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
         '{"x": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
     ),
+    "qwen3_coder": (
+        "=calc>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+        "<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+    ),
+    "deepseekv31": (
+        'calc<\uff5ctool\u2581sep\uff5c>{"x": 1}<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
+        '{"x": 1}<\uff5ctool\u2581call\u2581end\uff5c><\uff5ctool\u2581calls\u2581end\uff5c>',
+    ),
+    "gpt-oss": ('calc <|constrain|>json<|message|>{"x": 1}', '{"x": 1}'),
 }
 
 
@@ -101,7 +110,16 @@ def test_forced_prefix_and_a_continuation_parse_as_one_call(fmt):
         assert out.content == ""
 
 
-_CLOSERS = {"qwen25": "", "hermes": "", "llama3": "", "mistral": "]", "deepseekv3": "<\uff5ctool\u2581calls\u2581end\uff5c>"}
+_CLOSERS = {
+    "qwen25": "",
+    "hermes": "",
+    "llama3": "",
+    "mistral": "]",
+    "deepseekv3": "<\uff5ctool\u2581calls\u2581end\uff5c>",
+    "qwen3_coder": "",
+    "deepseekv31": "<\uff5ctool\u2581calls\u2581end\uff5c>",
+    "gpt-oss": "",  # the call ends where the text does: <|call|> is a stop token, cut from the decoded text
+}
 
 
 @pytest.mark.parametrize("fmt", TOOL_PARSERS)

@@ -201,12 +201,20 @@ def test_refusals_are_400_with_a_message(engines: list[str], pusher: CollectiveW
     status, out = post(f"{url}/init_weights_update_group", {**body, "rank_offset": 2, "backend": "gloo", "group_name": "other"})
     assert status == 400 and "rank_offset" in out["message"]
     update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
-    status, out = post(f"{url}/update_weights_from_distributed", {**update, "group_name": "nope"})
-    assert status == 400 and "no weight update group named 'nope'" in out["message"]
-    status, out = post(f"{url}/update_weights_from_distributed", {**update, "dtypes": ["float99"]})
-    assert status == 400 and "float99" in out["message"]
-    status, out = post(f"{url}/update_weights_from_distributed", {**update, "shapes": []})
-    assert status == 400 and "differ in length" in out["message"]
+    status, out = post(f"{url}/update_weights_from_distributed", update)  # as SGLang 0.5.23: only inside a session
+    assert status == 400 and "between begin_weight_update() and end_weight_update()" in out["message"]
+    assert post(f"{url}/end_weight_update", {})[0] == 400  # none is open
+    assert post(f"{url}/begin_weight_update", {}) == (200, {"success": True, "message": "Success"})
+    try:
+        assert post(f"{url}/begin_weight_update", {})[0] == 400  # one at a time
+        status, out = post(f"{url}/update_weights_from_distributed", {**update, "group_name": "nope"})
+        assert status == 400 and "no weight update group named 'nope'" in out["message"]
+        status, out = post(f"{url}/update_weights_from_distributed", {**update, "dtypes": ["float99"]})
+        assert status == 400 and "float99" in out["message"]
+        status, out = post(f"{url}/update_weights_from_distributed", {**update, "shapes": []})
+        assert status == 400 and "differ in length" in out["message"]
+    finally:
+        assert post(f"{url}/end_weight_update", {})[0] == 200
     status, out = post(f"{url}/destroy_weights_update_group", {"group_name": "nope"})
     assert status == 400 and out["success"] is False
 
@@ -234,7 +242,9 @@ def test_close_destroys_the_group_on_every_engine_and_a_new_group_forms(engines:
     push.push(perturbed, "second-1", pause=False)
     assert [weight_version(u) for u in engines] == ["second-1"] * 2
     push.close()
+    assert post(f"{engines[0]}/begin_weight_update", {})[0] == 200
     status, out = post(f"{engines[0]}/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [], "group_name": "second"})
+    assert post(f"{engines[0]}/end_weight_update", {})[0] == 200
     assert status == 400 and "no weight update group named 'second'" in out["message"]
 
 

@@ -16,12 +16,14 @@ rejected rather than silently ignored. Guides extend the configs by subclassing
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
 
+from areal.api.areal_keys import UNKNOWN_KEY, map_areal_keys
 from areal.dataclass_config import build_dataclass
 from sandbox.isolation import SandboxConfig
 
@@ -102,6 +104,7 @@ class DatasetConfig:
 class OptimizerConfig:
     lr: float = 3e-5
     gradient_clipping: float = 1.0
+    weight_decay: float = 0.0  # AdamW weight decay (trainer.weight_decay)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -128,6 +131,11 @@ class ActorConfig:
     eps_clip: float = 0.2
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
     threads: int = 1  # torch threads of the trainer process
+    kl_ctl: float = 0.0  # KL(policy || initial weights) coefficient (trainer.kl_coef)
+    ppo_n_minibatches: int = 1  # optimizer updates per step (trainer.minibatches)
+    use_decoupled_loss: bool = False  # decoupled PPO with recomputed proximal logprobs (trainer.loss=ppo), else GRPO
+    behav_imp_weight_cap: float | None = None  # decoupled PPO: cap of the behaviour importance weight
+    c_clip: float | None = None  # dual-clip bound for negative advantages
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -142,11 +150,23 @@ class OpenAIProxyConfig:
 
     mode: str = "subproc"  # "subproc": sandboxed agent processes; "inline": the controller's event loop
     tool_call_parser: str | None = "qwen25"
-    reasoning_parser: str | None = "think"
+    reasoning_parser: str | None = "think"  # SGLang's names too ("qwen3", "deepseek-r1")
+    turn_discount: float = 1.0  # gamma of per-turn returns (trainer.turn_discount)
+    export_style: str = "individual"  # one training row per call (the only style agents' episodes export)
+    chat_template_type: str = "hf"  # multi-turn prompts always extend the recorded tokens (ArealOpenAI)
+    engine_max_tokens: int | None = None  # prompt + sampled tokens of one call (caps the gateway's context)
+    subproc_max_workers: int | None = None  # AReaL's pool size; rollout.max_concurrent_rollouts bounds episodes
+    session_timeout_seconds: float | None = None  # AReaL's; an episode's limit is rollout.request_timeout
 
     def __post_init__(self) -> None:
         if self.mode not in ("subproc", "inline"):
-            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r}")
+            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r} ('online' is not supported)")
+        if self.export_style != "individual":
+            raise ValueError(f"rollout.openai.export_style must be 'individual' (one row per call), got {self.export_style!r}")
+        if self.chat_template_type not in ("hf", "concat"):
+            raise ValueError(f"rollout.openai.chat_template_type must be 'hf' or 'concat', got {self.chat_template_type!r}")
+        if not 0.0 <= self.turn_discount <= 1.0:
+            raise ValueError(f"rollout.openai.turn_discount must be in [0, 1], got {self.turn_discount}")
 
 
 @dataclass
@@ -191,6 +211,15 @@ class ClusterConfig:
 
 
 @dataclass
+class StatsLoggerConfig:
+    """``stats_logger``: where ``StatsLogger.get_log_path`` points (the run directory by default)."""
+
+    experiment_name: str = ""
+    trial_name: str = ""
+    fileroot: str = ""
+
+
+@dataclass
 class PPOConfig:
     """One experiment: model, data, sampling, rollout and optimisation."""
 
@@ -209,8 +238,13 @@ class PPOConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
 
     def __post_init__(self) -> None:
+        s = self.stats_logger
+        s.experiment_name = s.experiment_name or self.experiment_name
+        s.trial_name = s.trial_name or self.trial_name
+        s.fileroot = s.fileroot or self.cluster.fileroot
         if self.total_train_epochs < 1:
             raise ValueError(f"total_train_epochs must be >= 1, got {self.total_train_epochs}")
         if self.total_train_steps is not None and self.total_train_steps < 1:
@@ -249,13 +283,41 @@ def load_expr_config(argv: list[str], config_cls: type[T]) -> tuple[T, str | Non
     that ``config_cls`` does not have raises ``ValueError`` naming its full dotted path.
     """
     config_file, overrides = _split_argv(list(argv))
-    base = OmegaConf.load(config_file) if config_file else OmegaConf.create({})
+    # The schema's defaults under the file, so that ${gconfig.max_new_tokens} resolves in a file
+    # that does not set it (AReaL resolves against its structured defaults too).
+    defaults = OmegaConf.create(dataclasses.asdict(config_cls()))
+    base = OmegaConf.merge(defaults, OmegaConf.load(config_file)) if config_file else defaults
+    deletions = [o[1:].split("=", 1)[0] for o in overrides if o.startswith("~")]
     for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must be key=value")
-    merged = OmegaConf.merge(base, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-    data = OmegaConf.to_container(merged, resolve=True)
-    return build_dataclass(config_cls, data or {}), config_file
+        if "=" not in item and not item.startswith("~"):
+            raise ValueError(f"override {item!r} must be key=value, +key=value or ~key")
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides if not o.startswith("~")]))
+    for key in deletions:  # Hydra's ~key: the key goes, as if the file never had it
+        *head, last = key.split(".")
+        parent = OmegaConf.select(merged, ".".join(head)) if head else merged
+        if parent is None or last not in parent:
+            raise ValueError(f"~{key}: there is no key {key} to delete")
+        del parent[last]
+    data, ignored = map_areal_keys(OmegaConf.to_container(merged, resolve=True) or {}, config_cls)
+    typed = [o.lstrip("+").split("=", 1)[0] for o in overrides if not o.startswith("~")]
+    unknown = [k for k in typed for i, why in ignored.items() if why == UNKNOWN_KEY and (k == i or k.startswith(i + "."))]
+    if unknown:  # a key typed on the command line that neither this system nor AReaL's files know: a typo
+        raise ValueError(f"unknown config key(s) {', '.join(unknown)} for {config_cls.__name__}")
+    if ignored:
+        warnings.warn(AReaLKeysIgnored(ignored), stacklevel=2)
+    return build_dataclass(config_cls, data), config_file
+
+
+class AReaLKeysIgnored(UserWarning):
+    """One warning per loaded config: the AReaL keys that have no effect here, each with why."""
+
+    def __init__(self, ignored: dict[str, str]) -> None:
+        self.ignored = ignored
+        by_reason: dict[str, list[str]] = {}
+        for key, why in ignored.items():
+            by_reason.setdefault(why, []).append(key)
+        lines = [f"  {', '.join(keys)}: {why}" for why, keys in by_reason.items()]
+        super().__init__(f"{len(ignored)} AReaL config key(s) have no effect in this system:\n" + "\n".join(lines))
 
 
 def _split_argv(argv: list[str]) -> tuple[str | None, list[str]]:

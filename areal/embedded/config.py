@@ -29,7 +29,9 @@ class EmbeddedConfig:
     num_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int = 2
-    max_positions: int = 512
+    # RoPE holds no position parameters, so this only sets the context the engine and gateway
+    # allow: room for the 670-1,300-token prompts real tool and handoff agents send.
+    max_positions: int = 4096
     sft_conversations: int = 32_000  # distinct training conversations (each seen once)
     sft_steps: int = 2500  # fewer leave too few GRPO groups that mix right and wrong answers (benchmarks/README.md)
     batch_size: int = 16  # small batches: early training is far below the critical batch size
@@ -93,7 +95,7 @@ class ScriptedConfig:
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
-    max_positions: int = 2048
+    max_positions: int = 4096  # the context the engine allows, as the default model's
     max_tokens: int = 512  # longest training conversation (SDK prompts in the tests are shorter)
     train_conversations: int = 6_000
     batch_size: int = 8

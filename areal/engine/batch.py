@@ -84,6 +84,9 @@ class GenerationRequest:
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     weight_version: str = ""
+    # (version, tokens it sampled) before each change of version mid-request (a pause across an
+    # update): SGLang's weight_versions spans are these plus (weight_version, the rest)
+    version_changes: list[tuple[str, int]] = field(default_factory=list)
     admitted: bool = False
     generator: RowRandom | None = None  # created at first admission, kept across retraction
     stops: frozenset[int] = frozenset()
@@ -463,6 +466,8 @@ class Engine:
             r.logprobs.append(s.logprobs[i])
             if r.top_logprobs_num:
                 r.top_logprobs.append(list(zip(s.top_logprobs[i][: r.top_logprobs_num], s.top_ids[i][: r.top_logprobs_num])))
+            if r.weight_version != self.weight_version and len(r.output_ids) > 1:
+                r.version_changes.append((r.weight_version, len(r.output_ids) - 1))
             r.weight_version = self.weight_version
             self.counters.tokens_generated += 1
             matched = self._matched_stop_string(r)

@@ -677,21 +677,35 @@ def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProc
 
 
 def launch_command(
-    template: str, model_path: str, port: int, log_path: str, *, host: str = "127.0.0.1", timeout_s: float = 900
+    template: str,
+    model_path: str,
+    port: int,
+    log_path: str,
+    *,
+    host: str = "127.0.0.1",
+    timeout_s: float = 900,
+    fields: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> EngineProcess:
     """Start an inference server from a command template (``{python}``, ``{model}``, ``{host}``,
-    ``{port}`` filled in; e.g. ``python -m sglang.launch_server --model-path {model} --port {port}``)
-    in its own process group, logging to ``log_path``, and wait until ``/health`` answers 200."""
-    fields = {"python": sys.executable, "model": model_path, "host": host, "port": port}
+    ``{port}`` and the extra ``fields`` filled in; e.g. ``python -m sglang.launch_server
+    --model-path {model} --port {port}``) in its own process group, with ``env`` added to this
+    process's environment, logging to ``log_path``, and wait until ``/health`` answers 200."""
+    fields = {"python": sys.executable, "model": model_path, "host": host, "port": port, **(fields or {})}
     try:
         cmd = shlex.split(template.format(**fields))
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(
-            f"engine.launch.command {template!r}: only {{python}}, {{model}}, {{host}}, {{port}} can be filled in ({e!r})"
-        ) from None
+        names = ", ".join(f"{{{k}}}" for k in fields)
+        raise ValueError(f"engine.launch.command {template!r}: only {names} can be filled in ({e!r})") from None
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
     return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path), cmd[0], timeout_s)
 

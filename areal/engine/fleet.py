@@ -1,7 +1,7 @@
 """The inference servers a run launches: started together, watched, restarted when one dies.
 
-    EngineFleet.start ─► N × launch (the embedded CPU engine, or ``engine.launch.command``: any
-                          server speaking SGLang's HTTP API); ports fixed from then on: the
+    EngineFleet.start ─► N × launch (the embedded CPU engine, or ``engine.launch.command``: an
+                          SGLang or vLLM server); ports fixed from then on: the
                           trainer and the router know each server by its URL
     supervise ─► every 0.5 s: is each engine alive?
         one engine, dead ─► return why (exit status, log tail): the run stops, naming it
@@ -53,6 +53,8 @@ def death_of(proc: EngineProcess) -> str | None:
 
 
 Launcher = Callable[[int, int, Path], EngineProcess]  # (index, port or 0, log path) -> a healthy server
+# (url, weights dir, version, timeout_s=...) -> None: one server loads a version, blocking
+WeightLoader = Callable[..., None]
 
 
 def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None) -> Launcher:
@@ -72,11 +74,25 @@ def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_
     return launch
 
 
-def command_launcher(template: str, model_dir: Path, health_timeout_s: float) -> Launcher:
-    """Any server speaking SGLang's HTTP API, started by a command template (``engine.launch``)."""
+def command_launcher(
+    template: str,
+    model_dir: Path,
+    health_timeout_s: float,
+    *,
+    fields: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    gpus_of: Callable[[int], list[int]] = lambda index: [],
+) -> Launcher:
+    """Any server started by a command template (``engine.launch``): SGLang's, or vLLM's
+    (``areal.engine.serving`` adds its fields and environment). ``gpus_of(index)`` is server
+    ``index``'s CUDA_VISIBLE_DEVICES (a restarted server gets its predecessor's GPUs)."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
-        return launch_command(template, str(model_dir), port or free_port(), str(log_path), timeout_s=health_timeout_s)
+        gpus = gpus_of(index)
+        env_i = {**(env or {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else env
+        return launch_command(
+            template, str(model_dir), port or free_port(), str(log_path), timeout_s=health_timeout_s, fields=fields, env=env_i
+        )
 
     return launch
 
@@ -84,8 +100,11 @@ def command_launcher(template: str, model_dir: Path, health_timeout_s: float) ->
 class EngineFleet:
     """``count`` servers started by ``launch``; ``procs[i]`` answers at ``urls[i]``."""
 
-    def __init__(self, launch: Launcher, count: int, log_dir: Path, *, max_restarts: int) -> None:
+    def __init__(
+        self, launch: Launcher, count: int, log_dir: Path, *, max_restarts: int, load_weights: WeightLoader = update_weights_from_disk_sync
+    ) -> None:
         self.launch = launch
+        self.load_weights = load_weights  # how a restarted server catches up (SGLang's route, or vLLM's)
         self.count = count
         self.log_dir = log_dir
         self.max_restarts = max_restarts
@@ -139,14 +158,14 @@ class EngineFleet:
                 port = int(self.urls[i].rsplit(":", 1)[1])
                 try:
                     self.procs[i] = await asyncio.to_thread(self._launch, i, port)
-                    version = await self._catch_up(self.urls[i], newest)
+                    version = await self._catch_up(self.urls[i], newest, self.load_weights)
                 except (RuntimeError, TimeoutError, EngineError, EngineUnavailable) as e:
                     return f"{death}\nand its restart on {self.urls[i]} failed: {e}"
                 router.release(i)
                 report(f"[engine] {self.urls[i]} is back (pid {self.procs[i].pid}), serving version {version}")
 
     @staticmethod
-    async def _catch_up(url: str, newest: Callable[[], tuple[Path, int]]) -> int:
+    async def _catch_up(url: str, newest: Callable[[], tuple[Path, int]], load_weights: WeightLoader) -> int:
         """Load the newest published version on a restarted engine, again while newer ones appear
         (a version pruned under us is skipped for the next)."""
         loaded = 0
@@ -155,7 +174,7 @@ class EngineFleet:
             if version == loaded:
                 return loaded
             try:
-                await asyncio.to_thread(update_weights_from_disk_sync, url, str(path), str(version), timeout_s=300)
+                await asyncio.to_thread(load_weights, url, str(path), str(version), timeout_s=300)
                 loaded = version
             except (EngineError, EngineUnavailable):  # a version pruned under us: retry with the next
                 if newest()[1] == version:

@@ -1,6 +1,7 @@
-"""Several SGLang-protocol servers behind one client, and the launcher of a real SGLang server.
+"""Several servers behind one client, and the launcher of a real SGLang server.
 
-``EngineRouter`` offers ``EngineClient``'s interface over several base URLs:
+``EngineRouter`` offers one engine client's interface over several base URLs (``EngineClient``
+for SGLang's protocol by default; ``VLLMClient`` or any other ``InferenceEngine`` by factory):
 
     generate(..., session_key=K) ─► route(K): sticky server of K if it is up,
                                     else the up server with the fewest requests in flight
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult, wait_healthy
@@ -41,12 +42,24 @@ MAX_STICKY_KEYS = 100_000
 
 
 class EngineRouter:
-    """``EngineClient``'s interface over several servers: sticky sessions, health failover."""
+    """One engine client's interface over several servers: sticky sessions, health failover.
 
-    def __init__(self, base_urls: list[str], api_key: str | None = None, timeout_s: float = 600, retry_after_s: float = 5.0) -> None:
+    ``client(url)`` makes the client of one server (default: ``EngineClient``, SGLang's protocol);
+    any ``InferenceEngine`` + ``WeightUpdatable`` with a ``base_url`` will do (``VLLMClient``)."""
+
+    def __init__(
+        self,
+        base_urls: list[str],
+        api_key: str | None = None,
+        timeout_s: float = 600,
+        retry_after_s: float = 5.0,
+        *,
+        client: Callable[[str], Any] | None = None,
+    ) -> None:
         if not base_urls:
             raise ValueError("base_urls: at least one server is needed")
-        self.clients = [EngineClient(u, api_key=api_key, timeout_s=timeout_s) for u in base_urls]
+        make = client or (lambda u: EngineClient(u, api_key=api_key, timeout_s=timeout_s))
+        self.clients = [make(u) for u in base_urls]
         self.retry_after_s = retry_after_s
         self._down_until = [0.0] * len(base_urls)  # monotonic time before which a server is skipped
         self._in_flight = [0] * len(base_urls)

@@ -97,6 +97,12 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
     max_new = room if max_new is None else max_new  # null means "until the context is full"
     if not is_int(max_new) or max_new < 0:
         raise RequestError(f"sampling_params.max_new_tokens must be a non-negative int, got {max_new!r}")
+    if max_new > room:  # SGLang's TokenizerManager refuses it (unless --allow-auto-truncate), with this message
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You requested a total of "
+            f"{prompt_len + max_new} tokens: {prompt_len} tokens from the input messages and {max_new} tokens for the completion. "
+            "Please reduce the number of tokens in the input messages or the completion to fit within the limit."
+        )
     temperature = raw.get("temperature", 1.0)
     if not _is_number(temperature) or temperature < 0:
         raise RequestError(f"sampling_params.temperature must be >= 0, got {temperature!r}")
@@ -126,7 +132,7 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
     if not is_int(n) or n < 1:
         raise RequestError(f"sampling_params.n must be an int >= 1, got {n!r}")
     return SamplingParams(
-        max_new_tokens=min(max_new, room),  # SGLang clamps to the context as well
+        max_new_tokens=max_new,
         temperature=float(temperature),
         top_p=float(top_p),
         top_k=TOP_K_ALL if top_k == -1 else top_k,

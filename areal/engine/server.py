@@ -14,6 +14,7 @@ one ``EngineClient`` drives this process on CPU and a real SGLang server on GPUs
     /pause_generation /continue_generation /abort_request ─► control items, same queue
     /update_weights_from_disk ─► pending until the running rows finish (or at once if paused)
     /init_weights_update_group ─► join the group in a thread (generation goes on meanwhile)
+    /begin_weight_update, /end_weight_update ─► the session a distributed update must run in
     /update_weights_from_distributed ─► pending like a disk update; the worker receives the
          broadcasts in list order and loads them; /destroy_weights_update_group leaves the group
 
@@ -188,8 +189,11 @@ def format_generate(row: GenerationRequest, engine: Engine, upto: int | None = N
     meta: dict[str, Any] = {"id": row.rid, "finish_reason": reason}
     if row.admitted:  # SGLang leaves prompt_tokens out for requests aborted in the waiting queue
         meta["prompt_tokens"] = len(row.input_ids)
-    meta.update(completion_tokens=n, cached_tokens=0, weight_version=row.weight_version or engine.weight_version)
-    if final:
+    version = row.weight_version or engine.weight_version
+    meta.update(completion_tokens=n, cached_tokens=0, weight_version=version, num_retractions=0, reasoning_tokens=0)
+    if final:  # SGLang's per-token version spans come with the final answer
+        ends = [*row.version_changes, (version, n)]
+        meta["weight_versions"] = [{"version": v, "start": ends[i - 1][1] if i else 0, "end": end} for i, (v, end) in enumerate(ends)]
         meta["e2e_latency"] = time.perf_counter() - row.arrival
     if row.return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(row.logprobs[:n], ids)]
@@ -363,6 +367,26 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     def outcome(success: bool, message: str) -> web.Response:
         return _json({"success": success, "message": message}, 200 if success else 400)
 
+    # SGLang's weight-update session (0.5.23): /update_weights_from_distributed is refused outside
+    # /begin_weight_update ... /end_weight_update; the messages are SGLang's.
+    session = {"open": False}
+
+    async def begin_weight_update(request: web.Request) -> web.Response:
+        selector = _field(await read_json(request, required=True), "selector", str, "all")
+        if selector not in ("target", "draft", "all"):
+            raise RequestError(f"selector must be one of target, draft, all, got {selector!r}")
+        if session["open"]:
+            return outcome(False, "a weight-update session is already open; call end_weight_update() first")
+        session["open"] = True
+        return outcome(True, "Success")
+
+    async def end_weight_update(request: web.Request) -> web.Response:
+        _field(await read_json(request, required=True), "selector", str, "all")  # a JSON object is required
+        if not session["open"]:
+            return outcome(False, "no weight-update session is open; call begin_weight_update() first")
+        session["open"] = False
+        return outcome(True, "Success")
+
     async def init_weights_update_group(request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
@@ -385,6 +409,8 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
         body = await read_json(request)
         try:
             update = parse_distributed_update(body)
+            if not session["open"]:
+                return outcome(False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()")
             if body.get("abort_all_requests", False):
                 await asyncio.wrap_future(engine.submit(Control("abort", abort_all=True)))
             message = await asyncio.wrap_future(engine.submit(update))
@@ -418,8 +444,8 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
         if not isinstance(body, dict):
             raise RequestError("request body must be a JSON object")
         rid, abort_all = body.get("rid") or "", bool(body.get("abort_all", False))
-        if not abort_all and not rid:
-            raise RequestError("rid is required unless abort_all is true")
+        if not abort_all and not rid:  # SGLang ignores it (an empty prefix would match every request)
+            return web.Response(status=200)
         await asyncio.wrap_future(engine.submit(Control("abort", rid=str(rid), abort_all=abort_all)))
         return web.Response(status=200)
 
@@ -434,6 +460,8 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
     app.router.add_get("/server_info", server_info)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
     app.router.add_post("/init_weights_update_group", init_weights_update_group)
+    app.router.add_post("/begin_weight_update", begin_weight_update)
+    app.router.add_post("/end_weight_update", end_weight_update)
     app.router.add_post("/update_weights_from_distributed", update_weights_from_distributed)
     app.router.add_post("/destroy_weights_update_group", destroy_weights_update_group)
     app.router.add_post("/pause_generation", pause_generation)

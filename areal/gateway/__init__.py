@@ -1,10 +1,12 @@
 """The token-tracking gateway: see ``core`` for the request core and its invariants.
 
 Modules: ``contract`` (types the front-ends and the core exchange), ``core`` (config, sessions,
-the request core), ``render`` (incremental prompt ids), ``generation`` (engine calls, stop
-strings, streaming, recording), ``tree`` (conversation tree, rewards, export), ``chat`` /
-``responses`` / ``anthropic`` (API front-ends), ``parsers`` / ``qwen`` (tool-call and reasoning
-formats), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP front doors).
+the request core), ``render`` (incremental prompt ids), ``template`` (the chat template as the
+gateway renders it), ``generation`` (engine calls, stop strings, streaming, recording), ``tree``
+(conversation tree, rewards, export), ``chat`` / ``responses`` / ``anthropic`` (API front-ends),
+``parsers`` / ``toolcalls`` / ``harmony`` (tool-call and reasoning formats), ``families`` (what a
+model family's tokenizer tells: ``tool_parser=auto``, stop tokens, decoding), ``qwen`` (offline
+tokenizers for tests), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP doors).
 """
 
 from areal.gateway.core import (

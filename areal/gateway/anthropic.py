@@ -59,7 +59,8 @@ _HONOURED = {
     "top_k",
     "min_p",
     "repetition_penalty",
-}  # min_p, repetition_penalty: extra_body
+    "chat_template_kwargs",
+}  # min_p, repetition_penalty, chat_template_kwargs: extra_body
 # Accepted without effect on what is sampled; thinking is checked below.
 _NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
 _ERROR_KINDS = {
@@ -108,7 +109,8 @@ def request_to_turn(body: dict) -> Turn:
     messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
     tools = _convert_tools(body.get("tools"))
     sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **sampling_extensions(body))
-    return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
+    tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
+    return Turn(messages, sampling, tools, tool_choice, chat_template_kwargs=body.get("chat_template_kwargs"))
 
 
 def _system_messages(system: Any) -> list[dict]:

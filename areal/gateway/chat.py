@@ -47,7 +47,8 @@ _HONOURED = {
     "top_k",
     "min_p",
     "repetition_penalty",
-}  # the last three: SGLang's / vLLM's extensions (extra_body)
+    "chat_template_kwargs",
+}  # the last four: SGLang's / vLLM's extensions (extra_body)
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0, None),
@@ -87,7 +88,13 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
         top_logprobs=_default(body, "top_logprobs", 0),
         **sampling_extensions(body),
     )
-    return Turn(messages=body.get("messages"), sampling=sampling, tools=body.get("tools"), tool_choice=body.get("tool_choice"))
+    return Turn(
+        messages=body.get("messages"),
+        sampling=sampling,
+        tools=body.get("tools"),
+        tool_choice=body.get("tool_choice"),
+        chat_template_kwargs=body.get("chat_template_kwargs"),
+    )
 
 
 def _default(body: dict, key: str, value: Any) -> Any:

@@ -62,6 +62,9 @@ class Turn(msgspec.Struct):
     sampling: Sampling
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    # SGLang's and vLLM's extension (extra_body): keyword arguments of the chat template, e.g.
+    # Qwen3's {"enable_thinking": false}; checked by ``render.check_template_kwargs``
+    chat_template_kwargs: dict | None = None
 
 
 class TokenLogprob(msgspec.Struct):

@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway import tree
+from areal.gateway import families, tree
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Turn
 from areal.gateway.generation import (
     choice_ids,
@@ -61,7 +61,6 @@ from areal.gateway.generation import (
     finish_choice,
     forced_text,
     stream_choices,
-    text_decoder,
     validate_turn,
 )
 from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
@@ -80,12 +79,16 @@ class GatewayConfig:
     context_length: int = 2048  # prompt + max_tokens must fit, else 400 naming the limit
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # used when a request names no max_tokens
+    # AReaL's meaning of a limit (its engine_max_tokens): a request's max_tokens is cut to
+    # max_tokens_cap and to what the context has left after the prompt, instead of refused
+    fit_max_tokens: bool = False
     max_body_bytes: int = 4 << 20
     max_messages: int = 512
     max_n: int = 16  # largest n (choices per request)
     admin_key: str = ""  # controller operations over HTTP; "" draws a random one (Gateway.admin_key)
     session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
-    # tool-call format of the model (parsers.TOOL_PARSERS, or SGLang's / vLLM's name for it); None: no tool calls
+    # tool-call format of the model (parsers.TOOL_PARSERS, or SGLang's / vLLM's name for it); "auto":
+    # read off the tokenizer's chat template (an error names the field when it cannot be); None: no tool calls
     tool_parser: str | None = "qwen25"
     reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS, or "qwen3", ...); None: all text is content
     # Budgets of the ZeroMQ door (the sandboxes' one way out; ``door.DoorLimits``). A connection
@@ -197,15 +200,15 @@ class Gateway:
     def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig | None = None):
         self.engine = engine  # an EngineClient, or anything with its generate (and generate_stream)
         self.tokenizer = tokenizer
-        self.config = config or GatewayConfig()
+        # tool_parser=auto read off the tokenizer; stop ids and decoding per model family (families.py)
+        self.config = families.resolve(config or GatewayConfig(), tokenizer)
         self.admin_key = self.config.admin_key or "sk-admin-" + secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
         self.expired: dict[str, Session] = {}  # expired, not yet collected by close_session
-        self.stop_token_ids = sorted(
-            {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(t, int) and t >= 0}
-        )
+        self.stop_token_ids = families.stop_token_ids(tokenizer)
         self.prompts = PromptBuilder(tokenizer, self.stop_token_ids, cache_bytes=self.config.render_cache_bytes)
-        self.decode_text = text_decoder(tokenizer)  # ids -> text without special tokens (what clients see)
+        # ids -> text without special tokens (what clients see), but for the markers the parsers read
+        self.decode_text = families.text_decoder(tokenizer, self.config.tool_parser, self.config.reasoning_parser)
         self.doors: list[Door] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
         self._n_calls = 0
         self._next_sweep = 0.0
@@ -277,11 +280,13 @@ class Gateway:
         """(prompt, engine params, forced text); a forced tool-call opening's ids end the prompt.
         A prompt that cannot fit is refused before its text is tokenised when its characters
         alone show it, else once its ids are counted."""
+        s, context, fit = turn.sampling, self.config.context_length, self.config.fit_max_tokens
+        if fit and type(s.max_tokens) is int:
+            s.max_tokens = min(s.max_tokens, self.config.max_tokens_cap)
         validate_turn(turn, self.config)
-        s, context = turn.sampling, self.config.context_length
-        plan = self.prompts.plan(session.index, session.interactions, turn.messages, turn.tools)
+        plan = self.prompts.plan(session.index, session.interactions, turn.messages, turn.tools, turn.chat_template_kwargs)
         floor = plan.known + self.prompts.min_tokens(plan.text)
-        if floor + s.max_tokens > context:
+        if floor + (1 if fit else s.max_tokens) > context:
             raise RequestError(
                 400,
                 f"prompt of {len(plan.text)} characters to tokenise after {plan.known} tokens (at least {floor} tokens: "
@@ -293,6 +298,8 @@ class Gateway:
         forced = forced_text(turn, self.config)
         forced_ids = self.prompts.encode(forced) if forced else []
         size = plan.known + len(tail) + len(forced_ids)
+        if fit and size < context:
+            s.max_tokens = min(s.max_tokens, context - size)
         # kept for the sessions sharing it only if accepted, and for a session still open (one closed
         # or expired meanwhile has had its entries released already)
         keep = size + s.max_tokens <= context and self.sessions.get(session.key) is session

@@ -279,7 +279,9 @@ def finish_choice(
         matched = min((s for s in stops if text.startswith(s, at)), key=len)
         keep, finish, text = _tokens_through(gateway.decode_text, ids, at + len(matched)), "stop", text[:at]
     tool_parser, reasoning_parser = _parsers(turn, gateway.config)
-    parsed = parse_output(forced + text, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+    # the request's tools type some formats' arguments; a prompt may leave a <think> block open
+    opened = prompt.reasoning_open and not forced
+    parsed = parse_output(forced + text, tool_parser, reasoning_parser, tools=turn.tools, reasoning_open=opened)
     return record_choice(gateway, session, turn, prompt, index, interaction_id, result, keep, finish, parsed)
 
 
@@ -304,7 +306,8 @@ async def stream_choices(
         await queue.put((i, None))
 
     tool_parser, reasoning_parser = _parsers(turn, gateway.config)
-    parsers = [StreamParser(tool_parser=tool_parser, reasoning_parser=reasoning_parser) for _ in range(n)]
+    opened = prompt.reasoning_open and not forced  # as in finish_choice
+    parsers = [StreamParser(tool_parser, reasoning_parser, tools=turn.tools, reasoning_open=opened) for _ in range(n)]
     if forced:  # the opening of a forced tool call: the parser holds it (a span) until the call closes
         for i, p in enumerate(parsers):
             for ev in p.feed(forced):

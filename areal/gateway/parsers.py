@@ -9,18 +9,26 @@ was cut into deltas.
                 │  opener of a span (<tool_call>, <｜tool▁calls▁begin｜>) ──► SPAN ──closer──► CONTENT
                 │  opener of a tail ([TOOL_CALLS], <|python_tag|>, llama3 "{" first) ──► TAIL (to the end)
 
-Formats (``tool_parser``):
-- ``qwen25`` / ``hermes`` (same grammar): ``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>``,
+Formats (``tool_parser``; the grammar of each call body is in ``toolcalls``):
+- ``qwen25`` / ``hermes`` (same grammar; Qwen2.5, Qwen3): ``<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>``,
   any number of spans (parallel calls), text allowed around them.
+- ``qwen3_coder`` (Qwen3-Coder, Qwen3.5): ``<tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>\n...``
+  ``</function>\n</tool_call>``, spans as above; values typed by the request's tool schemas.
 - ``llama3``: ``{"name": N, "parameters": {...}}`` as the whole message (first non-blank char ``{``),
   or after ``<|python_tag|>``; several separated by ``;``.
 - ``mistral``: ``[TOOL_CALLS][{"name": N, "arguments": {...}}, ...]`` or the newer
   ``[TOOL_CALLS]N[ARGS]{...}`` (repeated for parallel calls); everything after the marker is calls.
 - ``deepseekv3``: ``<｜tool▁calls▁begin｜>`` then per call ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>N``
-  ``\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``.
+  ``\n```json\n{...}\n```<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``.
+- ``deepseekv31`` (DeepSeek-V3.1): the same span, per call ``<｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
+- ``gpt-oss`` (GPT-OSS harmony): channels, not spans; ``harmony.HarmonyParser`` scans it. Its
+  reasoning is the analysis channel, so its reasoning parser is ``gpt-oss`` too (``GatewayConfig``
+  pairs them), and a harmony text is scanned as harmony even when a request offers no tools.
 - Reasoning (``reasoning_parser="think"``): the first ``<think>...</think>`` block (anywhere outside
   a tool span) is reasoning; an unclosed block runs to the end of the text. Tags inside reasoning
-  are reasoning text (no tool calls are parsed there).
+  are reasoning text (no tool calls are parsed there). ``reasoning_open``: the prompt ended inside
+  a block (Qwen3.5's, DeepSeek-V3.1's generation prompt ends with ``<think>``), so the text starts
+  as reasoning and ``</think>`` ends it.
 
 Invariants:
 - Never raises on model text. A span or tail that does not parse (bad JSON, not an object, no
@@ -36,34 +44,84 @@ Invariants:
 - ``ToolCall.arguments`` is the compact JSON (``separators=(",", ":")``, non-ASCII kept) of the
   parsed object, so equal arguments compare equal as text.
 
-Not covered: Llama-3.2 pythonic calls (``[f(a=1)]``), DeepSeek-V3.1's ``N<｜tool▁sep｜>{...}`` form,
-checking names against the request's ``tools`` (the caller's job), and a reasoning block that starts
-in the prompt (``</think>`` without ``<think>`` in the output is plain text).
+Not covered: Llama-3.2 pythonic calls (``[f(a=1)]``), DeepSeek-V3.2's DSML calls, harmony's
+built-in tools (``browser.*``, ``python``: their messages stay content), and checking names
+against the request's ``tools`` (the caller's job).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-import secrets
 from functools import cache
 from typing import Any
 
-import msgspec
+from areal.gateway import harmony
+from areal.gateway.toolcalls import (
+    DS_CALL_CLOSE,
+    DS_CALL_OPEN,
+    DS_CALLS_CLOSE,
+    DS_CALLS_OPEN,
+    DS_SEP,
+    MISTRAL_ARGS,
+    MISTRAL_CALL_ID,
+    MISTRAL_OPEN,
+    ParsedOutput,
+    StreamEvent,
+    ToolCall,
+    new_call_id,
+    parse_deepseek_v3,
+    parse_deepseek_v31,
+    parse_json_call,
+    parse_llama,
+    parse_mistral,
+    parse_qwen3_coder,
+)
 
-TOOL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "llama3", "mistral", "deepseekv3")
-REASONING_PARSERS: tuple[str, ...] = ("think",)  # <think>...</think> (Qwen3/DeepSeek-R1 style)
+__all__ = [  # the parsed types live in toolcalls; this module is where callers import them from
+    "DS_CALL_CLOSE",
+    "DS_CALL_OPEN",
+    "DS_CALLS_CLOSE",
+    "DS_CALLS_OPEN",
+    "DS_SEP",
+    "MISTRAL_ARGS",
+    "MISTRAL_CALL_ID",
+    "MISTRAL_OPEN",
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ParsedOutput",
+    "StreamEvent",
+    "StreamParser",
+    "ToolCall",
+    "forced_tool_prefix",
+    "new_call_id",
+    "parse_output",
+    "reasoning_parser_name",
+    "takes_no_arguments",
+    "tool_parser_name",
+]
+
+TOOL_PARSERS: tuple[str, ...] = ("qwen25", "hermes", "llama3", "mistral", "deepseekv3", "qwen3_coder", "deepseekv31", "gpt-oss")
+REASONING_PARSERS: tuple[str, ...] = ("think", "gpt-oss")  # <think>...</think> (Qwen3/DeepSeek-R1 style); harmony's analysis
+AUTO = "auto"  # tool_parser: chosen from the tokenizer by the gateway (``formats.detect_tool_parser``)
 # The names SGLang's and vLLM's servers use for the same formats (--tool-call-parser,
 # --reasoning-parser), so that a config written for either works here unchanged.
 TOOL_PARSER_ALIASES: dict[str, str] = {
     "qwen": "qwen25",
     "qwen2_5": "qwen25",
     "qwen3": "hermes",
+    "qwen3_xml": "qwen3_coder",
+    "qwen3-coder": "qwen3_coder",
     "llama3_json": "llama3",
     "llama4_json": "llama3",
     "deepseek_v3": "deepseekv3",
     "deepseek-v3": "deepseekv3",
+    "deepseek_v31": "deepseekv31",
+    "deepseek-v31": "deepseekv31",
+    "deepseek-v3.1": "deepseekv31",
+    "gpt_oss": "gpt-oss",
+    "openai": "gpt-oss",
+    "harmony": "gpt-oss",
 }
 REASONING_PARSER_ALIASES: dict[str, str] = {
     "qwen3": "think",
@@ -73,20 +131,29 @@ REASONING_PARSER_ALIASES: dict[str, str] = {
     "deepseek_r1": "think",
     "deepseek-v3": "think",
     "deepseek_v3": "think",
+    "deepseek_v31": "think",
+    "deepseek-v31": "think",
+    "gpt_oss": "gpt-oss",
+    "openai_gptoss": "gpt-oss",
+    "openai": "gpt-oss",
+    "harmony": "gpt-oss",
 }
 # Formats those servers know and this gateway does not parse yet: named, so the error says so.
 _NOT_YET = {
-    "qwen3_coder": "Qwen3-Coder's XML tool calls",
-    "gpt-oss": "GPT-OSS harmony",
-    "gpt_oss": "GPT-OSS harmony",
-    "openai": "GPT-OSS harmony",
     "pythonic": "pythonic tool calls",
+    "llama4_pythonic": "pythonic tool calls",
     "kimi_k2": "Kimi K2 tool calls",
+    "deepseekv32": "DeepSeek-V3.2's DSML tool calls",
+    "deepseek_v32": "DeepSeek-V3.2's DSML tool calls",
+    "glm45": "GLM-4.5 tool calls",
 }
 
 
 def tool_parser_name(name: str | None) -> str | None:
-    """This gateway's name for a tool-call parser given by SGLang's, vLLM's or its own name."""
+    """This gateway's name for a tool-call parser given by SGLang's, vLLM's or its own name, or
+    ``"auto"`` (the gateway then reads the format off its tokenizer)."""
+    if name == AUTO:
+        return name
     return _parser_name(name, TOOL_PARSERS, TOOL_PARSER_ALIASES, "tool_parser")
 
 
@@ -102,39 +169,16 @@ def _parser_name(name: str | None, known: tuple[str, ...], aliases: dict[str, st
         return aliases[name]
     if name in _NOT_YET:
         raise ValueError(f"gateway.{field}={name!r}: {_NOT_YET[name]} are not parsed by this gateway yet")
+    auto = ", 'auto'" if field == "tool_parser" else ""
     raise ValueError(
-        f"gateway.{field} must be one of {', '.join(known)} (or SGLang's / vLLM's names: "
+        f"gateway.{field} must be one of {', '.join(known)}{auto} (or SGLang's / vLLM's names: "
         f"{', '.join(sorted(aliases))}) or None, got {name!r}"
     )
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 QWEN_OPEN, QWEN_CLOSE = "<tool_call>", "</tool_call>"
-MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 LLAMA_OPEN = "<|python_tag|>"
-# DeepSeek's markers use FULLWIDTH VERTICAL LINE (U+FF5C) and LOWER ONE EIGHTH BLOCK (U+2581).
-DS_CALLS_OPEN = "<\uff5ctool\u2581calls\u2581begin\uff5c>"
-DS_CALLS_CLOSE = "<\uff5ctool\u2581calls\u2581end\uff5c>"
-DS_CALL_OPEN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
-DS_CALL_CLOSE = "<\uff5ctool\u2581call\u2581end\uff5c>"
-DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
-
-
-class ToolCall(msgspec.Struct, frozen=True):
-    id: str  # "call_" + 24 random hex chars
-    name: str
-    arguments: str  # JSON object text (compact json.dumps of the parsed object)
-
-
-class ParsedOutput(msgspec.Struct):
-    content: str  # text outside tool calls and reasoning, tags removed
-    reasoning: str | None = None  # text inside <think>...</think>; None when absent
-    tool_calls: list[ToolCall] = []
-
-
-class StreamEvent(msgspec.Struct):
-    kind: str  # "content" | "reasoning"
-    text: str
 
 
 def forced_tool_prefix(tool_parser: str, name: str | None, no_arguments: bool = False) -> str:
@@ -167,11 +211,24 @@ def forced_tool_prefix(tool_parser: str, name: str | None, no_arguments: bool = 
             if whole:
                 return f'{MISTRAL_OPEN}[{{"name": {quoted}, "arguments": {{}}}}'
             return MISTRAL_OPEN + "[" + ("" if quoted is None else '{"name": ' + quoted + ', "arguments":')
-        case _:  # deepseekv3
+        case "deepseekv3":
             head = DS_CALLS_OPEN + DS_CALL_OPEN + "function" + DS_SEP
             if whole:
                 return f"{head}{name}\n```json\n{{}}\n```{DS_CALL_CLOSE}"
             return head + ("" if name is None else name + "\n```json\n")
+        case "deepseekv31":
+            head = DS_CALLS_OPEN + DS_CALL_OPEN
+            if whole:
+                return f"{head}{name}{DS_SEP}{{}}{DS_CALL_CLOSE}"
+            return head + ("" if name is None else name + DS_SEP)
+        case "qwen3_coder":
+            # "<function" then "=name": the pre-tokenizer joins "=" to the name, so the prefix of
+            # "required" stops before it; a named call ends after ">\n", a token of its own.
+            if whole:
+                return f"{QWEN_OPEN}\n<function={name}>\n</function>\n{QWEN_CLOSE}"
+            return QWEN_OPEN + "\n<function" + ("" if name is None else f"={name}>\n")
+        case _:  # gpt-oss
+            return harmony.forced_prefix(name, whole)
 
 
 def takes_no_arguments(parameters: Any) -> bool:
@@ -187,154 +244,44 @@ def takes_no_arguments(parameters: Any) -> bool:
     )
 
 
-def new_call_id() -> str:
-    """A fresh tool-call id in OpenAI's shape: ``call_`` + 24 hex chars."""
-    return "call_" + secrets.token_hex(12)
-
-
-def parse_output(text: str, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> ParsedOutput:
-    """Split a finished model output into content, reasoning and tool calls (never raises on text)."""
-    if (tool_parser is None or (tool_parser in _TOOL_OPENERS and tool_parser != "llama3")) and reasoning_parser in (
-        None,
-        *REASONING_PARSERS,
+def parse_output(
+    text: str,
+    tool_parser: str | None = "qwen25",
+    reasoning_parser: str | None = "think",
+    *,
+    tools: list[dict] | None = None,
+    reasoning_open: bool = False,
+) -> ParsedOutput:
+    """Split a finished model output into content, reasoning and tool calls (never raises on text).
+    ``tools``: the request's, for formats that type arguments by their schema (qwen3_coder);
+    ``reasoning_open``: the prompt ended inside a ``<think>`` block."""
+    if (
+        not reasoning_open
+        and (tool_parser is None or (tool_parser in _TOOL_OPENERS and tool_parser != "llama3"))
+        and reasoning_parser in (None, "think")
     ):
         # No marker anywhere: the scanner would pass every character through as content, so the
         # common plain answer skips it. (llama3 is excluded: a leading "{" opens a call there.)
         markers = (_TOOL_OPENERS[tool_parser] if tool_parser else ()) + ((THINK_OPEN,) if reasoning_parser else ())
         if not any(m in text for m in markers):
             return ParsedOutput(text)
-    parser = StreamParser(tool_parser, reasoning_parser)
+    parser = StreamParser(tool_parser, reasoning_parser, tools=tools, reasoning_open=reasoning_open)
     parser.feed(text)
     return parser.finish()[1]
-
-
-# ---- JSON helpers: strict enough that whatever they accept re-serialises as valid JSON -----------
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite JSON constant {name}")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses to inf, which json.dumps writes as "Infinity"
-        raise ValueError(f"non-finite number {text}")
-    return value
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone "\\ud800" escape cannot be encoded as UTF-8
-_WS = re.compile(r"\s*")
-
-
-def _decode_at(text: str, pos: int) -> tuple[Any, int] | None:
-    """One JSON value starting at ``text[pos]`` (whitespace skipped) and the index after it."""
-    pos = _WS.match(text, pos).end()
-    try:
-        return _DECODER.raw_decode(text, pos)
-    except (ValueError, RecursionError):  # deliberate: bad model JSON is plain text, not an error
-        return None
-
-
-def _decode_all(text: str) -> Any | None:
-    """A JSON value that is the whole of ``text`` (surrounding whitespace allowed), else None."""
-    got = _decode_at(text, 0)
-    if got is None or text[got[1] :].strip():
-        return None
-    return got[0]
-
-
-def _make_call(name: Any, args: Any) -> ToolCall | None:
-    if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
-        return None
-    arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
-    if _SURROGATE.search(arguments) or _SURROGATE.search(name):
-        return None
-    return ToolCall(id=new_call_id(), name=name.strip(), arguments=arguments)
-
-
-def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ToolCall | None:
-    """``{"name": N, <args key>: {...}}`` -> ToolCall; a missing arguments key means ``{}``."""
-    if not isinstance(obj, dict):
-        return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
-    return _make_call(obj.get("name"), args)
-
-
-def _all_or_none(calls: list[ToolCall | None]) -> list[ToolCall] | None:
-    if not calls or any(c is None for c in calls):
-        return None
-    return calls  # type: ignore[return-value]
-
-
-# ---- one parser per format: the text of a span or tail -> calls, or None when malformed ----------
-
-
-def _parse_qwen(inner: str) -> list[ToolCall] | None:
-    return _all_or_none([_call_from_object(_decode_all(inner), ("arguments",))])
-
-
-_DS_CALL = re.compile(
-    rf"\s*{re.escape(DS_CALL_OPEN)}(?P<kind>[^\n]*?){re.escape(DS_SEP)}(?P<name>[^\n]*?)"
-    rf"\s*```(?:json)?\s*(?P<args>.*?)\s*```\s*{re.escape(DS_CALL_CLOSE)}",
-    re.DOTALL,
-)
-
-
-def _parse_deepseek(inner: str) -> list[ToolCall] | None:
-    calls: list[ToolCall | None] = []
-    pos = 0
-    while inner[pos:].strip():
-        m = _DS_CALL.match(inner, pos)
-        if m is None or m.group("kind").strip() != "function":
-            return None
-        calls.append(_make_call(m.group("name"), _decode_all(m.group("args"))))
-        pos = m.end()
-    return _all_or_none(calls)
-
-
-def _parse_llama(body: str) -> list[ToolCall] | None:
-    calls: list[ToolCall | None] = []
-    pos = 0
-    while True:
-        got = _decode_at(body, pos)
-        if got is None:
-            return None
-        calls.append(_call_from_object(got[0], ("parameters", "arguments")))
-        pos = _WS.match(body, got[1]).end()
-        if pos < len(body):
-            if body[pos] != ";":  # two calls must be separated by ';'
-                return None
-            pos = _WS.match(body, pos + 1).end()
-        if pos == len(body):  # a trailing ';' is allowed
-            return _all_or_none(calls)
-
-
-def _parse_mistral(body: str) -> list[ToolCall] | None:
-    if body.lstrip().startswith("["):
-        items = _decode_all(body)
-        if not isinstance(items, list):
-            return None
-        return _all_or_none([_call_from_object(item, ("arguments",)) for item in items])
-    calls: list[ToolCall | None] = []
-    for segment in body.split(MISTRAL_OPEN):  # newer form: N[ARGS]{...} per marker
-        name, sep, args = segment.partition(MISTRAL_ARGS)
-        if not sep:
-            return None
-        calls.append(_make_call(name.partition(MISTRAL_CALL_ID)[0], _decode_all(args)))
-    return _all_or_none(calls)
 
 
 # ---- the scanner ----------------------------------------------------------------------------------
 
 _CONTENT, _REASONING, _SPAN, _TAIL = "content", "reasoning", "span", "tail"
 _SPAN_CLOSER = {QWEN_OPEN: QWEN_CLOSE, DS_CALLS_OPEN: DS_CALLS_CLOSE}
-_TOOL_OPENERS = {
+_TOOL_OPENERS = {  # gpt-oss has none: harmony.HarmonyParser scans it
     "qwen25": (QWEN_OPEN,),
     "hermes": (QWEN_OPEN,),
+    "qwen3_coder": (QWEN_OPEN,),
     "llama3": (LLAMA_OPEN,),
     "mistral": (MISTRAL_OPEN,),
     "deepseekv3": (DS_CALLS_OPEN,),
+    "deepseekv31": (DS_CALLS_OPEN,),
 }
 
 
@@ -364,9 +311,22 @@ def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
 class StreamParser:
     """Incremental parser: ``feed`` deltas as they are sampled, then ``finish`` once."""
 
-    def __init__(self, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "think") -> None:
+    def __init__(
+        self,
+        tool_parser: str | None = "qwen25",
+        reasoning_parser: str | None = "think",
+        *,
+        tools: list[dict] | None = None,
+        reasoning_open: bool = False,
+    ) -> None:
+        """``tools``: the request's tools (typing qwen3_coder's argument values); ``reasoning_open``:
+        the prompt ended inside a ``<think>`` block, so the text starts as reasoning."""
         _check_names(tool_parser, reasoning_parser)
+        # GPT-OSS: a text of channels, scanned by harmony's own parser when either names it (calls
+        # only with a tool parser: None when the request offered no tools)
+        self._harmony = harmony.HarmonyParser(tool_parser is not None) if "gpt-oss" in (tool_parser, reasoning_parser) else None
         self._tool = tool_parser
+        self._tools = tools
         self._think = reasoning_parser is not None
         self._buf = ""  # text not yet consumed: held back, or inside a span/tail
         self._state = _CONTENT
@@ -381,9 +341,13 @@ class StreamParser:
         self._calls: list[ToolCall] = []
         self._events: list[StreamEvent] = []
         self._finished = False
+        if reasoning_open and self._think:
+            self._state, self._skip_ws, self._reasoning = _REASONING, True, []
 
     def feed(self, delta: str) -> list[StreamEvent]:
         """Consume ``delta``; return the content/reasoning text that is safe to emit now."""
+        if self._harmony is not None:
+            return self._harmony.feed(delta)
         if self._finished:
             raise RuntimeError("StreamParser.feed after finish")
         self._buf += delta
@@ -393,6 +357,8 @@ class StreamParser:
 
     def finish(self) -> tuple[list[StreamEvent], ParsedOutput]:
         """Flush held-back text, parse any open span/tail; the result equals ``parse_output``."""
+        if self._harmony is not None:
+            return self._harmony.finish()
         if not self._finished:
             while self._step(final=True):
                 pass
@@ -489,7 +455,7 @@ class StreamParser:
                 self._scan_from = max(0, len(self._buf) - len(closer) + 1)
             return False
         inner, self._buf = self._buf[:i], self._buf[i + len(closer) :]
-        calls = _parse_qwen(inner) if closer == QWEN_CLOSE else _parse_deepseek(inner)
+        calls = self._parse_span(inner)
         if calls is None:
             self._emit(_CONTENT, self._raw + inner + closer)
         else:
@@ -498,9 +464,20 @@ class StreamParser:
         self._state = _CONTENT
         return True
 
+    def _parse_span(self, inner: str) -> list[ToolCall] | None:
+        match self._tool:
+            case "qwen3_coder":
+                return parse_qwen3_coder(inner, self._tools)
+            case "deepseekv3":
+                return parse_deepseek_v3(inner)
+            case "deepseekv31":
+                return parse_deepseek_v31(inner)
+            case _:  # qwen25, hermes
+                return parse_json_call(inner)
+
     def _close_tail(self) -> None:
         body, self._buf = self._buf, ""
-        calls = _parse_mistral(body) if self._tool == "mistral" else _parse_llama(body)
+        calls = parse_mistral(body) if self._tool == "mistral" else parse_llama(body)
         if calls is None:
             self._emit(_CONTENT, self._raw + body)
         else:

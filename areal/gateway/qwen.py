@@ -26,7 +26,15 @@ turn; assistant ``tool_calls`` as ``<tool_call>\\n{"name": ..., "arguments": ...
 (string arguments are inserted verbatim, objects as JSON); consecutive ``tool`` messages share one
 user turn of ``<tool_response>`` blocks; ``add_generation_prompt`` opens an assistant turn.
 Not covered: content given as a list of parts (normalise to a string first), Qwen3's reasoning
-rendering.
+rendering (``build_qwen3_tokenizer`` takes Qwen3's own template instead).
+
+Other families on this vocabulary (``derived_tokenizer``): Qwen3 is Qwen2.5's tokenizer with four
+more added tokens (``QWEN3_ADDED``: ``<tool_response>``, ``</tool_response>``, ``<think>``,
+``</think>``, ids 151665-151668, not special), so ``build_qwen3_tokenizer`` gives its exact ids.
+For families whose own vocabularies cannot be built offline (Llama 3, GPT-OSS, DeepSeek-V3) a
+tokenizer on this vocabulary with the family's special tokens added is what format tests need:
+the template's text, its markers as single tokens, and the parsers on decoded ids. Each call
+builds a new object from the cached folder (fast), given the family's real chat template.
 """
 
 from __future__ import annotations
@@ -244,6 +252,45 @@ def _load(folder: str) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+QWEN3_ADDED: tuple[tuple[str, bool], ...] = (
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+
+def derived_tokenizer(
+    chat_template: str,
+    added: tuple[tuple[str, bool], ...],
+    eos_token: str,
+    bos_token: str | None = None,
+    cache_dir: str | None = None,
+) -> PreTrainedTokenizerFast:
+    """The Qwen2.5 vocabulary with ``added`` tokens ((text, special), ids from 151665 in order),
+    ``chat_template``, and the family's end-of-sequence (and beginning) token. A new object per call."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(qwen25_tokenizer_dir(cache_dir)))
+    for i, (text, special) in enumerate(added):
+        if text in tok.get_vocab():  # a token Qwen2.5 has already (<|endoftext|>, <tool_call>)
+            continue
+        tok.add_tokens([AddedToken(text, special=special, normalized=False)], special_tokens=special)
+        if tok.convert_tokens_to_ids(text) != len(tok) - 1:
+            raise ValueError(f"added token {text!r} got id {tok.convert_tokens_to_ids(text)}, expected {len(tok) - 1}")
+    tok.eos_token = eos_token
+    if bos_token is not None:
+        tok.bos_token = bos_token
+    tok.chat_template = chat_template
+    return tok
+
+
+def build_qwen3_tokenizer(chat_template: str, cache_dir: str | None = None) -> PreTrainedTokenizerFast:
+    """Qwen3's tokenizer (Qwen2.5's + ``QWEN3_ADDED``) with ``chat_template`` (Qwen3's, Qwen3-Coder's)."""
+    return derived_tokenizer(chat_template, QWEN3_ADDED, "<|im_end|>", cache_dir=cache_dir)
 
 
 def build_qwen25_tokenizer(cache_dir: str | None = None) -> PreTrainedTokenizerFast:

@@ -10,10 +10,15 @@ of the same text is a different sequence to the trainer. So:
 
 The parent is found in O(1) by hashing: each recorded interaction is keyed by
 ``H(tools, raw prompt messages) ⊕ norm(reply)``; a request is looked up at its last few assistant
-messages. Only a tiny context (first message, the reply, the new messages) is rendered per turn,
-once: when the render writes the sampled text back verbatim after the cached render of the first
-message, everything after it is the reply turn's tail and the new messages; only a template that
-rewrites the reply (drops reasoning, say) costs a second render to find the turn's end. So the
+messages. Only a tiny context (the lead: the history's first messages through its first user
+message; the reply; the new messages) is rendered per turn, once: when the render writes the
+sampled text back verbatim after the cached render of the lead, everything after it is the reply
+turn's tail and the new messages; only a template that rewrites the reply (drops reasoning, writes
+the call in another spelling) costs a second render to find the turn's end, the last of the turn
+ends the tokenizer has (``<|im_end|>``, ``<|eot_id|>``, GPT-OSS's ``<|call|>``...). The lead is
+more than the first message because templates read more than the message they write (Llama 3.1
+puts the tools in the first user message, Qwen3 keeps reasoning only after the last user query,
+Qwen3.5 refuses a history without one). So the
 Python work of a turn does not grow with the history. What still touches the whole history runs at
 C speed, once per turn: one msgspec encode of the messages, one memcmp against the previous call's
 encoding, and one copy of the parent's ids into the new prompt list (``Interaction.prompt_ids`` is
@@ -24,15 +29,13 @@ previous call's encoding (less its closing ``]``) is a prefix of this one's, so 
 the hash state at that point (``HistoryHash``) and hashes only the new bytes; any other history
 hashes from the start.
 
-Rendering calls the tokenizer's compiled Jinja template directly with what
-``apply_chat_template`` would pass it (None-valued keys dropped, reasoning aliases, plain data,
-the special-tokens map), skipping its per-call wrapper; each message is prepared once per turn
-for all of the turn's renders, and a tools list's template data is kept between turns (agents
-send the same tools every turn; keyed by its order-preserving encoding). The template is compiled
-in an overlay of transformers' sandboxed environment (``_compile_dict_first``) that answers
-``message.role`` and ``loop.first`` without the sandbox's exception path, with the sandbox's own
-answers. A probe conversation is rendered both ways at construction, and any difference (another
-transformers version) falls back to ``apply_chat_template`` for good. Full renders (first turns,
+Rendering is ``template.ChatTemplate``'s: the compiled template called directly, messages handed
+to it as SGLang and vLLM hand them (tool-call arguments as objects where the template takes them),
+the request's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``) passed on; those kwargs key
+the hashes along with the tools, so a call rendered with other kwargs is neither a parent nor a
+cached render. A template that can leave ``<think>`` open at the end of a prompt (Qwen3.5,
+DeepSeek-V3.1 with thinking) has each prompt's last ids checked (``Prompt.reasoning_open``), so
+the parsers know the output starts as reasoning. Full renders (first turns,
 which repeat across the samples of one prompt) are cached by their digest in an LRU shared by
 the sessions that used them: bounded in bytes (``render_cache_bytes``, ids counted at 36 bytes:
 a list slot + an int object), and an entry goes when the last session holding it is released
@@ -70,9 +73,10 @@ Invariants:
   content (e.g. "\\n" when the model stopped on ``<|im_end|>``, "<|im_end|>\\n" when it was cut by
   ``max_tokens``). When nothing drifted and the model sampled the canonical tokenisation, the
   ids equal a full render of the same messages (tested).
-- No match (the agent rewrote history, or a template that is not prefix-stable) means a full
-  render and a new root; a request that carries assistant messages yet matches nothing counts as
-  drift on its session.
+- No match (the agent rewrote history, or a template that is not prefix-stable: Qwen3 dropping
+  earlier reasoning after a new user query, GPT-OSS dropping analysis after a final answer) means
+  a full render and a new root; a request that carries assistant messages yet matches nothing
+  counts as drift on its session.
 
 Normalisation for matching a reply: content (None, "" or text parts → text), and tool calls as
 (name, arguments with JSON re-encoded with sorted keys); ids and reasoning are ignored, because
@@ -87,37 +91,20 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import MethodType
 from typing import Any
 
 import msgspec
 
 from areal.gateway.pieces import PieceEncoder
+from areal.gateway.template import TEMPLATE_ERRORS, THINK_OPEN, ChatTemplate, check_template_kwargs
 from areal.gateway.tree import Interaction
 
 _encoder = msgspec.json.Encoder(order="deterministic")
-_ordered_encoder = msgspec.json.Encoder()  # keeps dict key order (the template sees it)
-_TOOLS_CACHE = 64  # tools lists kept as template data, across sessions
 _MAX_CANDIDATES = 4  # assistant messages tried as the parent's reply, newest first
 _FULL_CACHE = 1024  # full renders kept (ids by digest), across sessions
 _ID_BYTES = 36  # what one cached id costs: its list slot (8) + its int object (28; ids > 256 are not shared)
-_TOOLS_CACHE_BYTES = 4 << 20  # tools lists kept, counted by their encodings (their template data is a few times that)
 _NFC_SLACK = 4  # NFC composes at most 4 code points into one (the longest canonical decomposition)
-_PROBE = [
-    {"role": "system", "content": "s"},
-    {"role": "user", "content": "u", "name": None},
-    {"role": "assistant", "content": "a", "reasoning_content": "r"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"type": "function", "id": "c", "function": {"name": "f", "arguments": '{"x": 1}'}}],
-    },
-    {"role": "tool", "content": "t", "tool_call_id": "c"},
-    {"role": "user", "content": "v"},
-]
-_DICT_ATTRIBUTES = frozenset(dir(dict))  # names getattr answers on a plain dict (its methods)
-_MISSING = object()
-_PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+_THINK_TAIL = 8  # prompt ids decoded to see whether the prompt ends by opening a <think> block
 
 
 @dataclass
@@ -142,7 +129,7 @@ class PromptIndex:
     drift: int = 0  # follow-up calls whose history matched no recorded reply
     incremental: int = 0  # calls built on a parent's tokens
     full: int = 0  # calls rendered in full
-    heads: dict[bytes, str] = field(default_factory=dict)  # render([first message]) by H(tools, first)
+    heads: dict[bytes, str] = field(default_factory=dict)  # render(lead messages) by H(tools, lead)
     history: HistoryHash | None = None  # the last call's hash state (a cache: checked byte for byte)
     cached: set[bytes] = field(default_factory=set)  # digests of the shared full renders this session holds
 
@@ -153,6 +140,7 @@ class Prompt:
     prefix_digest: bytes  # H(tools, messages) of this call, for the key of its replies
     parent_id: str | None = None
     drift: bool = False
+    reasoning_open: bool = False  # the prompt ends by opening a <think> block: the output starts as reasoning
 
 
 @dataclass
@@ -287,6 +275,8 @@ class PromptBuilder:
         if not isinstance(eos, int) or eos < 0 or eos == tokenizer.unk_token_id:
             eos = tokenizer.eos_token_id
         self.end_of_turn = tokenizer.convert_ids_to_tokens(eos)  # text the template closes a turn with
+        # every text a turn may end with (GPT-OSS: <|call|> and <|return|>; Llama 3: <|eot_id|>, <|eom_id|>)
+        self.turn_ends = tuple(dict.fromkeys([self.end_of_turn, *tokenizer.convert_ids_to_tokens(sorted(self.stop_token_ids))]))
         # The Rust tokenizer directly: transformers' encode/decode wrappers cost ~10x more per call;
         # its batch call without offsets is a third cheaper again than ``encode`` (same ids).
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -296,76 +286,11 @@ class PromptBuilder:
         self.cache_bytes = 0  # ids in ``cache`` * _ID_BYTES
         self.cache_limit = cache_bytes
         self.chars_per_token = _chars_per_token(self._backend)  # None: no floor known for this tokenizer
-        self._tools_cache: dict[bytes, list[Any]] = {}  # template data of a tools list, by its encoding
-        self._tools_cache_bytes = 0
-        self._templates: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
-        self._template_kwargs: dict[str, Any] = {}
-        self._compile_templates()
+        self.template = ChatTemplate(tokenizer)
 
-    def _compile_templates(self) -> None:
-        """Compiled templates for direct rendering, kept only if they render the probe exactly as
-        ``apply_chat_template`` does, with tools and without."""
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
-
-            compiled = {
-                has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None)) for has in (False, True)
-            }
-        except (ImportError, AttributeError, ValueError, TypeError):  # no template, or another transformers
-            return
-        self._plain = _plain_template_data
-        self._template_kwargs = _plain_template_data(dict(self.tokenizer.special_tokens_map))
-        self._templates = {
-            has: _compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
-            for has, t in compiled.items()
-        }
-        for tools in (None, _PROBE_TOOLS):
-            for n, gen in ((len(_PROBE), True), (3, False)):
-                try:
-                    ok = self.render_text(_PROBE[:n], tools, gen) == self._wrapper_text(_PROBE[:n], tools, gen)
-                except Exception:  # a template that rejects the probe: no evidence, so no fast path
-                    ok = False
-                if not ok:
-                    self._templates = {}
-                    return
-
-    def _wrapper_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=generation)
-
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
-        return self._renderer(messages, tools)(len(messages), generation)
-
-    def _renderer(self, messages: list[dict], tools: list[dict] | None) -> Callable[[int, bool], str]:
-        """``render(n, generation)`` of ``messages[:n]``: each message is prepared once, for every render."""
-        if not self._templates:
-            return lambda n, generation: self._wrapper_text(messages[:n], tools, generation)
-        plain = self._plain
-        chat = [_template_message(m, plain) for m in messages]
-        tools = self._template_tools(tools) if tools else None
-        template = self._templates[tools is not None]
-        kwargs = self._template_kwargs
-
-        def render(n: int, generation: bool) -> str:
-            return template.render(messages=chat[:n], tools=tools, documents=None, add_generation_prompt=generation, **kwargs)
-
-        return render
-
-    def _template_tools(self, tools: list[dict]) -> list[Any]:
-        """``_plain_json(tools)``, kept by the tools' order-preserving encoding: an agent sends the
-        same tools every turn, and their plain copy is most of a turn's preparation. Sharing one
-        copy across renders is safe: the sandbox is immutable, so no template can change it."""
-        key = _ordered_encoder.encode(tools)  # key order kept: ``tojson`` writes keys in order
-        plain = self._tools_cache.get(key)
-        if plain is None:
-            plain = _plain_json(tools, self._plain)
-            if len(key) > _TOOLS_CACHE_BYTES // 8:  # no agent's tools are this large: not worth an eighth of it
-                return plain
-            if len(self._tools_cache) >= _TOOLS_CACHE or self._tools_cache_bytes + len(key) > _TOOLS_CACHE_BYTES:
-                self._tools_cache.clear()
-                self._tools_cache_bytes = 0
-            self._tools_cache[key] = plain
-            self._tools_cache_bytes += len(key)
-        return plain
+    def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:
+        """The chat template's text for ``messages`` (a 400 when the template refuses them)."""
+        return self.template.render_text(messages, tools, generation, template_kwargs)
 
     def encode(self, text: str) -> list[int]:
         if self._pieces is not None:
@@ -395,27 +320,46 @@ class PromptBuilder:
             return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def full(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return self.encode(self.render_text(messages, tools, True))
+    def full(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None) -> list[int]:
+        return self.encode(self.render_text(messages, tools, True, template_kwargs))
 
-    def build(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict], tools: list[dict] | None) -> Prompt:
+    def build(
+        self,
+        index: PromptIndex,
+        interactions: dict[str, Interaction],
+        messages: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict | None = None,
+    ) -> Prompt:
         """Prompt ids for ``messages``: on the parent's tokens when one matches, else a full render."""
-        plan = self.plan(index, interactions, messages, tools)
+        plan = self.plan(index, interactions, messages, tools, template_kwargs)
         return self.finish(plan, self.encode(plan.text) if plan.text else [], index)
 
-    def plan(self, index: PromptIndex, interactions: dict[str, Interaction], messages: list[dict], tools: list[dict] | None) -> PromptPlan:
-        """Everything of ``build`` but tokenising the text that ends the prompt."""
+    def plan(
+        self,
+        index: PromptIndex,
+        interactions: dict[str, Interaction],
+        messages: list[dict],
+        tools: list[dict] | None,
+        template_kwargs: dict | None = None,
+    ) -> PromptPlan:
+        """Everything of ``build`` but tokenising the text that ends the prompt. ``template_kwargs``
+        (the request's ``chat_template_kwargs``) render with the template and key the hashes with
+        the tools: a call rendered with other kwargs is not a parent, nor a cached render."""
+        check_template_kwargs(template_kwargs)
+        keyed = [tools, template_kwargs] if template_kwargs else tools  # a tools list holds only dicts: no clash
         assistant_at = _newest_assistants(messages)
-        digest, newest, checkpoint = _hash_history(tools, messages, assistant_at[0] if assistant_at else None, index.history)
+        digest, newest, checkpoint = _hash_history(keyed, messages, assistant_at[0] if assistant_at else None, index.history)
         index.history = checkpoint
         for j, k in enumerate(assistant_at):
-            head = newest if j == 0 else prefix_digest(tools, messages[:k])
+            head = newest if j == 0 else prefix_digest(keyed, messages[:k])
             assert head is not None
             parent_id = index.by_key.get(reply_key(head, messages[k]))
             parent = interactions.get(parent_id) if parent_id is not None else None
             if parent is None:
                 continue
-            delta = self._extend(index, parent, messages[0], messages[k], messages[k + 1 :], tools, checkpoint.tools)
+            lead = messages[: _lead_end(messages, k)]
+            delta = self._extend(index, parent, lead, messages[k], messages[k + 1 :], tools, checkpoint.tools, template_kwargs)
             if delta is not None:
                 index.incremental += 1
                 return PromptPlan(head=parent.prompt_ids, sampled=parent.output_ids, text=delta, prefix_digest=digest, parent_id=parent.id)
@@ -429,7 +373,12 @@ class PromptBuilder:
             index.cached.add(digest)
             return PromptPlan(head=cached.ids, sampled=[], text="", prefix_digest=digest, drift=drift)
         return PromptPlan(
-            head=[], sampled=[], text=self.render_text(messages, tools, True), prefix_digest=digest, drift=drift, cache_key=digest
+            head=[],
+            sampled=[],
+            text=self.render_text(messages, tools, True, template_kwargs),
+            prefix_digest=digest,
+            drift=drift,
+            cache_key=digest,
         )
 
     def finish(self, plan: PromptPlan, ids: list[int], index: PromptIndex, *, cache: bool = True) -> Prompt:
@@ -442,7 +391,10 @@ class PromptBuilder:
         elif cache:
             self._keep(plan.cache_key, ids, index)
             ids = list(ids)
-        return Prompt(ids=ids, prefix_digest=plan.prefix_digest, parent_id=plan.parent_id, drift=plan.drift)
+        prompt = Prompt(ids=ids, prefix_digest=plan.prefix_digest, parent_id=plan.parent_id, drift=plan.drift)
+        if self.template.thinks:  # only such templates pay for this decode (of a few ids)
+            prompt.reasoning_open = self.decode(ids[-_THINK_TAIL:]).rstrip().endswith(THINK_OPEN)
+        return prompt
 
     def _keep(self, digest: bytes, ids: list[int], index: PromptIndex) -> None:
         size = len(ids) * _ID_BYTES
@@ -479,40 +431,53 @@ class PromptBuilder:
         index.by_key[key] = interaction.id
 
     def _extend(
-        self, index: PromptIndex, parent: Interaction, first: dict, reply: dict, new: list[dict], tools: list[dict] | None, tools_enc: bytes
+        self,
+        index: PromptIndex,
+        parent: Interaction,
+        lead: list[dict],
+        reply: dict,
+        new: list[dict],
+        tools: list[dict] | None,
+        tools_enc: bytes,
+        template_kwargs: dict | None = None,
     ) -> str | None:
         """The text after the parent's prompt + sampled ids: the template's tail of the reply turn +
-        the new messages; None when the template does not render the small context prefix-stably.
-        ``tools_enc``: ``_encoder.encode(tools)``, already computed for the history hash."""
-        render = self._renderer([first, reply, *new], tools)
-        head_hash = hashlib.blake2b(tools_enc, digest_size=16)  # == prefix_digest(tools, [first])
+        the new messages; None when the template does not render the small context prefix-stably
+        (or refuses it: the full render then answers for the request).
+        ``lead``: the history's first messages through its first user message (``_lead_end``);
+        ``tools_enc``: ``_encoder.encode`` of the keyed tools, already computed for the history hash."""
+        render = self.template.renderer([*lead, reply, *new], tools, template_kwargs)
+        n = len(lead)
+        head_hash = hashlib.blake2b(tools_enc, digest_size=16)  # == prefix_digest(keyed tools, lead)
         head_hash.update(b"\x00")
-        head_hash.update(_encoder.encode([first]))
+        head_hash.update(_encoder.encode(lead))
         head_key = head_hash.digest()
-        head = index.heads.get(head_key)
-        if head is None:  # one entry per (tools, first message): usually one per session
-            head = index.heads[head_key] = render(1, True)
-        full = render(2 + len(new), True)
-        sampled = self.decode(parent.output_ids)
-        if full.startswith(head) and full.startswith(sampled, len(head)):
-            # The common case, in one render: the template writes the sampled text back verbatim, so
-            # what follows it in this context is the reply turn's tail and the new messages.
-            return full[len(head) + len(sampled) :]
-        return self._rewritten_delta(render, head, full, parent)
+        try:
+            head = index.heads.get(head_key)
+            if head is None:  # one entry per (tools, lead messages): usually one per session
+                head = index.heads[head_key] = render(n, True)
+            full = render(n + 1 + len(new), True)
+            sampled = self.decode(parent.output_ids)
+            if full.startswith(head) and full.startswith(sampled, len(head)):
+                # The common case, in one render: the template writes the sampled text back verbatim, so
+                # what follows it in this context is the reply turn's tail and the new messages.
+                return full[len(head) + len(sampled) :]
+            return self._rewritten_delta(render, n, head, full, parent)
+        except TEMPLATE_ERRORS:  # deliberate: the full render raises it again, as the request's 400
+            return None
 
-    def _rewritten_delta(self, render: Callable[[int, bool], str], head: str, full: str, parent: Interaction) -> str | None:
+    def _rewritten_delta(self, render: Callable[[int, bool], str], n: int, head: str, full: str, parent: Interaction) -> str | None:
         """The text after the sampled ids when the template does not write the sampled text back
         (it rewrites the content, e.g. drops reasoning) but the sampled tokens stand: what it writes
         after the reply turn's end (or the end itself, if none was sampled), then the new messages."""
-        base = render(2, False)
+        base = render(n + 1, False)
         if not base.startswith(head) or not full.startswith(base):
             return None
         turn = base[len(head) :]  # the reply's turn as the template writes it
-        eot = self.end_of_turn
-        if eot not in turn:
+        cut, eot = max((turn.rfind(e), e) for e in self.turn_ends)  # its last turn end
+        if cut < 0:
             return None
         ended = bool(parent.output_ids) and parent.output_ids[-1] in self.stop_token_ids
-        cut = turn.rindex(eot)
         return (turn[cut + len(eot) :] if ended else turn[cut:]) + full[len(base) :]
 
 
@@ -540,62 +505,12 @@ def _chars_per_token(backend: Any) -> int | None:
     return longest * (_NFC_SLACK if normalizer else 1)
 
 
-def _template_message(message: dict, plain: Callable[[Any], Any]) -> dict:
-    """What ``apply_chat_template`` hands the template for one message, in one pass: None-valued
-    keys dropped, the reasoning aliases, plain JSON data (``_plain_json``)."""
-    m = {k if type(k) is str else plain(k): v if type(v) is str else _plain_json(v, plain) for k, v in message.items() if v is not None}
-    if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
-        reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
-        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-    return m
-
-
-def _plain_json(value: Any, plain: Callable[[Any], Any]) -> Any:
-    """``plain(value)`` (transformers' rebuild of template data out of JSON types), answered here for
-    the exact JSON types a decoded request is made of: the same copy without a Python call and
-    ABC check per leaf. Any other type (a str subclass, a dataclass, a pydantic model) goes to ``plain``."""
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value
-    if kind is dict:
-        return {k if type(k) is str else plain(k): _plain_json(v, plain) for k, v in value.items()}
-    if kind is list:
-        return [_plain_json(v, plain) for v in value]
-    return plain(value)
-
-
-def _compile_dict_first(environment: Any, source: str) -> Any:
-    """``source`` compiled in an overlay of a sandboxed Jinja environment, made cheaper per render.
-
-    - ``getattr`` on a plain dict is one lookup. The sandbox resolves ``message.role`` as
-      ``getattr(message, "role")``, which raises ``AttributeError`` for every dict key before it
-      tries ``message["role"]``; the exceptions were most of a render's cost. For an exact ``dict``
-      and a name that is not one of ``dict``'s attributes, the sandbox's answer is the item or
-      ``undefined``, so answer that directly. Any other object or name (``message.items``,
-      ``"x".strip``) takes the sandbox's path.
-    - ``loop.first`` and friends likewise: for an exact ``LoopContext`` (no ``__getitem__``, none of
-      the types or mutable ABCs the sandbox guards) and a name without a leading underscore, the
-      sandbox's answer is the attribute or ``undefined``, after a dozen ``isinstance`` checks.
-    - The template's globals are one flat dict instead of a ChainMap over the environment's: each
-      render copies them into its context, and iterating a ChainMap is a Python loop per key. They
-      are fixed when transformers compiles the template, so the snapshot is exact.
-    """
-    from jinja2.runtime import LoopContext
-
-    overlay = environment.overlay()
-    sandboxed = type(environment).getattr
-
-    def getattr_dict_first(self: Any, obj: Any, attribute: str) -> Any:
-        kind = type(obj)
-        if kind is dict and attribute not in _DICT_ATTRIBUTES:
-            value = obj.get(attribute, _MISSING)
-        elif kind is LoopContext and attribute[:1] != "_":
-            value = getattr(obj, attribute, _MISSING)
-        else:
-            return sandboxed(self, obj, attribute)
-        return self.undefined(obj=obj, name=attribute) if value is _MISSING else value
-
-    overlay.getattr = MethodType(getattr_dict_first, overlay)  # an instance attribute: only this overlay changes
-    template = overlay.from_string(source)
-    template.globals = dict(template.globals)
-    return template
+def _lead_end(messages: list[dict], k: int) -> int:
+    """End of the history's lead before message ``k``: through its first user message (else just the
+    first message). Templates read more than the message they write: Llama 3.1 moves the tools into
+    the first user message, Qwen3 keeps reasoning only after the last user query (and Qwen3.5 refuses
+    a history without one), so the small context keeps the history's first user message."""
+    for i in range(k):
+        if messages[i].get("role") == "user":
+            return i + 1
+    return 1

@@ -64,7 +64,8 @@ _HONOURED = {
     "top_logprobs",
     "top_k",
     "min_p",
-    "repetition_penalty",  # SGLang's / vLLM's extensions (extra_body)
+    "repetition_penalty",
+    "chat_template_kwargs",  # the last four: SGLang's / vLLM's extensions (extra_body)
 }
 _NEUTRAL = {
     "model",
@@ -123,7 +124,8 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
         **sampling_extensions(body),
     )
     tools = _convert_tools(body.get("tools"))
-    return Turn(messages=messages, sampling=sampling, tools=tools, tool_choice=_convert_tool_choice(body.get("tool_choice"), tools))
+    tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
+    return Turn(messages, sampling, tools, tool_choice, chat_template_kwargs=body.get("chat_template_kwargs"))
 
 
 def _check_parameters(body: dict) -> None:

@@ -13,6 +13,12 @@
     GET  /admin/sessions        admin key     live and expired sessions (expired are reported)
     GET  /admin/metrics         admin key     counters, drift included
 
+The session key may also be the URL's: ``/sessions/<key>/v1/...`` is ``/v1/...`` with that key
+(AReaL, rLLM and others put the session in the base URL, so agents that send no key, or a
+hard-coded placeholder, still reach their own session). A key in the path wins over the headers;
+it is the same secret, so this opens nothing a header key does not. An SDK that appends its own
+``/v1`` to such a base URL (Anthropic's) gets ``/v1/v1/...``, read as ``/v1/...``.
+
 Invariants: a session key resolves to its own session only, so another session's interaction
 ids are simply not found (404) — never read or rewarded. Keys are compared in constant time.
 Every exception a client can cause becomes a Reply here; the server loops never see one. That
@@ -43,8 +49,24 @@ def openai_error(status: int, message: str, kind: str, param: str | None = None)
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
+SESSION_PATH = "/sessions/"
+
+
+def split_session_path(raw_path: str) -> tuple[str | None, str]:
+    """``(key, path)``: the key named by a ``/sessions/<key>/...`` prefix (else None) and the
+    route's path without it, its query and a trailing ``/``."""
+    path = raw_path.split("?", 1)[0].rstrip("/")
+    if not path.startswith(SESSION_PATH):
+        return None, path
+    key, _, rest = path[len(SESSION_PATH) :].partition("/")
+    rest = "/" + rest
+    if rest.startswith("/v1/v1/") or rest == "/v1/v1":
+        rest = rest[3:]
+    return key, rest
+
+
 async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
-    path = req.path.split("?", 1)[0].rstrip("/")
+    path = split_session_path(req.path)[1]
     try:
         return await _route(gateway, req, path)
     except RequestError as e:
@@ -118,7 +140,11 @@ def json_object(body: bytes) -> dict:
 
 
 def request_key(req: GatewayRequest) -> str:
-    """The API key a request carries (OpenAI: Authorization: Bearer; Anthropic: x-api-key)."""
+    """The session key a request carries: its URL's (``/sessions/<key>/``), else its header's
+    (OpenAI: Authorization: Bearer; Anthropic: x-api-key)."""
+    in_path = split_session_path(req.path)[0]
+    if in_path:
+        return in_path
     auth = req.headers.get("authorization", "")
     return auth[7:].strip() if auth.lower().startswith("bearer ") else req.headers.get("x-api-key", "")
 

@@ -37,7 +37,7 @@ from areal.engine.client import EngineError
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.core import Gateway
 from areal.gateway.door import Conn, Door, DoorLimits
-from areal.gateway.routes import error_reply, openai_error, request_key, route
+from areal.gateway.routes import error_reply, openai_error, request_key, route, split_session_path
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 
 log = logging.getLogger(__name__)
@@ -111,11 +111,11 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
             async for frame in stream_frames(req, reply):
                 door.send(peer, _encoder.encode(frame))
         except Exception:  # the process boundary: a bug in the core still gets the client an answer
-            log.exception("gateway: request %d (%s %s) failed", req.request_id, req.method, req.path)
+            log.exception("gateway: request %d (%s %s) failed", req.request_id, req.method, split_session_path(req.path)[1])
             refuse(peer, req, 500, "internal error in the gateway (logged)", "internal_error")
 
     def refuse(peer: Conn, req: GatewayRequest, status: int, message: str, kind: str) -> None:
-        body = msgspec.json.encode(error_reply(req.path.split("?", 1)[0].rstrip("/"), status, message, kind).body)
+        body = msgspec.json.encode(error_reply(split_session_path(req.path)[1], status, message, kind).body)
         door.send(peer, _encoder.encode(GatewayReply(request_id=req.request_id, status=status, headers=_JSON, body=body)))
 
     def on_message(peer: Conn, frame: bytes) -> None:
@@ -211,8 +211,8 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
         try:
             reply = await route(gateway, req)
         except Exception:  # the process boundary: a bug in the core still gets an answer in the API's shape
-            log.exception("gateway: HTTP request %s %s failed", req.method, req.path)
-            reply = error_reply(request.path.rstrip("/"), 500, "internal error in the gateway (logged)", "internal_error")
+            log.exception("gateway: HTTP request %s %s failed", req.method, split_session_path(req.path)[1])
+            reply = error_reply(split_session_path(request.path)[1], 500, "internal error in the gateway (logged)", "internal_error")
         if reply.stream is None:
             return web.Response(status=reply.status, body=msgspec.json.encode(reply.body), headers={**_JSON, **reply.headers})
         resp = web.StreamResponse(status=reply.status, headers=reply.headers)

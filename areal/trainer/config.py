@@ -2,7 +2,7 @@
 
     areal/conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
                                     │
-    controller ─► TrainerJob(model_path, rings, engine_urls, report_addr, run_dir, ..., trainer)
+    controller ─► TrainerJob(model_path, rings, engine_urls, report_addr, run_dir, ..., trainer, engine_kind)
                   └─ written as run_dir/trainer_config.json ─► python -m areal.trainer --config it
 
 ``TrainerConfig`` holds what a user tunes (steps, learning rate, loss, checkpoints, how weights
@@ -24,6 +24,7 @@ KL_ESTIMATORS = ("k1", "k3")
 WEIGHT_SYNCS = ("disk", "collective")
 BACKENDS = ("gloo", "nccl")
 PARALLELS = ("ddp", "fsdp2")
+ENGINE_KINDS = ("embedded", "sglang", "vllm")
 
 
 @dataclass
@@ -130,6 +131,7 @@ class TrainerJob:
     seed: int = 1
     ring_names: list[str] = field(default_factory=list)  # one ring per rank when launched with N > 1 ranks
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    engine_kind: str = "embedded"  # engine.kind: which routes load weights ("vllm": vLLM's, else SGLang's)
 
     def __post_init__(self) -> None:
         for name in ("model_path", "ring_name", "run_dir"):
@@ -149,6 +151,10 @@ class TrainerJob:
             raise ValueError(f"trainer.minibatches={self.trainer.minibatches} must divide groups_per_step={self.groups_per_step}")
         if not isinstance(self.ring_names, list) or not all(isinstance(n, str) and n for n in self.ring_names):
             raise ValueError(f"trainer job: ring_names must be a list of non-empty strings, got {self.ring_names!r}")
+        if self.engine_kind not in ENGINE_KINDS:
+            raise ValueError(f"trainer job: engine_kind must be one of {ENGINE_KINDS}, got {self.engine_kind!r}")
+        if self.engine_kind == "vllm" and self.trainer.weight_sync != "disk":
+            raise ValueError("trainer job: engine_kind=vllm takes weights from disk only (trainer.weight_sync=disk)")
 
     def ring_for(self, rank: int, world: int) -> str:
         """The ring rank ``rank`` of ``world`` reads: ``ring_name`` alone, else ``ring_names[rank]``."""

@@ -1,7 +1,8 @@
 """Publishing a version: save it whole (atomic rename), load it on every engine, prune, report.
 
     weights of step s ─► run_dir/weights/.tmp-vs ─rename─► vs ─► POST /update_weights_from_disk
-                     (every engine; a failure is WeightUpdateError) ─► prune to keep_versions
+                     (every engine; vLLM: its reload routes; a failure is WeightUpdateError)
+                     ─► prune to keep_versions
     Reporter: TrainerReport / TrainerDone / TrainerFailed ─ZeroMQ PUSH─► controller
 
 Invariant: ``TrainerReport(version=s)`` is sent only after every engine answered success for
@@ -23,6 +24,8 @@ import msgspec
 import torch
 import zmq
 
+from areal.engine.client import EngineError, EngineUnavailable
+from areal.engine.vllm import vllm_update_weights_sync
 from areal.protocol import TrainerMessage
 from areal.trainer.weight_sync import WeightUpdateError
 
@@ -69,7 +72,7 @@ def _post_json(url: str, path: str, body: dict, timeout_s: float) -> dict:
         return json.loads(resp.read() or b"{}")
 
 
-def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True) -> list[str]:
+def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: float, pause: bool = True, kind: str = "sglang") -> list[str]:
     """Load ``model_dir`` as ``version`` on every engine that can be reached; returns the URLs
     skipped because nothing answered there (refused or reset: an engine that died, which its
     owner restarts and brings to the newest version). Raises WeightUpdateError when an engine
@@ -81,10 +84,17 @@ def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: floa
     stitches the parts, so every token keeps the version that sampled it. (``retract`` would resume
     inside the engine, but SGLang then reports one weight_version for the whole request.)
     Without ``pause``, the engine finishes running requests before loading.
+
+    ``kind="vllm"``: vLLM's own routes instead (``areal.engine.vllm.vllm_update_weights_sync``),
+    always paused in ``abort`` mode whatever ``pause`` says: that pause also clears vLLM's KV and
+    prefix caches, which would otherwise keep serving what the old weights computed.
     """
     skipped = []
     for url in urls:
         try:
+            if kind == "vllm":
+                _vllm_update(url, model_dir, version, timeout_s)
+                continue
             if pause:
                 _post_json(url, "/pause_generation", {"mode": "abort"}, timeout_s)
             try:
@@ -105,6 +115,16 @@ def push_weights(urls: list[str], model_dir: Path, version: int, timeout_s: floa
     if urls and len(skipped) == len(urls):
         raise WeightUpdateError(f"no engine could be reached for v{version}: {urls}")
     return skipped
+
+
+def _vllm_update(url: str, model_dir: Path, version: int, timeout_s: float) -> None:
+    """One vLLM server loads ``model_dir`` as ``version``; no answer is the OSError under it."""
+    try:
+        vllm_update_weights_sync(url, model_dir, version, timeout_s=timeout_s)
+    except EngineUnavailable as e:
+        raise (e.__cause__ if isinstance(e.__cause__, OSError) else OSError(str(e))) from e
+    except EngineError as e:
+        raise WeightUpdateError(f"{url}: update to v{version} failed: {e}") from e
 
 
 def _unreachable(e: OSError) -> bool:

@@ -198,7 +198,9 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                 collective.push(whole, step, pause=config.pause_for_update)
             elif rank == 0:
                 model_dir = save_atomically(whole, weights_dir / f"v{step}", job.model_path)
-                skipped = push_weights(job.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update)
+                skipped = push_weights(
+                    job.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update, kind=job.engine_kind
+                )
                 metrics["engines_updated"] = len(job.engine_urls) - len(skipped)
                 prune_versions(weights_dir, step, config.keep_versions)
             if rank == 0:

@@ -8,10 +8,12 @@ trainer's side of SGLang's three endpoints (shared/notes/sglang_api.md).
     init()   POST /init_weights_update_group ──────────► join_weight_group(...)  (blocks until all join)
              join_weight_group(rank 0) ◄═══ rendezvous tcp://master_address:master_port ═══►
     push()   POST /pause_generation {"mode": "abort"}   (running generations come back partial)
+             POST /begin_weight_update {}                (SGLang >= 0.5.23: a session; 404 before)
              POST /update_weights_from_distributed ────► torch.empty(shape, dtype) per name
                   {names, dtypes, shapes, weight_version}
              broadcast(t_k, src=0), k in state_dict order ═► received in list order, loaded between
                                                              decode steps, weight_version set
+             POST /end_weight_update {}                  (always, on the engines opened)
              POST /continue_generation                   (always, even after a failure)
     close()  POST /destroy_weights_update_group; the trainer leaves its own group
 
@@ -98,7 +100,8 @@ def free_port(address: str) -> int:
 
 
 def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """POST JSON; an HTTP error's JSON body is returned like a success (SGLang answers 400 + success=false)."""
+    """POST JSON; an HTTP error's JSON body is returned like a success (SGLang answers 400 + success=false),
+    with ``success`` false and the HTTP status as ``status_code``."""
     req = urllib.request.Request(
         url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
     )
@@ -108,9 +111,10 @@ def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> dict[s
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:
-            return {"success": False, **json.loads(raw)}
+            answer = json.loads(raw)
         except json.JSONDecodeError:
-            return {"success": False, "message": f"HTTP {exc.code}: {raw[:500]!r}"}
+            answer = {"message": f"HTTP {exc.code}: {raw[:500]!r}"}
+        return {"success": False, "status_code": exc.code, **(answer if isinstance(answer, dict) else {"message": answer})}
 
 
 def named_tensors_to_send(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -235,9 +239,11 @@ class CollectiveWeightPush:
             "weight_version": str(version),
             "flush_cache": True,
         }
+        sessions: list[str] = []  # engines with a weight-update session open, to be closed
         try:
             if pause:
                 self._confirm_control("/pause_generation", {"mode": "abort"})
+            sessions = self._begin_sessions()
             futures = self._each_engine("/update_weights_from_distributed", lambda i: body)
             works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for _, t in tensors]
             # The engines answer after receiving everything (or at once, refusing): their replies
@@ -246,8 +252,40 @@ class CollectiveWeightPush:
             for w in works:
                 w.wait()
         finally:
-            if pause:
-                self._confirm_control("/continue_generation", {})
+            try:
+                self._end_sessions(sessions)
+            finally:
+                if pause:
+                    self._confirm_control("/continue_generation", {})
+
+    def _begin_sessions(self) -> list[str]:
+        """Open a weight-update session on every engine (SGLang >= 0.5.23 refuses
+        /update_weights_from_distributed outside /begin_weight_update ... /end_weight_update);
+        an engine that answers 404 predates sessions and needs none. Returns the engines opened."""
+        opened = []
+        for fut, url in zip(self._each_engine("/begin_weight_update", lambda i: {}), self.engine_urls):
+            try:
+                reply = fut.result()
+            except OSError as exc:
+                self._end_sessions(opened)
+                raise WeightUpdateError(f"{url}: /begin_weight_update failed: {exc}") from exc
+            if reply.get("status_code") == 404:
+                continue
+            if not reply.get("success"):
+                self._end_sessions(opened)
+                raise WeightUpdateError(f"{url}: /begin_weight_update not confirmed: {reply}")
+            opened.append(url)
+        return opened
+
+    def _end_sessions(self, urls: list[str]) -> None:
+        futures = [self._pool.submit(_post, url, "/end_weight_update", {}, self.timeout_s) for url in urls]
+        for fut, url in zip(futures, urls):
+            try:
+                reply = fut.result()
+            except OSError as exc:
+                raise WeightUpdateError(f"{url}: /end_weight_update failed: {exc}") from exc
+            if not reply.get("success"):
+                raise WeightUpdateError(f"{url}: /end_weight_update not confirmed: {reply}")
 
     def _confirm_control(self, path: str, body: dict[str, Any]) -> None:
         for fut, url in zip(self._each_engine(path, lambda i: body), self.engine_urls):

@@ -9,11 +9,14 @@
   evaluated over the AST with + - * / and parentheses only; anything else is an error string the
   model sees as the tool's answer (a bad call is the policy's mistake, not a crash).
 - ``math_reward``: ``gsm8k_reward_fn`` in a process pool (``AsyncRewardWrapper``), one pool per process.
+- ``Sampling``: the keyword arguments every agent class takes, AReaL's ``workflow_kwargs``
+  (``temperature``, ``top_p``, ``max_tokens``, ``max_completion_tokens``, ``max_turns``).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import operator
 import os
@@ -23,7 +26,7 @@ from areal.api.reward_api import AsyncRewardWrapper
 from areal.embedded.corpus import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT
 from areal.reward.gsm8k import gsm8k_reward_fn
 
-__all__ = ["CALCULATOR_TOOL", "TOOL_SYSTEM_PROMPT", "calculator", "gateway_kwargs", "math_reward", "question"]
+__all__ = ["CALCULATOR_TOOL", "TOOL_SYSTEM_PROMPT", "Sampling", "calculator", "gateway_kwargs", "math_reward", "question"]
 
 _OPS = {
     ast.Add: operator.add,
@@ -36,6 +39,37 @@ _OPS = {
 _MAX_EXPR = 200
 
 math_reward = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=15.0, max_workers=1)
+
+
+@dataclasses.dataclass
+class Sampling:
+    """How an agent samples. ``max_tokens`` alone is the limit of one call (this project's
+    agents); with ``max_completion_tokens`` also given (AReaL's ``train.py`` passes both), that is
+    the limit of one call and ``max_tokens`` the budget of the whole trajectory, as in AReaL."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    max_completion_tokens: int | None = None
+    max_turns: int = 4
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
+        if self.max_tokens < 1 or self.max_turns < 1 or (self.max_completion_tokens is not None and self.max_completion_tokens < 1):
+            raise ValueError("max_tokens, max_completion_tokens and max_turns must be >= 1")
+
+    def call_tokens(self, used: int = 0) -> int:
+        """The max_tokens of the next call, ``used`` tokens into the trajectory."""
+        if self.max_completion_tokens is None:
+            return self.max_tokens
+        return max(1, min(self.max_completion_tokens, self.max_tokens - used))
+
+    def budget_left(self, used: int) -> bool:
+        return self.max_completion_tokens is None or used < self.max_tokens
+
+    def openai_args(self, used: int = 0) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.call_tokens(used)}
 
 
 def question(data: dict[str, Any]) -> str:
@@ -91,22 +125,20 @@ def execute_tool_call(name: str, arguments: str) -> str:
     return calculator(args.get("expression", ""))
 
 
-async def solve_with_calculator(client: Any, data: dict[str, Any], max_turns: int, temperature: float, max_tokens: int) -> str:
+async def solve_with_calculator(client: Any, data: dict[str, Any], sampling: Sampling) -> str:
     """Chat Completions with the calculator tool: execute every call, answer it back, until the
-    model answers without a call or ``max_turns`` calls are spent. Returns the last answer text."""
+    model answers without a call, ``max_turns`` calls are spent or the token budget is. Returns
+    the last answer text."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": TOOL_SYSTEM_PROMPT}, {"role": "user", "content": question(data)}]
-    answer = ""
-    for _ in range(max_turns):
+    answer, used = "", 0
+    for _ in range(sampling.max_turns):
         completion = await client.chat.completions.create(
-            model="default",
-            messages=messages,
-            tools=[CALCULATOR_TOOL],
-            temperature=temperature,
-            max_tokens=max_tokens,
+            model="default", messages=messages, tools=[CALCULATOR_TOOL], **sampling.openai_args(used)
         )
+        used = completion.usage.total_tokens if completion.usage else used
         message = completion.choices[0].message
         answer = message.content or ""
-        if not message.tool_calls:
+        if not message.tool_calls or not sampling.budget_left(used):
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 from openai import AsyncOpenAI
 
+from areal import workflow_context
 from areal.gateway.core import Gateway, GatewayConfig, Session
 from areal.gateway.server import reply_frames
 from areal.gateway.tree import Interaction, InteractionWithTokenLogpReward
@@ -75,14 +76,29 @@ class ArealOpenAI(AsyncOpenAI):
         reasoning_parser: str | None = "think",
         gateway_config: GatewayConfig | None = None,
         episode_id: str = "areal-openai",
+        engine_max_tokens: int | None = None,
+        chat_template_type: str = "hf",
         **kwargs: Any,
     ) -> None:
+        # AReaL's chat_template_type: "hf" renders each prompt with the chat template, "concat"
+        # appends each turn's tokens to the previous prompt + reply. The gateway always appends to
+        # the recorded tokens when the history is unchanged (and renders a new branch when it is
+        # not), which is what both mean for training rows; export_interactions(style=) picks the rows.
+        if chat_template_type not in ("hf", "concat"):
+            raise ValueError(f"chat_template_type must be 'hf' or 'concat', got {chat_template_type!r}")
         config = dataclasses.replace(
-            gateway_config or GatewayConfig(), tool_parser=tool_call_parser, reasoning_parser=reasoning_parser, session_idle_s=0
+            gateway_config or GatewayConfig(fit_max_tokens=True),  # AReaL's client cuts max_tokens to what fits
+            tool_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            session_idle_s=0,
         )
+        if engine_max_tokens is not None:  # AReaL: prompt + sampled tokens of one call
+            config = dataclasses.replace(config, context_length=engine_max_tokens)
+        self.engine, self.tokenizer, self.chat_template_type = engine, tokenizer, chat_template_type
         self.gateway = Gateway(engine, tokenizer, config)
         key = self.gateway.open_session(episode_id)
         self.session: Session = self.gateway.sessions[key]
+        workflow_context.register_client(self.session)
         http = httpx.AsyncClient(transport=InProcessTransport(self.gateway), base_url="http://areal.in-process/v1")
         kwargs.setdefault("max_retries", 0)
         super().__init__(api_key=key, base_url="http://areal.in-process/v1", http_client=http, **kwargs)

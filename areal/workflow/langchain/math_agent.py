@@ -14,10 +14,10 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, math_reward, question
+from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, Sampling, calculator, gateway_kwargs, math_reward, question
 
 
-def _llm(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> ChatOpenAI:
+def _llm(extra_kwargs: dict[str, Any], sampling: Sampling) -> ChatOpenAI:
     gw = gateway_kwargs(extra_kwargs)
     # Without a client of ours, langchain-openai reuses one process-wide httpx client, which is
     # bound to the first event loop that used it: give each episode its own instead.
@@ -28,30 +28,45 @@ def _llm(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> C
         base_url=gw["base_url"],
         api_key=gw["api_key"],
         http_async_client=gw["http_client"],
-        temperature=temperature,
-        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.call_tokens(),
         max_retries=0,
     )
 
 
 class MathAgent(AgentWorkflow):
-    def __init__(self, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        self.temperature, self.max_tokens = temperature, max_tokens
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        max_turns: int = 1,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        reply = await _llm(extra_kwargs, self.temperature, self.max_tokens).ainvoke([HumanMessage(question(data))])
+        reply = await _llm(extra_kwargs, self.sampling).ainvoke([HumanMessage(question(data))])
         return await math_reward(completions=str(reply.content), answer=data["answer"])
 
 
 class MathToolAgent(AgentWorkflow):
-    def __init__(self, temperature: float = 1.0, max_tokens: int = 64, max_turns: int = 4) -> None:
-        self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        max_turns: int = 4,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        llm = _llm(extra_kwargs, self.temperature, self.max_tokens).bind_tools([CALCULATOR_TOOL])
+        llm = _llm(extra_kwargs, self.sampling).bind_tools([CALCULATOR_TOOL])
         messages: list[Any] = [SystemMessage(TOOL_SYSTEM_PROMPT), HumanMessage(question(data))]
         answer = ""
-        for _ in range(self.max_turns):
+        for _ in range(self.sampling.max_turns):
             reply = await llm.ainvoke(messages)
             answer = str(reply.content)
             if not reply.tool_calls:

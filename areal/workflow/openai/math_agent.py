@@ -1,13 +1,16 @@
-"""Math agents on the plain OpenAI SDK: ``MathAgent`` (one call) and ``MathToolAgent`` (calculator).
+"""Math agents on the plain OpenAI SDK: ``MathAgent`` (one call), ``MultiTurnMathAgent`` (retries
+after a wrong answer, AReaL's) and ``MathToolAgent`` (calculator).
 
 ``workflow=areal.workflow.openai.math_agent.MathAgent`` in the proxy-mode and agent-workflow
-guides. Both are ordinary agents: an ``AsyncOpenAI`` client on the gateway the system hands
-them (``base_url`` / ``api_key`` / ``http_client``, or the environment), a reward at the end.
+guides. All are ordinary agents: an ``AsyncOpenAI`` client on the gateway the system hands them
+(``base_url`` / ``api_key`` / ``http_client``, or the environment), a reward at the end. Each
+takes AReaL's ``workflow_kwargs`` (``temperature``, ``top_p``, ``max_tokens``,
+``max_completion_tokens``, ``max_turns``; ``areal.workflow.common.Sampling``).
 
-``MathToolAgent`` offers the embedded model's calculator (the tool schema and system prompt it
-was trained with), executes every tool call it makes, and answers the tool result back until
-the model gives a final answer or ``max_turns`` calls are spent. Its reward is the final
-answer's; every call of the episode is recorded by the gateway and trained on.
+``MultiTurnMathAgent`` asks again, up to ``max_turns`` times, after an answer the reward rejects,
+and rewards each reply by itself (``{completion_id: reward}``). ``MathToolAgent`` offers the
+embedded model's calculator, executes every tool call and answers it back until the model gives a
+final answer or ``max_turns`` calls are spent.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import gateway_kwargs, math_reward, question, solve_with_calculator
+from areal.workflow.common import Sampling, gateway_kwargs, math_reward, question, solve_with_calculator
+
+RETRY_PROMPT = "Your answer is wrong or could not be read. Read the question again and give the final answer in \\boxed{}."
 
 
 def _client(extra_kwargs: dict[str, Any]) -> AsyncOpenAI:
@@ -25,23 +30,61 @@ def _client(extra_kwargs: dict[str, Any]) -> AsyncOpenAI:
 
 
 class MathAgent(AgentWorkflow):
-    def __init__(self, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        self.temperature, self.max_tokens = temperature, max_tokens
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+        max_turns: int = 1,
+    ) -> None:
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         completion = await _client(extra_kwargs).chat.completions.create(
-            model="default",
-            messages=[{"role": "user", "content": question(data)}],
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
+            model="default", messages=[{"role": "user", "content": question(data)}], **self.sampling.openai_args()
         )
         return await math_reward(completions=completion.choices[0].message.content or "", answer=data["answer"])
 
 
+class MultiTurnMathAgent(AgentWorkflow):
+    def __init__(
+        self,
+        max_turns: int = 4,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
+        client = _client(extra_kwargs)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": question(data)}]
+        rewards: dict[str, float] = {}
+        used = 0
+        for _ in range(self.sampling.max_turns):
+            completion = await client.chat.completions.create(model="default", messages=messages, **self.sampling.openai_args(used))
+            used = completion.usage.total_tokens if completion.usage else used
+            text = completion.choices[0].message.content or ""
+            rewards[completion.id] = reward = await math_reward(completions=text, answer=data["answer"])
+            if reward == 1 or not self.sampling.budget_left(used):
+                break
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": RETRY_PROMPT}]
+        return rewards
+
+
 class MathToolAgent(AgentWorkflow):
-    def __init__(self, temperature: float = 1.0, max_tokens: int = 64, max_turns: int = 4) -> None:
-        self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        max_turns: int = 4,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        answer = await solve_with_calculator(_client(extra_kwargs), data, self.max_turns, self.temperature, self.max_tokens)
+        answer = await solve_with_calculator(_client(extra_kwargs), data, self.sampling)
         return await math_reward(completions=answer, answer=data["answer"])

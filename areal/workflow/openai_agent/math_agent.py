@@ -18,7 +18,7 @@ from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, func
 from agents.extensions.handoff_prompt import RECOMMENDED_PROMPT_PREFIX
 from areal.api.workflow_api import AgentWorkflow
 from areal.utils.dynamic_import import import_from_string
-from areal.workflow.common import TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, math_reward, question
+from areal.workflow.common import TOOL_SYSTEM_PROMPT, Sampling, calculator, gateway_kwargs, math_reward, question
 
 
 def build_math_agent(recommended_prefix: bool = False) -> Agent:
@@ -68,20 +68,24 @@ class MathAgent(AgentWorkflow):
         temperature: float = 1.0,
         max_tokens: int = 64,
         max_turns: int = 4,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
     ) -> None:
         self.builder = import_from_string(agent_builder_path)
         self.builder_kwargs = dict(agent_builder_kwargs or {})
-        self.temperature, self.max_tokens, self.max_turns = temperature, max_tokens, max_turns
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
         run_config = RunConfig(
             model_provider=OpenAIProvider(openai_client=client),
             tracing_disabled=True,
-            model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens),
+            model_settings=ModelSettings(
+                temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_tokens=self.sampling.call_tokens()
+            ),
         )
         result = await Runner.run(
-            self.builder(**self.builder_kwargs), input=question(data), run_config=run_config, max_turns=self.max_turns
+            self.builder(**self.builder_kwargs), input=question(data), run_config=run_config, max_turns=self.sampling.max_turns
         )
         return await math_reward(completions=str(result.final_output or ""), answer=data["answer"])
 

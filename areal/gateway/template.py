@@ -1,0 +1,288 @@
+"""A model's chat template as the gateway renders it: messages -> prompt text, fast and as the servers do.
+
+Rendering calls the tokenizer's compiled Jinja template directly with what ``apply_chat_template``
+would pass it (None-valued keys dropped, reasoning aliases, plain data, the special-tokens map,
+the request's ``chat_template_kwargs``), skipping its per-call wrapper; each message is prepared
+once per turn for all of the turn's renders (``renderer``), and a tools list's template data is
+kept between turns (agents send the same tools every turn; keyed by its order-preserving
+encoding). The template is compiled in an overlay of transformers' sandboxed environment
+(``compile_dict_first``) that answers ``message.role`` and ``loop.first`` without the sandbox's
+exception path, with the sandbox's own answers. A probe conversation is rendered both ways at
+construction, and any difference (another transformers version) falls back to
+``apply_chat_template`` for good.
+
+Messages go to the template as SGLang and vLLM hand them to it (``for_template``):
+- a null ``content`` as "" (Qwen3's template tests ``'</think>' in message.content``);
+- tool-call arguments as objects where the template takes objects (``arguments|items`` of
+  Qwen3-Coder, ``arguments|tojson`` of Llama 3.1, DeepSeek and GPT-OSS), as text where it writes
+  text verbatim (Qwen2.5's ``arguments if arguments is string``, and the embedded model's). A
+  probe at construction decides (``argument_objects``): objects when text arguments fail to render
+  or come out JSON-quoted.
+
+A template that refuses the messages (``raise_exception``, a filter on the wrong type) makes
+``render_text`` raise a 400 ``RequestError`` naming ``messages``; ``renderer`` lets the template's
+error through for callers that fall back instead. ``check_template_kwargs`` refuses kwargs that
+would collide with the render's own arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from types import MethodType
+from typing import Any
+
+import msgspec
+from jinja2 import TemplateError
+
+from areal.gateway.contract import RequestError
+
+THINK_OPEN = "<think>"
+# What a template raises on messages it refuses: raise_exception's TemplateError, and the filters'
+# TypeError / ValueError (``str + none``, ``items`` of a string): a 400, not a server error.
+TEMPLATE_ERRORS = (TemplateError, TypeError, ValueError, KeyError, IndexError)
+_ordered_encoder = msgspec.json.Encoder()  # keeps dict key order (the template sees it)
+_TOOLS_CACHE = 64  # tools lists kept as template data, across sessions
+_TOOLS_CACHE_BYTES = 4 << 20  # tools lists kept, counted by their encodings (their template data is a few times that)
+_PROBE = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u", "name": None},
+    {"role": "assistant", "content": "a", "reasoning_content": "r"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "id": "c", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+    },
+    {"role": "tool", "content": "t", "tool_call_id": "c"},
+    {"role": "user", "content": "v"},
+]
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # names getattr answers on a plain dict (its methods)
+_MISSING = object()
+# names a request's chat_template_kwargs may not take: the render's own arguments (the template's,
+# and apply_chat_template's when that renders)
+_RESERVED_KWARGS = frozenset(
+    (
+        "messages conversation tools documents add_generation_prompt continue_final_message chat_template tokenize "
+        "padding truncation max_length return_tensors return_dict return_assistant_tokens_mask tokenizer_kwargs"
+    ).split()
+)
+
+
+class ChatTemplate:
+    """The tokenizer's chat template, compiled for direct rendering where that is exact."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.tools_cache: dict[bytes, list[Any]] = {}  # template data of a tools list, by its encoding
+        self._tools_cache_bytes = 0
+        self.compiled: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
+        self._special_tokens: dict[str, Any] = {}
+        self._plain: Callable[[Any], Any] = _identity
+        self.argument_objects = False
+        self.argument_objects = self._wants_argument_objects()
+        self._compile()
+        # a template that can leave <think> open at the end of a prompt (Qwen3.5, DeepSeek-V3.1 thinking)
+        self.thinks = any(THINK_OPEN in (self._source(has) or "") for has in (False, True))
+
+    def _source(self, tools: bool) -> str | None:
+        try:
+            return self.tokenizer.get_chat_template(None, _PROBE_TOOLS if tools else None)
+        except (ValueError, AttributeError):  # no chat template
+            return None
+
+    def _wants_argument_objects(self) -> bool:
+        """Whether tool-call arguments go to the template as objects (see the module docstring)."""
+        call = {"type": "function", "id": "c", "function": {"name": "f", "arguments": '{"x": 1}'}}
+        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+        try:
+            text = self.wrapper_text(probe, _PROBE_TOOLS, False)
+        except Exception:  # deliberate: any failure of the template on text arguments is the evidence
+            return True
+        return '\\"x\\"' in text
+
+    def _compile(self) -> None:
+        """Compiled templates for direct rendering, kept only if they render the probe exactly as
+        ``apply_chat_template`` does, with tools and without."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+
+            compiled = {
+                has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None)) for has in (False, True)
+            }
+        except (ImportError, AttributeError, ValueError, TypeError):  # no template, or another transformers
+            return
+        self._plain = _plain_template_data
+        self._special_tokens = _plain_template_data(dict(self.tokenizer.special_tokens_map))
+        self.compiled = {
+            has: compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
+            for has, t in compiled.items()
+        }
+        for tools in (None, _PROBE_TOOLS):
+            for n, gen in ((len(_PROBE), True), (3, False)):
+                try:
+                    ok = self.render_text(_PROBE[:n], tools, gen) == self.wrapper_text(_PROBE[:n], tools, gen)
+                except Exception:  # a template that rejects the probe: no evidence, so no fast path
+                    ok = False
+                if not ok:
+                    self.compiled = {}
+                    return
+
+    def wrapper_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:
+        """The render through ``apply_chat_template`` (the reference the fast path is checked against)."""
+        messages = [for_template(m, self.argument_objects) for m in messages]
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **(template_kwargs or {})
+        )
+
+    def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:
+        """The template's text for ``messages``; a template that refuses them is a 400 naming it."""
+        render = self.renderer(messages, tools, template_kwargs)
+        try:
+            return render(len(messages), generation)
+        except TEMPLATE_ERRORS as e:
+            raise RequestError(400, f"the model's chat template cannot render these messages: {e}", param="messages") from None
+
+    def renderer(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None) -> Callable[[int, bool], str]:
+        """``render(n, generation)`` of ``messages[:n]``: each message is prepared once, for every render.
+        ``template_kwargs``: the request's ``chat_template_kwargs`` (e.g. Qwen3's ``enable_thinking``)."""
+        if not self.compiled:
+            return lambda n, generation: self.wrapper_text(messages[:n], tools, generation, template_kwargs)
+        plain, objects = self._plain, self.argument_objects
+        chat = [_template_message(for_template(m, objects), plain) for m in messages]
+        tools = self._template_tools(tools) if tools else None
+        template = self.compiled[tools is not None]
+        kwargs = {**self._special_tokens, **_plain_json(template_kwargs, plain)} if template_kwargs else self._special_tokens
+
+        def render(n: int, generation: bool) -> str:
+            return template.render(messages=chat[:n], tools=tools, documents=None, add_generation_prompt=generation, **kwargs)
+
+        return render
+
+    def _template_tools(self, tools: list[dict]) -> list[Any]:
+        """``_plain_json(tools)``, kept by the tools' order-preserving encoding: an agent sends the
+        same tools every turn, and their plain copy is most of a turn's preparation. Sharing one
+        copy across renders is safe: the sandbox is immutable, so no template can change it."""
+        key = _ordered_encoder.encode(tools)  # key order kept: ``tojson`` writes keys in order
+        plain = self.tools_cache.get(key)
+        if plain is None:
+            plain = _plain_json(tools, self._plain)
+            if len(key) > _TOOLS_CACHE_BYTES // 8:  # no agent's tools are this large: not worth an eighth of it
+                return plain
+            if len(self.tools_cache) >= _TOOLS_CACHE or self._tools_cache_bytes + len(key) > _TOOLS_CACHE_BYTES:
+                self.tools_cache.clear()
+                self._tools_cache_bytes = 0
+            self.tools_cache[key] = plain
+            self._tools_cache_bytes += len(key)
+        return plain
+
+
+def check_template_kwargs(kwargs: Any) -> None:
+    """A request's ``chat_template_kwargs``: None, or an object keyed by names the template may take."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() and k not in _RESERVED_KWARGS for k in kwargs):
+        raise RequestError(
+            400,
+            'chat_template_kwargs must be an object of the chat template\'s keyword arguments, e.g. {"enable_thinking": false} '
+            f"(not {', '.join(sorted(_RESERVED_KWARGS))})",
+            param="chat_template_kwargs",
+        )
+
+
+def for_template(message: dict, objects: bool) -> dict:
+    """A message as SGLang and vLLM hand it to the template: a null content as "", and tool-call
+    arguments as objects when ``objects``. The request's dict is not changed."""
+    if "content" in message and message["content"] is None:
+        message = {**message, "content": ""}
+    return with_argument_objects(message) if objects else message
+
+
+def with_argument_objects(message: dict) -> dict:
+    """``message`` with its tool calls' JSON-text arguments as objects (text that is not a JSON
+    object stays text); the request's dict is not changed."""
+    calls = message.get("tool_calls")
+    if not calls or not isinstance(calls, list):
+        return message
+    converted = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            value = _decode_arguments(args)
+            if isinstance(value, dict):
+                call = {**call, "function": {**fn, "arguments": value}}
+        converted.append(call)
+    return {**message, "tool_calls": converted}
+
+
+def _decode_arguments(text: str) -> Any:
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:  # deliberate: arguments that are not JSON stay text, as the client sent them
+        return None
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _template_message(message: dict, plain: Callable[[Any], Any]) -> dict:
+    """What ``apply_chat_template`` hands the template for one message, in one pass: None-valued
+    keys dropped, the reasoning aliases, plain JSON data (``_plain_json``)."""
+    m = {k if type(k) is str else plain(k): v if type(v) is str else _plain_json(v, plain) for k, v in message.items() if v is not None}
+    if "reasoning_content" in m or "thinking" in m or "reasoning" in m:
+        reasoning = next(m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m)
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
+
+
+def _plain_json(value: Any, plain: Callable[[Any], Any]) -> Any:
+    """``plain(value)`` (transformers' rebuild of template data out of JSON types), answered here for
+    the exact JSON types a decoded request is made of: the same copy without a Python call and
+    ABC check per leaf. Any other type (a str subclass, a dataclass, a pydantic model) goes to ``plain``."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else plain(k): _plain_json(v, plain) for k, v in value.items()}
+    if kind is list:
+        return [_plain_json(v, plain) for v in value]
+    return plain(value)
+
+
+def compile_dict_first(environment: Any, source: str) -> Any:
+    """``source`` compiled in an overlay of a sandboxed Jinja environment, made cheaper per render.
+
+    - ``getattr`` on a plain dict is one lookup. The sandbox resolves ``message.role`` as
+      ``getattr(message, "role")``, which raises ``AttributeError`` for every dict key before it
+      tries ``message["role"]``; the exceptions were most of a render's cost. For an exact ``dict``
+      and a name that is not one of ``dict``'s attributes, the sandbox's answer is the item or
+      ``undefined``, so answer that directly. Any other object or name (``message.items``,
+      ``"x".strip``) takes the sandbox's path.
+    - ``loop.first`` and friends likewise: for an exact ``LoopContext`` (no ``__getitem__``, none of
+      the types or mutable ABCs the sandbox guards) and a name without a leading underscore, the
+      sandbox's answer is the attribute or ``undefined``, after a dozen ``isinstance`` checks.
+    - The template's globals are one flat dict instead of a ChainMap over the environment's: each
+      render copies them into its context, and iterating a ChainMap is a Python loop per key. They
+      are fixed when transformers compiles the template, so the snapshot is exact.
+    """
+    from jinja2.runtime import LoopContext
+
+    overlay = environment.overlay()
+    sandboxed = type(environment).getattr
+
+    def getattr_dict_first(self: Any, obj: Any, attribute: str) -> Any:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            value = obj.get(attribute, _MISSING)
+        elif kind is LoopContext and attribute[:1] != "_":
+            value = getattr(obj, attribute, _MISSING)
+        else:
+            return sandboxed(self, obj, attribute)
+        return self.undefined(obj=obj, name=attribute) if value is _MISSING else value
+
+    overlay.getattr = MethodType(getattr_dict_first, overlay)  # an instance attribute: only this overlay changes
+    template = overlay.from_string(source)
+    template.globals = dict(template.globals)
+    return template

@@ -1,0 +1,124 @@
+"""The client the runners hand an agent, made acceptable to SDKs built on ``httpx2``.
+
+    run(data, http_client=H)        H: the httpx.AsyncClient of the runner (inline: the gateway's
+      │                               HTTP door; sandboxed: sandbox.relay.ZmqTransport to its ZeroMQ door)
+      ├─ openai.AsyncOpenAI(http_client=H)        takes H as it is
+      └─ anthropic.AsyncAnthropic(http_client=H)  anthropic >= 2.11 is built on httpx2, a fork of httpx,
+            │                                     and refuses every httpx object; given H itself it gets
+            ▼                                     instead, per client it builds,
+         httpx2.AsyncClient(transport=Bridge(H))  every request sent with H.send(): the same destination,
+                                                  transport, connection pool and limits as H
+
+So an agent written as AReaL's are, ``AsyncAnthropic(base_url=..., api_key=...,
+http_client=extra_kwargs["http_client"])``, runs unchanged in both modes.
+
+Invariants: only the clients the runners hand out (``areal.agent.hand_out`` adds them to
+``HANDED``; matched by identity) are replaced, so a client the agent makes itself reaches the
+SDK untouched (an httpx one is refused by the SDK as before); closing the SDK's client never
+closes H, which the runner owns and shares between episodes; transport errors keep their kind
+(an httpx ``ReadTimeout`` reaches the SDK as httpx2's, so its timeout handling applies).
+``install`` wraps ``anthropic.AsyncAnthropic.__init__`` once per process: the zygote does it
+before forking, the inline runner when it starts.
+
+What is covered: ``AsyncAnthropic`` and the clients it derives (``copy``, ``with_options``). Not
+covered: the synchronous ``Anthropic`` (the handed client is async) and SDKs on httpx2 other
+than anthropic (none is pinned).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import httpx2
+
+HANDED: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()  # the clients the runners hand agents
+_installed = False
+
+
+# Dropped from the response handed on: its body goes decoded (httpx has decoded it, or read it
+# whole already, as for in-process transports), so httpx2 must not decode it again.
+_ENCODING_HEADERS = frozenset({b"content-encoding", b"content-length"})
+
+
+class _Body(httpx2.AsyncByteStream):
+    """The httpx response's decoded bytes as an httpx2 stream, chunk by chunk as they arrive."""
+
+    def __init__(self, response: httpx.Response, request: httpx2.Request) -> None:
+        self._response, self._request = response, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_bytes():
+                yield chunk
+        except httpx.TransportError as e:
+            raise _as_httpx2(e, self._request) from e
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class Bridge(httpx2.AsyncBaseTransport):
+    """An httpx2 transport that sends each request through an httpx client."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        out = httpx.Request(
+            request.method,
+            str(request.url),
+            headers=request.headers.raw,
+            content=await request.aread(),
+            extensions={"timeout": request.extensions.get("timeout", {})},
+        )
+        try:
+            response = await self.client.send(out, stream=True)
+        except httpx.TransportError as e:
+            raise _as_httpx2(e, request) from e
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _ENCODING_HEADERS]
+        return httpx2.Response(response.status_code, headers=headers, stream=_Body(response, request), request=request)
+
+    # aclose: inherited, does nothing: the handed client is the runner's, not the SDK's
+
+
+def _as_httpx2(error: httpx.TransportError, request: httpx2.Request) -> httpx2.TransportError:
+    """httpx2's exception of the same name (``ReadTimeout``, ``ConnectError`` ...)."""
+    cls = getattr(httpx2, type(error).__name__, None)
+    if not (isinstance(cls, type) and issubclass(cls, httpx2.TransportError)):
+        cls = httpx2.TimeoutException if isinstance(error, httpx.TimeoutException) else httpx2.TransportError
+    return cls(str(error), request=request)
+
+
+def bridged(client: httpx.AsyncClient) -> httpx2.AsyncClient:
+    """A new httpx2 client sending through ``client``, with its timeouts (the SDKs read them)."""
+    return httpx2.AsyncClient(transport=Bridge(client), timeout=httpx2.Timeout(**client.timeout.as_dict()), trust_env=False)
+
+
+def install() -> None:
+    """Have ``anthropic.AsyncAnthropic`` take a handed client as its bridge (once per process; a
+    no-op without anthropic, or with an anthropic still built on httpx, which takes it as it is)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    try:
+        import anthropic
+    except ImportError:
+        return
+    if not issubclass(anthropic.DefaultAsyncHttpxClient, httpx2.AsyncClient):  # anthropic < 2.11: httpx
+        return
+    init = anthropic.AsyncAnthropic.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        client = kwargs.get("http_client")
+        if client is not None and client in HANDED:
+            kwargs["http_client"] = bridged(client)
+        init(self, *args, **kwargs)
+
+    anthropic.AsyncAnthropic.__init__ = __init__
+
