@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model test-models chat-templates demo test test-vllm test-sglang-app lint bench clean
+.PHONY: venv model test-models chat-templates demo test test-vllm test-sglang-app check-install lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -67,8 +67,18 @@ test-vllm: test-models
 # the private venv first (once: about 5 minutes, 2.5 GB, in $$AREAL_CACHE/sglang-venv, so CI builds
 # it fresh; $$AREAL_SGLANG_VENV overrides); AREAL_REQUIRE_SGLANG_APP=1 turns the tests' skip into a failure.
 test-sglang-app: test-models
-	$(VPY) tests/sglang_app/env.py
+	$(VPY) -m benchmarks.sglang_env
 	AREAL_REQUIRE_SGLANG_APP=1 $(VPY) -m pytest -q tests/test_sglang_app.py $(ARGS)
+
+# The package as a user installs it: `pip install .` into a new venv (its declared dependencies,
+# torch pinned by constraints.txt), then the entry point's --help, run outside the source tree.
+INSTALL_VENV ?= $(or $(AREAL_CACHE),$(HOME)/.cache/areal)/install-check-venv
+check-install:
+	rm -rf $(INSTALL_VENV)
+	$(PY) -m venv $(INSTALL_VENV)
+	$(INSTALL_VENV)/bin/pip install -q -c constraints.txt .
+	cd / && $(INSTALL_VENV)/bin/python -m areal.train --help > /dev/null && echo "pip install . then python -m areal.train --help: ok"
+	rm -rf $(INSTALL_VENV)
 
 # ruff: lint (pyflakes, import order, a few bugbear checks) and the formatter, as pyproject.toml configures them.
 lint: venv

@@ -2,7 +2,7 @@
 
 SGLang cannot run here (its scheduler needs CUDA), but its front end can: ``tests/sglang_app/
 serve.py`` starts SGLang's real ``launch_server`` (FastAPI app, TokenizerManager,
-DetokenizerManager, warm-up) from a private venv (``tests/sglang_app/env.py``) with a stand-in
+DetokenizerManager, warm-up) from a private venv (``benchmarks/sglang_env.py``) with a stand-in
 for the scheduler that generates by a fixed rule. So every request below passes SGLang's own
 validation (``GenerateReqInput`` and its normalisation, ``SamplingParams`` normalize/verify,
 length checks, the admin routes' pydantic bodies), and every answer is shaped by SGLang's own
@@ -34,7 +34,6 @@ from pathlib import Path
 import pytest
 import test_sglang_protocol as protocol
 import torch
-from sglang_app.env import SERVE, sglang_python
 from sglang_app.serve import script_logprob, script_token
 from test_sglang_protocol import (
     test_abort_request_returns_partial_tokens,
@@ -59,6 +58,7 @@ from areal.protocol import GatewayRequest
 from areal.trainer.publish import push_weights
 from areal.trainer.weight_sync import CollectiveWeightPush
 from areal.trainer.weight_sync import free_port as sync_free_port
+from benchmarks.sglang_env import SERVE, sglang_python
 
 PROMPT = [11, 12, 13, 14]
 IMPORTED = {
@@ -85,7 +85,7 @@ def sglang() -> Path:
     """The private venv's python, or a skip (a failure under AREAL_REQUIRE_SGLANG_APP)."""
     python = sglang_python()
     if python is None:
-        reason = "SGLang's server venv is not built (make test-sglang-app builds it: python tests/sglang_app/env.py)"
+        reason = "SGLang's server venv is not built (make test-sglang-app builds it: python -m benchmarks.sglang_env)"
         if os.environ.get("AREAL_REQUIRE_SGLANG_APP"):
             pytest.fail(reason)
         pytest.skip(reason)
