@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
+from areal.failures import classify_exception
 from areal.protocol import EpisodeOutcome
 
 
@@ -259,8 +260,10 @@ def _listed(problems: list[str]) -> str:
 
 
 def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -> EpisodeOutcome:
+    """An error outcome holding the traceback and the failure's class (``areal/failures.py``)."""
     text = "".join(traceback.format_exception(exc))
-    return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s)
+    failure_class, failure_cause = classify_exception(exc)
+    return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s, failure_class=failure_class, failure_cause=failure_cause)
 
 
 def class_spec(cls: type) -> str | None:

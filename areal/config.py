@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.gateway import GatewayConfig
+from areal.trackers import TrackerConfig, check_loggers
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
 
@@ -125,8 +126,13 @@ class RolloutConfig:
     # A dead sandbox zygote is restarted (its in-flight groups re-admitted) at most this often;
     # one more death stops the run, naming it.
     max_zygote_restarts: int = 3
-    # The run stops when this share of the last failure_window episodes failed (error, timeout,
-    # crash, oom; not the infrastructure failures a restart absorbs), whatever it accepted before.
+    # The reward of an episode the policy failed (a call to a tool the agent lacks, arguments the
+    # SDK rejects, the turn limit, a context its own outputs overflowed; areal/failures.py): its
+    # recorded completions are trained with it, in its group's statistics. Within reward_range.
+    policy_failure_reward: float = 0.0
+    # The run stops when agent and infrastructure failures (error, timeout, crash, oom; not policy
+    # failures, which are trained on, nor the infrastructure failures a zygote restart absorbs)
+    # make up this share of the last failure_window episodes, whatever it accepted before.
     max_failure_rate: float = 0.9
     failure_window: int = 0  # 0: max(64, 2 x groups_per_step x n_samples)
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
@@ -153,6 +159,10 @@ class RolloutConfig:
                 f"+-{f32_max:.4g} (rewards travel as float32), got {r!r}"
             )
         self.reward_range = [float(r[0]), float(r[1])]
+        p = self.policy_failure_reward
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not r[0] <= p <= r[1]:
+            raise ValueError(f"rollout.policy_failure_reward must be a number within rollout.reward_range {self.reward_range}, got {p!r}")
+        self.policy_failure_reward = float(p)
         if self.max_zygote_restarts < 0:
             raise ValueError(f"rollout.max_zygote_restarts must be >= 0, got {self.max_zygote_restarts}")
         if not 0 < self.max_failure_rate <= 1:
@@ -199,10 +209,15 @@ class TrainConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # Where the run's numbers go (areal/trackers.py): any of jsonl (metrics.jsonl, evals.jsonl),
+    # console, wandb, tensorboard; the settings of each are under `tracker`.
+    logger: list[str] = field(default_factory=lambda: ["jsonl"])
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
         if self.ring_capacity_mb < 1:
             raise ValueError("ring_capacity_mb must be >= 1")
+        check_loggers(self.logger)
         if self.engine.kind == "vllm" and self.trainer.weight_sync != "disk":
             raise ValueError(
                 "engine.kind=vllm takes weights from disk only: set trainer.weight_sync=disk "

@@ -14,12 +14,15 @@ groups) may start only while ``g < (version + 1 + max_head_offpolicyness) * grou
 where ``version`` is the trainer's latest published policy. With a bound of 0 the loop is
 synchronous; with 1, the next step's rollouts overlap the current optimizer step.
 
-Failure policy: a failed episode (error, timeout, crash) is logged with its reason in
-``episodes.jsonl`` and counted in the metrics; it is not trained on. An episode whose rewards lie
-(not finite, outside ``rollout.reward_range``, of a wrong type, or naming completions that are
-not its own) is such a failure, its error naming the bad entries: it affects neither the other
-episodes of its group nor the run. A group whose episodes all failed is replaced by a new
-prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
+Failure policy: a failed episode (error, timeout, crash) is logged with its reason and its class
+in ``episodes.jsonl`` and counted per class in the metrics (``areal/failures.py`` decides the
+class). A policy failure (the model's output made the agent fail) is trained on with
+``rollout.policy_failure_reward``, in its group; an agent or infrastructure failure is not trained
+on and is left out of its group, whose advantages are normalised over the rest. An episode whose
+rewards lie (not finite, outside ``rollout.reward_range``, of a wrong type, or naming completions
+that are not its own) is an agent failure, its error naming the bad entries: it affects neither
+the other episodes of its group nor the run. A group with nothing to train on is replaced by a
+new prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
 failure's reason rather than spinning. A dead engine or trainer stops the
 run with a named error and the tail of its log.
 """
@@ -30,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -53,14 +57,16 @@ from areal.agent import (
     load_reward_fn,
 )
 from areal.api.workflow_api import workflow_kind
-from areal.config import TrainConfig
+from areal.config import TrainConfig, to_dict
 from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
 from areal.engine.serving import start_engines
 from areal.evaluation import evaluate, paired_test, reward_trend
-from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
+from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
+from areal.failures import CLASSES as FAILURE_CLASSES
+from areal.gateway import Gateway, GatewayConfig, Interaction, Session, serve_http, serve_zmq
 from areal.jsonl import json_line
 from areal.plots import plot_reward_curve
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
@@ -75,6 +81,7 @@ from areal.protocol import (
     frame,
 )
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
+from areal.trackers import open_trackers
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
@@ -138,9 +145,9 @@ class Controller:
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         r = config.rollout
-        # Whether each of the last episodes failed (infrastructure failures absorbed by a restart
-        # excluded): the failure-rate stop rule reads it.
-        self.recent_failed: collections.deque[bool] = collections.deque(
+        # The failure class of each of the last episodes ("" when not failed; infrastructure
+        # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
+        self.recent_classes: collections.deque[str] = collections.deque(
             maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples)
         )
         self.zygote_restarts = 0
@@ -150,7 +157,8 @@ class Controller:
         self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
-        self.metrics_log = open(run_dir / "metrics.jsonl", "a")
+        # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/trackers.py)
+        self.tracker = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
         self.step_metrics: list[dict[str, Any]] = []
         self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
@@ -159,12 +167,16 @@ class Controller:
     # ---- the run --------------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
+        finished = False
         try:
-            return await self._run()
+            summary = await self._run()
+            finished = True
+            return summary
         finally:  # the trainer has stopped: its trained-episode lists are final, nothing writes
             self._report_untrained()
             for path in remove_partial_writes(self.run_dir):
                 tqdm.write(f"[run] removed the partial write {path}")
+            self.tracker.close(finished)
 
     def _report_untrained(self) -> None:
         """List the episodes that reached the ring but no optimizer step (the run ended first) in
@@ -198,6 +210,8 @@ class Controller:
                 supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, model_dir))
                 stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
             gateway = Gateway(engine, tokenizer, self._gateway_config(model_dir))
+            if self.grouping is not None:  # ArealOpenAI clients of the workflow keep the run's limits
+                self.grouping.gateway_config = gateway.config
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
             zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
             stack.callback(zmq_task.cancel)
@@ -238,6 +252,7 @@ class Controller:
                 tqdm.write(
                     f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
                 )
+                self.tracker.log_eval("before", eval_before, 0)
 
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
@@ -258,6 +273,8 @@ class Controller:
                 if eval_set
                 else None
             )
+            if eval_after:
+                self.tracker.log_eval("after", eval_after, self.version)
             return self._finish(eval_before, eval_after)
 
     async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
@@ -392,8 +409,10 @@ class Controller:
                 break
             if not await self._restart_sandbox(runner, next(o.error for o, _ in results if o.status == "crashed")):
                 return
-        self._count_failures([(o, o.status != "ok" or not s.interactions) for o, s in results])
-        good = [(o, s) for o, s in results if o.status == "ok" and s.interactions]
+        self._count_failures([o for o, _ in results])
+        # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
+        # completions the gateway recorded; agent and infrastructure failures leave the group.
+        good = [(o, s) for o, s in results if (o.status == "ok" or o.failure_class == POLICY) and s.interactions]
         if not good:
             self._group_failed(results[0][0])
             return
@@ -404,14 +423,18 @@ class Controller:
         each call gets its line in episodes.jsonl; each row of the ok calls is one Trajectory, all
         normalised together (group_size = rows); no rows at all fails the group."""
         calls = await self.grouping.run_group(engine, problem, group_id)
-        self._count_failures([(c.outcome, not c.rows) for c in calls])
-        for c in calls:
-            self.window.append(c.outcome)
+        # A call's rows are exported only when it returned: a failed one has nothing to train.
+        outcomes = [classify_outcome(c.outcome, bool(c.rows)) for c in calls]
+        self._count_failures(outcomes)
+        for c, outcome in zip(calls, outcomes):
+            self.window.append(outcome)
             rows = c.rows
             record = {
                 "episode_id": c.outcome.episode_id,
                 "group_id": group_id,
                 "status": c.outcome.status,
+                "failure_class": outcome.failure_class,
+                "failure_cause": outcome.failure_cause,
                 "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
                 "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
                 "interactions": len(rows),
@@ -422,9 +445,10 @@ class Controller:
                 "log_tail": c.outcome.log_tail,
             }
             self.episode_log.write(json_line(record))
+            self.tracker.offer_episode(functools.partial(self._table_row, record, [r.interaction for r in rows.values()]))
         rows = [row for c in calls for row in c.rows.values()]
         if not rows:
-            self._group_failed(calls[0].outcome)
+            self._group_failed(outcomes[0])
             return
         await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows)])
 
@@ -447,17 +471,26 @@ class Controller:
             self.sandbox_generation += 1
             return True
 
-    def _count_failures(self, outcomes: list[tuple[EpisodeOutcome, bool]]) -> None:
-        """Feed the failure-rate window with (outcome, failed): failed is a status other than ok,
-        or no interaction recorded. Sets the run's failure once the window is full and the share
-        of failed episodes in it reaches ``rollout.max_failure_rate``."""
-        self.recent_failed.extend(failed for _, failed in outcomes)
-        window, bound = self.recent_failed, self.config.rollout.max_failure_rate
-        if len(window) == window.maxlen and sum(window) >= bound * len(window) and self.failure is None:
-            example = next((o for o, failed in outcomes if failed), outcomes[0][0])
+    def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
+        """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
+        run's failure once the window is full and the agent and infrastructure failures in it, the
+        episodes the run could not train on, reach ``rollout.max_failure_rate``; the reason names
+        each class's count and an example of the larger. Policy failures are trained on: they
+        never stop the run."""
+        self.recent_classes.extend(o.failure_class for o in outcomes)
+        window, bound = self.recent_classes, self.config.rollout.max_failure_rate
+        counts = {c: sum(1 for k in window if k == c) for c in (INFRASTRUCTURE, AGENT)}
+        lost = sum(counts.values())
+        if len(window) == window.maxlen and lost >= bound * len(window) and self.failure is None:
+            worst = max(counts, key=lambda c: counts[c])  # infrastructure first on a tie
+            example = next((o for o in outcomes if o.failure_class == worst), None) or next(
+                (o for o in outcomes if o.failure_class in counts), outcomes[0]
+            )
             self.failure = (
-                f"{sum(window)} of the last {len(window)} episodes failed (rollout.max_failure_rate="
-                f"{bound}); e.g. status={example.status} error={example.error[-2000:] or 'no interactions recorded'}"
+                f"{lost} of the last {len(window)} episodes failed (rollout.max_failure_rate={bound}): "
+                f"infrastructure {counts[INFRASTRUCTURE]}, agent {counts[AGENT]} (policy failures are trained on, not "
+                f"counted); e.g. {example.failure_class or 'no'} failure ({example.failure_cause}): status={example.status} "
+                f"error={example.error[-2000:] or 'no interactions recorded'}"
             )
 
     def _engine_death(self) -> str | None:
@@ -490,7 +523,10 @@ class Controller:
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1
         if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
-            self.failure = f"the first {self.failed_groups} groups all failed; first episode: status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
+            self.failure = (
+                f"the first {self.failed_groups} groups all failed; first episode: {first.failure_class or 'no'} failure "
+                f"({first.failure_cause}): status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
+            )
 
     async def _publish(self, rings: list[RingWriter], trajectories: list[Trajectory]) -> None:
         """A whole group into one ring (round-robin over ranks), in order; then it counts.
@@ -517,6 +553,7 @@ class Controller:
             session = gateway.close_session(key)
             why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
             cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
+            cut = classify_outcome(cut, bool(session.interactions))
             self._log_episode(cut, session, group_id)
             raise
         except BaseException:
@@ -538,6 +575,9 @@ class Controller:
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
         outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.config.rollout.reward_range)
+        outcome = classify_outcome(outcome, bool(session.interactions))
+        if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
+            outcome = msgspec.structs.replace(outcome, reward=self.config.rollout.policy_failure_reward, rewards_by_id={})
         self.window.append(outcome)
         return outcome, session
 
@@ -564,6 +604,8 @@ class Controller:
             "episode_id": o.episode_id,
             "group_id": group_id,
             "status": o.status,
+            "failure_class": o.failure_class,
+            "failure_cause": o.failure_cause,
             "reward": o.reward if o.reward is not None else sum(o.rewards_by_id.values()),
             "versions": sorted({i.version for i in inters}),
             "interactions": len(inters),
@@ -574,6 +616,21 @@ class Controller:
             "log_tail": o.log_tail,
         }
         self.episode_log.write(json_line(record))
+        self.tracker.offer_episode(functools.partial(self._table_row, record, inters))
+
+    def _table_row(self, record: dict[str, Any], inters: list[Interaction]) -> dict[str, Any]:
+        """An episode's row in the trackers' tables: its first prompt and every call's reply, decoded
+        (only for the episodes the trackers sample)."""
+        decode = self.tokenizer.decode
+        return {
+            "episode_id": record["episode_id"],
+            "status": record["status"],
+            "reward": record["reward"],
+            "n_calls": len(inters),
+            "prompt": decode(inters[0].prompt_ids) if inters else "",
+            "calls": "\n".join(f"[{i + 1}] {decode(x.output_ids)}" for i, x in enumerate(inters)),
+            "error": record["error"],
+        }
 
     # ---- trainer reports ------------------------------------------------------------------
 
@@ -613,12 +670,12 @@ class Controller:
             "consumed": r.consumed,
             **r.metrics,
             **{f"episodes_{k}": v for k, v in statuses.items()},
+            **{f"failures_{c}": sum(1 for o in window if o.failure_class == c) for c in FAILURE_CLASSES},
             **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
             "time": time.time(),
         }
         self.step_metrics.append(row)
-        self.metrics_log.write(json_line(row))
-        self.metrics_log.flush()
+        self.tracker.log_step(row)
         self.episode_log.flush()
 
     async def _wait(self) -> None:
@@ -630,7 +687,6 @@ class Controller:
 
     def _finish(self, eval_before: dict | None, eval_after: dict | None) -> dict[str, Any]:
         self.episode_log.close()
-        self.metrics_log.close()
         if self.saved is not None:
             self.saved.close()
         trend = reward_trend([m["reward_mean"] for m in self.step_metrics])

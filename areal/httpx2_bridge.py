@@ -121,4 +121,3 @@ def install() -> None:
         init(self, *args, **kwargs)
 
     anthropic.AsyncAnthropic.__init__ = __init__
-

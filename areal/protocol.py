@@ -91,6 +91,8 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     status: "ok" (run() returned), "error" (run() raised; ``error`` holds the traceback),
     "timeout" (deadline passed; the process group was killed), "crashed" (died by a signal or
     a non-zero exit without reporting), "oom" (killed by the memory limit).
+    failure_class / failure_cause: why it failed ("policy", "agent" or "infrastructure", and the
+    exception or status that decided; ``areal/failures.py``), "" while undecided or ok.
     """
 
     episode_id: str
@@ -102,6 +104,8 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     exit_code: int | None = None
     wall_s: float = 0.0
     log_tail: str = ""  # the end of a failed episode's log (stdout and stderr), apart from the reason
+    failure_class: str = ""
+    failure_cause: str = ""
 
 
 ZygoteInbound = SpawnEpisode | Shutdown
@@ -179,7 +183,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     error: str = ""  # human-readable failure reason (traceback tail); "" when the episode is ok
     # ---- schema 2 ----
     drift: int = 0  # times the agent rewrote history, so a call started a new branch
-    failure_kind: str = ""  # machine-readable failure class ("timeout", "crashed", ...); "" = ok
+    failure_kind: str = ""  # "" = ok; "policy": a policy failure trained with rollout.policy_failure_reward
     policy_version_start: int = -1  # version the engine served when the episode started; -1 unknown
     policy_version_end: int = -1  # version it served when the episode ended; -1 unknown
     created: float = 0.0  # unix time the record was built; 0.0 = unknown (schema 1)

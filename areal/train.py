@@ -4,7 +4,9 @@ Composes `areal/conf/config.yaml` over the `TrainConfig` schema (registered with
 an unknown key or a wrong type fails at composition, and `--cfg job` prints every key), converts
 it at once into the typed `TrainConfig` (`OmegaConf.to_object`), saves the resolved
 config as JSON in the run directory, and runs the loop of `areal.controller`. In a multirun
-(`-m`), each run then rebuilds the sweep summary (`areal.sweep`) in the sweep directory. Runs are
+(`-m`), the sweep's runs share one tracker group (`tracker.wandb.group`, by default
+`<experiment_name>/<sweep dir name>`), and each run then rebuilds the sweep summary
+(`areal.sweep`) in the sweep directory. Runs are
 isolated by construction: the controller names sockets and shared memory by a per-run id and
 takes its ports from bind(0).
 """
@@ -38,8 +40,12 @@ def main(cfg: DictConfig) -> dict:
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, TrainConfig)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per agent request otherwise
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # a sweep's runs are one group in the trackers
+        w = config.tracker.wandb
+        w.group = w.group or f"{config.experiment_name}/{_sweep_dir(run_dir).name}"
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     try:
         summary = run_loop(_until_signalled(train(config, run_dir)))
@@ -48,16 +54,19 @@ def main(cfg: DictConfig) -> dict:
         print(f"\nrun interrupted; partial results in {run_dir}", file=sys.stderr)
         raise SystemExit(130) from None
     _print_summary(summary)
-    hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:  # every run rebuilds the sweep's table and plot from disk
         from areal.sweep import write_sweep_summary
 
-        # The run dir is <sweep dir>/<subdir>; going up from it (not re-reading sweep.dir, which
-        # may interpolate ${now:...}) names the directory this run really lives in.
-        sweep_dir = run_dir.parents[len(Path(str(hydra_cfg.sweep.subdir)).parts) - 1]
+        sweep_dir = _sweep_dir(run_dir)
         rows = write_sweep_summary(sweep_dir)
         print(f"sweep summary: {sweep_dir / 'sweep_summary.md'} ({len(rows)} finished runs)")
     return summary
+
+
+def _sweep_dir(run_dir: Path) -> Path:
+    """The sweep directory of a multirun's run: the run dir is <sweep dir>/<subdir>; going up from
+    it (not re-reading sweep.dir, which may interpolate ${now:...}) names the one it really lives in."""
+    return run_dir.parents[len(Path(str(HydraConfig.get().sweep.subdir)).parts) - 1]
 
 
 async def _until_signalled(run: Coroutine[Any, Any, dict]) -> dict:

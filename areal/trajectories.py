@@ -26,8 +26,10 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
 
     Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
     rewards the named rows; rows it does not name keep a reward set through the gateway
-    (``set_reward``), else 0. ``outcome`` has passed ``check_episode_rewards`` against
-    ``session``: every id it names is one of the session's (else ``KeyError``).
+    (``set_reward``), else 0. A policy failure carries ``rollout.policy_failure_reward`` as its
+    float (the controller set it), and its ``failure_kind`` is "policy". ``outcome`` has passed
+    ``check_episode_rewards`` against ``session``: every id it names is one of the session's
+    (else ``KeyError``).
     """
     for inter_id, r in outcome.rewards_by_id.items():
         session.set_reward(inter_id, r)
@@ -48,7 +50,7 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
         timings={"wall_s": outcome.wall_s},
         error=outcome.error[-2000:],
         drift=session.drift,
-        failure_kind="" if outcome.status == "ok" else outcome.status,
+        failure_kind="" if outcome.status == "ok" else outcome.failure_class or outcome.status,
         policy_version_start=min(versions, default=-1),
         policy_version_end=max(versions, default=-1),
         interaction_ids=list(exported),

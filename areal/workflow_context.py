@@ -9,7 +9,9 @@ tells a workflow that samples a whole group per call (AReaL before ``group_size`
 ``arun_episode``) from one that samples one trajectory per call (AReaL now, which makes
 ``gconfig.n_samples`` calls per prompt): each exported row is traced back to the client that
 recorded it. Context variables are copied into tasks, so clients made under ``asyncio.gather``
-inside the call are seen too.
+inside the call are seen too. The run's gateway settings travel the same way
+(``gateway_config``), so an ``ArealOpenAI`` made in a call keeps the run's limits: its context
+capped at what the engine's model holds, AReaL's ``gconfig.max_tokens``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class WorkflowContext:
 
 _context: ContextVar[WorkflowContext] = ContextVar("workflow_context", default=WorkflowContext())
 _clients: ContextVar[list[Any] | None] = ContextVar("workflow_clients", default=None)
+_gateway: ContextVar[Any | None] = ContextVar("workflow_gateway", default=None)
 
 
 def set(ctx: WorkflowContext) -> None:  # noqa: A001 - AReaL's name
@@ -55,14 +58,22 @@ def register_client(session: Any) -> None:
         clients.append(session)
 
 
+def gateway_config() -> Any | None:
+    """The run's ``GatewayConfig`` during a workflow call of a run, else None."""
+    return _gateway.get()
+
+
 @contextlib.contextmanager
-def calling(is_eval: bool = False, task_id: int | None = None) -> Iterator[list[Any]]:
-    """Run a workflow call in this context; yields the list the call's clients are added to."""
+def calling(is_eval: bool = False, task_id: int | None = None, gateway: Any | None = None) -> Iterator[list[Any]]:
+    """Run a workflow call in this context (``gateway``: the run's ``GatewayConfig``); yields
+    the list the call's clients are added to."""
     clients: list[Any] = []
     token_ctx = _context.set(WorkflowContext(is_eval=is_eval, task_id=task_id))
     token_clients = _clients.set(clients)
+    token_gateway = _gateway.set(gateway)
     try:
         yield clients
     finally:
+        _gateway.reset(token_gateway)
         _clients.reset(token_clients)
         _context.reset(token_ctx)

@@ -48,12 +48,20 @@ def count_clients(rows: dict[str, InteractionWithTokenLogpReward], sessions: Seq
 
 
 async def call_workflow(
-    workflow: Any, engine: Any, data: dict, episode_id: str, deadline_s: float, reward_range: Sequence[float], task_id: int
+    workflow: Any,
+    engine: Any,
+    data: dict,
+    episode_id: str,
+    deadline_s: float,
+    reward_range: Sequence[float],
+    task_id: int,
+    gateway: Any | None = None,
 ) -> WorkflowCall:
-    """One call under its deadline, in a workflow context that collects its clients."""
+    """One call under its deadline, in a workflow context that collects its clients (and hands
+    them ``gateway``, the run's GatewayConfig)."""
     t0 = time.monotonic()
     rows: dict[str, InteractionWithTokenLogpReward] | None = None
-    with workflow_context.calling(is_eval=False, task_id=task_id) as sessions:
+    with workflow_context.calling(is_eval=False, task_id=task_id, gateway=gateway) as sessions:
         try:
             rows = await asyncio.wait_for(workflow.arun_episode(engine, dict(data)), deadline_s)
         except TimeoutError:
@@ -82,13 +90,23 @@ class WorkflowGrouping:
         self.workflow, self.n_samples = workflow, n_samples
         self.deadline_s, self.reward_range = deadline_s, reward_range
         self.calls_per_group: int | None = 1 if n_samples == 1 else None
+        self.gateway_config: Any | None = None  # the run's GatewayConfig, once its gateway is built
         self._task_ids = iter(range(1 << 62))
 
     async def run_group(self, engine: Any, data: dict, group_id: str) -> list[WorkflowCall]:
         """The calls of one group (each with its outcome); the group's rows are the ok calls' rows."""
 
         def call(i: int) -> Any:
-            return call_workflow(self.workflow, engine, data, f"{group_id}-w{i}", self.deadline_s, self.reward_range, next(self._task_ids))
+            return call_workflow(
+                self.workflow,
+                engine,
+                data,
+                f"{group_id}-w{i}",
+                self.deadline_s,
+                self.reward_range,
+                next(self._task_ids),
+                self.gateway_config,
+            )
 
         if self.calls_per_group is not None:
             return list(await asyncio.gather(*(call(i) for i in range(self.calls_per_group))))

@@ -81,6 +81,7 @@ from typing import Any
 import msgspec
 
 from areal.agent import AgentRun, load_agent
+from areal.failures import INFRASTRUCTURE, classify_exception
 from areal.process import die_with_parent, log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, heap, isolation, keys, rootfs
@@ -236,7 +237,15 @@ class ZygoteServer:
             try:
                 slot = self._fork_slot()
             except OSError as e:  # e.g. cgroup creation refused: this episode fails, the zygote serves on
-                self.send(EpisodeOutcome(spawn.episode_id, "error", error=f"sandbox preparation failed: {e!r}"))
+                self.send(
+                    EpisodeOutcome(
+                        spawn.episode_id,
+                        "error",
+                        error=f"sandbox preparation failed: {e!r}",
+                        failure_class=INFRASTRUCTURE,
+                        failure_cause="sandbox preparation",
+                    )
+                )
                 return
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", spawn.episode_id)[:64]
         log_path = os.path.join(self.log_dir, f"{slot.name}-{safe}.log")
@@ -339,11 +348,16 @@ class ZygoteServer:
             os._exit(0)
         try:
             if setup_error:
-                outcome = EpisodeOutcome(spawn.episode_id, "error", error=setup_error)
+                outcome = EpisodeOutcome(
+                    spawn.episode_id, "error", error=setup_error, failure_class=INFRASTRUCTURE, failure_cause="sandbox setup"
+                )
             else:
                 outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay)
-        except BaseException:  # process boundary: whatever happened becomes the outcome
-            outcome = EpisodeOutcome(spawn.episode_id, "error", error=traceback.format_exc())
+        except BaseException as e:  # process boundary: whatever happened becomes the outcome
+            failure_class, failure_cause = classify_exception(e)
+            outcome = EpisodeOutcome(
+                spawn.episode_id, "error", error=traceback.format_exc(), failure_class=failure_class, failure_cause=failure_cause
+            )
         encoded = bytearray(frame(_encoder.encode(outcome)))
         keys.mask(encoded, spawn.api_key.encode())  # its error text may quote it (a traceback, an SDK message)
         payload = memoryview(encoded)

@@ -154,13 +154,14 @@ def test_areal_config_files_load_with_one_warning_naming_the_ignored_keys(tmp_pa
     ):
         assert key in ignored and ignored[key], key
     assert "launcher" not in ignored  # deleted on the command line
-    assert "stats_logger.wandb" in ignored and config.stats_logger.fileroot == str(tmp_path)
+    assert "stats_logger.wandb" not in ignored and config.stats_logger.fileroot == str(tmp_path)  # mode: disabled, honoured
     assert config.rollout.backend == "embedded" and config.rollout.openai.mode == "inline"  # rollout.agent read as rollout.openai
     assert config.rollout.openai.reasoning_parser == "qwen3" and config.gconfig.top_p == 0.9
     tcfg = to_train_config(config, "m:A", 10, 0, True)
     t = tcfg.trainer
     assert (t.kl_coef, t.weight_decay, t.loss, t.turn_discount, t.lr) == (0.1, 0.01, "ppo", 0.9, 2e-5)
     assert tcfg.gateway.context_length == 256  # gconfig.max_tokens: prompt + sampled tokens of a call
+    assert tcfg.logger == ["jsonl"] and tcfg.trainer.lr_scheduler == "constant"  # W&B disabled; AReaL's schedule
     with pytest.raises(ValueError, match="no key"):
         load_expr_config(["--config", str(path), "~nothing.here"], GRPOConfig)
 
@@ -366,3 +367,85 @@ def test_max_tokens_as_areal_means_it_is_cut_to_what_fits(tok):
         return codes
 
     assert _with_engine(tok, run) == [400, 200]  # refused as OpenAI does; served within the context as AReaL does
+
+
+# ---- 8. context -----------------------------------------------------------------------------
+
+
+def _tool_prompt(tok, at_least: int) -> str:
+    """A system prompt of tool descriptions, as tool and handoff agents send, of >= ``at_least`` tokens."""
+    line = "Tool calculator: evaluate an arithmetic expression such as (12 + 7) * 3 - 4 and return its value.\n"
+    text = line
+    while len(tok.encode(text, add_special_tokens=False)) < at_least:
+        text += line
+    return text
+
+
+def test_a_real_agents_prompt_reaches_the_embedded_engine_within_the_limit_it_holds(tmp_path):
+    import json
+
+    import openai
+
+    from areal.config import TrainConfig
+    from areal.controller import Controller
+    from areal.embedded import ensure_embedded_model
+    from areal.embedded.config import EmbeddedConfig, ScriptedConfig
+    from areal.engine.client import launch_embedded_engine
+    from areal.gateway import Gateway, GatewayConfig, serve_http
+
+    assert EmbeddedConfig().max_positions >= 4096 and ScriptedConfig().max_positions >= 4096
+    model_dir = ensure_embedded_model()
+    positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    # what the run's gateway says: whatever was configured, never more than the engine's model holds
+    config = Controller(TrainConfig(gateway=GatewayConfig(context_length=1 << 20)), tmp_path)._gateway_config(model_dir)
+    assert config.context_length == positions >= 4096
+
+    async def go(url: str) -> tuple[int, int, dict, str]:
+        engine = EngineClient(url)
+        gateway = Gateway(engine, tok, config)
+        runner, gw_url = await serve_http(gateway)
+        try:
+            key = gateway.open_session("e")
+            async with httpx.AsyncClient(timeout=300) as http:
+                client = AsyncOpenAI(base_url=f"{gw_url}/sessions/{key}/v1", api_key=key, http_client=http, max_retries=0)
+                system = {"role": "system", "content": _tool_prompt(tok, 1300)}
+                user = {"role": "user", "content": "What is 12 + 7?"}
+                out = await client.chat.completions.create(model="m", messages=[system, user], max_tokens=8)
+                with pytest.raises(openai.BadRequestError) as refused:  # past what the engine holds: the gateway's 400
+                    await client.chat.completions.create(
+                        model="m", messages=[{"role": "system", "content": _tool_prompt(tok, positions)}, user], max_tokens=8
+                    )
+            return out.usage.prompt_tokens, out.usage.completion_tokens, await engine.server_info(), str(refused.value)
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    with launch_embedded_engine(str(model_dir)) as proc:
+        prompt_tokens, completion_tokens, info, refusal = asyncio.run(go(proc.url))
+    assert prompt_tokens >= 1300 and completion_tokens >= 1
+    assert info["context_length"] == config.context_length  # the gateway advertises the engine's own limit
+    assert f"context length of {positions}" in refusal
+
+
+def test_areal_openai_in_a_run_keeps_the_runs_context_limit(tok):
+    from areal import workflow_context
+    from areal.experimental.openai import ArealOpenAI
+    from areal.gateway import GatewayConfig
+
+    run = GatewayConfig(context_length=96, max_tokens_cap=32, default_max_tokens=16)
+
+    async def make(engine):
+        outside = ArealOpenAI(engine=engine, tokenizer=tok)
+        with workflow_context.calling(gateway=run):
+            inside = ArealOpenAI(engine=engine, tokenizer=tok)
+            capped = ArealOpenAI(engine=engine, tokenizer=tok, engine_max_tokens=10_000)
+            messages = [{"role": "user", "content": "hi " * 200}]  # more than 96 tokens
+            with pytest.raises(Exception, match="context length of 96"):
+                await inside.chat.completions.create(model="m", messages=messages, max_tokens=8)
+        return outside.gateway.config, inside.gateway.config, capped.gateway.config
+
+    outside, inside, capped = _with_engine(tok, make)
+    assert outside.context_length == GatewayConfig().context_length and outside.fit_max_tokens
+    assert (inside.context_length, inside.max_tokens_cap, inside.default_max_tokens, inside.fit_max_tokens) == (96, 32, 16, True)
+    assert capped.context_length == 96  # engine_max_tokens never beyond what the run's engine holds

@@ -61,21 +61,25 @@ def test_anthropic_takes_the_handed_client_and_no_other():
 
 # What AReaL's examples/agent_workflow/train.py hands every agent class (workflow_kwargs).
 AREAL_KWARGS = "++rollout.agent_kwargs={temperature:1.0,top_p:1.0,max_tokens:256,max_completion_tokens:32,max_turns:2}"
-GUIDE_AGENTS = [  # (agent, model calls per episode; None: as many as the agent's turns take)
+GUIDE_AGENTS = [  # (agent, model calls per episode; None: as many as the agent's turns take; 0: see below)
     ("areal.workflow.openai.math_agent:MathAgent", 1),
     ("areal.workflow.openai.math_agent:MultiTurnMathAgent", None),
     ("areal.workflow.openai.math_agent:MathToolAgent", None),
     ("areal.workflow.anthropic.math_agent:MathAgent", 1),
     ("areal.workflow.langchain.math_agent:MathAgent", 1),
     ("areal.workflow.langchain.math_agent:MathToolAgent", None),
-    ("areal.workflow.openai_agent.math_agent:MathAgent", None),
+    # handoffs only: the scripted model answers any tool list with a `calculator` call, which the
+    # SDK refuses after the round trip (see the test); the default model hands off (test_examples.py)
+    ("areal.workflow.openai_agent.math_agent:MathAgent", 0),
     ("areal.workflow.openai_agent.math_agent:MathToolAgent", None),
     ("tests/areal_shaped_agents.py:AnthropicMathAgent", 2),  # AReaL's own Anthropic agent's shape
 ]
 
 
 @pytest.mark.parametrize("mode", ["inline", "subproc"])
-@pytest.mark.parametrize(("agent", "calls"), GUIDE_AGENTS, ids=[a.split(".")[-1].replace(":", ".") for a, _ in GUIDE_AGENTS])
+@pytest.mark.parametrize(
+    ("agent", "calls"), GUIDE_AGENTS, ids=[a.rpartition("/")[2].removeprefix("areal.workflow.").replace(":", ".") for a, _ in GUIDE_AGENTS]
+)
 def test_guide_agents_run_their_episodes_as_a_run_calls_them(tmp_path, mode, agent, calls):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
@@ -100,6 +104,9 @@ def test_guide_agents_run_their_episodes_as_a_run_calls_them(tmp_path, mode, age
     )
     assert (run_dir / "episodes.jsonl").is_file(), proc.stderr[-3000:]
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    if calls == 0:  # the model was reached and answered; its answer names a tool the agent lacks
+        assert episodes and all("Tool calculator not found in agent Math Problem Solver" in e["error"] for e in episodes), episodes
+        return
     assert episodes and all(e["status"] == "ok" for e in episodes), [e.get("error", "")[-2000:] for e in episodes]
     assert all(e["interactions"] == calls if calls else 1 <= e["interactions"] for e in episodes), episodes
     assert proc.returncode == 0, proc.stderr[-3000:]

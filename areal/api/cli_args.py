@@ -1,15 +1,16 @@
 """AReaL's experiment configuration surface: ``GRPOConfig`` & co. and ``load_expr_config``.
 
     python3 train.py --config x.yaml key=value ...
-        └─ load_expr_config(argv, GRPOConfig) ─► YAML ⊕ overrides (OmegaConf: ${...} resolved)
-               ─► plain dict ─► typed dataclasses (unknown keys: ValueError naming each one)
+        └─ load_expr_config(argv, GRPOConfig) ─► YAML ⊕ overrides (OmegaConf: ${...} resolved; ~key deletes)
+               ─► plain dict ─► map_areal_keys ─► typed dataclasses (+ one warning: the keys ignored, and why)
 
 These dataclasses carry the keys of AReaL's guides that this system implements, with AReaL's
 names (``gconfig.n_samples``, ``actor.optimizer.lr``, ``train_dataset.batch_size``,
 ``rollout.openai.mode`` ...). ``areal.experimental.trainer.PPOTrainer`` maps them onto the one
 run configuration, ``areal.config.TrainConfig``; there is no second training loop behind them.
 AReaL keys with no meaning here (``cluster.n_gpus_per_node``, ``sglang.*``, ``saver.*`` ...) are
-rejected rather than silently ignored. Guides extend the configs by subclassing
+named, each with its reason, in one ``AReaLKeysIgnored`` warning (``areal/api/areal_keys.py``),
+never dropped silently; a key typed on the command line that neither system knows is an error. Guides extend the configs by subclassing
 (``@dataclass class AgentRLConfig(GRPOConfig): ...``), which ``load_expr_config`` supports.
 """
 
@@ -105,10 +106,16 @@ class OptimizerConfig:
     lr: float = 3e-5
     gradient_clipping: float = 1.0
     weight_decay: float = 0.0  # AdamW weight decay (trainer.weight_decay)
+    lr_scheduler_type: str = "constant"  # "constant" | "linear" | "cosine" (trainer.lr_scheduler)
+    warmup_steps_proportion: float = 0.001  # of the optimizer updates (trainer.warmup_steps, rounded down)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"actor.optimizer.lr must be positive, got {self.lr}")
+        if self.lr_scheduler_type not in ("constant", "linear", "cosine"):
+            raise ValueError(f"actor.optimizer.lr_scheduler_type must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler_type!r}")
+        if not 0 <= self.warmup_steps_proportion <= 1:
+            raise ValueError(f"actor.optimizer.warmup_steps_proportion must be in [0, 1], got {self.warmup_steps_proportion}")
         if not self.gradient_clipping > 0:
             raise ValueError(f"actor.optimizer.gradient_clipping must be positive, got {self.gradient_clipping}")
 
@@ -178,7 +185,7 @@ class InferenceEngineConfig:
     max_concurrent_rollouts: int = 64
     max_head_offpolicyness: int = 1
     request_timeout: float = 60.0  # wall-clock limit of one episode, seconds
-    context_length: int = 2048
+    context_length: int = 4096  # prompt + sampled tokens of a call; the run caps it at the model's positions
     openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
 
     def __post_init__(self) -> None:
@@ -211,12 +218,40 @@ class ClusterConfig:
 
 
 @dataclass
+class WandBConfig:
+    """``stats_logger.wandb``: a W&B run unless ``mode`` is disabled (``logger`` and ``tracker.wandb``)."""
+
+    mode: str = "disabled"  # "disabled" | "offline" (files in the run dir, `wandb sync` later) | "online"
+    entity: str | None = None
+    project: str | None = None  # None: experiment_name
+    name: str | None = None  # None: trial_name
+    job_type: str | None = None
+    group: str | None = None  # None: experiment_name
+    notes: str | None = None
+    tags: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("disabled", "offline", "online"):
+            raise ValueError(f"stats_logger.wandb.mode must be 'disabled', 'offline' or 'online', got {self.mode!r}")
+
+
+@dataclass
+class TensorBoardConfig:
+    """``stats_logger.tensorboard``: event files written to ``path`` when it is set."""
+
+    path: str | None = None
+
+
+@dataclass
 class StatsLoggerConfig:
-    """``stats_logger``: where ``StatsLogger.get_log_path`` points (the run directory by default)."""
+    """``stats_logger``: where ``StatsLogger.get_log_path`` points (the run directory by default),
+    and the trackers (metrics.jsonl always; W&B and TensorBoard as configured)."""
 
     experiment_name: str = ""
     trial_name: str = ""
     fileroot: str = ""
+    wandb: WandBConfig = field(default_factory=WandBConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
 
 
 @dataclass

@@ -101,6 +101,7 @@ def to_train_config(
 ) -> TrainConfig:
     """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
     g, r = config.gconfig, config.rollout
+    steps, opt, w = train_steps(config, n_train), config.actor.optimizer, config.stats_logger.wandb
     data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0, "eval_samples": config.eval_samples}
     rollout = {
         "n_samples": g.n_samples,
@@ -133,8 +134,10 @@ def to_train_config(
             "rollout": rollout,
             "sandbox": dataclasses.asdict(config.sandbox),
             "trainer": {
-                "steps": train_steps(config, n_train),
+                "steps": steps,
                 "lr": config.actor.optimizer.lr,
+                "lr_scheduler": opt.lr_scheduler_type,
+                "warmup_steps": int(opt.warmup_steps_proportion * steps * config.actor.ppo_n_minibatches),
                 "clip_eps": config.actor.eps_clip,
                 "max_grad_norm": config.actor.optimizer.gradient_clipping,
                 "threads": config.actor.threads,
@@ -148,6 +151,23 @@ def to_train_config(
                 "turn_discount": r.openai.turn_discount,
             },
             "data": data,
+            # stats_logger: metrics.jsonl always, W&B unless disabled, TensorBoard when given a path
+            "logger": ["jsonl"]
+            + (["wandb"] if w.mode != "disabled" else [])
+            + (["tensorboard"] if config.stats_logger.tensorboard.path else []),
+            "tracker": {
+                "wandb": {
+                    "mode": "offline" if w.mode == "disabled" else w.mode,
+                    "entity": w.entity or "",
+                    "project": w.project or "",
+                    "name": w.name or "",
+                    "group": w.group or "",
+                    "job_type": w.job_type or "",
+                    "notes": w.notes or "",
+                    "tags": list(w.tags or []),
+                },
+                "tensorboard": {"path": config.stats_logger.tensorboard.path or ""},
+            },
         },
     )
 

@@ -8,6 +8,7 @@ Layout (one directory per checkpoint; it exists under its final name only once c
         meta.json              {"step", "version", "world_size"}
         model.pt               model state_dict            (rank 0; every rank holds the same)
         optimizer.pt           optimizer state_dict        (rank 0)
+        scheduler.pt           learning-rate schedule state (rank 0; every rank loads it)
         rng-r{rank}.pt         torch CPU RNG state          (every rank)
         data-r{rank}.msgpack   DataPosition                 (every rank: its own ring)
 
@@ -71,6 +72,7 @@ def save_checkpoint(
     position: DataPosition,
     barrier: Callable[[], None],
     keep: int = 2,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> Path:
     """Write checkpoint ``step`` (every rank calls this); returns its final directory."""
     final = checkpoint_dir(root, step)
@@ -88,6 +90,8 @@ def save_checkpoint(
     if rank == 0:
         torch.save(model.state_dict(), tmp / "model.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version, "world_size": world}))
         os.rename(tmp, final)
         for old in sorted(p for p in root.iterdir() if p.name.startswith(PREFIX))[:-keep]:
@@ -102,8 +106,10 @@ def load_checkpoint(
     world: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> tuple[dict, DataPosition]:
-    """Restore model, optimizer and RNG in place; return (meta, this rank's DataPosition)."""
+    """Restore model, optimizer, learning-rate schedule and RNG in place; return (meta, this
+    rank's DataPosition). The schedule loads after the optimizer, so both agree on the rate."""
     meta = json.loads((path / "meta.json").read_text())
     if meta["world_size"] != world:
         raise ValueError(
@@ -112,6 +118,8 @@ def load_checkpoint(
         )
     model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     torch.set_rng_state(torch.load(path / f"rng-r{rank}.pt", weights_only=True))
     position = msgspec.msgpack.decode((path / f"data-r{rank}.msgpack").read_bytes(), type=DataPosition)
     return meta, position

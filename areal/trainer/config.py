@@ -25,6 +25,7 @@ WEIGHT_SYNCS = ("disk", "collective")
 BACKENDS = ("gloo", "nccl")
 PARALLELS = ("ddp", "fsdp2")
 ENGINE_KINDS = ("embedded", "sglang", "vllm")
+LR_SCHEDULERS = ("constant", "linear", "cosine")
 
 
 @dataclass
@@ -32,7 +33,13 @@ class TrainerConfig:
     """The run's ``trainer:`` section: one policy-gradient trainer, on one or several ranks."""
 
     steps: int = 350  # optimizer steps to run
-    lr: float = 3e-5  # AdamW learning rate
+    lr: float = 3e-5  # AdamW learning rate (the peak, after warm-up)
+    # The learning rate over the run's optimizer updates (trainer.steps x trainer.minibatches):
+    # "constant", or "linear" / "cosine" decay to 0 by the last update (transformers' get_scheduler).
+    lr_scheduler: str = "constant"
+    # Optimizer updates of linear warm-up from 0 to lr, before the schedule (transformers' convention:
+    # update k of the warm-up runs at lr x k / warmup_steps, so the first at 0).
+    warmup_steps: int = 0
     clip_eps: float = 0.2  # ratio clip range [1 - eps, 1 + eps]
     max_grad_norm: float = 1.0  # global grad-norm clip
     weight_decay: float = 0.0  # AdamW weight decay
@@ -81,6 +88,13 @@ class TrainerConfig:
         for name in ("lr", "max_grad_norm", "record_timeout_s", "engine_timeout_s", "adv_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"trainer.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise ValueError(f"trainer.lr_scheduler must be one of {LR_SCHEDULERS}, got {self.lr_scheduler!r}")
+        updates = self.steps * self.minibatches
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= updates:
+            raise ValueError(
+                f"trainer.warmup_steps must be an integer in [0, trainer.steps x trainer.minibatches = {updates}], got {self.warmup_steps!r}"
+            )
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"trainer.clip_eps must be in (0, 1), got {self.clip_eps!r}")
         if not self.weight_decay >= 0:

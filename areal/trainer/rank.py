@@ -1,7 +1,7 @@
 """One trainer rank's process: ring -> groups -> PPO/GRPO step -> checkpoint -> weights -> engines.
 
     controller --Trajectory bytes--> shared-memory ring r{rank} --RingReader.get--> GroupCollector
-        --complete groups--> advantages --> pack_rows --> train_step (loss chosen once, AdamW)
+        --complete groups--> advantages --> pack_rows --> train_step (loss chosen once, AdamW, lr schedule)
         --> [checkpoint every k steps] --> run_dir/weights/v{version} (atomic rename)
         --POST /update_weights_from_disk--> engines --> TrainerReport (ZeroMQ PUSH) --> controller
 
@@ -58,7 +58,7 @@ from areal.jsonl import json_line
 from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
 from areal.ring.buffer import RingReader
 from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from areal.trainer.config import TrainerJob
+from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.fsdp import FullWeights, checkpoint_states, shard_policy
 from areal.trainer.packing import PolicyScorer
 from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
@@ -75,6 +75,23 @@ def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -
     ``resume=False`` makes the ring refuse a fresh trainer on a ring an earlier one consumed from.
     """
     return RingReader(name, timeout_s=timeout_s, resume=resume, auto_commit=not checkpointed), checkpointed
+
+
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainerConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """transformers' schedule for ``trainer.lr_scheduler`` over every optimizer update of the run
+    (``steps x minibatches``), after ``warmup_steps`` updates of linear warm-up; stepped once per
+    update (``train_step``) and saved in each checkpoint."""
+    from transformers import get_scheduler  # imported here: slow to import, unneeded by config users
+
+    if config.lr_scheduler == "constant":
+        name = "constant_with_warmup"  # with warmup_steps=0: the constant rate from the first update
+    elif config.lr_scheduler == "linear":
+        name = "linear"
+    elif config.lr_scheduler == "cosine":
+        name = "cosine"
+    else:
+        raise ValueError(f"trainer.lr_scheduler {config.lr_scheduler!r} has no schedule")
+    return get_scheduler(name, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.steps * config.minibatches)
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
@@ -127,6 +144,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     elif world > 1:
         scorer = torch.nn.parallel.DistributedDataParallel(scorer)  # broadcasts rank 0's weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = make_lr_scheduler(optimizer, config)
     # What checkpoints save and load: the modules themselves, or (FSDP2) their gathered full states.
     ckpt_model, ckpt_optim = checkpoint_states(model, optimizer) if sharded else (model, optimizer)
 
@@ -145,7 +163,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     start = 0
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        meta, position = load_checkpoint(ckpt, rank, world, ckpt_model, ckpt_optim)
+        meta, position = load_checkpoint(ckpt, rank, world, ckpt_model, ckpt_optim, scheduler)
         collector.restore(position)
         start = meta["step"]
     if config.resume:  # steps after the checkpoint (all, without one) are trained again
@@ -170,7 +188,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         for step in range(start + 1, config.steps + 1):
             trajs = collector.next_batch(local_groups)
             t0 = time.perf_counter()
-            metrics = train_step(scorer, optimizer, trajs, config, version=step - 1, reference=reference)
+            metrics = train_step(scorer, optimizer, trajs, config, version=step - 1, reference=reference, scheduler=scheduler)
             metrics["step_s"] = time.perf_counter() - t0
             with open(episodes_log, "a") as f:
                 f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
@@ -186,7 +204,17 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                     ckpt_model.gather()
                     ckpt_optim.gather()
                 save_checkpoint(
-                    ckpt_root, step, step, rank, world, ckpt_model, ckpt_optim, collector.position(), barrier, keep=config.keep_checkpoints
+                    ckpt_root,
+                    step,
+                    step,
+                    rank,
+                    world,
+                    ckpt_model,
+                    ckpt_optim,
+                    collector.position(),
+                    barrier,
+                    keep=config.keep_checkpoints,
+                    scheduler=scheduler,
                 )
                 # After the rename: the checkpoint holds them now. The ring may not have re-delivered
                 # all records up to collector.last_seq yet after a resume; those get skipped later.

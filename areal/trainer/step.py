@@ -219,12 +219,14 @@ def train_step(
     config: TrainerConfig,
     version: int,
     reference: torch.nn.Module | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> dict[str, float]:
     """One step (``config.minibatches`` optimizer updates) on this rank's complete groups.
 
     ``scorer`` is a ``PolicyScorer``, possibly wrapped in DDP or sharded by FSDP2; ``reference``
-    a frozen ``PolicyScorer`` of the initial weights (only when ``kl_coef`` > 0). Metrics are
-    global over ranks: sums and maxima are all-reduced.
+    a frozen ``PolicyScorer`` of the initial weights (only when ``kl_coef`` > 0); ``scheduler``
+    the learning-rate schedule, stepped after each optimizer update. Metrics are global over
+    ranks: sums and maxima are all-reduced; ``lr`` is the rate of the step's last update.
     """
     policy_loss = make_policy_loss(config)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -265,6 +267,7 @@ def train_step(
     sums = {k: 0.0 for k in ("loss", "clip", "ratio", "kl", "ref_kl", "bw")}
     ratio_max = bw_max = 0.0
     grad_norms = []
+    lr = optimizer.param_groups[0]["lr"]  # the rate of the step's last update (or the next one, if none ran)
     for mini, work in zip(minis, works):
         local = sum(len(mb.targets) for mb in mini)
         (total,) = all_reduce([float(local)], dist.ReduceOp.SUM)
@@ -296,7 +299,10 @@ def train_step(
                 ratio_max = max(ratio_max, st["ratio_max"])
                 bw_max = max(bw_max, st.get("behav_weight_max", 1.0))
         grad_norms.append(clip_grad_norm(params, config.max_grad_norm))
+        lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     rewards = [t.reward for t in trajs]
     tokens = sum(len(mb.targets) for mini in minis for mb in mini)
     keys = list(sums)
@@ -338,6 +344,7 @@ def train_step(
         "trajectories": n_traj,
         "micro_batches": n_mb,
         "updates": float(len(grad_norms)),
+        "lr": lr,
     }
     if config.loss == "ppo":
         metrics["behav_weight_mean"] = s["bw"] / denom

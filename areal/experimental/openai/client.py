@@ -86,14 +86,13 @@ class ArealOpenAI(AsyncOpenAI):
         # not), which is what both mean for training rows; export_interactions(style=) picks the rows.
         if chat_template_type not in ("hf", "concat"):
             raise ValueError(f"chat_template_type must be 'hf' or 'concat', got {chat_template_type!r}")
-        config = dataclasses.replace(
-            gateway_config or GatewayConfig(fit_max_tokens=True),  # AReaL's client cuts max_tokens to what fits
-            tool_parser=tool_call_parser,
-            reasoning_parser=reasoning_parser,
-            session_idle_s=0,
-        )
-        if engine_max_tokens is not None:  # AReaL: prompt + sampled tokens of one call
-            config = dataclasses.replace(config, context_length=engine_max_tokens)
+        # In a run's workflow call, the run's gateway settings: its context capped at what the
+        # engine's model holds (areal.workflow_context); AReaL's client cuts max_tokens to what fits.
+        run = workflow_context.gateway_config()
+        base = gateway_config or (dataclasses.replace(run, fit_max_tokens=True) if run else GatewayConfig(fit_max_tokens=True))
+        config = dataclasses.replace(base, tool_parser=tool_call_parser, reasoning_parser=reasoning_parser, session_idle_s=0)
+        if engine_max_tokens is not None:  # AReaL: prompt + sampled tokens of one call, within what the engine holds
+            config = dataclasses.replace(config, context_length=min(engine_max_tokens, run.context_length) if run else engine_max_tokens)
         self.engine, self.tokenizer, self.chat_template_type = engine, tokenizer, chat_template_type
         self.gateway = Gateway(engine, tokenizer, config)
         key = self.gateway.open_session(episode_id)

@@ -32,9 +32,7 @@ class MathAgent(AgentWorkflow):
         if extra_kwargs.get("base_url") or not os.environ.get("ANTHROPIC_BASE_URL"):
             gw = gateway_kwargs(extra_kwargs)
             base_url = gw["base_url"].rstrip("/").removesuffix("/v1")
-            client = AsyncAnthropic(
-                base_url=base_url, api_key=gw["api_key"], http_client=gw["http_client"], max_retries=0
-            )
+            client = AsyncAnthropic(base_url=base_url, api_key=gw["api_key"], http_client=gw["http_client"], max_retries=0)
         else:
             client = AsyncAnthropic(max_retries=0)  # ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY from the sandbox
         message = await client.messages.create(

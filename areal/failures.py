@@ -1,0 +1,209 @@
+"""Why an episode failed: the policy, the agent or the infrastructure, and what training does with it.
+
+    exception raised by run() ─► classify_exception ─► (class, cause) on the EpisodeOutcome
+      (where the exception object is: the episode process in the sandbox, the inline runner, a
+       RolloutWorkflow's group; the class crosses the zygote pipe as two strings)
+    EpisodeOutcome + whether the model answered ─► classify_outcome (the controller, once per episode)
+      ─► "" (not a failure) | "policy" | "agent" | "infrastructure"
+
+What each class means for the run:
+
+    class           trained?                                       group statistics   failure-rate stop
+    policy          yes: its recorded completions, with reward     counted in them    not counted
+                    ``rollout.policy_failure_reward``
+                    (no completion recorded: nothing, counted)
+    agent           no                                             left out           counted
+    infrastructure  no                                             left out           counted
+
+A group's advantage is normalised over the episodes it publishes (ok ones and policy failures with
+completions; ``Trajectory.group_size`` says how many), so a left-out episode shifts nobody's
+advantage. Every episode's class and cause are in ``episodes.jsonl`` (``failure_class``,
+``failure_cause``) and each step's counts in ``metrics.jsonl`` (``failures_<class>``). The run
+stops when agent and infrastructure failures make up ``rollout.max_failure_rate`` of the last
+``rollout.failure_window`` episodes: policy failures are what RL learns from, not a reason to stop.
+
+How the class is decided. The outcome's status first:
+
+- ``timeout`` (the deadline passed: under load, a slow engine or gateway), ``crashed`` (died by a
+  signal or exited without reporting: the sandbox cannot tell an agent's native crash from a kill),
+  ``oom`` (the sandbox's memory limit), ``cancelled`` (the run stopped): infrastructure.
+- ``ok`` with no model call recorded: agent (nothing to train; it never used the gateway).
+- ``error`` not raised by run() (a reward that lies, no reward at all, the run's reward function
+  raising, the sandbox failing to prepare the episode: the zygote marks that one infrastructure):
+  agent unless marked.
+
+For an exception, its chain is walked outermost first (the exception, then ``__cause__``, then
+``__context__``, then the members of an ``ExceptionGroup``), and the first exception one of these
+rules recognises decides (so ``RuntimeError("call failed") from APIConnectionError`` is
+infrastructure); an exception whose chain none recognises is the agent's own bug. Classes are
+matched by qualified name over the MRO (subclasses count), so no SDK is imported here:
+
+policy (the model's output made the agent fail)
+- OpenAI Agents SDK: ``agents.exceptions.ModelBehaviorError`` (a call to a tool the agent does not
+  have, tool arguments that are not valid JSON or fail the tool's schema, a handoff without input,
+  no final output), ``MaxTurnsExceeded`` (the turn limit), ``OutputGuardrailTripwireTriggered`` and
+  ``ToolInputGuardrailTripwireTriggered`` (a guardrail on the model's output or tool input).
+- LangChain / LangGraph: ``langchain_core.exceptions.OutputParserException`` (the model's text does
+  not parse), ``langgraph.prebuilt.tool_node.ToolInvocationError`` (tool arguments that fail the
+  schema), ``langgraph.errors.GraphRecursionError`` (the turn limit, ``recursion_limit``), and a
+  pydantic ``ValidationError`` raised where LangChain validates a tool's input
+  (``langchain_core.tools``: ``tool.invoke`` with the model's arguments).
+- OpenAI SDK: ``LengthFinishReasonError`` (``.parse`` on an answer cut at ``max_tokens``).
+- ``json.JSONDecodeError``: the model's tool arguments or JSON answer do not parse. (An agent that
+  decodes a malformed file of its own is misread as policy: the error does not say whose text it
+  was.)
+- A context overflow: an HTTP 400 whose message names the context (our gateway's "exceeds the
+  context length of N", SGLang's and vLLM's "maximum context length", Anthropic's "prompt is too
+  long"), from the OpenAI or Anthropic SDK (and the SDKs built on them: LangChain, CAMEL) or the
+  gateway's own ``RequestError``: their messages carry the reply's text (httpx's
+  ``HTTPStatusError`` does not, so a raw-httpx agent's 400 is the agent's). It is the policy's
+  only when the model answered at least once in the episode (its outputs made the prompt long);
+  before that the prompt alone is too long and it is the agent's.
+
+infrastructure (nothing the model or the agent's code did)
+- connection failures: ``openai.APIConnectionError`` / ``APITimeoutError``, Anthropic's, httpx's
+  and httpx2's ``TransportError``, aiohttp's ``ClientConnectionError``, ``ConnectionError``, our
+  engine client's ``EngineUnavailable``;
+- HTTP 5xx (engine unavailable 503, engine error 502, gateway 500; any SDK's status error, or
+  httpx's ``HTTPStatusError``), 408, and 429 from the
+  gateway's door when the door as a whole is full (429 naming a ``*_per_session`` budget is the
+  agent's: it sent too much at once); CAMEL's ``ModelProcessingError`` (its retries on 429 ran out).
+
+agent: every other exception, and every other HTTP 4xx (a malformed request, a wrong key).
+
+What is not covered: a policy failure the agent catches and turns into a reward itself (the
+agent's reward stands); an SDK that reports a failure only in its log; text-only failures of
+``exec:`` agents (a non-zero exit is the agent's).
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Iterator
+
+import msgspec
+
+from areal.protocol import EpisodeOutcome
+
+POLICY, AGENT, INFRASTRUCTURE = "policy", "agent", "infrastructure"
+CLASSES = (POLICY, AGENT, INFRASTRUCTURE)
+CONTEXT_OVERFLOW = "context overflow"  # the head of a context overflow's cause (see classify_outcome)
+
+_INFRASTRUCTURE_STATUSES = frozenset({"timeout", "crashed", "oom", "cancelled"})
+_POLICY_TYPES = frozenset(
+    {
+        "agents.exceptions.ModelBehaviorError",
+        "agents.exceptions.MaxTurnsExceeded",
+        "agents.exceptions.OutputGuardrailTripwireTriggered",
+        "agents.exceptions.ToolInputGuardrailTripwireTriggered",
+        "langchain_core.exceptions.OutputParserException",
+        "langgraph.prebuilt.tool_node.ToolInvocationError",
+        "langgraph.errors.GraphRecursionError",
+        "openai.LengthFinishReasonError",
+        "json.decoder.JSONDecodeError",
+    }
+)
+_INFRASTRUCTURE_TYPES = frozenset(
+    {
+        "openai.APIConnectionError",
+        "anthropic.APIConnectionError",
+        "httpx.TransportError",
+        "httpx2.TransportError",
+        "aiohttp.client_exceptions.ClientConnectionError",
+        "builtins.ConnectionError",
+        "areal.engine.client.EngineUnavailable",
+        "camel.models.model_manager.ModelProcessingError",
+    }
+)
+_VALIDATION_ERROR = "pydantic_core._pydantic_core.ValidationError"
+_LANGCHAIN_TOOLS = "langchain_core.tools"
+_CONTEXT_MESSAGE = re.compile(r"context length|context window|maximum context|context_length_exceeded|prompt is too long", re.I)
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str]:
+    """``(class, cause)`` of an exception run() raised: the class by the rules of the module
+    docstring, the cause naming the exception that decided (``agents.exceptions.ModelBehaviorError``,
+    ``context overflow: openai.BadRequestError (HTTP 400)``, ...)."""
+    for e in _chain(exc):
+        names = [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__]
+        name = names[0]
+        if _POLICY_TYPES.intersection(names):
+            return POLICY, name
+        if _INFRASTRUCTURE_TYPES.intersection(names):
+            return INFRASTRUCTURE, name
+        if _VALIDATION_ERROR in names and _raised_in(e, _LANGCHAIN_TOOLS):
+            return POLICY, f"{name} (tool input, in {_LANGCHAIN_TOOLS})"
+        status = _http_status(e)
+        if status is not None:
+            return _http_class(status, str(e), name)
+    return AGENT, f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def classify_outcome(outcome: EpisodeOutcome, sampled: bool) -> EpisodeOutcome:
+    """``outcome`` with its ``failure_class`` and ``failure_cause`` decided; ``sampled``: the model
+    answered at least once in the episode (the gateway recorded a completion). An ok episode that
+    the model answered is no failure (both fields empty)."""
+    if outcome.status == "ok":
+        if sampled:
+            return msgspec.structs.replace(outcome, failure_class="", failure_cause="")
+        return msgspec.structs.replace(outcome, failure_class=AGENT, failure_cause="no model call recorded")
+    if outcome.status in _INFRASTRUCTURE_STATUSES:
+        return msgspec.structs.replace(outcome, failure_class=INFRASTRUCTURE, failure_cause=outcome.status)
+    cls = outcome.failure_class if outcome.failure_class in CLASSES else AGENT
+    cause = outcome.failure_cause or outcome.status
+    if cls == POLICY and cause.startswith(CONTEXT_OVERFLOW) and not sampled:
+        cls, cause = AGENT, f"{cause}, before the model answered once: the prompt alone is too long"
+    return msgspec.structs.replace(outcome, failure_class=cls, failure_cause=cause)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and every exception it wraps, outermost first, each once."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+
+
+def _raised_in(exc: BaseException, module_prefix: str) -> bool:
+    """Whether the innermost Python frame of ``exc``'s traceback outside pydantic lies in a module
+    under ``module_prefix`` (pydantic's own frames are where every ValidationError is raised)."""
+    frames: list[types.FrameType] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("pydantic"):
+            return module.startswith(module_prefix)
+    return False
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status an error reports: the SDKs' ``status_code``, httpx's ``response``, the
+    gateway's and engine client's ``status``."""
+    for value in (
+        getattr(exc, "status_code", None),
+        getattr(getattr(exc, "response", None), "status_code", None),
+        getattr(exc, "status", None) if type(exc).__module__.startswith("areal.") else None,
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _http_class(status: int, message: str, name: str) -> tuple[str, str]:
+    what = f"{name} (HTTP {status})"
+    if status == 400 and _CONTEXT_MESSAGE.search(message):
+        return POLICY, f"{CONTEXT_OVERFLOW}: {what}"
+    if status >= 500 or status == 408 or (status == 429 and "_per_session" not in message):
+        return INFRASTRUCTURE, what
+    return AGENT, what
