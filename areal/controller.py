@@ -25,6 +25,12 @@ the other episodes of its group nor the run. A group with nothing to train on is
 new prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
 failure's reason rather than spinning. A dead engine or trainer stops the
 run with a named error and the tail of its log.
+
+Around the loop, each in its own module: the engines (``areal/engine/serving.py``), the trainer
+process (``areal/trainer/launch.py``), episodes as trajectories (``areal/trajectories.py``) and
+the run's files and trackers (``areal/run_records.py``). What stays here (past 600 lines) is the
+loop's own state, which admission, groups, failure accounting, restarts and the trainer's reports
+all read and write on one event loop: split further, it would be one object passed around.
 """
 
 from __future__ import annotations
@@ -57,18 +63,16 @@ from areal.agent import (
     load_reward_fn,
 )
 from areal.api.workflow_api import workflow_kind
-from areal.config import TrainConfig, to_dict
+from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
 from areal.engine.serving import start_engines
-from areal.evaluation import evaluate, paired_test, reward_trend
+from areal.evaluation import evaluate
 from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.failures import CLASSES as FAILURE_CLASSES
-from areal.gateway import Gateway, GatewayConfig, Interaction, Session, serve_http, serve_zmq
-from areal.jsonl import json_line
-from areal.plots import plot_reward_curve
+from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import (
     EpisodeOutcome,
@@ -77,11 +81,9 @@ from areal.protocol import (
     TrainerMessage,
     TrainerReport,
     Trajectory,
-    encode_trajectory,
-    frame,
 )
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
-from areal.trackers import open_trackers
+from areal.run_records import RunRecords, episode_table_row, reason
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
@@ -156,11 +158,7 @@ class Controller:
         self.groups_written = 0
         self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
-        self.episode_log = open(run_dir / "episodes.jsonl", "a")
-        # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/trackers.py)
-        self.tracker = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
-        self.step_metrics: list[dict[str, Any]] = []
-        self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
+        self.records = RunRecords(config, run_dir)  # episodes.jsonl, trajectories.bin, the trackers
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
         self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
 
@@ -173,24 +171,10 @@ class Controller:
             finished = True
             return summary
         finally:  # the trainer has stopped: its trained-episode lists are final, nothing writes
-            self._report_untrained()
+            self.records.untrained(self.published, self.failure)
             for path in remove_partial_writes(self.run_dir):
                 tqdm.write(f"[run] removed the partial write {path}")
-            self.tracker.close(finished)
-
-    def _report_untrained(self) -> None:
-        """List the episodes that reached the ring but no optimizer step (the run ended first) in
-        ``untrained_episodes.json``, so no accepted episode disappears without a word."""
-        trained: set[str] = set()
-        for path in self.run_dir.glob("trained_episodes-r*.jsonl"):
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):  # a line cut by a killed trainer
-                    trained.update(json.loads(line)["episodes"])
-        untrained = [e for e in self.published if e not in trained]
-        if untrained:
-            why = self.failure or "the run reached its last step with these still in the ring"
-            (self.run_dir / "untrained_episodes.json").write_text(json.dumps({"reason": why[:4000], "episodes": untrained}, indent=1))
-            tqdm.write(f"{len(untrained)} accepted episodes were not trained (listed in untrained_episodes.json)")
+            self.records.close(finished)
 
     async def _run(self) -> dict[str, Any]:
         cfg = self.config
@@ -252,7 +236,7 @@ class Controller:
                 tqdm.write(
                     f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
                 )
-                self.tracker.log_eval("before", eval_before, 0)
+                self.records.evaluation("before", eval_before, 0)
 
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
@@ -274,8 +258,8 @@ class Controller:
                 else None
             )
             if eval_after:
-                self.tracker.log_eval("after", eval_after, self.version)
-            return self._finish(eval_before, eval_after)
+                self.records.evaluation("after", eval_after, self.version)
+            return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0)
 
     async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
         """The agent runner: the sandbox zygote (subproc), the inline runner, or None for a
@@ -444,8 +428,8 @@ class Controller:
                 "error": reason(c.outcome.error),
                 "log_tail": c.outcome.log_tail,
             }
-            self.episode_log.write(json_line(record))
-            self.tracker.offer_episode(functools.partial(self._table_row, record, [r.interaction for r in rows.values()]))
+            inters = [r.interaction for r in rows.values()]
+            self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters))
         rows = [row for c in calls for row in c.rows.values()]
         if not rows:
             self._group_failed(outcomes[0])
@@ -537,8 +521,7 @@ class Controller:
             for traj in trajectories:
                 await asyncio.to_thread(ring.put_trajectory, traj, 600.0)  # waits while the ring is full (back-pressure)
                 self.published.append(traj.episode_id)
-                if self.saved is not None:
-                    self.saved.write(frame(encode_trajectory(traj)))
+                self.records.trajectory(traj)
         self.accepted_groups += 1
         self.advantage_watch.add(trajectories[0].group_id, trajectories)
 
@@ -615,22 +598,10 @@ class Controller:
             "error": reason(o.error),
             "log_tail": o.log_tail,
         }
-        self.episode_log.write(json_line(record))
-        self.tracker.offer_episode(functools.partial(self._table_row, record, inters))
+        self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters))
 
-    def _table_row(self, record: dict[str, Any], inters: list[Interaction]) -> dict[str, Any]:
-        """An episode's row in the trackers' tables: its first prompt and every call's reply, decoded
-        (only for the episodes the trackers sample)."""
-        decode = self.tokenizer.decode
-        return {
-            "episode_id": record["episode_id"],
-            "status": record["status"],
-            "reward": record["reward"],
-            "n_calls": len(inters),
-            "prompt": decode(inters[0].prompt_ids) if inters else "",
-            "calls": "\n".join(f"[{i + 1}] {decode(x.output_ids)}" for i, x in enumerate(inters)),
-            "error": record["error"],
-        }
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)  # the tokenizer is loaded when the run starts
 
     # ---- trainer reports ------------------------------------------------------------------
 
@@ -674,47 +645,12 @@ class Controller:
             **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
             "time": time.time(),
         }
-        self.step_metrics.append(row)
-        self.tracker.log_step(row)
-        self.episode_log.flush()
+        self.records.step(row)
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), 1.0)
         self.wake.clear()
-
-    # ---- the end --------------------------------------------------------------------------
-
-    def _finish(self, eval_before: dict | None, eval_after: dict | None) -> dict[str, Any]:
-        self.episode_log.close()
-        if self.saved is not None:
-            self.saved.close()
-        trend = reward_trend([m["reward_mean"] for m in self.step_metrics])
-        summary = {
-            "run_dir": str(self.run_dir),
-            "steps": len(self.step_metrics),
-            "final_model": self.done.model_dir,
-            "eval_before": eval_before,
-            "eval_after": eval_after,
-            "reward_trend": trend,
-            "wall_s": round(time.monotonic() - self.t0, 2),
-        }
-        if eval_before and eval_after:
-            summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
-        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
-
-
-REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
-
-
-def reason(error: str) -> str:
-    """A failure's reason for the record: whole up to REASON_CHARS, else its head and a count of
-    what was cut (an agent's exception message may be any size)."""
-    if len(error) <= REASON_CHARS:
-        return error
-    return f"{error[:REASON_CHARS]}... ({len(error) - REASON_CHARS} more characters)"
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

@@ -146,8 +146,7 @@ def test_the_controllers_jsonl_writers_write_strict_json(tmp_path):
     c._log_episode(EpisodeOutcome("e2", "ok", rewards_by_id={"a": NAN}), s, "g")
     c.window.append(EpisodeOutcome("e", "ok"))
     c._record_step(TrainerReport(step=1, version=1, consumed=2, metrics={"loss": NAN, "reward_mean": 0.5, "grad_norm": INF}))
-    c.episode_log.close()
-    c.tracker.close()
+    c.records.close(finished=True)
     episodes = [_strict(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert [(e["episode_id"], e["reward"], e["wall_s"]) for e in episodes] == [("e", None, None), ("e2", None, 0.0)]
     (metrics,) = [_strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
