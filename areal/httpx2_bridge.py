@@ -9,8 +9,8 @@
          httpx2.AsyncClient(transport=Bridge(H))  every request sent with H.send(): the same destination,
                                                   transport, connection pool and limits as H
 
-So an agent written as AReaL's are, ``AsyncAnthropic(base_url=..., api_key=...,
-http_client=extra_kwargs["http_client"])``, runs unchanged in both modes.
+So an agent that passes the handed client on, as AReaL's do (``AsyncAnthropic(base_url=...,
+api_key=..., http_client=extra_kwargs["http_client"])``), gets a working client in both modes.
 
 Invariants: only the clients the runners hand out (``areal.agent.hand_out`` adds them to
 ``HANDED``; matched by identity) are replaced, so a client the agent makes itself reaches the
