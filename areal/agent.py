@@ -306,6 +306,11 @@ class InlineRunner:
     def __init__(self, agent: str | Any, base_url: str, agent_kwargs: dict[str, Any] | None = None):
         self.run_agent = load_agent(agent, agent_kwargs) if isinstance(agent, str) else agent_run(agent, f"agent object {agent!r}")
         self.root = base_url
+        # The session is in the URL path, so an agent that builds its client with no key (AReaL's
+        # guide-era agents) needs only a placeholder to get past its SDK's own "missing key" check,
+        # as AReaL's client module sets one. A key the user set is left alone.
+        for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+            os.environ.setdefault(name, "none")
         self.http = hand_out(httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256)))
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:

@@ -206,6 +206,14 @@ def _child_sleeping() -> int:
     return pid
 
 
+def _gateway_root() -> str:
+    """The relay's address without the episode's own session: OPENAI_BASE_URL is
+    ``http://127.0.0.1:<port>/sessions/<key>/v1``, whose session wins over any header key, so a key
+    is tried on its own only on a base URL that names no session."""
+    base = os.environ["OPENAI_BASE_URL"]
+    return base.split("/sessions/", 1)[0] if "/sessions/" in base else base.removesuffix("/v1")
+
+
 class AttackAgent:
     """One escape attempt per case; ``well_behaved`` is the concurrent control episode."""
 
@@ -356,13 +364,17 @@ class AttackAgent:
             "other session id": data["other_episode"],
         }
         accepted = 0.0
-        for key in forged.values():
-            client = openai.AsyncOpenAI(api_key=key, max_retries=0)
-            try:
-                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-                accepted += 1
-            except openai.AuthenticationError:
-                pass
+        root = _gateway_root()
+        for key in forged.values():  # in the header (a base URL naming no session), then in the URL path
+            for client in (
+                openai.AsyncOpenAI(api_key=key, base_url=f"{root}/v1", max_retries=0),
+                openai.AsyncOpenAI(api_key="placeholder", base_url=f"{root}/sessions/{key}/v1", max_retries=0),
+            ):
+                try:
+                    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                    accepted += 1
+                except openai.AuthenticationError:
+                    pass
         own = await openai.AsyncOpenAI().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         known = {kw["api_key"].encode(), *(k.encode() for k in forged.values())}
         found = _keys_in_own_memory(data["prefix"].encode()) - known
@@ -407,7 +419,7 @@ class AttackAgent:
         accepted = []
         for key in sorted(found - {api_key}):
             try:
-                await openai.AsyncOpenAI(api_key=key, max_retries=0).models.list()
+                await openai.AsyncOpenAI(api_key=key, base_url=f"{_gateway_root()}/v1", max_retries=0).models.list()
                 accepted.append(key)
             except openai.AuthenticationError:
                 pass

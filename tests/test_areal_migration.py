@@ -325,6 +325,47 @@ def test_inline_agents_get_the_session_in_their_base_url():
     assert seen == {"base_url": "http://127.0.0.1:9/sessions/sk-areal-abc/v1", "api_key": "sk-areal-abc"}
 
 
+def test_an_inline_agent_that_builds_its_client_with_no_key_reaches_its_session(tok, monkeypatch):
+    """AReaL's guide-era agents: AsyncOpenAI(base_url=..., http_client=...) and no key anywhere."""
+    from areal.agent import InlineRunner
+    from areal.gateway import Gateway, GatewayConfig, serve_http
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    class GuideEraAgent:
+        async def run(self, data, **extra_kwargs):
+            client = AsyncOpenAI(base_url=extra_kwargs["base_url"], http_client=extra_kwargs["http_client"], max_retries=0)
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            return 1.0
+
+    async def run(engine):
+        gateway = Gateway(engine, tok, GatewayConfig())
+        http_runner, url = await serve_http(gateway)
+        runner = InlineRunner(GuideEraAgent(), url)
+        try:
+            key = gateway.open_session("e")
+            outcome = await runner.run_episode("e", {}, key, 30.0)
+            return outcome.status, outcome.error, len(gateway.sessions[key].interactions)
+        finally:
+            await runner.close()
+            await http_runner.cleanup()
+
+    status, error, calls = _with_engine(tok, run)
+    assert (status, calls) == ("ok", 1), error
+
+
+def test_areal_openai_takes_a_call_without_a_model(tok):
+    """AReaL's ArealOpenAI: chat.completions.create(messages=...) alone, as AReaL's scripts call it."""
+    from areal.experimental.openai import ArealOpenAI
+
+    async def run(engine):
+        client = ArealOpenAI(engine=engine, tokenizer=tok)
+        reply = await client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        return reply.choices[0].message.content is not None, len(client.interactions)
+
+    assert _with_engine(tok, run) == (True, 1)
+
+
 # ---- 7. MultiTurnMathAgent -------------------------------------------------------------------
 
 
@@ -449,3 +490,14 @@ def test_areal_openai_in_a_run_keeps_the_runs_context_limit(tok):
     assert outside.context_length == GatewayConfig().context_length and outside.fit_max_tokens
     assert (inside.context_length, inside.max_tokens_cap, inside.default_max_tokens, inside.fit_max_tokens) == (96, 32, 16, True)
     assert capped.context_length == 96  # engine_max_tokens never beyond what the run's engine holds
+
+
+def test_the_local_launcher_puts_the_users_directory_before_the_project(tmp_path, monkeypatch):
+    """AReaL's scripts name their own ``examples.*`` workflows: run from AReaL's tree, those must
+    load, not this project's files of the same dotted name."""
+    from areal.launcher.local import PROJECT_ROOT, launch_env
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("experiment_name: e\ntrial_name: t\n")
+    paths = launch_env(["x.py", "--config", "c.yaml"], base={"PYTHONPATH": "/extra"})["PYTHONPATH"].split(":")
+    assert paths == [str(tmp_path), str(PROJECT_ROOT), "/extra"]

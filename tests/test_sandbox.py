@@ -258,7 +258,7 @@ def test_openai_sdk_from_environment_through_relay(loop, zygote, gateway):
     assert out.status == "ok", out.error
     assert out.rewards_by_id == {"matched": 1.0}
     path, headers = gateway.seen[-1]
-    assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
+    assert path == f"/sessions/{KEY}/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
 
 
 def test_openai_sdk_with_handed_http_client(loop, zygote, gateway):
@@ -472,7 +472,7 @@ def test_shell_script_agent_calls_curl_through_the_relay(gateway, tmp_path):
     assert (wrong.status, wrong.reward) == ("ok", 0.0), wrong.error
     assert len(gateway.seen) == before + 2
     path, headers = gateway.seen[-1]
-    assert path == "/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
+    assert path == f"/sessions/{KEY}/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
     assert headers["user-agent"].startswith("curl/")
 
 

@@ -4,7 +4,7 @@
        │        the script's own config class validates, and may add keys)
        │ env: AREAL_LAUNCHER=local, AREAL_EXPERIMENT_NAME, AREAL_TRIAL_NAME, AREAL_RUN_DIR,
        │      the single-process torch.distributed variables (RANK=0, WORLD_SIZE=1, MASTER_*),
-       │      PYTHONPATH += project root and the working directory
+       │      PYTHONPATH += the working directory, then the project root
        ▼
     python3 <script> --config <yaml> key=value ... scheduler.type=local   (own process group)
 
@@ -48,7 +48,8 @@ def launch_env(argv: list[str], base: dict[str, str] | None = None) -> dict[str,
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
     )
-    paths = [str(PROJECT_ROOT), os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # the user's working directory first: their examples.* / agents shadow this project's own
+    paths = [os.getcwd(), str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 

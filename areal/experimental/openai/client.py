@@ -101,6 +101,13 @@ class ArealOpenAI(AsyncOpenAI):
         http = httpx.AsyncClient(transport=InProcessTransport(self.gateway), base_url="http://areal.in-process/v1")
         kwargs.setdefault("max_retries", 0)
         super().__init__(api_key=key, base_url="http://areal.in-process/v1", http_client=http, **kwargs)
+        # AReaL's client takes chat.completions.create(messages=...) without a model: the engine's.
+        create = self.chat.completions.create
+
+        async def create_for_the_engine(*args: Any, model: str = "default", **kw: Any) -> Any:
+            return await create(*args, model=model, **kw)
+
+        self.chat.completions.create = create_for_the_engine  # type: ignore[method-assign]
 
     @property
     def interactions(self) -> dict[str, Interaction]:
