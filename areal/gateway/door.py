@@ -180,6 +180,14 @@ class Owner:
         return self.inflight_bytes
 
 
+def _newer(a: bytes, b: bytes) -> bool:
+    """Whether routing id ``a`` was given after ``b``: libzmq's own ids (a zero byte, then a
+    big-endian counter) are numbered in order; ids a peer chose itself are not compared."""
+    if len(a) == len(b) == 5 and a[0] == b[0] == 0:
+        return int.from_bytes(a[1:], "big") > int.from_bytes(b[1:], "big")
+    return False
+
+
 class Conn:
     """One accepted connection: its fd and socket inode (to tell a reused fd number from it), the
     ROUTER identity of its peer (from its first message), and its owner. ``inflight``: its
@@ -301,11 +309,21 @@ class Door:
             self._loop.call_soon(self._drain)
 
     def _attach(self, identity: bytes, fd: int) -> Conn | None:
-        """The connection a new peer identity's first message came from (by its fd)."""
+        """The connection a new peer identity's first message came from (by its fd).
+
+        A message can outlive its connection in libzmq's queue, and its fd number then belongs
+        to the next connection: a closed peer's last message may be read after the new peer's
+        ACCEPTED, and be taken for the new peer's. libzmq numbers the peers it names in order
+        (``_newer``), so an identity newer than the one a connection holds is that connection's
+        real peer (the one it holds was a closed connection's), and an older one is a closed
+        connection's (dropped: its replies have nowhere to go)."""
         conn = self.peers.get(fd)
         if conn is None:
             self._watch()  # its ACCEPTED event precedes its first message: take it now
             conn = self.peers.get(fd)
+        if conn is not None and conn.identity is not None and _newer(identity, conn.identity):
+            self.by_identity.pop(conn.identity, None)
+            conn.identity = None
         if conn is None or conn.identity is not None:
             return None  # closed meanwhile (its fd reused, or not ours any more)
         conn.identity = identity
