@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.gateway import GatewayConfig
+from areal.recovery import RecoverConfig
 from areal.trackers import TrackerConfig, check_loggers
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
@@ -171,6 +172,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.failure_window must be >= 0 (0: automatic), got {self.failure_window}")
 
 
+# The scalar metrics of a held-out evaluation (areal.evaluation.evaluate's accuracies: the mean
+# reward of the sampled answers, and of the greedy one).
+EVAL_METRICS = ("sampled_acc", "greedy_acc")
+
+
 @dataclass
 class DataConfig:
     # Your data: a .jsonl / .json / .parquet file, a folder of <split>.jsonl|json|parquet, or an HF
@@ -185,10 +191,22 @@ class DataConfig:
     eval_size: int = 500  # embedded task: held-out problems scored before and after training (0 = skip)
     eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
     eval_temperature: float | None = None  # temperature of those samples; None: rollout.temperature
+    # Evaluate the held-out rows also every this many steps during training (0: only before and
+    # after), a line each in evals.jsonl; the best step's weights are kept in <run_dir>/best/
+    # (areal/periodic_eval.py). AReaL: evaluator.freq_steps.
+    eval_every: int = 0
+    eval_best_metric: str = "sampled_acc"  # what "best" means: one of EVAL_METRICS
+    eval_best_mode: str = "max"  # "max" | "min"
 
     def __post_init__(self) -> None:
         if self.train_size < 1 or self.eval_size < 0 or self.eval_samples < 1:
             raise ValueError("data.train_size and data.eval_samples must be >= 1, data.eval_size >= 0")
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ValueError(f"data.eval_every must be an integer >= 0 (steps between evaluations; 0: off), got {self.eval_every!r}")
+        if self.eval_best_metric not in EVAL_METRICS:
+            raise ValueError(f"data.eval_best_metric must be one of {EVAL_METRICS}, got {self.eval_best_metric!r}")
+        if self.eval_best_mode not in ("max", "min"):
+            raise ValueError(f"data.eval_best_mode must be 'max' or 'min', got {self.eval_best_mode!r}")
         if self.eval and not self.train:
             raise ValueError("data.eval needs data.train (the embedded task has its own held-out split)")
 
@@ -199,6 +217,9 @@ class TrainConfig:
     seed: int = 1
     ring_capacity_mb: int = 64
     save_trajectories: bool = False  # also append every trajectory put into the ring to <run_dir>/trajectories.bin
+    # <run_dir>/calls.jsonl: each episode's conversation tree, token by token, for `python -m areal.view`;
+    # at most this many MiB, spread evenly over the steps (areal/run_records.py). 0: not recorded.
+    view_record_mb: int = 64
     # MODULE:ATTR or file.py:name of a reward function with AReaL's signature, fn(prompt, completions,
     # prompt_ids, completion_ids, **row) -> float, scoring an episode whose agent returned no reward.
     reward: str = ""
@@ -213,10 +234,14 @@ class TrainConfig:
     # console, wandb, tensorboard; the settings of each are under `tracker`.
     logger: list[str] = field(default_factory=lambda: ["jsonl"])
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    # A run directory holding a killed run: continue it from its last checkpoint (auto) or refuse (off).
+    recover: RecoverConfig = field(default_factory=RecoverConfig)
 
     def __post_init__(self) -> None:
         if self.ring_capacity_mb < 1:
             raise ValueError("ring_capacity_mb must be >= 1")
+        if self.view_record_mb < 0:
+            raise ValueError(f"view_record_mb must be >= 0 (0: no calls.jsonl), got {self.view_record_mb}")
         check_loggers(self.logger)
         if self.engine.kind == "vllm" and self.trainer.weight_sync != "disk":
             raise ValueError(

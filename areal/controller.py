@@ -68,11 +68,12 @@ from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
-from areal.engine.serving import start_engines
+from areal.engine.serving import start_engines, weight_loader
 from areal.evaluation import evaluate
 from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.failures import CLASSES as FAILURE_CLASSES
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
+from areal.periodic_eval import PeriodicEval, check_eval_rows
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import (
     EpisodeOutcome,
@@ -82,8 +83,9 @@ from areal.protocol import (
     TrainerReport,
     Trajectory,
 )
+from areal.recovery import Journal, Resume, holds_run, plan_resume, prepare_records, trained_episodes
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
-from areal.run_records import RunRecords, episode_table_row, reason
+from areal.run_records import RunRecords, episode_table_row, reason, row_rewards
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
@@ -110,9 +112,11 @@ class Controller:
         agent: Any | None = None,
         dataset: list[dict] | None = None,
         eval_dataset: list[dict] | None = None,
+        resume: Resume | None = None,
     ):
         self.config = config
         self.run_dir = run_dir
+        self.resume = resume  # a killed run continued (areal/recovery.py), its records already cut back
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         if dataset is not None and not dataset:
@@ -124,6 +128,9 @@ class Controller:
                 eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
         self.dataset = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
         self.eval_dataset = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
+        n_eval = len(self.eval_dataset) if self.eval_dataset else 0 if self.dataset is not None else d.eval_size
+        check_eval_rows(config, n_eval)  # data.eval_every needs held-out rows
+        self.periodic_eval: PeriodicEval | None = None  # evaluation during training; made at the start (it needs the engine)
         self.reward_fn = load_reward_fn(config.reward) if config.reward else None
         self.agent_spec = config.rollout.agent  # what the zygote imports in subproc mode
         if self.workflow_kind == "agent" and config.rollout.openai.mode == "subproc":
@@ -159,6 +166,11 @@ class Controller:
         self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
         self.records = RunRecords(config, run_dir)  # episodes.jsonl, trajectories.bin, the trackers
+        # Every published trajectory no checkpoint holds yet: what a resumed run replays.
+        self.journal = Journal(run_dir) if config.trainer.checkpoint_every else None
+        if resume is not None:
+            self.version = resume.step
+            self.records.continued(resume.step)
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
         self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
 
@@ -175,6 +187,10 @@ class Controller:
             for path in remove_partial_writes(self.run_dir):
                 tqdm.write(f"[run] removed the partial write {path}")
             self.records.close(finished)
+            if self.journal is not None:
+                self.journal.close()
+                if finished:  # nothing is left to resume
+                    self.journal.path.unlink(missing_ok=True)
 
     async def _run(self) -> dict[str, Any]:
         cfg = self.config
@@ -188,6 +204,7 @@ class Controller:
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.tokenizer = tokenizer
+            self.records.vocabulary(tokenizer)  # vocab.json: the viewer decodes without the model
             engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write)
             engine, urls, model_dir, self.fleet = engines.client, engines.urls, engines.model_dir, engines.fleet
             if self.fleet is not None:
@@ -227,17 +244,25 @@ class Controller:
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
             eval_temperature = cfg.rollout.temperature if cfg.data.eval_temperature is None else cfg.data.eval_temperature
-            eval_before = (
-                await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
-                if eval_set
-                else None
-            )
-            if eval_before:
+            # Before training: the initial weights scored once per run (a resumed run reads the score
+            # its first start saved; the engines load the checkpoint's weights after it).
+            eval_before = self.records.saved_eval_before() if self.resume is not None else None
+            if eval_before is not None:
+                tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
+            elif eval_set:
+                eval_before = await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
                 tqdm.write(
                     f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
                 )
                 self.records.evaluation("before", eval_before, 0)
+            if self.resume is not None and self.resume.step > 0:
+                await self._load_resumed_weights(engines.urls, trainer_proc)
 
+            evaluate_now = functools.partial(
+                evaluate, engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn
+            )
+            self.periodic_eval = PeriodicEval(cfg, self.run_dir, self.records, evaluate_now if eval_set else None, tqdm.write)
+            stack.callback(self.periodic_eval.cancel)
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
             stack.callback(listener.cancel)
             if self.dataset is not None:  # no difficulty levels: one level, so the order is a shuffle
@@ -252,6 +277,7 @@ class Controller:
                 await self._wait()
             if self.failure:
                 raise RunFailed(self._with_engine_death(self.failure))
+            await self.periodic_eval.drain()  # not beside the "after" evaluation
             eval_after = (
                 await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
                 if eval_set
@@ -259,7 +285,8 @@ class Controller:
             )
             if eval_after:
                 self.records.evaluation("after", eval_after, self.version)
-            return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0)
+            best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
+            return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
     async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
         """The agent runner: the sandbox zygote (subproc), the inline runner, or None for a
@@ -320,8 +347,28 @@ class Controller:
             seed=cfg.seed,
             trainer=cfg.trainer,
             engine_kind=cfg.engine.kind,
+            resume_from=str(self.resume.checkpoint) if self.resume is not None and self.resume.checkpoint else "",
+            journaled=self.journal is not None,
         )
         return start_trainer(job, self.run_dir)
+
+    async def _load_resumed_weights(self, urls: list[str], trainer: subprocess.Popen) -> None:
+        """Have every engine serve the checkpoint's weights as version S before any rollout: the
+        trainer, resumed, writes ``weights/v<S>`` first when the killed run had not published it."""
+        step = self.resume.step
+        path = self.run_dir / "weights" / f"v{step}"
+        while not (path / "config.json").is_file():
+            if trainer.poll() is not None:
+                raise RunFailed(
+                    f"the trainer exited (code {trainer.returncode}) before writing the weights of checkpoint step {step}; "
+                    f"log tail:\n{log_tail(self.run_dir / 'trainer.log') or '(empty log)'}"
+                )
+            await asyncio.sleep(0.2)
+        load = weight_loader(self.config.engine.kind)
+        await asyncio.gather(
+            *(asyncio.to_thread(load, url, str(path), str(step), timeout_s=self.config.trainer.engine_timeout_s) for url in urls)
+        )
+        tqdm.write(f"[resume] the engines serve version {step}, the checkpoint's weights")
 
     # ---- rollouts -------------------------------------------------------------------------
 
@@ -338,6 +385,12 @@ class Controller:
         total = self.config.trainer.steps * cfg.groups_per_step
         order = stratified_order(levels, cfg.groups_per_step, self.config.seed)
         next_prompt = 0
+        rerun: list[tuple[int, str]] = []  # a resumed run's lost groups: (prompt position, group id), first
+        tag = ""
+        if self.resume is not None:
+            self.accepted_groups = self.resume.step * cfg.groups_per_step  # the checkpoint trained these
+            await self._replay(rings)
+            rerun, next_prompt, tag = list(self.resume.readmit), self.resume.next_position, f"-resume{self.resume.attempt}"
         tasks: set[asyncio.Task] = set()
         try:
             while self.accepted_groups < total:
@@ -346,14 +399,18 @@ class Controller:
                 while self.accepted_groups + self.inflight_groups < min(
                     total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step
                 ) and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples):
-                    idx = order[next_prompt % len(order)]
-                    group_id = f"g{next_prompt}-p{idx}"
-                    next_prompt += 1
+                    if rerun:
+                        position, group_id = rerun.pop(0)
+                        idx = order[position % len(order)]
+                    else:
+                        idx = order[next_prompt % len(order)]
+                        group_id = f"g{next_prompt}-p{idx}"
+                        next_prompt += 1
                     self.inflight_groups += 1
                     if self.workflow_kind == "rollout":
                         group = self._run_workflow_group(engine, rings, group_id, problems[idx])
                     else:
-                        group = self._run_group(runner, gateway, rings, group_id, problems[idx])
+                        group = self._run_group(runner, gateway, rings, group_id, problems[idx], tag)
                     task = asyncio.create_task(group)
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
@@ -372,13 +429,16 @@ class Controller:
             self.failure = f"rollout group failed: {task.exception()!r}"
         self.wake.set()
 
-    async def _run_group(self, runner: EpisodeRunner, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+    async def _run_group(
+        self, runner: EpisodeRunner, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict, tag: str = ""
+    ) -> None:
         """Run one group; a group cut short by the sandbox zygote's death is logged and run again
-        (same prompt, new episode ids) once the zygote is restarted."""
+        (same prompt, new episode ids) once the zygote is restarted. ``tag`` marks the episode ids
+        of a resumed run (``-resume<n>``), which may run a group of the killed run again."""
         n = self.config.rollout.n_samples
         for attempt in range(self.config.rollout.max_zygote_restarts + 1):
             generation = self.sandbox_generation
-            prefix = group_id if attempt == 0 else f"{group_id}-retry{attempt}"
+            prefix = group_id + tag if attempt == 0 else f"{group_id}{tag}-retry{attempt}"
             results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
             infrastructure = (
                 isinstance(runner, Zygote)
@@ -429,7 +489,8 @@ class Controller:
                 "log_tail": c.outcome.log_tail,
             }
             inters = [r.interaction for r in rows.values()]
-            self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters))
+            rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in rows.values()}
+            self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, rewards)
         rows = [row for c in calls for row in c.rows.values()]
         if not rows:
             self._group_failed(outcomes[0])
@@ -512,10 +573,13 @@ class Controller:
                 f"({first.failure_cause}): status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
             )
 
-    async def _publish(self, rings: list[RingWriter], trajectories: list[Trajectory]) -> None:
+    async def _publish(self, rings: list[RingWriter], trajectories: list[Trajectory], journal: bool = True) -> None:
         """A whole group into one ring (round-robin over ranks), in order; then it counts.
-        ``put_trajectory`` frames each record straight into shared memory (no encoded copy)."""
+        ``put_trajectory`` frames each record straight into shared memory (no encoded copy). The
+        journal gets the group first: a record in a ring is always one a resumed run can replay."""
         async with self.ring_lock:
+            if journal and self.journal is not None:
+                self.journal.append(trajectories)
             ring = rings[self.groups_written % len(rings)]
             self.groups_written += 1
             for traj in trajectories:
@@ -524,6 +588,17 @@ class Controller:
                 self.records.trajectory(traj)
         self.accepted_groups += 1
         self.advantage_watch.add(trajectories[0].group_id, trajectories)
+
+    async def _replay(self, rings: list[RingWriter]) -> None:
+        """A resumed run's first records: the killed run's published groups no checkpoint holds,
+        whole and in their order (the journal holds them already)."""
+        groups: dict[str, list[Trajectory]] = {}
+        for t in self.resume.replay:
+            groups.setdefault(t.group_id, []).append(t)
+        for trajectories in groups.values():
+            await self._publish(rings, trajectories, journal=False)
+        if groups:
+            tqdm.write(f"[resume] replayed {len(self.resume.replay)} trajectories in {len(groups)} groups")
 
     async def _run_episode(
         self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, group_id: str
@@ -597,8 +672,9 @@ class Controller:
             "exit_signal": o.exit_signal,
             "error": reason(o.error),
             "log_tail": o.log_tail,
+            "drift": s.drift,
         }
-        self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters))
+        self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)  # the tokenizer is loaded when the run starts
@@ -620,6 +696,12 @@ class Controller:
                     case TrainerReport() as r:
                         self.version = r.version
                         self._record_step(r)
+                        every = self.config.trainer.checkpoint_every
+                        if self.journal is not None and r.step % every == 0:  # checkpoint r.step is complete
+                            async with self.ring_lock:
+                                self.journal.compact(trained_episodes(self.run_dir, r.step))
+                        if self.periodic_eval is not None:  # data.eval_every: evaluate v{step} beside the rollouts
+                            self.periodic_eval.on_report(r.step, r.version)
                         bar.set_postfix(reward=f"{r.metrics.get('reward_mean', float('nan')):.3f}", v=r.version)
                         bar.update(1)
                     case TrainerFailed() as f:
@@ -665,8 +747,28 @@ def check_fresh_run_dir(run_dir: Path) -> None:
         what = ", ".join(f"{name} with {n} lines" for name, n in held.items())
         raise RunFailed(
             f"run directory {run_dir} already holds a run ({what}); a run directory holds one run: "
+            "choose another (hydra.run.dir=...) or remove it, or continue it from its last checkpoint with recover.mode=auto"
+        )
+
+
+def plan_continuation(config: TrainConfig, run_dir: Path) -> Resume | None:
+    """What a run in ``run_dir`` continues from: None for a fresh directory; the killed run's
+    plan with ``recover.mode=auto`` (its records are cut back to the checkpoint); otherwise, or
+    for a finished run, a ``RunFailed`` naming what to do."""
+    if not holds_run(run_dir):
+        return None
+    if config.recover.mode != "auto":
+        check_fresh_run_dir(run_dir)
+        return None
+    if (run_dir / "summary.json").is_file():
+        raise RunFailed(
+            f"run directory {run_dir} holds a finished run (summary.json); a run directory holds one run: "
             "choose another (hydra.run.dir=...) or remove it"
         )
+    plan = plan_resume(run_dir, config.rollout.n_samples)
+    prepare_records(run_dir, plan)
+    tqdm.write(f"[resume] {run_dir}: {plan.describe()}")
+    return plan
 
 
 async def train(
@@ -681,8 +783,9 @@ async def train(
 
     ``agent``: an object replacing ``rollout.agent`` (``async run(data, **extra_kwargs)``, or a
     RolloutWorkflow's ``async arun_episode(engine, data)``). ``dataset`` / ``eval_dataset``: rows
-    ({question|messages, answer}) replacing the embedded train / held-out problems.
+    ({question|messages, answer}) replacing the embedded train / held-out problems. A directory
+    holding a killed run continues it (``recover.mode=auto``, areal/recovery.py).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    check_fresh_run_dir(run_dir)
-    return await Controller(config, run_dir, agent=agent, dataset=dataset, eval_dataset=eval_dataset).run()
+    resume = plan_continuation(config, run_dir)
+    return await Controller(config, run_dir, agent=agent, dataset=dataset, eval_dataset=eval_dataset, resume=resume).run()

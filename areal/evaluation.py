@@ -31,7 +31,8 @@ async def evaluate(
     training temperature per problem, plus one greedy answer, each a single reply to the row's
     messages scored by ``reward_fn`` (AReaL's signature; default: the embedded task's answer
     check). Per-problem scores are kept so a later evaluation of the same problems can be
-    compared pairwise."""
+    compared pairwise. ``served_versions``: the numbered weight versions that generated the
+    answers (one, unless the trainer published a new version while this ran)."""
     stop = sorted(
         {
             t
@@ -40,12 +41,15 @@ async def evaluate(
         }
     )
 
+    served: set[str] = set()  # the weight versions that generated the answers
+
     async def score(problem: dict, temp: float, seed: int) -> float:
         messages = problem.get("messages") or [{"role": "user", "content": problem["question"]}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
         params = {"max_new_tokens": max_tokens, "temperature": temp, "stop_token_ids": stop, "sampling_seed": seed}
         result = await engine.generate(ids, params, return_logprob=False)
+        served.update(result.output_versions or [result.weight_version])
         completion = tokenizer.decode(result.output_ids, skip_special_tokens=True)
         if reward_fn is None:
             return math_reward(completion, problem["answer"])
@@ -63,6 +67,7 @@ async def evaluate(
         "greedy_acc": sum(greedy) / n,
         "per_problem_sampled": per_problem,
         "per_problem_greedy": list(greedy),
+        "served_versions": sorted(int(v) for v in served if v.isdigit()),
     }
 
 

@@ -11,9 +11,16 @@ matplotlib.use("Agg")  # no display on training machines
 import matplotlib.pyplot as plt
 
 
-def plot_reward_curve(steps: list[dict[str, Any]], path: Path, eval_before: dict | None = None, eval_after: dict | None = None) -> None:
+def plot_reward_curve(
+    steps: list[dict[str, Any]],
+    path: Path,
+    eval_before: dict | None = None,
+    eval_after: dict | None = None,
+    periodic: list[dict[str, Any]] | None = None,
+) -> None:
     """Per-step batch reward, its moving average and fitted trend (with the trend's p-value), and
-    held-out accuracy before/after. The y-axis zooms on the data: the rises RL makes on the tiny
+    held-out accuracy before, during (``periodic``: rows with ``step``, data.eval_every) and
+    after. The y-axis zooms on the data: the rises RL makes on the tiny
     embedded model are a few points, invisible on a 0..1 axis."""
     from areal.evaluation import reward_trend  # numpy only; kept local so plots stays importable alone
 
@@ -36,14 +43,16 @@ def plot_reward_curve(steps: list[dict[str, Any]], path: Path, eval_before: dict
         )
     lo, hi = min(ys, default=0.0), max(ys, default=1.0)
     if eval_before and eval_after and xs:
+        during = sorted(periodic or [], key=lambda e: e["step"])
+        accs = [eval_before["sampled_acc"], *(e["sampled_acc"] for e in during), eval_after["sampled_acc"]]
         ax.plot(
-            [0, xs[-1]],
-            [eval_before["sampled_acc"], eval_after["sampled_acc"]],
+            [0, *(e["step"] for e in during), xs[-1]],
+            accs,
             "s--",
             color="black",
             label=f"held-out accuracy ({eval_before['n']} problems): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}",
         )
-        lo, hi = min(lo, eval_before["sampled_acc"]), max(hi, eval_after["sampled_acc"])
+        lo, hi = min(lo, *accs), max(hi, *accs)
     ax.set_xlabel("training step (policy version)")
     ax.set_ylabel("reward")
     pad = max(0.02, (hi - lo) * 0.1)

@@ -1,6 +1,8 @@
 """What one run writes into its directory, and the trackers beside it: the controller's records.
 
     controller ─► RunRecords ─► episodes.jsonl          one line per started episode (reason first)
+                             ├► calls.jsonl              each episode's conversation tree, token by token (the viewer's)
+                             ├► vocab.json               every token id's text, so the run dir decodes on its own
                              ├► trajectories.bin         every published Trajectory (save_trajectories)
                              ├► trackers (areal/trackers.py): metrics.jsonl, evals.jsonl, console, W&B, TensorBoard
                              ├► untrained_episodes.json  accepted episodes no step trained (the run ended first)
@@ -10,12 +12,20 @@ Invariants: every line is strict JSON (``areal/jsonl.py``); a failure's reason i
 to ``REASON_CHARS``, its head first; episodes.jsonl is flushed at every step, so a killed run
 keeps every episode the trainer reported on; the trackers' episode tables are decoded only for
 the episodes they sample.
+
+calls.jsonl (read by ``areal/view``): one line per episode with recorded calls, each call its id,
+parent, the prompt tokens it adds to its parent's prompt + output (a child's prompt extends them,
+``areal/gateway/tree.py``), its sampled ids, logprobs (4 decimals) and versions, its own reward and
+the reward its row is trained with. Bounded: ``view_record_mb`` in all, spread evenly over the
+run's steps (by step k, at most k/steps of it is used), so early and late steps both keep
+episodes; an episode over the allowance gets ``"calls_recorded": false`` in episodes.jsonl.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +36,7 @@ from areal.config import TrainConfig, to_dict
 from areal.evaluation import paired_test, reward_trend
 from areal.jsonl import json_line
 from areal.plots import plot_reward_curve
-from areal.protocol import Trajectory, encode_trajectory, frame
+from areal.protocol import EpisodeOutcome, Trajectory, encode_trajectory, frame
 from areal.trackers import open_trackers
 
 REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
@@ -54,6 +64,41 @@ def episode_table_row(decode: Callable[[Sequence[int]], str], record: dict[str, 
     }
 
 
+def row_rewards(outcome: EpisodeOutcome, calls: Sequence[Any]) -> dict[str, tuple[float | None, float]]:
+    """Each call's own reward and the reward its row is trained with (as ``trajectory_from_episode``
+    gives it). Own: its entry in run()'s {completion_id: reward}, else the reward set through the
+    gateway, else None; None for every call when run() returned one float, which every row is
+    trained with. Trained, otherwise: the own reward, or 0."""
+    if outcome.reward is not None:
+        return {c.id: (None, outcome.reward) for c in calls}
+    own = {c.id: outcome.rewards_by_id.get(c.id, c.reward) for c in calls}
+    return {i: (r, r if r is not None else 0.0) for i, r in own.items()}
+
+
+def call_tree_line(episode_id: str, calls: Sequence[Any], rewards: dict[str, tuple[float | None, float]]) -> str:
+    """One episode's line of calls.jsonl: each call (a gateway ``Interaction``) with only the
+    prompt tokens it adds to its parent's prompt + output."""
+    seen = {c.id: c for c in calls}
+    out = []
+    for c in calls:
+        parent = seen.get(c.parent_id) if c.parent_id else None
+        shared = len(parent.prompt_ids) + len(parent.output_ids) if parent is not None else 0
+        out.append(
+            {
+                "id": c.id,
+                "parent": parent.id if parent is not None else None,
+                "prompt_ids": list(c.prompt_ids[shared:]),
+                "output_ids": list(c.output_ids),
+                "logprobs": [round(x, 4) for x in c.output_logprobs],
+                "versions": list(c.output_versions) or [c.version] * len(c.output_ids),
+                "finish_reason": c.finish_reason,
+                "reward": rewards.get(c.id, (c.reward, None))[0],
+                "trained": rewards.get(c.id, (c.reward, None))[1],
+            }
+        )
+    return json_line({"episode_id": episode_id, "calls": out})
+
+
 class RunRecords:
     """The run directory's files and the trackers, opened at the run's start."""
 
@@ -63,10 +108,36 @@ class RunRecords:
         # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/trackers.py)
         self.tracker = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
         self.step_metrics: list[dict[str, Any]] = []
+        self.periodic_evals: list[dict[str, Any]] = []  # evaluations during training (the plot's points)
         self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
+        self.call_log = open(run_dir / "calls.jsonl", "a") if config.view_record_mb > 0 else None
+        self.call_budget = (config.view_record_mb << 20, max(1, config.trainer.steps))  # bytes in all, steps
+        self.call_bytes = 0
 
-    def episode(self, record: dict[str, Any], table_row: Callable[[], dict[str, Any]]) -> None:
-        """One started episode's line; ``table_row`` is called only if the trackers sample it."""
+    def vocabulary(self, tokenizer: Any) -> None:
+        """``vocab.json``: the text of every token id, so the viewer decodes without the model."""
+        if self.call_log is not None:
+            pieces = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+            (self.run_dir / "vocab.json").write_text(json.dumps(pieces))
+
+    def episode(
+        self,
+        record: dict[str, Any],
+        table_row: Callable[[], dict[str, Any]],
+        calls: Sequence[Any] = (),
+        rewards: dict[str, tuple[float | None, float]] | None = None,
+    ) -> None:
+        """One started episode's line; ``table_row`` is called only if the trackers sample it.
+        ``calls`` (its gateway interactions, in order) go to calls.jsonl within the budget, with
+        ``rewards``: each call's own reward and its row's (``row_rewards``)."""
+        if self.call_log is not None and calls:
+            line = call_tree_line(record["episode_id"], calls, rewards or {})
+            total, steps = self.call_budget
+            allowed = total * min(steps, len(self.step_metrics) + 1) // steps
+            record["calls_recorded"] = self.call_bytes + len(line) <= allowed
+            if record["calls_recorded"]:
+                self.call_log.write(line)
+                self.call_bytes += len(line)
         self.episode_log.write(json_line(record))
         self.tracker.offer_episode(table_row)
 
@@ -79,9 +150,41 @@ class RunRecords:
         self.step_metrics.append(row)
         self.tracker.log_step(row)
         self.episode_log.flush()
+        if self.call_log is not None:
+            self.call_log.flush()
+
+    def continued(self, step: int) -> None:
+        """A killed run resumed at ``step`` (areal/recovery.py cut its files back): the steps and
+        evaluations it logged before stay in the summary and the plot, and the calls it recorded
+        count against the viewer's budget."""
+        rows = [json.loads(line) for line in _lines(self.run_dir / "metrics.jsonl")]
+        self.step_metrics = [r for r in rows if isinstance(r.get("step"), int) and r["step"] <= step]
+        # Steps the trainer checkpointed but the killed controller never heard of: logged now,
+        # from the trainer's own lines (the controller's episode counts of them are lost).
+        logged = {r["step"] for r in self.step_metrics}
+        for row in (json.loads(line) for line in _lines(self.run_dir / "trainer_metrics.jsonl")):
+            if isinstance(row.get("step"), int) and row["step"] <= step and row["step"] not in logged:
+                self.step({**row, "restored_from": "trainer_metrics.jsonl", "time": time.time()})
+        self.step_metrics.sort(key=lambda r: r["step"])
+        evals = [json.loads(line) for line in _lines(self.run_dir / "evals.jsonl")]
+        self.periodic_evals = [{k: v for k, v in e.items() if k != "name"} for e in evals if e.get("name") == "periodic"]
+        with contextlib.suppress(OSError):
+            self.call_bytes = (self.run_dir / "calls.jsonl").stat().st_size
+
+    def saved_eval_before(self) -> dict[str, Any] | None:
+        """The score of the initial weights the run's first start saved (None: not scored yet)."""
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            return json.loads((self.run_dir / "eval_before.json").read_text())
+        return None
 
     def evaluation(self, name: str, result: dict[str, Any], step: int) -> None:
         self.tracker.log_eval(name, result, step)
+        if name == "before":  # whole (per-problem scores too): a resumed run's paired test needs it
+            tmp = self.run_dir / "eval_before.json.tmp"
+            tmp.write_text(json.dumps(result))
+            tmp.replace(self.run_dir / "eval_before.json")
+        if name == "periodic":
+            self.periodic_evals.append({"step": step, **result})
 
     def untrained(self, published: list[str], why: str | None) -> None:
         """List the episodes that reached the ring but no optimizer step (the run ended first) in
@@ -98,9 +201,12 @@ class RunRecords:
             (self.run_dir / "untrained_episodes.json").write_text(json.dumps({"reason": why[:4000], "episodes": untrained}, indent=1))
             tqdm.write(f"{len(untrained)} accepted episodes were not trained (listed in untrained_episodes.json)")
 
-    def summary(self, final_model: str, eval_before: dict | None, eval_after: dict | None, wall_s: float) -> dict[str, Any]:
+    def summary(
+        self, final_model: str, eval_before: dict | None, eval_after: dict | None, wall_s: float, best: dict | None = None
+    ) -> dict[str, Any]:
         """``summary.json`` and ``reward_curve.png``: held-out accuracy before and after (paired
-        test) and the trend of the batch reward over the steps."""
+        test), the trend of the batch reward over the steps, and ``best``: the best evaluated step
+        (``best/best.json``, data.eval_every)."""
         summary = {
             "run_dir": str(self.run_dir),
             "steps": len(self.step_metrics),
@@ -112,12 +218,28 @@ class RunRecords:
         }
         if eval_before and eval_after:
             summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
-        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after)
+        if best is not None:
+            summary["best"] = best
+        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after, self.periodic_evals)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
     def close(self, finished: bool) -> None:
         self.episode_log.close()
+        if self.call_log is not None:
+            self.call_log.close()
         if self.saved is not None:
             self.saved.close()
         self.tracker.close(finished)
+
+
+def _lines(path: Path) -> list[str]:
+    """The non-empty lines of a jsonl file that parse (none if it is missing)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            if isinstance(json.loads(line), dict):
+                out.append(line)
+    return out

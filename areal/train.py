@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Coroutine
@@ -46,6 +47,8 @@ def main(cfg: DictConfig) -> dict:
     if hydra_cfg.mode == RunMode.MULTIRUN:  # a sweep's runs are one group in the trackers
         w = config.tracker.wandb
         w.group = w.group or f"{config.experiment_name}/{_sweep_dir(run_dir).name}"
+    elif config.recover.mode == "auto" and not any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra):
+        run_dir = _killed_run_of_this_command(run_dir, config)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     try:
         summary = run_loop(_until_signalled(train(config, run_dir)))
@@ -61,6 +64,22 @@ def main(cfg: DictConfig) -> dict:
         rows = write_sweep_summary(sweep_dir)
         print(f"sweep summary: {sweep_dir / 'sweep_summary.md'} ({len(rows)} finished runs)")
     return summary
+
+
+def _killed_run_of_this_command(run_dir: Path, config: TrainConfig) -> Path:
+    """Hydra made a new time-stamped ``run_dir`` for this command: where an earlier start of the
+    same command was killed (same resolved config, no summary), the run continues there instead
+    (``recover.mode=auto``, areal/recovery.py), and the new directory is removed."""
+    from areal.recovery import find_unfinished, holds_run
+
+    if holds_run(run_dir):
+        return run_dir
+    killed = find_unfinished(run_dir, json.loads(json.dumps(to_dict(config))))
+    if killed is None:
+        return run_dir
+    print(f"[resume] this command's run in {killed} was killed: continuing it there (recover.mode=off starts afresh)", file=sys.stderr)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return killed
 
 
 def _sweep_dir(run_dir: Path) -> Path:

@@ -84,7 +84,8 @@ def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path)
         assert key in ignored, key
     for key in ("actor.reward_scaling", "actor.adv_norm", "actor.rejection_sampling", "ref", "sglang", "vllm", "saver", "recover"):
         assert key in ignored, key
-    assert "evaluator" in ignored and "stats_logger.wandb" not in ignored  # wandb.mode: disabled is honoured
+    assert "evaluator.freq_epochs" in ignored and "evaluator.freq_steps" not in ignored  # freq_steps: data.eval_every
+    assert "stats_logger.wandb" not in ignored  # wandb.mode: disabled is honoured
     assert not [k for k, why in ignored.items() if why == UNKNOWN_KEY]  # each key of AReaL's file has its own reason
     assert "perf_tracer" not in ignored  # deleted with ~perf_tracer
     assert "read as 'embedded'" in ignored["rollout.backend"]

@@ -147,7 +147,7 @@ def test_areal_config_files_load_with_one_warning_naming_the_ignored_keys(tmp_pa
         "vllm",
         "saver",
         "recover",
-        "evaluator",
+        "evaluator.freq_epochs",
         "ref",
         "actor.reward_scaling",
         "actor.adv_norm",

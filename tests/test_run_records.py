@@ -1,6 +1,7 @@
 """What a run leaves on disk stays readable and its own: a cut ``trajectories.bin`` still gives
 every complete record (and says where it was cut), and a second run into the same directory is
-refused instead of appending its steps and episodes to the first run's."""
+refused instead of appending its steps and episodes to the first run's (a killed one is continued:
+tests/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from areal.trajectories import read_saved_trajectories
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(run_dir: Path) -> subprocess.CompletedProcess:
+def _train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable,
@@ -29,6 +30,7 @@ def _train(run_dir: Path) -> subprocess.CompletedProcess:
             "rollout.n_samples=2",
             "data.eval_size=0",
             "save_trajectories=true",
+            *extra,
         ],
         cwd=ROOT,
         capture_output=True,
@@ -53,7 +55,10 @@ def test_a_cut_file_keeps_its_complete_records_and_a_run_dir_holds_one_run(tmp_p
         assert [t.episode_id for t in part] == [t.episode_id for t in whole[:kept]]
 
     metrics = (run_dir / "metrics.jsonl").read_text()
-    second = _train(run_dir)
+    second = _train(run_dir)  # recover.mode=auto (the default) continues a killed run, not a finished one
     assert second.returncode != 0
-    assert f"run directory {run_dir} already holds a run (metrics.jsonl with 2 lines" in second.stderr, second.stderr[-3000:]
+    assert f"run directory {run_dir} holds a finished run (summary.json)" in second.stderr, second.stderr[-3000:]
+    third = _train(run_dir, "recover.mode=off")
+    assert third.returncode != 0
+    assert f"run directory {run_dir} already holds a run (metrics.jsonl with 2 lines" in third.stderr, third.stderr[-3000:]
     assert (run_dir / "metrics.jsonl").read_text() == metrics  # the first run's records untouched

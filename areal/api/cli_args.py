@@ -143,10 +143,17 @@ class ActorConfig:
     use_decoupled_loss: bool = False  # decoupled PPO with recomputed proximal logprobs (trainer.loss=ppo), else GRPO
     behav_imp_weight_cap: float | None = None  # decoupled PPO: cap of the behaviour importance weight
     c_clip: float | None = None  # dual-clip bound for negative advantages
+    use_lora: bool = False  # LoRA adapters instead of full fine-tuning (trainer.lora; the engines get merged weights)
+    lora_rank: int = 32  # trainer.lora.rank when use_lora
+    lora_alpha: float = 16.0  # trainer.lora.alpha
+    target_modules: list[str] = field(default_factory=list)  # trainer.lora.target_modules; empty: every linear layer
+    peft_type: str = "lora"  # the only method
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("actor.path must be 'embedded' or a model directory")
+        if self.peft_type != "lora":
+            raise ValueError(f"actor.peft_type must be 'lora' (the only PEFT method here), got {self.peft_type!r}")
         if not self.eps_clip > 0:
             raise ValueError(f"actor.eps_clip must be positive, got {self.eps_clip}")
 
@@ -255,6 +262,15 @@ class StatsLoggerConfig:
 
 
 @dataclass
+class EvaluatorConfig:
+    """``evaluator``: held-out evaluation every ``freq_steps`` steps during training
+    (``data.eval_every``; before and after training it always runs). AReaL's ``freq_epochs`` and
+    ``freq_secs`` are listed as ignored."""
+
+    freq_steps: int | None = None
+
+
+@dataclass
 class PPOConfig:
     """One experiment: model, data, sampling, rollout and optimisation."""
 
@@ -274,6 +290,7 @@ class PPOConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
     def __post_init__(self) -> None:
         s = self.stats_logger

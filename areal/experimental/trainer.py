@@ -102,7 +102,12 @@ def to_train_config(
     """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
     g, r = config.gconfig, config.rollout
     steps, opt, w = train_steps(config, n_train), config.actor.optimizer, config.stats_logger.wandb
-    data = {"train_size": n_train if embedded_data else 1, "eval_size": n_eval if embedded_data else 0, "eval_samples": config.eval_samples}
+    data = {
+        "train_size": n_train if embedded_data else 1,
+        "eval_size": n_eval if embedded_data else 0,
+        "eval_samples": config.eval_samples,
+        "eval_every": config.evaluator.freq_steps or 0,
+    }
     rollout = {
         "n_samples": g.n_samples,
         "groups_per_step": config.train_dataset.batch_size,
@@ -148,6 +153,11 @@ def to_train_config(
                 "loss": "ppo" if config.actor.use_decoupled_loss else "grpo",
                 "behav_weight_cap": config.actor.behav_imp_weight_cap,
                 "dual_clip": config.actor.c_clip,
+                "lora": {
+                    "rank": config.actor.lora_rank if config.actor.use_lora else 0,
+                    "alpha": config.actor.lora_alpha,
+                    "target_modules": list(config.actor.target_modules) or ["all-linear"],
+                },
                 "turn_discount": r.openai.turn_discount,
             },
             "data": data,

@@ -1,4 +1,4 @@
-"""Atomic trainer checkpoints: model, optimizer, RNG, step/version and each rank's data position.
+"""Atomic trainer checkpoints: model, optimizer, schedule, RNG, step/version and each rank's data position.
 
 Layout (one directory per checkpoint; it exists under its final name only once complete)::
 
@@ -6,25 +6,33 @@ Layout (one directory per checkpoint; it exists under its final name only once c
       .tmp-step-00000012/      being written (a crash leaves it behind; the next save removes it)
       step-00000012/           renamed from .tmp-* after every file below is written
         meta.json              {"step", "version", "world_size"}
-        model.pt               model state_dict            (rank 0; every rank holds the same)
-        optimizer.pt           optimizer state_dict        (rank 0)
+        state/                 model + optimizer, torch.distributed.checkpoint format (every rank
+                               writes its shards; DTensor shards under FSDP2, one copy of replicated
+                               DDP tensors); keys are parameter names, so any rank count loads it
         scheduler.pt           learning-rate schedule state (rank 0; every rank loads it)
         rng-r{rank}.pt         torch CPU RNG state          (every rank)
         data-r{rank}.msgpack   DataPosition                 (every rank: its own ring)
 
 Write protocol with several ranks: rank 0 creates the temp dir; barrier; every rank writes its
-own files; barrier; rank 0 writes model/optimizer/meta and renames; barrier. Only after the last
-barrier may a rank tell its ring that the records up to ``last_seq`` are consumed, so a record
-is either in a complete checkpoint (trained, or held in ``held``) or still in the ring.
+own files and its shards (``dcp.save`` is itself a collective); barrier; rank 0 writes meta and
+renames; barrier. Only after the last barrier may a rank tell its ring that the records up to
+``last_seq`` are consumed, so a record is either in a complete checkpoint (trained, or held in
+``held``) or still in the ring.
+
+Two ways to load (``load_checkpoint(positions=...)``):
+- the trainer alone restarted on the same rings (``--resume``): everything, the ring positions
+  included, so the world size must be the one that wrote it;
+- a whole run resumed (areal/recovery.py): model, optimizer, schedule and step only; the
+  controller replays the records no checkpoint holds into new rings, so the world size may
+  differ (a rank with no RNG file of its own keeps its seeded generator).
 
 Invariants:
 - ``latest_checkpoint`` only ever returns a complete checkpoint (the rename is the commit point).
 - A resumed run continues from ``step``: trained episodes of later steps were lost with the
-  process and are trained again from the ring (records with ``seq <= last_seq`` are skipped).
-- Files are read with ``torch.load(weights_only=True)``: no arbitrary pickle is executed.
+  process and are trained again.
+- Small files are read with ``torch.load(weights_only=True)``: no arbitrary pickle is executed.
 
-Not covered: resuming with a different world size (the data positions are per ring); a torn
-write of the storage itself (no fsync: SIGKILL is covered, power loss is not).
+Not covered: a torn write of the storage itself (no fsync: SIGKILL is covered, power loss is not).
 """
 
 from __future__ import annotations
@@ -37,8 +45,12 @@ from pathlib import Path
 
 import msgspec
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-PREFIX = "step-"
+from areal.recovery import PREFIX, checkpoint_dir, latest_checkpoint
+
+__all__ = ["PREFIX", "DataPosition", "checkpoint_dir", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 
 class DataPosition(msgspec.Struct):
@@ -47,18 +59,6 @@ class DataPosition(msgspec.Struct):
     consumed: int  # records read from the ring so far (including held ones)
     last_seq: int  # sequence number of the last record read (-1: none yet)
     held: list[bytes] = []  # encoded records read but not yet trained (incomplete groups), in ring order
-
-
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"{PREFIX}{step:08d}"
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``, or None."""
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit())
-    return done[-1] if done else None
 
 
 def save_checkpoint(
@@ -74,7 +74,9 @@ def save_checkpoint(
     keep: int = 2,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` (every rank calls this); returns its final directory."""
+    """Write checkpoint ``step`` (every rank calls this: the state is saved collectively); returns
+    its final directory. ``model`` and ``optimizer`` are the trained module and its optimizer
+    (sharded or not)."""
     final = checkpoint_dir(root, step)
     tmp = root / f".tmp-{final.name}"
     if rank == 0:
@@ -86,10 +88,10 @@ def save_checkpoint(
     barrier()
     torch.save(torch.get_rng_state(), tmp / f"rng-r{rank}.pt")
     (tmp / f"data-r{rank}.msgpack").write_bytes(msgspec.msgpack.encode(position))
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")
     barrier()
     if rank == 0:
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version, "world_size": world}))
@@ -107,19 +109,28 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-) -> tuple[dict, DataPosition]:
-    """Restore model, optimizer, learning-rate schedule and RNG in place; return (meta, this
-    rank's DataPosition). The schedule loads after the optimizer, so both agree on the rate."""
+    positions: bool = True,
+) -> tuple[dict, DataPosition | None]:
+    """Restore model, optimizer, learning-rate schedule and RNG in place (every rank calls this);
+    return (meta, this rank's DataPosition, or None with ``positions=False``). The schedule loads
+    after the optimizer, so both agree on the rate. With ``positions`` the world size must be the
+    one that wrote the checkpoint (each rank's ring position is its own); without, any."""
     meta = json.loads((path / "meta.json").read_text())
-    if meta["world_size"] != world:
+    if positions and meta["world_size"] != world:
         raise ValueError(
-            f"checkpoint {path} was written by {meta['world_size']} ranks; resuming with {world} "
-            "is not supported (each rank's ring position is its own)"
+            f"checkpoint {path} was written by {meta['world_size']} ranks; resuming the trainer alone on the same rings "
+            f"with {world} is not possible (each rank's ring position is its own): resume the whole run instead "
+            "(the same command again, recover.mode=auto), which replays the records into new rings at any rank count"
         )
-    model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path / "state")
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    torch.set_rng_state(torch.load(path / f"rng-r{rank}.pt", weights_only=True))
+    if (path / f"rng-r{rank}.pt").is_file():
+        torch.set_rng_state(torch.load(path / f"rng-r{rank}.pt", weights_only=True))
+    if not positions:
+        return meta, None
     position = msgspec.msgpack.decode((path / f"data-r{rank}.msgpack").read_bytes(), type=DataPosition)
     return meta, position

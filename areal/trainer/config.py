@@ -26,6 +26,58 @@ BACKENDS = ("gloo", "nccl")
 PARALLELS = ("ddp", "fsdp2")
 ENGINE_KINDS = ("embedded", "sglang", "vllm")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
+CREDITS = ("episode", "turn")  # trainer.credit: areal/trainer/credit.py
+ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output (lm) head
+# PolicyScorer applies the lm head from its weight directly and the embeddings are a lookup: an
+# adapter there would be trained but never used, so these names are refused as LoRA targets.
+LORA_UNTARGETABLE = ("lm_head", "embed_tokens")
+
+
+@dataclass
+class LoraConfig:
+    """``trainer.lora``: low-rank adapters trained instead of the full weights (areal/trainer/lora.py, peft).
+
+    ``rank`` 0 (the default) trains every weight. The engines still receive whole HF weights
+    (W + alpha/rank x B @ A, merged at each publish); the adapters are saved beside them in
+    peft's layout (``adapter/adapter_config.json`` + ``adapter_model.safetensors``).
+    """
+
+    rank: int = 0  # LoRA rank r (0: off, full fine-tuning)
+    alpha: float = 16.0  # scaling numerator: the update is alpha / rank x B @ A
+    # Module names (suffixes, as peft matches them), e.g. [q_proj, v_proj]; [all-linear]: every
+    # linear layer of the decoder (peft's "all-linear", which leaves the lm head out).
+    target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
+    dropout: float = 0.0  # dropout on the adapters' input, in training forwards only (see lora.py)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"trainer.lora.rank must be an integer >= 0 (0: LoRA off), got {self.rank!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
+            raise ValueError(f"trainer.lora.alpha must be a number > 0, got {self.alpha!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"trainer.lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.target_modules, str):  # peft's own spelling: target_modules="all-linear"
+            self.target_modules = [self.target_modules]
+        if (
+            not isinstance(self.target_modules, list)
+            or not self.target_modules
+            or not all(isinstance(m, str) and m for m in self.target_modules)
+        ):
+            raise ValueError(
+                f"trainer.lora.target_modules must be a non-empty list of module names or [all-linear], got {self.target_modules!r}"
+            )
+        if ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
+            raise ValueError(f"trainer.lora.target_modules: {ALL_LINEAR!r} stands alone, got {self.target_modules!r}")
+        refused = [m for m in self.target_modules if m.rsplit(".", 1)[-1] in LORA_UNTARGETABLE]
+        if refused:
+            raise ValueError(
+                f"trainer.lora.target_modules: {refused} cannot carry adapters (the trainer applies the lm head "
+                "and the embeddings from their weights directly); target the decoder's linear layers"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclass
@@ -54,8 +106,13 @@ class TrainerConfig:
     kl_coef: float = 0.0  # weight of KL(policy || initial weights) in the loss (0: no reference model)
     kl_estimator: str = "k3"  # "k1" or "k3"
     turn_discount: float = 1.0  # gamma of per-turn returns when an episode's rows carry their own rewards
+    # How rewards become per-call advantages (areal/trainer/credit.py): "turn": returns over the
+    # conversation tree, baseline = other episodes' mean return at the same depth (unbiased when the
+    # policy decides when to stop); "episode": every call gets its episode's reward (GRPO). With one
+    # call per episode the two are the same.
+    credit: str = "turn"
     adv_eps: float = 1e-6  # added to the group std when normalising advantages
-    checkpoint_every: int = 0  # steps between atomic checkpoints under run_dir/checkpoints (0: never)
+    checkpoint_every: int = 10  # steps between atomic checkpoints under run_dir/checkpoints (0: never; a killed run resumes from the last)
     keep_checkpoints: int = 2  # complete checkpoints kept (newest first)
     resume: bool = False  # start from the latest checkpoint in run_dir
     keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
@@ -71,6 +128,7 @@ class TrainerConfig:
     gpus: list[int] = field(default_factory=list)
     parallel: str = "ddp"  # "ddp": weights replicated per rank; "fsdp2": sharded per decoder layer (fsdp.py)
     fsdp_param_dtype: str = "float32"  # fsdp2: dtype of gathered params in forward/backward ("bfloat16" on GPUs)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters instead of full fine-tuning (rank 0: off)
 
     def __post_init__(self) -> None:
         for name in (
@@ -113,6 +171,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if not 0 <= self.turn_discount <= 1:
             raise ValueError(f"trainer.turn_discount must be in [0, 1], got {self.turn_discount!r}")
+        if self.credit not in CREDITS:
+            raise ValueError(f"trainer.credit must be one of {CREDITS}, got {self.credit!r}")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
             raise ValueError(f"trainer.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
         if self.weight_sync not in WEIGHT_SYNCS:
@@ -129,6 +189,11 @@ class TrainerConfig:
             )
         if self.fsdp_param_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"trainer.fsdp_param_dtype must be 'float32' or 'bfloat16', got {self.fsdp_param_dtype!r}")
+        if self.lora.enabled and self.parallel != "ddp":
+            raise ValueError(
+                f"trainer.lora (rank={self.lora.rank}) is supported with trainer.parallel=ddp only, got parallel={self.parallel!r}: "
+                "the adapters are small, so replicating them costs little; set trainer.parallel=ddp"
+            )
 
 
 @dataclass
@@ -146,6 +211,12 @@ class TrainerJob:
     ring_names: list[str] = field(default_factory=list)  # one ring per rank when launched with N > 1 ranks
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     engine_kind: str = "embedded"  # engine.kind: which routes load weights ("vllm": vLLM's, else SGLang's)
+    # A whole run resumed (areal/recovery.py): the checkpoint dir whose model, optimizer and schedule
+    # this trainer starts from, at any world size (its ring positions are not used: new rings).
+    resume_from: str = ""
+    # The controller journals every record no checkpoint holds (resume_journal.bin), so records are
+    # committed to the ring as they are read; a trainer alone (False) commits after each checkpoint.
+    journaled: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model_path", "ring_name", "run_dir"):

@@ -33,6 +33,10 @@ Invariants:
 - ``trained_episodes-r{rank}.jsonl`` lists, per step, the episode ids that step trained on; a
   resume truncates it (and ``trainer_metrics.jsonl``) to the checkpoint's step.
 
+LoRA (``trainer.lora.rank > 0``, areal/trainer/lora.py): the adapters are injected into the HF
+model before the scorer wraps it and are all the optimizer holds; what rank 0 publishes is the
+merged model (same HF names and shapes) with the adapter beside it in ``adapter/``.
+
 Weights reach the engines from disk (``weight_sync="disk"``) or over a collective
 (``"collective"``: areal/trainer/weight_sync.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
 
@@ -59,7 +63,7 @@ from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
 from areal.ring.buffer import RingReader
 from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from areal.trainer.config import TrainerConfig, TrainerJob
-from areal.trainer.fsdp import FullWeights, checkpoint_states, shard_policy
+from areal.trainer.fsdp import FullWeights, shard_policy
 from areal.trainer.packing import PolicyScorer
 from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
 from areal.trainer.step import GroupCollector, all_reduce, train_step
@@ -138,37 +142,50 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     reference = None
     if config.kl_coef > 0:
         reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems)
+    published: torch.nn.Module | MergedWeights = model  # what rank 0 saves and pushes (DDP): the model, or LoRA's merge of it
+    if config.lora.enabled:  # peft is the optional `lora` extra: imported only when asked for
+        from areal.trainer.lora import MergedWeights, attach_adapters
+
+        published = MergedWeights(attach_adapters(model, config.lora))  # injects the adapters into `model` in place
     scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
     if sharded:
         scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
     elif world > 1:
         scorer = torch.nn.parallel.DistributedDataParallel(scorer)  # broadcasts rank 0's weights
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or LoRA's adapters
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = make_lr_scheduler(optimizer, config)
-    # What checkpoints save and load: the modules themselves, or (FSDP2) their gathered full states.
-    ckpt_model, ckpt_optim = checkpoint_states(model, optimizer) if sharded else (model, optimizer)
 
     def full_model() -> torch.nn.Module | None:
         """The whole model on rank 0 (a collective under FSDP2: every rank calls it), else None."""
         if full is not None:
             return full.gather(model)
-        return model if rank == 0 else None
+        return published if rank == 0 else None
 
     barrier = dist.barrier if world > 1 else (lambda: None)
+    # A run's controller journals every record no checkpoint holds (areal/recovery.py), so its
+    # trainer commits records as it reads them; a trainer alone commits them after a checkpoint.
     reader, commits = open_reader(
-        job.ring_for(rank, world), config.record_timeout_s, config.resume, checkpointed=config.checkpoint_every > 0
+        job.ring_for(rank, world), config.record_timeout_s, config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled
     )
     collector = GroupCollector(reader, config.record_timeout_s)
     episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
     start = 0
+    if job.resume_from:  # a whole run resumed: the state, not the ring positions (new rings, any world size)
+        meta, _ = load_checkpoint(Path(job.resume_from), rank, world, model, optimizer, scheduler, positions=False)
+        start = meta["step"]
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        meta, position = load_checkpoint(ckpt, rank, world, ckpt_model, ckpt_optim, scheduler)
+        meta, position = load_checkpoint(ckpt, rank, world, model, optimizer, scheduler)
         collector.restore(position)
         start = meta["step"]
-    if config.resume:  # steps after the checkpoint (all, without one) are trained again
+    if config.resume or job.resume_from:  # steps after the checkpoint (all, without one) are trained again
         for path in (episodes_log, run_dir / "trainer_metrics.jsonl"):
             _truncate_jsonl(path, start)
+    if job.resume_from and start > 0:  # the controller loads the checkpoint's weights into the engines
+        whole = full_model()  # a collective under FSDP2
+        if rank == 0 and not (weights_dir / f"v{start}" / "config.json").is_file():  # the killed run had not published them
+            save_atomically(whole, weights_dir / f"v{start}", job.model_path)
     local_groups = job.groups_per_step // world
     collective = None
     if rank == 0 and config.weight_sync == "collective" and job.engine_urls:
@@ -200,17 +217,14 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                 with open(run_dir / "trainer_metrics.jsonl", "a") as f:
                     f.write(json_line({"step": step, "version": step, "consumed": int(consumed), **metrics}))
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                if sharded:  # the collective half of the save, on every rank
-                    ckpt_model.gather()
-                    ckpt_optim.gather()
                 save_checkpoint(
                     ckpt_root,
                     step,
                     step,
                     rank,
                     world,
-                    ckpt_model,
-                    ckpt_optim,
+                    model,
+                    optimizer,
                     collector.position(),
                     barrier,
                     keep=config.keep_checkpoints,

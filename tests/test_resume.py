@@ -1,0 +1,167 @@
+"""A whole run SIGKILLed at a random point continues when the same command runs again
+(``recover.mode=auto``, areal/recovery.py): every step is logged once, no trajectory is trained
+twice, none is skipped, the prompts keep their order, and the engine serves the checkpoint's
+weights; and a run killed with one trainer rank resumes with two (the checkpoint is in
+torch.distributed.checkpoint format, the ring positions come from the journal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, GROUPS, SAMPLES, EVERY = 5, 2, 2, 2
+
+
+def command(*extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "areal.train",
+        "experiment_name=resume-test",
+        "rollout.openai.mode=inline",
+        f"trainer.steps={STEPS}",
+        f"rollout.groups_per_step={GROUPS}",
+        f"rollout.n_samples={SAMPLES}",
+        f"trainer.checkpoint_every={EVERY}",
+        "trainer.lr=1e-3",  # weights that move: the engine must be given the checkpoint's, not the initial ones
+        "data.eval_size=0",
+        *extra,
+    ]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+
+
+def run_and_kill(cmd: list[str], cwd: Path, find_dir, kill_after: int, delay: float) -> Path:
+    """Start ``cmd``, SIGKILL its whole process group ``delay`` s after step ``kill_after`` is
+    logged; returns its run directory."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            run_dir = find_dir()
+            if run_dir is not None and steps_logged(run_dir) >= kill_after:
+                time.sleep(delay)
+                break
+            assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read().decode()[-3000:]}"
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the run logged no step in time")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL or run_dir is not None
+    return run_dir
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def check_continued(run_dir: Path, stderr: str) -> dict:
+    """What the single-host end-to-end test checks, across the kill; returns the resume record."""
+    assert (run_dir / "summary.json").is_file(), stderr[-3000:]
+    resumes = sorted(run_dir.glob("resume-*.json"))
+    assert resumes, f"the second start did not resume: {stderr[-3000:]}"
+    plan = json.loads(resumes[-1].read_text())
+    step = plan["step"]
+
+    # Every step logged once, in order, by the two starts together.
+    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in lines(run_dir / "trainer_metrics.jsonl")] == list(range(1, STEPS + 1))
+
+    # No trajectory trained twice; every step trained its groups_per_step whole groups.
+    trained: list[str] = []
+    per_step: dict[int, list[str]] = {}
+    for path in sorted(run_dir.glob("trained_episodes-r*.jsonl")):
+        for row in lines(path):
+            trained += row["episodes"]
+            per_step.setdefault(row["step"], []).extend(row["episodes"])
+    assert len(trained) == len(set(trained)), "an episode was trained twice"
+    assert sorted(per_step) == list(range(1, STEPS + 1))
+    assert all(len(ids) == GROUPS * SAMPLES for ids in per_step.values()), per_step
+
+    # None skipped: what the killed run published and no checkpoint held is replayed and trained
+    # (or dropped, named, for being sampled by weights after the checkpoint).
+    trained_set = set(trained)
+    assert set(plan["replayed"]) <= trained_set
+    assert all(why for why in plan["dropped"].values())
+    assert not set(plan["dropped"]) & trained_set
+
+    # Same data order: the trained groups are exactly the first STEPS x GROUPS prompt positions.
+    positions = {int(re.match(r"g(\d+)-", e).group(1)) for e in trained}
+    assert positions == set(range(STEPS * GROUPS)), sorted(positions)
+
+    # The engine served the checkpoint's weights: the second start's episodes were sampled by
+    # versions >= the checkpoint's step, and at the first step after it the trainer's logprobs of
+    # the tokens sampled by that version agree with the engine's.
+    episodes = lines(run_dir / "episodes.jsonl")
+    resumed = [e for e in episodes if "-resume" in e["episode_id"] or int(re.match(r"g(\d+)-", e["episode_id"]).group(1)) >= plan["next_position"]]
+    if step == STEPS:  # killed after the last checkpoint: nothing was left to train
+        return plan
+    assert resumed or len(plan["replayed"]) == (STEPS - step) * GROUPS * SAMPLES, "the second start ran no episode"
+    assert all(min(e["versions"]) >= step for e in resumed if e["versions"]), [(e["episode_id"], e["versions"]) for e in resumed]
+    after = next(r for r in lines(run_dir / "trainer_metrics.jsonl") if r["step"] == step + 1)
+    if "logprob_max_diff" in after:  # tokens of the version the step trains from were in its batch
+        assert after["logprob_max_diff"] < 1e-3, after
+    assert not (run_dir / "resume_journal.bin").exists()  # a finished run leaves nothing to resume
+    return plan
+
+
+def test_the_same_command_after_a_sigkill_at_a_random_point_continues_the_run(tmp_path):
+    seed = int(os.environ.get("RESUME_SEED", random.randrange(1 << 30)))  # RESUME_SEED=<printed seed> replays a case
+    rng = random.Random(seed)
+    kill_after, delay = rng.randint(1, STEPS - 2), rng.uniform(0.0, 0.8)  # before the run can end
+    print(f"seed={seed}: SIGKILL {delay:.2f} s after step {kill_after}")
+    runs = tmp_path / "runs" / "resume-test"  # Hydra's default layout: runs/<experiment_name>/<time>
+
+    def newest() -> Path | None:
+        dirs = sorted(runs.iterdir()) if runs.is_dir() else []
+        return dirs[-1] if dirs else None
+
+    killed = run_and_kill(command(), tmp_path, newest, kill_after, delay)
+    assert not (killed / "summary.json").exists()
+    time.sleep(1.1)  # a new second: Hydra's time-stamped directory for the second start differs
+    again = subprocess.run(command(), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "continuing it there" in again.stderr and str(killed.name) in again.stderr, again.stderr[-3000:]
+    assert sorted(p.name for p in runs.iterdir()) == [killed.name]  # the second start's new directory went
+    plan = check_continued(killed, again.stderr)
+    print(f"seed={seed}: resumed from step {plan['step']}, {len(plan['replayed'])} replayed, {len(plan['rerun'])} rerun")
+
+
+def test_a_run_killed_with_one_trainer_rank_resumes_with_two(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = command(f"hydra.run.dir={run_dir}")
+    run_and_kill(cmd, ROOT, lambda: run_dir, EVERY + 1, 0.0)  # after the first checkpoint (step 2)
+    assert (run_dir / "checkpoints" / f"step-{EVERY:08d}").is_dir()
+    again = subprocess.run([*cmd, "trainer.ranks=2"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    plan = check_continued(run_dir, again.stderr)
+    assert plan["step"] >= EVERY
+    assert sorted(p.name for p in run_dir.glob("trained_episodes-r*.jsonl")) == ["trained_episodes-r0.jsonl", "trained_episodes-r1.jsonl"]
+
+
+def test_recover_mode_is_checked():
+    from areal.recovery import RecoverConfig
+
+    with pytest.raises(ValueError, match=r"recover.mode must be one of \('auto', 'off'\), got 'sometimes'"):
+        RecoverConfig(mode="sometimes")
