@@ -57,6 +57,8 @@ from typing import Any
 from areal.protocol import Trajectory, encode_trajectory, frame
 
 MODES = ("auto", "off")
+# AReaL's recover.mode and verl's trainer.resume_mode spellings
+ALIASES = {"disabled": "off", "disable": "off", "fault": "auto", "resume": "auto"}
 PREFIX = "step-"  # checkpoints/step-00000012
 JOURNAL = "resume_journal.bin"
 RECORD_FILES = ("metrics.jsonl", "trainer_metrics.jsonl")  # one line per step, cut back to the checkpoint
@@ -70,6 +72,7 @@ class RecoverConfig:
     mode: str = "auto"  # auto: continue a killed run from its last checkpoint; off: a run dir holds one run
 
     def __post_init__(self) -> None:
+        self.mode = ALIASES.get(self.mode, self.mode)
         if self.mode not in MODES:
             raise ValueError(f"recover.mode must be one of {MODES}, got {self.mode!r}")
 

@@ -22,9 +22,10 @@ is ``tracker.wandb.name``, else the run directory's name (a sweep's job number).
 live in each run's own directory, so ``tensorboard --logdir <sweep dir>`` shows a sweep's runs together.
 
 Covered: W&B offline (no network: ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later) or
-online when asked; TensorBoard through ``torch.utils.tensorboard``. Not covered: continuing one W&B
-run across a resumed run (each start is a new W&B run); SwanLab; AReaL's
-``stats_logger.wandb.config`` and ``id_suffix`` (areal/api/areal_keys.py names them).
+online when asked; TensorBoard through ``torch.utils.tensorboard``. A resumed run (areal/recovery.py)
+continues its W&B run: the id drawn at the first start is kept in ``<run_dir>/wandb_run_id``. Not
+covered: SwanLab; AReaL's ``stats_logger.wandb.config`` and ``id_suffix`` (areal/api/areal_keys.py
+names them).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import importlib.util
 import json
 import math
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +242,8 @@ class WandbTracker:
             notes=config.notes or None,
             tags=config.tags or None,
             config=resolved,
+            id=_run_id(run_dir),  # one W&B run per run dir: a resumed run continues its history
+            resume="allow",
             reinit="create_new",  # one run per Controller, even when one process runs several
             # console off: the run's stdout is not W&B's to wrap (the zygote's pipes, tqdm)
             settings=wandb.Settings(console="off", silent=True),
@@ -293,6 +297,16 @@ class TensorboardTracker:
 
     def close(self, ok: bool) -> None:
         self.writer.close()
+
+
+def _run_id(run_dir: Path) -> str:
+    """The W&B run id of ``run_dir``: drawn at its first start and kept in ``wandb_run_id``."""
+    path = run_dir / "wandb_run_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(4)  # W&B's ids: letters and digits
+    path.write_text(run_id)
+    return run_id
 
 
 def _is_number(value: Any) -> bool:

@@ -116,7 +116,7 @@ sglang: {context_length: 32768}
 vllm: {max_model_len: 32768}
 train_dataset: {batch_size: 2, path: embedded, pin_memory: true, num_workers: 4}
 saver: {freq_epochs: 1}
-recover: {mode: disabled}
+recover: {mode: disabled, freq_steps: 3, freq_secs: 600}
 evaluator: {freq_epochs: 1}
 stats_logger:
   experiment_name: ${experiment_name}
@@ -146,7 +146,7 @@ def test_areal_config_files_load_with_one_warning_naming_the_ignored_keys(tmp_pa
         "sglang",
         "vllm",
         "saver",
-        "recover",
+        "recover.freq_secs",
         "evaluator.freq_epochs",
         "ref",
         "actor.reward_scaling",
@@ -162,6 +162,7 @@ def test_areal_config_files_load_with_one_warning_naming_the_ignored_keys(tmp_pa
     assert (t.kl_coef, t.weight_decay, t.loss, t.turn_discount, t.lr) == (0.1, 0.01, "ppo", 0.9, 2e-5)
     assert tcfg.gateway.context_length == 256  # gconfig.max_tokens: prompt + sampled tokens of a call
     assert tcfg.logger == ["jsonl"] and tcfg.trainer.lr_scheduler == "constant"  # W&B disabled; AReaL's schedule
+    assert (tcfg.recover.mode, tcfg.trainer.checkpoint_every) == ("off", 3)  # recover: honoured
     with pytest.raises(ValueError, match="no key"):
         load_expr_config(["--config", str(path), "~nothing.here"], GRPOConfig)
 

@@ -271,6 +271,21 @@ class EvaluatorConfig:
 
 
 @dataclass
+class RecoverConfig:
+    """``recover``: AReaL's resume settings. ``mode``: ``disabled`` starts afresh (``recover.mode=off``
+    here); ``auto``, ``fault`` and ``resume`` continue a killed run from its last checkpoint
+    (``recover.mode=auto``, areal/recovery.py). ``freq_steps``: steps between checkpoints
+    (``trainer.checkpoint_every``)."""
+
+    mode: str = "disabled"
+    freq_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("disabled", "auto", "fault", "resume"):
+            raise ValueError(f"recover.mode must be one of disabled, auto, fault, resume, got {self.mode!r}")
+
+
+@dataclass
 class PPOConfig:
     """One experiment: model, data, sampling, rollout and optimisation."""
 
@@ -291,6 +306,7 @@ class PPOConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    recover: RecoverConfig = field(default_factory=RecoverConfig)
 
     def __post_init__(self) -> None:
         s = self.stats_logger

@@ -159,7 +159,9 @@ def to_train_config(
                     "target_modules": list(config.actor.target_modules) or ["all-linear"],
                 },
                 "turn_discount": r.openai.turn_discount,
+                **({"checkpoint_every": config.recover.freq_steps} if config.recover.freq_steps else {}),
             },
+            "recover": {"mode": "off" if config.recover.mode == "disabled" else "auto"},
             "data": data,
             # stats_logger: metrics.jsonl always, W&B unless disabled, TensorBoard when given a path
             "logger": ["jsonl"]
