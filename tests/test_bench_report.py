@@ -187,3 +187,20 @@ def test_helpers_are_not_listed_as_benchmarks() -> None:
     names = available()
     assert {"ring", "e2e", "async_rl"} <= set(names)
     assert not {"run", "report", "readme", "slow_agent"} & set(names)
+
+
+def test_curves_are_kept_from_the_first_repeat_and_plotted_side_by_side(tmp_path: Path) -> None:
+    from benchmarks.report import _plot_curves
+
+    row = {"benchmark": "credit", "unit": "share", "baseline": "episode", "value": 0.5, "baseline_value": 0.4}
+    repeats = [
+        [
+            {**row, "metric": "first-call accuracy, last third", "curves": {"episode": [0.1, 0.2], "turn": [0.2, 0.4]}},
+            {**row, "metric": "plain"},
+        ],
+        [{**row, "metric": "first-call accuracy, last third", "curves": {"episode": [9.0], "turn": [9.0]}}, {**row, "metric": "plain"}],
+    ]
+    figures = aggregate(repeats)
+    assert figures[0]["curves"] == {"episode": [0.1, 0.2], "turn": [0.2, 0.4]} and "curves" not in figures[1]
+    (png,) = _plot_curves(figures, tmp_path)
+    assert png.name == "credit_curves.png" and _png_ok(png)

@@ -3,6 +3,8 @@ rank (its one reader).
 
     buffer.py   RingWriter / RingReader: the two ends, the doorbell, crash handling
     layout.py   the segment's byte layout, the record frame and its checksum (XXH3-64)
+    remote.py   the hop across nodes: TrajectorySender (rollout worker) -> ZeroMQ TCP ->
+                TrajectoryReceiver (trainer node, the ring's writer), exactly once
     native/     the writer's optional C fast path (``areal.ring._ringcopy``, built by
                 ``pip install -e .`` where a compiler exists; the pure-Python writer is its twin)
 
