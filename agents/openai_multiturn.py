@@ -6,7 +6,8 @@ This is the retry pattern the embedded model was SFT-trained on (``areal.embedde
 wrong answer, the user's complaint, a corrected answer). Each response is judged on its own by
 the math-answer verifier, and ``run()`` returns ``{completion_id: reward}``: the gateway's
 completion id *is* the id of the interaction it recorded, so every turn is trained with its own
-reward (a wrong first answer is pushed down even when the retry gets it right).
+return (``trainer.credit=turn``: with ``trainer.turn_discount`` < 1, a wrong first answer that
+the retry fixed is credited less than a right first answer; at 1 they are credited the same).
 
 Invariants: the conversation only grows (the agent never rewrites an earlier turn), so the
 gateway builds each prompt by appending the complaint's tokens to the previous prompt and the

@@ -22,7 +22,8 @@ from areal.protocol import FRAME_HEADER, EpisodeOutcome, TokenRow, Trajectory, d
 
 
 def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
-    """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids.
+    """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids,
+    in call order, with each row's parent row (``row_parents``: the conversation tree).
 
     Rewards: a float returned by run() applies to every row; a {completion_id: reward} dict
     rewards the named rows; rows it does not name keep a reward set through the gateway
@@ -34,6 +35,9 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     for inter_id, r in outcome.rewards_by_id.items():
         session.set_reward(inter_id, r)
     exported = session.export_interactions("individual")
+    index = {inter_id: k for k, inter_id in enumerate(exported)}
+    # Each row's parent row in the conversation tree (-1: a root, or a parent outside the tree).
+    parents = [index.get(row.interaction.parent_id, -1) for row in exported.values()]  # type: ignore[arg-type]
     rows, versions = [], []
     for row in exported.values():
         reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
@@ -54,6 +58,7 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
         policy_version_start=min(versions, default=-1),
         policy_version_end=max(versions, default=-1),
         interaction_ids=list(exported),
+        row_parents=parents,
     )
 
 
@@ -70,6 +75,7 @@ def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, gr
         policy_version_start=min(versions, default=-1),
         policy_version_end=max(versions, default=-1),
         interaction_ids=[row.interaction.id],
+        row_parents=[-1],
     )
 
 

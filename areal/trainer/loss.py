@@ -10,7 +10,9 @@ Invariants:
   no noise), and a group of one gets 0 as well. In ``episode_advantages`` every episode weighs
   the same in its group's mean and std whatever its number of rows (turns), and all rows of an
   episode are normalised with their group's statistics.
-- Per-turn returns (``turn_returns``) discount later rewards by ``gamma`` per row, in row order.
+- Per-turn returns (``turn_returns``) discount later rewards by ``gamma`` per row, in row order:
+  a chain's return-to-go. The trainer's returns follow the conversation tree instead, and its
+  per-turn baselines are credit.py's (``trainer.credit``), which says why.
 - Advantage statistics are computed in float64 and returned as float32: a group's variance
   squares its rewards, which overflows float32 from rewards of about 1.8e19 on (NaN advantages).
 - ``token_logprobs`` / ``head_logprobs`` never materialise a (tokens, vocab) tensor beyond one

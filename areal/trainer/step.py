@@ -1,7 +1,7 @@
 """One optimizer step of PPO/GRPO over complete groups, the same on every rank.
 
     ring records ─► GroupCollector (complete groups, in completion order; partial ones held)
-                 ─► compute_advantages (group-normalised; per-turn returns when rows carry rewards)
+                 ─► compute_advantages (group-normalised; trainer.credit: per-call credit, credit.py)
                  ─► pack_rows ─► micro-batches ─► the loss chosen once (make_policy_loss) ─► AdamW
 
 Invariants: a step's logprob agreement (``logprob_max_diff``) and proximal logprobs are measured
@@ -25,9 +25,10 @@ import torch.distributed as dist
 from areal.protocol import Trajectory, decode_trajectory
 from areal.ring import RecordSource
 from areal.trainer.checkpoint import DataPosition
-from areal.trainer.config import LOSSES, TrainerConfig
+from areal.trainer.config import CREDITS, LOSSES, TrainerConfig
+from areal.trainer.credit import chain_parents, tree_depths, tree_returns, turn_advantages
 from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
-from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, turn_returns
+from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate
 from areal.trainer.packing import MicroBatch, pack_rows
 
 
@@ -95,16 +96,21 @@ class GroupCollector:
         self.consumed, self.last_seq, self.skip_through = position.consumed, position.last_seq, position.last_seq
 
 
-def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float) -> list[torch.Tensor]:
-    """One (rows,) advantage tensor per trajectory, normalised per group.
+def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float, credit: str = "turn") -> list[torch.Tensor]:
+    """One (rows,) advantage tensor per trajectory, normalised per group; ``credit`` picks the
+    estimator (areal/trainer/credit.py, which says why).
 
     Rows that all carry the episode's reward (a float reward), or no reward at all, share the
-    episode reward as their return; rows that carry their own rewards (a {completion_id: reward}
-    dict) get discounted per-turn returns. Returns are float64 (a float32 group variance overflows
-    on large rewards); a non-finite reward is a ``ValueError`` naming its episode: the controller
-    fails such episodes, so one reaching the trainer is a bug of whatever wrote the ring.
+    episode reward as their return. Rows that carry their own rewards (a {completion_id: reward}
+    dict): under ``turn``, discounted returns over the conversation tree (``row_parents``; a
+    record without it is read as a chain in call order); under ``episode``, the episode reward
+    (their sum). Returns are float64 (a float32 group variance overflows on large rewards); a
+    non-finite reward is a ``ValueError`` naming its episode: the controller fails such
+    episodes, so one reaching the trainer is a bug of whatever wrote the ring.
     """
-    returns = []
+    if credit not in CREDITS:
+        raise ValueError(f"trainer.credit must be one of {CREDITS}, got {credit!r}")
+    returns, depths = [], []
     for t in trajs:
         rr32 = t.array("row_rewards")  # (K,) float32 on the wire
         if not (np.isfinite(t.reward) and np.isfinite(rr32).all()):
@@ -112,11 +118,19 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
                 f"episode {t.episode_id} (group {t.group_id}) reached the trainer with a non-finite reward: "
                 f"episode reward {t.reward!r}, row rewards {rr32.tolist()[:8]}"
             )
-        if rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any()):
-            returns.append(torch.full((max(rr32.size, 1),), float(t.reward), dtype=torch.float64))
+        k = max(rr32.size, 1)
+        parents = t.array("row_parents").tolist() if len(t.row_parents) else chain_parents(k)
+        depths.append(tree_depths(parents))
+        shared = rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any())
+        if shared or credit == "episode":
+            returns.append(np.full(k, float(t.reward)))
         else:
-            returns.append(turn_returns(torch.from_numpy(rr32.astype(np.float64)), turn_discount, dtype=torch.float64))
-    adv = episode_advantages(returns, [t.group_id for t in trajs], eps)
+            returns.append(tree_returns(rr32, parents, turn_discount))
+    group_ids = [t.group_id for t in trajs]
+    if credit == "turn":
+        adv = turn_advantages(returns, depths, group_ids, eps)
+    else:
+        adv = episode_advantages([torch.from_numpy(r) for r in returns], group_ids, eps)
     return [a[: t.array("row_lens").shape[0]] for a, t in zip(adv, trajs)]
 
 
@@ -232,7 +246,7 @@ def train_step(
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     params = [p for p in scorer.parameters() if p.requires_grad]
     device = params[0].device
-    adv = compute_advantages(trajs, config.turn_discount, config.adv_eps)
+    adv = compute_advantages(trajs, config.turn_discount, config.adv_eps, config.credit)
     adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
     minis = [
         [_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part], config.micro_batch_tokens)]
