@@ -139,15 +139,18 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     sharded = config.parallel == "fsdp2"
     full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding
-    reference = None
-    if config.kl_coef > 0:
+    reference: torch.nn.Module | None = None
+    if config.kl_coef > 0 and not config.lora.enabled:  # LoRA's reference is its own frozen base, below
         reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems)
     published: torch.nn.Module | MergedWeights = model  # what rank 0 saves and pushes (DDP): the model, or LoRA's merge of it
     if config.lora.enabled:  # peft is the optional `lora` extra: imported only when asked for
-        from areal.trainer.lora import MergedWeights, attach_adapters
+        from areal.trainer.lora import AdaptersOff, MergedWeights, attach_adapters
 
-        published = MergedWeights(attach_adapters(model, config.lora))  # injects the adapters into `model` in place
+        adapters = attach_adapters(model, config.lora)  # injects the adapters into `model` in place
+        published = MergedWeights(adapters)
     scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
+    if config.kl_coef > 0 and config.lora.enabled:
+        reference = AdaptersOff(scorer, adapters)  # the initial weights without a copy of them
     if sharded:
         scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
     elif world > 1:
