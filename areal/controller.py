@@ -276,6 +276,7 @@ class Controller:
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
+                await self._settle_engine_death()
                 raise RunFailed(self._with_engine_death(self.failure))
             await self.periodic_eval.drain()  # not beside the "after" evaluation
             eval_after = (
@@ -544,6 +545,14 @@ class Controller:
         if self.fleet is None:
             return None
         return self.fleet_failure or (self.fleet.death() if self.fleet.count == 1 else None)
+
+    async def _settle_engine_death(self, wait_s: float = 1.0) -> None:
+        """Give a killed engine's exit a moment to become visible: its sockets are reset before
+        the kernel lets its parent reap it, so a failure caused by the death (a reset weight push
+        or request) can arrive first, and the run must still name the death as the cause."""
+        deadline = time.monotonic() + wait_s
+        while self.fleet is not None and self._engine_death() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     def _with_engine_death(self, failure: str) -> str:
         """``failure``, led by the engine's death when the engine died: a trainer's weight push or

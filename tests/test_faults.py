@@ -268,7 +268,7 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     Whatever the point: the zygote's death is absorbed (the run finishes), the engine's or the
     trainer's stops the run naming it; every episode has one line; the accepted-but-untrained
     ones are listed; no partial write and no temp folder of the run is left behind."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = int(os.environ.get("FAULT_SEED", int.from_bytes(os.urandom(4), "little")))  # FAULT_SEED replays a case
     rng = random.Random(seed)
     after_lines, extra_s = rng.randint(1, 10), rng.uniform(0.0, 1.5)
     why = f"seed {seed}: kill the {component} after {after_lines} episode lines + {extra_s:.2f} s"
@@ -314,7 +314,7 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
             "engine": f"the inference engine (pid {killed}) died (signal SIGKILL)",
             "trainer": "trainer process exited with code",
         }[component]
-        assert component != "zygote" and named in err, (why, err[-3000:])
+        assert component != "zygote" and named in err, (why, err[-8000:])
     if component == "zygote":
         cut = [json.loads(x) for x in log.read_text().splitlines() if '"crashed"' in x]
         assert all(e["error"].startswith("infrastructure failure, group re-admitted:") for e in cut), (why, cut)
