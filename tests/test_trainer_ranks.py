@@ -195,7 +195,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
             **{**BASE, "steps": 1},
         )
         msgs_a = run(torchrun(2), first, tmp_path)
-        assert (tmp_path / "fsdp" / "checkpoints" / "step-00000001" / "optimizer.pt").exists()
+        assert (tmp_path / "fsdp" / "checkpoints" / "step-00000001" / "state" / ".metadata").exists()  # torch.distributed.checkpoint
         msgs_b = run(torchrun(2), dataclasses.replace(first, trainer=dataclasses.replace(first.trainer, steps=2, resume=True)), tmp_path)
     finally:
         rings.close()
@@ -212,8 +212,12 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
     final = params(tmp_path / "fsdp" / "final")
     for name, p in params(tmp_path / "fsdp" / "weights" / "v2").items():
         assert torch.equal(final[name], p), name
-    ckpt = torch.load(tmp_path / "fsdp" / "checkpoints" / "step-00000002" / "model.pt", weights_only=True)
-    for name, p in final.items():  # full tensors under the HF names, not shards
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = tmp_path / "ckpt-2.pt"  # the shards of both ranks, put together
+    dcp_to_torch_save(tmp_path / "fsdp" / "checkpoints" / "step-00000002" / "state", whole)
+    ckpt = torch.load(whole, weights_only=True)["model"]
+    for name, p in final.items():  # full tensors under the HF names
         assert torch.equal(ckpt[name], p), name
 
 
