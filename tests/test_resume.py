@@ -114,7 +114,9 @@ def check_continued(run_dir: Path, stderr: str) -> dict:
     # versions >= the checkpoint's step, and at the first step after it the trainer's logprobs of
     # the tokens sampled by that version agree with the engine's.
     episodes = lines(run_dir / "episodes.jsonl")
-    resumed = [e for e in episodes if "-resume" in e["episode_id"] or int(re.match(r"g(\d+)-", e["episode_id"]).group(1)) >= plan["next_position"]]
+    resumed = [
+        e for e in episodes if "-resume" in e["episode_id"] or int(re.match(r"g(\d+)-", e["episode_id"]).group(1)) >= plan["next_position"]
+    ]
     if step == STEPS:  # killed after the last checkpoint: nothing was left to train
         return plan
     assert resumed or len(plan["replayed"]) == (STEPS - step) * GROUPS * SAMPLES, "the second start ran no episode"
