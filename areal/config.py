@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal.cluster.config import ClusterConfig
 from areal.gateway import GatewayConfig
 from areal.recovery import RecoverConfig
 from areal.trackers import TrackerConfig, check_loggers
@@ -24,7 +25,8 @@ from sandbox.isolation import SandboxConfig
 @dataclass
 class ModelConfig:
     # "embedded": the offline default, built on first use; "scripted": the test model whose replies
-    # are fixed by contract (areal/embedded/scripted.py: plumbing checks of your agent); else an HF dir
+    # are fixed by contract (areal/embedded/scripted.py: plumbing checks of your agent); "embedded-agent":
+    # the default fine-tuned to use the calculator tool, unreliably (areal/embedded/agentic.py); else an HF dir
     path: str = "embedded"
 
     def __post_init__(self) -> None:
@@ -236,6 +238,8 @@ class TrainConfig:
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     # A run directory holding a killed run: continue it from its last checkpoint (auto) or refuse (off).
     recover: RecoverConfig = field(default_factory=RecoverConfig)
+    # Where the processes run: this host, or the trainer on a node of a Ray cluster (areal/cluster/).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         if self.ring_capacity_mb < 1:

@@ -46,6 +46,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,15 +222,27 @@ class Controller:
 
             for name in reclaim_stale("areal-"):  # segments of runs that crashed before unlinking
                 tqdm.write(f"[ring] removed stale shared-memory segment {name}")
-            rings = []  # one per trainer rank; whole groups go round-robin, so each rank gets its share
-            for rank in range(cfg.trainer.ranks):
-                rings.append(RingWriter(ring_name(self.run_id, rank), cfg.ring_capacity_mb << 20))
-                stack.callback(rings[-1].close, unlink=True)
             pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
-            pull.bind(f"ipc://{sock_dir}/trainer.sock")
             stack.callback(pull.close, 0)
-            trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
-            stack.callback(stop_group, trainer_proc, 5.0)
+            if cfg.cluster.kind == "ray":  # rings and trainer on a Ray node, fed over TCP (areal/cluster/ray_trainer.py)
+                from areal.cluster.ray_trainer import RayTrainerPlacement
+
+                placement = await asyncio.to_thread(
+                    RayTrainerPlacement.place, cfg.cluster, self.run_id, cfg.trainer.ranks, cfg.ring_capacity_mb << 20
+                )
+                stack.callback(placement.close)
+                tqdm.write(f"[cluster] trainer placed on Ray node {placement.node_id} ({placement.node_ip})")
+                rings = placement.rings  # same surface as a RingWriter's for _publish
+                report_addr = placement.bind_report(pull)
+                trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, report_addr, placement.start_trainer)
+            else:
+                rings = []  # one per trainer rank; whole groups go round-robin, so each rank gets its share
+                for rank in range(cfg.trainer.ranks):
+                    rings.append(RingWriter(ring_name(self.run_id, rank), cfg.ring_capacity_mb << 20))
+                    stack.callback(rings[-1].close, unlink=True)
+                pull.bind(f"ipc://{sock_dir}/trainer.sock")
+                trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
+                stack.callback(stop_group, trainer_proc, 5.0)
 
             runner = await self._start_runner(gateway_addr, http_url)
             if runner is not None:
@@ -334,7 +347,9 @@ class Controller:
             raise RunFailed(f"model.path {path} is not an HF model directory (no config.json)")
         return path
 
-    def _start_trainer(self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str) -> subprocess.Popen:
+    def _start_trainer(
+        self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str, start: Callable[[TrainerJob, Path], Any] = start_trainer
+    ) -> subprocess.Popen:
         cfg = self.config
         job = TrainerJob(
             model_path=str(model_dir),
@@ -351,7 +366,7 @@ class Controller:
             resume_from=str(self.resume.checkpoint) if self.resume is not None and self.resume.checkpoint else "",
             journaled=self.journal is not None,
         )
-        return start_trainer(job, self.run_dir)
+        return start(job, self.run_dir)  # start_trainer here, or on a Ray node (RayTrainerPlacement.start_trainer)
 
     async def _load_resumed_weights(self, urls: list[str], trainer: subprocess.Popen) -> None:
         """Have every engine serve the checkpoint's weights as version S before any rollout: the

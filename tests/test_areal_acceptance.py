@@ -82,7 +82,7 @@ def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path)
     ignored = _ignored(proc.stderr)
     for key in ("enable_offload", "cluster.n_gpus_per_node", "rollout.backend", "rollout.queue_size", "actor.backend", "actor.dtype"):
         assert key in ignored, key
-    for key in ("actor.reward_scaling", "actor.adv_norm", "actor.rejection_sampling", "ref", "sglang", "vllm", "saver", "recover"):
+    for key in ("actor.reward_scaling", "actor.adv_norm", "actor.rejection_sampling", "ref", "sglang", "vllm", "saver", "recover.freq_secs"):
         assert key in ignored, key
     assert "evaluator.freq_epochs" in ignored and "evaluator.freq_steps" not in ignored  # freq_steps: data.eval_every
     assert "stats_logger.wandb" not in ignored  # wandb.mode: disabled is honoured
@@ -91,6 +91,7 @@ def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path)
     assert "read as 'embedded'" in ignored["rollout.backend"]
     config = json.loads((run_dir / "config.json").read_text())
     rollout, trainer = config["rollout"], config["trainer"]
+    assert config["recover"] == {"mode": "off"}  # recover.mode: disabled, honoured
     assert rollout["agent"] == "areal.workflow.openai.math_agent:MathAgent" and rollout["openai"]["mode"] == "subproc"
     assert rollout["agent_kwargs"] == {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "max_completion_tokens": 48, "max_turns": 4}
     assert (rollout["n_samples"], rollout["groups_per_step"], config["seed"]) == (4, 2, 7)
