@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine with nothing but Python 3.11+:
-#   make demo   create .venv, install pinned deps, train the embedded default end to end
+#   make demo   create .venv, install pinned deps, train the calculator agent on the embedded model end to end
 #   make test   same set-up, then the test suite
 PY      ?= python3
 VENV    := .venv
@@ -36,8 +36,11 @@ model: venv
 test-models: venv
 	$(VPY) -m areal.embedded --with-scripted
 
-demo: model
-	$(VPY) -m areal.train $(ARGS)
+# The agentic demo (areal/conf/agentic.yaml): the calculator agent on the embedded model's agentic
+# variant (built once after the default, ~5 min); the single-turn task: `python -m areal.train`.
+demo: venv
+	$(VPY) -m areal.embedded --agent
+	$(VPY) -m areal.train --config-name agentic $(ARGS)
 
 # The Node agent test's npm dependency (the official openai client), from the npm registry.
 NODE_AGENT := tests/node_agent

@@ -82,7 +82,16 @@ def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path)
     ignored = _ignored(proc.stderr)
     for key in ("enable_offload", "cluster.n_gpus_per_node", "rollout.backend", "rollout.queue_size", "actor.backend", "actor.dtype"):
         assert key in ignored, key
-    for key in ("actor.reward_scaling", "actor.adv_norm", "actor.rejection_sampling", "ref", "sglang", "vllm", "saver", "recover.freq_secs"):
+    for key in (
+        "actor.reward_scaling",
+        "actor.adv_norm",
+        "actor.rejection_sampling",
+        "ref",
+        "sglang",
+        "vllm",
+        "saver",
+        "recover.freq_secs",
+    ):
         assert key in ignored, key
     assert "evaluator.freq_epochs" in ignored and "evaluator.freq_steps" not in ignored  # freq_steps: data.eval_every
     assert "stats_logger.wandb" not in ignored  # wandb.mode: disabled is honoured

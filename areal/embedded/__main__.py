@@ -1,6 +1,7 @@
 """``python -m areal.embedded [--with-scripted]``: build (if not cached) the embedded default
 model, and with ``--with-scripted`` the scripted test model alongside, in a second process (one
-torch thread each); print what each build measured. ``--scripted-only`` builds just the latter."""
+torch thread each); print what each build measured. ``--scripted-only`` builds just the latter;
+``--agent`` also the agentic variant (``agentic.py``), after the default, its base."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--with-scripted", action="store_true", help="also build the scripted test model, in a second process alongside")
     parser.add_argument("--scripted-only", action="store_true", help="build only the scripted test model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    parser.add_argument("--agent", action="store_true", help="also build the agentic variant (agentic.py), after the default")
     args = parser.parse_args()
     if args.scripted_only:
         _report_scripted(str(ensure_scripted_model(args.cache_dir, progress=not args.quiet, force=args.force)))
@@ -62,6 +64,13 @@ def main() -> None:
         if scripted is not None and scripted.wait() != 0:
             raise SystemExit(f"the scripted test model's build failed (exit status {scripted.returncode})")
     _report_default(str(path))
+    if args.agent:
+        from areal.embedded.agentic import ensure_agent_model
+
+        agent = ensure_agent_model(args.cache_dir, progress=not args.quiet, force=args.force)
+        info = read_build_info(agent)
+        probe = "  ".join(f"{k} {v:.3f}" for k, v in info["probe"].items())
+        print(f"agentic variant: {agent}\n  built in {info['build_seconds']:.1f} s; calculator agent on held-out problems: {probe}")
 
 
 if __name__ == "__main__":

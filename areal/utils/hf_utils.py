@@ -1,5 +1,6 @@
 """``load_hf_tokenizer(path)``: AReaL's tokenizer loader; ``"embedded"`` means the built-in model,
-``"scripted"`` the built-in test model (replies fixed by contract, ``areal.embedded.scripted``)."""
+``"scripted"`` the built-in test model (replies fixed by contract, ``areal.embedded.scripted``),
+``"embedded-agent"`` the calculator agent's variant (``areal.embedded.agentic``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def resolve_model_path(path: str) -> str:
         from areal.embedded import ensure_scripted_model
 
         return str(ensure_scripted_model())
+    if path == "embedded-agent":  # the default model fine-tuned for the calculator agent (make demo)
+        from areal.embedded.agentic import ensure_agent_model
+
+        return str(ensure_agent_model())
     if os.path.isdir(path) or os.path.isabs(path) or path.startswith(".") or path.count("/") != 1:
         return path
     from huggingface_hub import snapshot_download  # deferred: only hub ids need it
