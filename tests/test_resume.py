@@ -167,3 +167,22 @@ def test_recover_mode_is_checked():
 
     with pytest.raises(ValueError, match=r"recover.mode must be one of \('auto', 'off'\), got 'sometimes'"):
         RecoverConfig(mode="sometimes")
+
+
+def test_a_checkpoint_refuses_a_model_of_another_shape(tmp_path):
+    """A checkpoint written with LoRA adapters (other parameter names) is not loaded into a run
+    without them: the error names trainer.lora instead of a key mismatch deep in the loader."""
+    import torch
+
+    from areal.trainer.checkpoint import DataPosition, load_checkpoint, save_checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    shape = {"lora": {"rank": 4}}
+    path = save_checkpoint(tmp_path, 1, 1, 0, 1, model, optimizer, DataPosition(0, -1), lambda: None, model_shape=shape)
+    meta, _ = load_checkpoint(path, 0, 1, model, optimizer, positions=False, model_shape=shape)
+    assert (meta["step"], meta["model_shape"]) == (1, shape)
+    with pytest.raises(ValueError, match=r"holds a model trained with \{'lora': \{'rank': 4\}\}, this run's is \{\}.*trainer.lora"):
+        load_checkpoint(path, 0, 1, model, optimizer, positions=False, model_shape={})

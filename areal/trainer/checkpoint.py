@@ -5,7 +5,7 @@ Layout (one directory per checkpoint; it exists under its final name only once c
     run_dir/checkpoints/
       .tmp-step-00000012/      being written (a crash leaves it behind; the next save removes it)
       step-00000012/           renamed from .tmp-* after every file below is written
-        meta.json              {"step", "version", "world_size"}
+        meta.json              {"step", "version", "world_size", "model_shape"} (model_shape: trainer.lora)
         state/                 model + optimizer, torch.distributed.checkpoint format (every rank
                                writes its shards; DTensor shards under FSDP2, one copy of replicated
                                DDP tensors); keys are parameter names, so any rank count loads it
@@ -37,10 +37,12 @@ Not covered: a torn write of the storage itself (no fsync: SIGKILL is covered, p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -73,6 +75,7 @@ def save_checkpoint(
     barrier: Callable[[], None],
     keep: int = 2,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    model_shape: dict | None = None,
 ) -> Path:
     """Write checkpoint ``step`` (every rank calls this: the state is saved collectively); returns
     its final directory. ``model`` and ``optimizer`` are the trained module and its optimizer
@@ -89,12 +92,14 @@ def save_checkpoint(
     torch.save(torch.get_rng_state(), tmp / f"rng-r{rank}.pt")
     (tmp / f"data-r{rank}.msgpack").write_bytes(msgspec.msgpack.encode(position))
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")
+    with _one_process_quiet():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state", no_dist=not _distributed())
     barrier()
     if rank == 0:
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": version, "world_size": world}))
+        meta = {"step": step, "version": version, "world_size": world, "model_shape": model_shape or {}}
+        (tmp / "meta.json").write_text(json.dumps(meta))
         os.rename(tmp, final)
         for old in sorted(p for p in root.iterdir() if p.name.startswith(PREFIX))[:-keep]:
             shutil.rmtree(old)
@@ -110,6 +115,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     positions: bool = True,
+    model_shape: dict | None = None,
 ) -> tuple[dict, DataPosition | None]:
     """Restore model, optimizer, learning-rate schedule and RNG in place (every rank calls this);
     return (meta, this rank's DataPosition, or None with ``positions=False``). The schedule loads
@@ -122,9 +128,16 @@ def load_checkpoint(
             f"with {world} is not possible (each rank's ring position is its own): resume the whole run instead "
             "(the same command again, recover.mode=auto), which replays the records into new rings at any rank count"
         )
+    saved = meta.get("model_shape", {})
+    if model_shape is not None and saved != model_shape:  # e.g. trainer.lora changed: other parameter names
+        raise ValueError(
+            f"checkpoint {path} holds a model trained with {saved or 'no recorded settings'}, this run's is {model_shape}: "
+            "resume with the settings it was written with (trainer.lora), or start a new run"
+        )
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path / "state")
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=path / "state", no_dist=not _distributed())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
@@ -134,3 +147,17 @@ def load_checkpoint(
         return meta, None
     position = msgspec.msgpack.decode((path / f"data-r{rank}.msgpack").read_bytes(), type=DataPosition)
     return meta, position
+
+
+def _distributed() -> bool:
+    """Whether the ranks form a process group (one DDP rank has none: its checkpoint is one process's)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _one_process_quiet() -> Iterator[None]:
+    """torch.distributed.checkpoint warns on every save and load of a single process that it
+    assumes a single process; that is what one rank without a group is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield

@@ -174,12 +174,13 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     collector = GroupCollector(reader, config.record_timeout_s)
     episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
     start = 0
+    shape = {"lora": dataclasses.asdict(config.lora)} if config.lora.enabled else {}  # what the state's names depend on
     if job.resume_from:  # a whole run resumed: the state, not the ring positions (new rings, any world size)
-        meta, _ = load_checkpoint(Path(job.resume_from), rank, world, model, optimizer, scheduler, positions=False)
+        meta, _ = load_checkpoint(Path(job.resume_from), rank, world, model, optimizer, scheduler, positions=False, model_shape=shape)
         start = meta["step"]
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        meta, position = load_checkpoint(ckpt, rank, world, model, optimizer, scheduler)
+        meta, position = load_checkpoint(ckpt, rank, world, model, optimizer, scheduler, model_shape=shape)
         collector.restore(position)
         start = meta["step"]
     if config.resume or job.resume_from:  # steps after the checkpoint (all, without one) are trained again
@@ -232,6 +233,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                     barrier,
                     keep=config.keep_checkpoints,
                     scheduler=scheduler,
+                    model_shape=shape,
                 )
                 # After the rename: the checkpoint holds them now. The ring may not have re-delivered
                 # all records up to collector.last_seq yet after a resume; those get skipped later.
