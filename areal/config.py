@@ -242,6 +242,13 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
+        if self.trainer.resume_mode:  # verl's trainer.resume_mode, read as recover.mode
+            try:
+                self.recover = RecoverConfig(mode=self.trainer.resume_mode)
+            except ValueError:
+                raise ValueError(
+                    f"trainer.resume_mode (verl's spelling of recover.mode) must be auto or disable, got {self.trainer.resume_mode!r}"
+                ) from None
         if self.ring_capacity_mb < 1:
             raise ValueError("ring_capacity_mb must be >= 1")
         if self.view_record_mb < 0:

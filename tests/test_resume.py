@@ -167,6 +167,13 @@ def test_recover_mode_is_checked():
 
     with pytest.raises(ValueError, match=r"recover.mode must be one of \('auto', 'off'\), got 'sometimes'"):
         RecoverConfig(mode="sometimes")
+    from areal.config import TrainConfig
+    from areal.trainer.config import TrainerConfig
+
+    assert [RecoverConfig(mode=m).mode for m in ("disabled", "fault", "resume")] == ["off", "auto", "auto"]  # AReaL's spellings
+    assert TrainConfig(trainer=TrainerConfig(resume_mode="disable")).recover.mode == "off"  # verl's key and value
+    with pytest.raises(ValueError, match="trainer.resume_mode .* must be auto or disable, got 'later'"):
+        TrainConfig(trainer=TrainerConfig(resume_mode="later"))
 
 
 def test_a_checkpoint_refuses_a_model_of_another_shape(tmp_path):

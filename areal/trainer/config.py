@@ -115,6 +115,8 @@ class TrainerConfig:
     checkpoint_every: int = 10  # steps between atomic checkpoints under run_dir/checkpoints (0: never; a killed run resumes from the last)
     keep_checkpoints: int = 2  # complete checkpoints kept (newest first)
     resume: bool = False  # start from the latest checkpoint in run_dir
+    # verl's spelling of recover.mode (auto | disable): when set, it decides recover.mode (areal/recovery.py)
+    resume_mode: str = ""
     keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
     record_timeout_s: float = 600.0  # fail if the ring yields no record for this long
     engine_timeout_s: float = 300.0  # HTTP timeout of one weight update call
