@@ -29,12 +29,13 @@ venv: $(STAMP)
 
 # Builds the embedded tokenizer + model once (cached by content hash under $$AREAL_CACHE,
 # default ~/.cache/areal). The tests also need the scripted test model (replies fixed by
-# contract, areal/embedded/scripted.py): built alongside, one torch thread each.
+# contract, areal/embedded/scripted.py): built alongside, one torch thread each; and the agentic
+# demo's variant (areal/embedded/agentic.py), fine-tuned from the default after it.
 model: venv
 	$(VPY) -m areal.embedded
 
 test-models: venv
-	$(VPY) -m areal.embedded --with-scripted
+	$(VPY) -m areal.embedded --with-scripted --agent
 
 # The agentic demo (areal/conf/agentic.yaml): the calculator agent on the embedded model's agentic
 # variant (built once after the default, ~5 min); the single-turn task: `python -m areal.train`.

@@ -9,6 +9,10 @@ this agent really executes them. A call it cannot execute (unknown tool, argumen
 a JSON object, an expression outside + - * / and parentheses) is answered with an ``error: ...``
 tool message: a bad call is the policy's mistake, scored by the final answer, not a crash.
 
+``make demo`` trains this agent (``areal/conf/agentic.yaml``) on the embedded model's agentic
+variant (``areal/embedded/agentic.py``), SFT-trained to use the tool unreliably: RL teaches it
+to call, with well-formed arguments, and to answer with the result.
+
 Invariants: at most ``max_turns`` model calls; every call's tokens are recorded by the gateway
 (the tool turns included, each a row of the episode); the reward (a float, shared by every row)
 is the math-answer verifier's verdict on the last answer.
