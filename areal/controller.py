@@ -154,6 +154,7 @@ class Controller:
         self.fleet_failure: str | None = None  # why the fleet could not go on (its supervisor's verdict)
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
+        self.window_calls: list[tuple[int, int]] = []  # (LLM calls, tool calls) of each episode since then
         r = config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
@@ -697,7 +698,9 @@ class Controller:
             "error": reason(o.error),
             "log_tail": o.log_tail,
             "drift": s.drift,
+            "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
         }
+        self.window_calls.append((len(inters), record["tool_calls"]))
         self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
 
     def _decode(self, ids: list[int]) -> str:
@@ -738,6 +741,7 @@ class Controller:
 
     def _record_step(self, r: TrainerReport) -> None:
         window, self.window = self.window, []
+        calls, self.window_calls = self.window_calls, []
         statuses: dict[str, int] = {}
         for o in window:
             statuses[o.status] = statuses.get(o.status, 0) + 1
@@ -748,6 +752,15 @@ class Controller:
             **r.metrics,
             **{f"episodes_{k}": v for k, v in statuses.items()},
             **{f"failures_{c}": sum(1 for o in window if o.failure_class == c) for c in FAILURE_CLASSES},
+            # what the agents did: LLM calls and well-formed tool calls per episode (logged since the last step)
+            **(
+                {
+                    "calls_per_episode": sum(c for c, _ in calls) / len(calls),
+                    "tool_calls_per_episode": sum(t for _, t in calls) / len(calls),
+                }
+                if calls
+                else {}
+            ),
             **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
             "time": time.time(),
         }

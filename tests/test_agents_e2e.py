@@ -175,6 +175,13 @@ def test_agent_trains_end_to_end_in_the_sandbox(tmp_path, tokenizer, agent, kind
     assert all(e["status"] == "ok" for e in episodes), [e for e in episodes if e["status"] != "ok"][:2]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["version"] for m in steps] == [1] and np.isfinite(steps[0]["loss"])
+    # What the agents did, per episode and per step: LLM calls and the well-formed tool calls they received.
+    assert steps[0]["calls_per_episode"] == pytest.approx(np.mean([e["interactions"] for e in episodes]))
+    assert steps[0]["tool_calls_per_episode"] == pytest.approx(np.mean([e["tool_calls"] for e in episodes]))
+    if kind == "tools":  # the scripted model calls the calculator whenever tools are offered
+        assert all(e["tool_calls"] >= 1 for e in episodes), [e["tool_calls"] for e in episodes]
+    elif kind == "plain":
+        assert all(e["tool_calls"] == 0 for e in episodes)
 
     trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
     assert len(trajectories) == n_samples and all(t.status == "ok" for t in trajectories)

@@ -246,6 +246,7 @@ def record_choice(
         created=time.time(),
         parent_id=prompt.parent_id,
         output_versions=versions,
+        tool_calls=len(parsed.tool_calls),
     )
     session.interactions[inter.id] = inter
     reply = {

@@ -41,6 +41,7 @@ class Interaction(msgspec.Struct):
     parent_id: str | None = None  # the interaction whose prompt + output this prompt extends
     messages_hash: str = ""  # hex digest of the normalised (tools, prompt messages, reply) it answers
     output_versions: list[int] = []  # per-token version when a generation spanned a weight update
+    tool_calls: int = 0  # well-formed tool calls the gateway parsed out of output_ids (what the agent received)
 
 
 class InteractionWithTokenLogpReward(msgspec.Struct):
