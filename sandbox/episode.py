@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 
 
 def start_relay(gateway_addr: str) -> Relay:
-    """In a slot, before its spawn arrives: the relay's port is bound and its thread starts.
-    The relay knows no key: the agent sends its own in every request."""
+    """In a slot, before its spawn arrives: the relay's port is bound and its thread starts,
+    which sets up the HTTP server on the agent's first connection (most agents use the handed
+    ``http_client`` and never connect). The relay knows no key: the agent sends its own in every
+    request."""
     from sandbox.relay import Relay
 
-    return Relay.start(gateway_addr, wait=False)  # requests queue in the backlog until it serves
+    return Relay.start(gateway_addr, lazy=True)  # requests queue in the backlog until it serves
 
 
 def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay) -> EpisodeOutcome:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import select
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -215,8 +216,13 @@ class Relay:
     """HTTP/1.1 server on 127.0.0.1:<free port> relaying every request to the gateway.
 
     The listening socket is bound in the caller's thread, so the port is known and connections
-    queue in the backlog at once; the serving thread sets up aiohttp without holding up the
-    agent (that set-up costs tens of milliseconds, on the spawn-to-running path otherwise).
+    queue in the backlog at once. The serving thread sets up aiohttp (an event loop, the app, a
+    ZeroMQ context: milliseconds of CPU, and page copies of the zygote's memory) only when the
+    first connection arrives, or at once with ``lazy=False``. Most Python agents never connect:
+    they use the ``http_client`` handed to them, which goes straight to the gateway
+    (``ZmqTransport``), so in a slot (``lazy=True``) the relay costs them one thread blocked in
+    ``select``; agents that speak HTTP (LangChain's own clients, ``exec:`` programs) pay the set-up
+    on their first request instead of ahead of it.
     """
 
     def __init__(self, gateway_addr: str) -> None:
@@ -228,14 +234,17 @@ class Relay:
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="sandbox-relay", daemon=True)
+        self._lazy = False
 
     @classmethod
-    def start(cls, gateway_addr: str, wait: bool = True) -> Relay:
+    def start(cls, gateway_addr: str, wait: bool = True, lazy: bool = False) -> Relay:
         """Start the relay thread; with ``wait``, return once it serves (else at once: requests
-        wait in the listen backlog until it does)."""
+        wait in the listen backlog until it does). ``lazy``: the thread sets up the server when
+        the first connection arrives (``wait`` is then ignored: nothing is set up to wait for)."""
         relay = cls(gateway_addr)
+        relay._lazy = lazy
         relay._thread.start()
-        if wait:
+        if wait and not lazy:
             relay._started.wait()
             if relay._error is not None:
                 raise RuntimeError(f"relay failed to start: {relay._error!r}") from relay._error
@@ -246,6 +255,10 @@ class Relay:
         return f"http://127.0.0.1:{self.port}"
 
     def _serve(self) -> None:
+        if self._lazy:  # a pending connection makes the listening socket readable
+            waiting = select.poll()  # not select.select: the fd may pass FD_SETSIZE
+            waiting.register(self._sock, select.POLLIN)
+            waiting.poll()
         loop = asyncio.new_event_loop()
         try:
             runner = loop.run_until_complete(self._listen())

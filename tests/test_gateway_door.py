@@ -311,3 +311,34 @@ def test_relay_channel_answers_502_without_a_gateway_and_connects_again_later(fi
     failed, later = asyncio.run(main())
     assert failed.status == 502 and says in failed.body and not failed.more
     assert later.status == 200 and later.body == b"up"
+
+
+def test_lazy_relay_sets_up_its_server_on_the_first_connection_and_serves_it() -> None:
+    """A slot's relay (``lazy=True``) builds no event loop, app or ZeroMQ context until an agent
+    connects; the connection that wakes it is served, not dropped."""
+    import threading as _threading
+    import urllib.request
+
+    from sandbox.relay import Relay
+
+    async def main() -> tuple[bool, int, bytes]:
+        address = _addr()
+        door = await _gateway_answering(address, b'{"data": []}')
+        try:
+            threads_before = {t.name for t in _threading.enumerate()}
+            relay = Relay.start(address, lazy=True)
+            await asyncio.sleep(0.3)
+            idle = not relay._started.is_set() and "sandbox-relay" in {t.name for t in _threading.enumerate()} - threads_before
+
+            def get() -> tuple[int, bytes]:
+                with urllib.request.urlopen(f"{relay.base_url}/v1/models", timeout=10) as r:
+                    return r.status, r.read()
+
+            status, body = await asyncio.to_thread(get)
+            return idle, status, body
+        finally:
+            door.close()
+
+    idle, status, body = asyncio.run(main())
+    assert idle, "the lazy relay set up its server before any connection"
+    assert status == 200 and body == b'{"data": []}'
