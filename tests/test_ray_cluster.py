@@ -11,19 +11,15 @@ every published episode is trained exactly once.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-
-from areal.trajectories import read_saved_trajectories  # noqa: E402
+from run_checks import check_trained_as_sampled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,43 +61,7 @@ def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"[cluster] trainer placed on Ray node {trainer_node_id}" in proc.stdout + proc.stderr
 
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps] == [1, 2, 3]
-    assert [m["version"] for m in steps] == [1, 2, 3]
-    assert all(np.isfinite(m["loss"]) for m in steps)
-
-    # Every token trained is a token the engine sampled, with its logprob and weight version.
-    served: dict[tuple, list[dict]] = {}
-    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        served.setdefault(tuple(r["input_ids"]), []).append(r)
-    published = read_saved_trajectories(run_dir / "trajectories.bin")
-    seen_versions, recorded_tokens = set(), 0
-    for traj in published:
-        for row in traj.rows():
-            mask = row.loss_mask.astype(bool)
-            n_prompt = int((~mask).sum())
-            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
-            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
-            assert matches, "trajectory tokens that the engine never generated"
-            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
-            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
-            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
-            assert set(row.versions[mask].tolist()) == {version}
-            seen_versions.add(version)
-            recorded_tokens += int(mask.sum())  # sampled tokens: what the trainer's loss counts
-    assert seen_versions == {0, 1, 2}  # bound 0: step k trains on episodes of version k-1
-
-    # Exactly once across the hop: each published episode trained once, nothing trained twice or
-    # unpublished, and the trainer's loss covered every sampled token the controller published.
-    trained = [json.loads(line) for line in (run_dir / "trained_episodes-r0.jsonl").read_text().splitlines()]
-    assert [t["step"] for t in trained] == [1, 2, 3]
-    counts = Counter(e for t in trained for e in t["episodes"])
-    assert max(counts.values()) == 1
-    assert set(counts) == {t.episode_id for t in published}
-    trainer_steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
-    assert sum(m["tokens"] for m in trainer_steps) == recorded_tokens
-    assert (run_dir / "final" / "config.json").is_file()
+    check_trained_as_sampled(run_dir)
 
 
 def test_a_trainer_no_node_can_hold_fails_the_run_naming_the_resources(tmp_path, three_nodes):

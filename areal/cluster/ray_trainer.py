@@ -21,10 +21,12 @@ if this run started it. The actor is owned by the controller: Ray ends it if the
 and the trainer dies with the actor (``die_with_parent``).
 
 What is covered: the trainer (all its ranks, one node, one bundle) placed by resources, GPU or
-custom; trajectories, reports and the exit code across nodes. What is not covered: rollout workers
-(gateway + zygote) on other nodes (the controller runs every episode on its own host), engines
-placed by Ray (they run where the controller runs, or at ``engine.urls``), trainer ranks across
-several nodes, node death (a lost trainer node fails the run; resume it with ``recover.mode=auto``).
+custom; trajectories, reports and the exit code across nodes. Sandboxed rollout workers on other
+nodes are ``areal/cluster/ray_rollout.py`` (``cluster.rollout_workers``; the gateway stays in the
+controller, which still writes these rings). What is not covered: a gateway and trajectory sender
+per rollout worker, engines placed by Ray (they run where the controller runs, or at
+``engine.urls``), trainer ranks across several nodes, the trainer node's death (it fails the run;
+resume it with ``recover.mode=auto``; a lost rollout worker is survived, see ray_rollout.py).
 Requirements: the run directory and the model on storage every node sees at the same path (the
 trainer writes checkpoints and ``weights/v*`` there, engines load them from there), engine URLs the
 trainer node can reach, and the controller on a node of the cluster (not Ray Client).

@@ -268,6 +268,7 @@ class Door:
         self.monitor.setsockopt(zmq.RCVHWM, 0)  # never block libzmq's I/O thread on a lagging loop
         self.monitor.connect(monitor_addr)
         self.sock.bind(address)
+        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()  # tcp://host:0 becomes its port
         self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
         self._loop.add_reader(self.monitor.getsockopt(zmq.FD), self._watch)
         self._guard_timer = self._loop.call_later(_GUARD_S, self._guard)

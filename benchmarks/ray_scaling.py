@@ -1,0 +1,121 @@
+"""Rollout workers on Ray nodes: episodes/s with 1, 2 and 4 workers on a tool-latency-bound agent,
+against linear scaling from the 1-worker figure, same run.
+
+One Ray test cluster on this machine (``ray.cluster_utils.Cluster``: a head node and 4 nodes with
+one CPU and a custom resource ``rollout`` each), one Gateway in this process serving ZeroMQ over
+TCP, and an instant engine (an aiohttp SGLang ``/generate`` stand-in that answers at once): the
+figure is the rollout side alone, not the model. For N = 1, 2, 4 a ``RayRunner``
+(``areal/cluster/ray_rollout.py``) places N workers (a sandbox zygote each, ``slots_per_worker``
+episodes at once), then ``EPISODES_PER_SLOT`` x N x slots episodes are submitted at once and the
+runner's admission spreads them; episodes/s = episodes / wall time from the first submission to
+the last outcome. The agent (``slow_tool_agent``) waits ``TOOL_S`` (an emulated tool call,
+``asyncio.sleep``), then makes one chat completion through its sandbox's relay, the worker's
+bridge and the gateway's TCP door. Baseline: N x the 1-worker figure (linear scaling).
+
+This drives the RayRunner directly (no trainer, no rings, no admission by staleness) to stay
+bounded in time; the whole-run path is tested by tests/test_ray_rollout.py. All "nodes" share this
+machine's cores: with 2 cores, the sandboxes' spawn and exit cost (kernel time per episode, see the
+``sandbox_kernel`` benchmark) and the single gateway's CPU cap the curve long before real nodes
+would. Not measured: real network latency between nodes, a gateway per worker, many controllers.
+
+    python -m benchmarks.run [--quick] ray_scaling
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.sandbox import _InstantWorld
+
+AGENT = "benchmarks/ray_scaling.py:slow_tool_agent"
+TOOL_S = 0.5  # the emulated tool call of every episode
+SLOTS = 8  # cluster.slots_per_worker
+EPISODES_PER_SLOT = 4  # per measured point: N x SLOTS x this many episodes
+WORKERS = (1, 2, 4)
+
+
+async def slow_tool_agent(data: dict, **kw: Any) -> float:
+    """Wait on a "tool", then one chat completion through the gateway."""
+    import openai
+
+    await asyncio.sleep(data["tool_s"])
+    client = openai.AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}], max_tokens=8)
+    return float(bool(reply.choices[0].message.content))
+
+
+async def _episodes_per_s(world: _InstantWorld, workers: int, per_slot: int, log_dir: str) -> tuple[float, int]:
+    from areal.cluster.config import ClusterConfig
+    from areal.cluster.ray_rollout import RayRunner
+    from sandbox import SandboxConfig
+
+    config = ClusterConfig(kind="ray", rollout_workers=workers, worker_resources={"CPU": 1.0, "rollout": 1.0}, slots_per_worker=SLOTS)
+    runner = await RayRunner.start(
+        config, world.gateway, AGENT, SandboxConfig(deadline_s=120), Path(log_dir), {}, 0, f"bench{workers}", print
+    )
+    try:
+        n = workers * SLOTS * per_slot
+        keys = [world.gateway.open_session(f"w{workers}-e{i}") for i in range(n)]
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(runner.run_episode(f"w{workers}-e{i}", {"tool_s": TOOL_S}, k, 120.0) for i, k in enumerate(keys)))
+        wall = time.perf_counter() - t0
+        for k in keys:
+            world.gateway.close_session(k)
+    finally:
+        await runner.close()
+    bad = [o for o in outs if o.status != "ok"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {n} episodes failed; e.g. {bad[0].status}: {bad[0].error[-1500:]}")
+    return n / wall, n
+
+
+async def _measure(quick: bool, tmp: str) -> dict[int, tuple[float, int]]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    world = _InstantWorld()
+    try:
+        for _ in range(max(WORKERS)):
+            cluster.add_node(num_cpus=1, resources={"rollout": 1})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+        await world.start(tmp)
+        per_slot = 2 if quick else EPISODES_PER_SLOT
+        await _episodes_per_s(world, 1, 1, f"{tmp}/warm")  # the first placement pays Ray's worker start-up
+        return {n: await _episodes_per_s(world, n, per_slot, f"{tmp}/w{n}") for n in WORKERS}
+    finally:
+        await world.stop()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def main(quick: bool) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="areal-bench-ray-") as tmp:
+        rates = asyncio.run(_measure(quick, tmp))
+    one = rates[1][0]
+    rows = []
+    for n, (rate, episodes) in rates.items():
+        rows.append(
+            {
+                "benchmark": "ray_scaling",
+                "metric": f"episodes_per_s_{n}_workers",
+                "value": rate,
+                "unit": "ep/s",
+                "baseline": f"linear: {n} x the 1-worker figure",
+                "baseline_value": n * one,
+                "note": f"{episodes} episodes, {SLOTS} slots per worker, {TOOL_S}s tool wait + 1 LLM call (instant engine)",
+            }
+        )
+    print("[ray_scaling] " + ", ".join(f"{n} workers: {r:.1f} ep/s ({r / (n * one):.2f} of linear)" for n, (r, _) in rates.items()))
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    main("--quick" in sys.argv)

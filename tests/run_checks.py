@@ -1,0 +1,58 @@
+"""The single-host end-to-end checks of a finished 3-step run, for the tests that place its parts on
+Ray nodes (tests/test_ray_cluster.py, tests/test_ray_rollout.py): the tokens the engine sampled
+are the tokens trained, versions advance 1..3, and every published episode is trained exactly once."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from areal.protocol import Trajectory
+from areal.trajectories import read_saved_trajectories
+
+
+def check_trained_as_sampled(run_dir: Path) -> list[Trajectory]:
+    """Assert the checks on ``run_dir`` (run with ``save_trajectories=true engine.request_log=true``,
+    ``trainer.steps=3``, ``rollout.max_head_offpolicyness=0``); the published trajectories."""
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["version"] for m in steps] == [1, 2, 3]
+    assert all(np.isfinite(m["loss"]) for m in steps)
+
+    # Every token trained is a token the engine sampled, with its logprob and weight version.
+    served: dict[tuple, list[dict]] = {}
+    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        served.setdefault(tuple(r["input_ids"]), []).append(r)
+    published = read_saved_trajectories(run_dir / "trajectories.bin")
+    seen_versions, recorded_tokens = set(), 0
+    for traj in published:
+        for row in traj.rows():
+            mask = row.loss_mask.astype(bool)
+            n_prompt = int((~mask).sum())
+            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
+            assert matches, "trajectory tokens that the engine never generated"
+            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
+            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
+            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
+            assert set(row.versions[mask].tolist()) == {version}
+            seen_versions.add(version)
+            recorded_tokens += int(mask.sum())  # sampled tokens: what the trainer's loss counts
+    assert seen_versions == {0, 1, 2}  # bound 0: step k trains on episodes of version k-1
+
+    # Exactly once across the hop: each published episode trained once, nothing trained twice or
+    # unpublished, and the trainer's loss covered every sampled token the controller published.
+    trained = [json.loads(line) for line in (run_dir / "trained_episodes-r0.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in trained] == [1, 2, 3]
+    counts = Counter(e for t in trained for e in t["episodes"])
+    assert max(counts.values()) == 1
+    assert set(counts) == {t.episode_id for t in published}
+    trainer_steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    assert sum(m["tokens"] for m in trainer_steps) == recorded_tokens
+    assert (run_dir / "final" / "config.json").is_file()
+    return published
