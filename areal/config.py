@@ -192,13 +192,18 @@ class DataConfig:
     train_size: int = 4000  # embedded task: problems drawn from its train split
     eval_size: int = 500  # embedded task: held-out problems scored before and after training (0 = skip)
     eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
-    eval_temperature: float | None = None  # temperature of those samples; None: rollout.temperature
+    # temperature of those samples; None: rollout.temperature (single_turn), the agent's own (agent)
+    eval_temperature: float | None = None
     # Evaluate the held-out rows also every this many steps during training (0: only before and
     # after), a line each in evals.jsonl; the best step's weights are kept in <run_dir>/best/
     # (areal/periodic_eval.py). AReaL: evaluator.freq_steps.
     eval_every: int = 0
     eval_best_metric: str = "sampled_acc"  # what "best" means: one of EVAL_METRICS
     eval_best_mode: str = "max"  # "max" | "min"
+    # What the held-out evaluations score (areal/agent_eval.py): single_turn (one reply to the bare
+    # question, no tools, straight on the engine) | agent (the run's own agent, rollout.agent with
+    # rollout.agent_kwargs, through the run's runner and gateway; with tool-use statistics).
+    eval_mode: str = "single_turn"
 
     def __post_init__(self) -> None:
         if self.train_size < 1 or self.eval_size < 0 or self.eval_samples < 1:
@@ -209,6 +214,8 @@ class DataConfig:
             raise ValueError(f"data.eval_best_metric must be one of {EVAL_METRICS}, got {self.eval_best_metric!r}")
         if self.eval_best_mode not in ("max", "min"):
             raise ValueError(f"data.eval_best_mode must be 'max' or 'min', got {self.eval_best_mode!r}")
+        if self.eval_mode not in ("single_turn", "agent"):
+            raise ValueError(f"data.eval_mode must be 'single_turn' or 'agent', got {self.eval_mode!r}")
         if self.eval and not self.train:
             raise ValueError("data.eval needs data.train (the embedded task has its own held-out split)")
 
@@ -254,6 +261,11 @@ class TrainConfig:
         if self.view_record_mb < 0:
             raise ValueError(f"view_record_mb must be >= 0 (0: no calls.jsonl), got {self.view_record_mb}")
         check_loggers(self.logger)
+        if self.cluster.rollout_workers and self.rollout.openai.mode != "subproc":
+            raise ValueError(
+                f"cluster.rollout_workers={self.cluster.rollout_workers} runs sandboxed agents on Ray nodes: it needs "
+                f"rollout.openai.mode=subproc, got {self.rollout.openai.mode!r} (inline agents run in the controller)"
+            )
         if self.engine.kind == "vllm" and self.trainer.weight_sync != "disk":
             raise ValueError(
                 "engine.kind=vllm takes weights from disk only: set trainer.weight_sync=disk "

@@ -46,7 +46,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ from areal.agent import (
     check_episode_rewards,
     load_reward_fn,
 )
+from areal.agent_eval import AgentEvaluation, EvalEpisode
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row, stratified_order
@@ -131,6 +132,11 @@ class Controller:
         self.eval_dataset = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
         n_eval = len(self.eval_dataset) if self.eval_dataset else 0 if self.dataset is not None else d.eval_size
         check_eval_rows(config, n_eval)  # data.eval_every needs held-out rows
+        if d.eval_mode == "agent" and self.workflow_kind == "rollout":
+            raise ValueError(
+                "data.eval_mode=agent runs the agent's episodes through the run's runner, and a RolloutWorkflow object has none: "
+                "use data.eval_mode=single_turn, or give the agent as an AgentWorkflow (async run(data, **extra_kwargs))"
+            )
         self.periodic_eval: PeriodicEval | None = None  # evaluation during training; made at the start (it needs the engine)
         self.reward_fn = load_reward_fn(config.reward) if config.reward else None
         self.agent_spec = config.rollout.agent  # what the zygote imports in subproc mode
@@ -154,7 +160,7 @@ class Controller:
         self.fleet_failure: str | None = None  # why the fleet could not go on (its supervisor's verdict)
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
-        self.window_calls: list[tuple[int, int]] = []  # (LLM calls, tool calls) of each episode since then
+        self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
         r = config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
@@ -245,7 +251,7 @@ class Controller:
                 trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
                 stack.callback(stop_group, trainer_proc, 5.0)
 
-            runner = await self._start_runner(gateway_addr, http_url)
+            runner = await self._start_runner(gateway_addr, http_url, gateway)
             if runner is not None:
                 stack.push_async_callback(runner.close)
 
@@ -257,14 +263,16 @@ class Controller:
                 eval_set = []
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            eval_temperature = cfg.rollout.temperature if cfg.data.eval_temperature is None else cfg.data.eval_temperature
+            evaluate_as = self._evaluator(runner, gateway, engine, tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
             # Before training: the initial weights scored once per run (a resumed run reads the score
             # its first start saved; the engines load the checkpoint's weights after it).
             eval_before = self.records.saved_eval_before() if self.resume is not None else None
+            if eval_before is not None and eval_before.get("mode", "single_turn") != cfg.data.eval_mode:
+                eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
             if eval_before is not None:
                 tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
             elif eval_set:
-                eval_before = await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
+                eval_before = await evaluate_as("before")
                 tqdm.write(
                     f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
                 )
@@ -272,9 +280,7 @@ class Controller:
             if self.resume is not None and self.resume.step > 0:
                 await self._load_resumed_weights(engines.urls, trainer_proc)
 
-            evaluate_now = functools.partial(
-                evaluate, engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn
-            )
+            evaluate_now = functools.partial(evaluate_as, "periodic")
             self.periodic_eval = PeriodicEval(cfg, self.run_dir, self.records, evaluate_now if eval_set else None, tqdm.write)
             stack.callback(self.periodic_eval.cancel)
             listener = asyncio.create_task(self._listen(pull, trainer_proc))
@@ -293,22 +299,29 @@ class Controller:
                 await self._settle_engine_death()
                 raise RunFailed(self._with_engine_death(self.failure))
             await self.periodic_eval.drain()  # not beside the "after" evaluation
-            eval_after = (
-                await evaluate(engine, tokenizer, eval_set, eval_temperature, cfg.data.eval_samples, reward_fn=self.reward_fn)
-                if eval_set
-                else None
-            )
+            eval_after = await evaluate_as("after") if eval_set else None
             if eval_after:
                 self.records.evaluation("after", eval_after, self.version)
             best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
             return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
-    async def _start_runner(self, gateway_addr: str, http_url: str) -> EpisodeRunner | None:
-        """The agent runner: the sandbox zygote (subproc), the inline runner, or None for a
-        RolloutWorkflow object, which the rollout loop calls itself with ``engine``."""
+    async def _start_runner(self, gateway_addr: str, http_url: str, gateway: Gateway) -> EpisodeRunner | None:
+        """The agent runner: the sandbox zygote (subproc), zygotes on Ray nodes
+        (``cluster.rollout_workers``), the inline runner, or None for a RolloutWorkflow object,
+        which the rollout loop calls itself with ``engine``."""
         cfg = self.config
         if self.workflow_kind == "rollout":
+            if cfg.cluster.rollout_workers:
+                raise ValueError("cluster.rollout_workers runs sandboxed agents; a RolloutWorkflow object runs in the controller")
             return None
+        if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py
+            from areal.cluster.ray_rollout import RayRunner
+
+            sandbox, log_dir = self._sandbox_config(), self.run_dir / "sandbox"
+            r = cfg.rollout
+            return await RayRunner.start(
+                cfg.cluster, gateway, self.agent_spec, sandbox, log_dir, r.agent_kwargs, r.max_zygote_restarts, self.run_id, tqdm.write
+            )
         if cfg.rollout.openai.mode == "subproc":
             runner = await Zygote.start(
                 self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"), cfg.rollout.agent_kwargs
@@ -457,19 +470,20 @@ class Controller:
             generation = self.sandbox_generation
             prefix = group_id + tag if attempt == 0 else f"{group_id}{tag}-retry{attempt}"
             results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
-            infrastructure = (
-                isinstance(runner, Zygote)
-                and any(o.status == "crashed" for o, _ in results)
-                and (not runner.alive or self.sandbox_generation != generation)
-            )
+            crashed = any(o.status == "crashed" for o, _ in results)
+            if isinstance(runner, Zygote):
+                infrastructure = crashed and (not runner.alive or self.sandbox_generation != generation)
+            else:  # rollout workers on Ray nodes (areal/cluster/ray_rollout.py) name the crashes a lost worker caused
+                infrastructure = crashed and hasattr(runner, "lost") and any(runner.lost(o) for o, _ in results)
             for o, s in results:
                 if infrastructure and o.status == "crashed":
                     o = msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
                 self._log_episode(o, s, group_id)
             if not infrastructure:
                 break
-            if not await self._restart_sandbox(runner, next(o.error for o, _ in results if o.status == "crashed")):
-                return
+            if isinstance(runner, Zygote):  # a lost Ray worker is dropped by its runner, which raises once none is left
+                if not await self._restart_sandbox(runner, next(o.error for o, _ in results if o.status == "crashed")):
+                    return
         self._count_failures([o for o, _ in results])
         # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
         # completions the gateway recorded; agent and infrastructure failures leave the group.
@@ -643,6 +657,12 @@ class Controller:
             gateway.close_session(key)
             raise
         session = gateway.close_session(key)
+        outcome = await self._settle(outcome, session, problem)
+        self.window.append(outcome)
+        return outcome, session
+
+    async def _settle(self, outcome: EpisodeOutcome, session: Session, problem: dict) -> EpisodeOutcome:
+        """An episode's outcome scored, checked and classified (a training or an evaluation episode)."""
         if outcome.status == "ok" and outcome.reward is None and not outcome.rewards_by_id:
             if self.reward_fn is not None:
                 outcome = await self._score(outcome, session, problem)
@@ -661,8 +681,52 @@ class Controller:
         outcome = classify_outcome(outcome, bool(session.interactions))
         if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
             outcome = msgspec.structs.replace(outcome, reward=self.config.rollout.policy_failure_reward, rewards_by_id={})
-        self.window.append(outcome)
-        return outcome, session
+        return outcome
+
+    def _evaluator(
+        self, runner: EpisodeRunner | None, gateway: Gateway, engine: Any, tokenizer: Any, eval_set: list[dict]
+    ) -> Callable[[str], Awaitable[dict[str, Any]]]:
+        """The held-out evaluation, called by name (before, periodic, after): one reply per problem
+        straight on the engine (data.eval_mode=single_turn, areal/evaluation.py), or the run's own
+        agent through its runner and gateway (agent, areal/agent_eval.py)."""
+        d = self.config.data
+        if d.eval_mode == "agent":
+            run = functools.partial(self._eval_episode, runner, gateway)
+            log_path = self.run_dir / "eval_episodes.jsonl"
+            limit = self.config.rollout.max_concurrent_episodes
+            return AgentEvaluation(
+                run, eval_set, d.eval_samples, d.eval_temperature, limit, log_path, self._decode, lambda: self.version, tqdm.write
+            )
+        temperature = self.config.rollout.temperature if d.eval_temperature is None else d.eval_temperature
+
+        async def single_turn(name: str) -> dict[str, Any]:
+            return await evaluate(engine, tokenizer, eval_set, temperature, d.eval_samples, reward_fn=self.reward_fn)
+
+        return single_turn
+
+    async def _eval_episode(
+        self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, temperature: float | None
+    ) -> EvalEpisode:
+        """One held-out episode of the run's agent, sampled at ``temperature`` (None: the agent's
+        own), run and scored as a training episode is but never trained or logged with them
+        (``_run_episode``'s windows are not touched); run again when the runner lost it (a dead
+        zygote, restarted; a lost Ray rollout worker, dropped by its runner), as a group is."""
+        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
+            generation = self.sandbox_generation
+            key = gateway.open_session(episode_id, temperature)
+            try:
+                attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
+                outcome = await runner.run_episode(attempt_id, problem, key, self.config.rollout.deadline_s)
+            finally:
+                session = gateway.close_session(key)
+            if outcome.status != "crashed":
+                break
+            if isinstance(runner, Zygote):  # lost when the zygote died meanwhile (restarted here, or by a group)
+                if runner.alive and self.sandbox_generation == generation or not await self._restart_sandbox(runner, outcome.error):
+                    break
+            elif not (hasattr(runner, "lost") and runner.lost(outcome)):
+                break
+        return EvalEpisode(await self._settle(outcome, session, problem), list(session.interactions.values()))
 
     async def _score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
         """The configured reward function's score of the episode's last reply (the agent returned
@@ -699,8 +763,9 @@ class Controller:
             "log_tail": o.log_tail,
             "drift": s.drift,
             "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
+            "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
         }
-        self.window_calls.append((len(inters), record["tool_calls"]))
+        self.window_calls.append((len(inters), record["tool_calls"], record["malformed_tool_calls"]))
         self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
 
     def _decode(self, ids: list[int]) -> str:
@@ -752,11 +817,12 @@ class Controller:
             **r.metrics,
             **{f"episodes_{k}": v for k, v in statuses.items()},
             **{f"failures_{c}": sum(1 for o in window if o.failure_class == c) for c in FAILURE_CLASSES},
-            # what the agents did: LLM calls and well-formed tool calls per episode (logged since the last step)
+            # what the agents did: LLM calls, well-formed and malformed tool calls per episode (logged since the last step)
             **(
                 {
-                    "calls_per_episode": sum(c for c, _ in calls) / len(calls),
-                    "tool_calls_per_episode": sum(t for _, t in calls) / len(calls),
+                    "calls_per_episode": sum(c for c, _, _ in calls) / len(calls),
+                    "tool_calls_per_episode": sum(t for _, t, _ in calls) / len(calls),
+                    "malformed_tool_calls_per_episode": sum(m for _, _, m in calls) / len(calls),
                 }
                 if calls
                 else {}

@@ -4,7 +4,8 @@
         │ at once, on the controller's loop: hard-link weights/v{s} ─► .best-stage-v{s}
         │   (the trainer prunes v{s} once v{s + trainer.keep_versions} is published)
         ▼ a task beside the rollout loop (one at a time; episodes keep running meanwhile)
-    evaluate() on the engine, which serves v{s} since the report
+    the evaluation (data.eval_mode: evaluate() on the engine, or the run's agent through its runner,
+    areal/agent_eval.py), the engine serving v{s} since the report
         ─► records.evaluation("periodic", {version: s, served_version_min/max, sampled_acc, ...}, step=s)
            (evals.jsonl, the console, W&B, TensorBoard: areal/run_records.py)
         ─► better than best/best.json by data.eval_best_metric (data.eval_best_mode)?

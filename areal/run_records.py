@@ -6,6 +6,7 @@
                              ├► trajectories.bin         every published Trajectory (save_trajectories)
                              ├► trackers (areal/trackers.py): metrics.jsonl, evals.jsonl, console, W&B, TensorBoard
                              ├► untrained_episodes.json  accepted episodes no step trained (the run ended first)
+                             │  (eval_episodes.jsonl, the agent's evaluation episodes: areal/agent_eval.py)
                              └► summary.json, reward_curve.png   at the end
 
 Invariants: every line is strict JSON (``areal/jsonl.py``); a failure's reason is kept whole up
@@ -205,7 +206,7 @@ class RunRecords:
         self, final_model: str, eval_before: dict | None, eval_after: dict | None, wall_s: float, best: dict | None = None
     ) -> dict[str, Any]:
         """``summary.json`` and ``reward_curve.png``: held-out accuracy before and after (paired
-        test), the trend of the batch reward over the steps, and ``best``: the best evaluated step
+        test; of the run's agent, with its tool use, when ``eval_mode`` is agent), the trend of the batch reward over the steps, and ``best``: the best evaluated step
         (``best/best.json``, data.eval_every)."""
         summary = {
             "run_dir": str(self.run_dir),
@@ -216,6 +217,8 @@ class RunRecords:
             "reward_trend": reward_trend([m["reward_mean"] for m in self.step_metrics]),
             "wall_s": round(wall_s, 2),
         }
+        if eval_before or eval_after:  # single_turn: one reply, no tools; agent: the run's agent, with its tool use
+            summary["eval_mode"] = (eval_after or eval_before).get("mode", "single_turn")
         if eval_before and eval_after:
             summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
         if best is not None:

@@ -109,10 +109,20 @@ def _print_summary(s: dict) -> None:
         )
     b, a = s["eval_before"], s["eval_after"]
     if b and a:
+        who = " agent" if a.get("mode") == "agent" else ""
         print(
-            f"held-out ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
+            f"held-out{who} ({a['n']} problems x {a['samples']} samples): sampled {b['sampled_acc']:.3f} -> {a['sampled_acc']:.3f} "
             f"(paired sign-flip p={s['eval_test']['p_value']:.4f}), greedy {b['greedy_acc']:.3f} -> {a['greedy_acc']:.3f}"
         )
+        if a.get("mode") == "agent":  # data.eval_mode=agent: the run's agent, and its tool use
+            print(
+                "held-out tool use per episode: "
+                + ", ".join(
+                    f"{k} {b[k]:.2f} -> {a[k]:.2f}"
+                    for k in ("calls_per_episode", "tool_calls_per_episode", "malformed_tool_calls_per_episode")
+                )
+                + f"; answers using a tool result {b['used_tool_result_share']:.2f} -> {a['used_tool_result_share']:.2f}"
+            )
 
 
 if __name__ == "__main__":

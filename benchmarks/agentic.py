@@ -16,8 +16,12 @@ Figures, from one run:
     the run's calls.jsonl, which the viewer reads), next to the batch reward (metrics.jsonl);
   * the run's wall time.
 
-The run's own summary.json holds the single-turn held-out evaluation (the bare question, one
-reply, no tools): for this model it measures the unaided answer, not the agent.
+The run evaluates the agent itself too (agentic.yaml sets data.eval_mode=agent): its summary.json
+and evals.jsonl hold the agent's held-out accuracy before and after (the sandboxed agent through
+the gateway, on the run's own held-out problems) with the paired test, and the tool-use statistics
+counted by the gateway (areal/agent_eval.py). This benchmark scores more problems, in-process,
+with the figures the run does not count (tool errors, unaided answers); ``run_eval`` below is
+the run's own evaluation, in its mode.
 """
 
 from __future__ import annotations
@@ -113,7 +117,11 @@ def measure(run_dir: Path, overrides: list[str], problems: int, samples: int, ti
             for m in (metrics[i : i + fifth] for i in range(0, len(metrics), fifth))
         ],
         "training_tool_use": training_tool_use(run_dir),
-        "single_turn_eval": {k: (summary.get(k) or {}).get("sampled_acc") for k in ("eval_before", "eval_after")},
+        "run_eval": {
+            "mode": summary.get("eval_mode"),
+            **{k: (summary.get(k) or {}).get("sampled_acc") for k in ("eval_before", "eval_after")},
+            "p_value": (summary.get("eval_test") or {}).get("p_value"),
+        },
     }
 
 

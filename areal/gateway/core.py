@@ -172,6 +172,9 @@ class Session:
     index: PromptIndex = field(default_factory=PromptIndex)
     last_used: float = field(default_factory=time.monotonic)
     expired: bool = False
+    # every request's sampling temperature when set, whatever the agent asks (the run's held-out
+    # evaluation of its agent samples at data.eval_temperature, or greedily)
+    temperature: float | None = None
     tokenizing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one off-loop tokenisation at a time
 
     @property
@@ -218,9 +221,10 @@ class Gateway:
 
     # ---- sessions (controller side, in-process) -------------------------------------------
 
-    def open_session(self, episode_id: str) -> str:
+    def open_session(self, episode_id: str, temperature: float | None = None) -> str:
+        """A new session's key; ``temperature``: the one its requests are sampled at (None: theirs)."""
         key = "sk-areal-" + secrets.token_urlsafe(24)
-        self.sessions[key] = Session(key=key, episode_id=episode_id)
+        self.sessions[key] = Session(key=key, episode_id=episode_id, temperature=temperature)
         return key
 
     def close_session(self, key: str) -> Session:
@@ -314,7 +318,7 @@ class Gateway:
             )
         params: dict[str, Any] = {
             "max_new_tokens": s.max_tokens,
-            "temperature": s.temperature,
+            "temperature": s.temperature if session.temperature is None else session.temperature,
             "top_p": s.top_p,
             "stop_token_ids": self.stop_token_ids,
         }

@@ -12,6 +12,9 @@ Invariants:
   an incomplete UTF-8 sequence or could be the start of a stop string.
 - n choices are n engine requests (a seeded request gives choice i the seed + i), each its own
   Interaction with the same parent.
+- Each Interaction says what its reply did with tools, for the run's statistics: the well-formed
+  calls the agent received, the call markup the parser could not read, and whether its content
+  uses a tool result of its history (``used_tool_result``).
 """
 
 from __future__ import annotations
@@ -247,6 +250,8 @@ def record_choice(
         parent_id=prompt.parent_id,
         output_versions=versions,
         tool_calls=len(parsed.tool_calls),
+        malformed_tool_calls=parsed.malformed,
+        used_tool_result=used_tool_result(parsed.content, turn.messages),
     )
     session.interactions[inter.id] = inter
     reply = {
@@ -265,6 +270,19 @@ def record_choice(
         completion_tokens=len(ids),
         logprobs=_token_logprobs(gateway, ids, lps, getattr(result, "output_top_logprobs", [])) if turn.sampling.logprobs else None,
     )
+
+
+def used_tool_result(content: str, messages: list[dict]) -> bool:
+    """Does a reply use a tool's result: its ``content`` (calls and reasoning parsed out) contains
+    the whole content of a ``tool`` message of its history (stripped; blank results do not count).
+    A textual rule, the same for every agent: a number the model recomputed itself counts too, and
+    a result it reworded does not."""
+    if not content:
+        return False
+    for m in messages:
+        if m.get("role") == "tool" and isinstance(m.get("content"), str) and (result := m["content"].strip()) and result in content:
+            return True
+    return False
 
 
 def finish_choice(

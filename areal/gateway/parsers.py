@@ -33,7 +33,8 @@ Formats (``tool_parser``; the grammar of each call body is in ``toolcalls``):
 Invariants:
 - Never raises on model text. A span or tail that does not parse (bad JSON, not an object, no
   string ``name``, arguments not an object, NaN/Infinity, lone surrogates) stays in ``content``
-  verbatim, tags and surrounding whitespace included. An unclosed span is content too.
+  verbatim, tags and surrounding whitespace included. An unclosed span is content too. Each
+  such span or tail counts in ``ParsedOutput.malformed`` (a call the model tried to make).
 - Whitespace touching a tag belongs to the tag: trailing whitespace before an opener and leading
   whitespace after a closer are dropped, and reasoning is stripped. (Inline "a <tool_call>..
   </tool_call> b" therefore gives content "ab": models put calls on their own lines.)
@@ -339,6 +340,7 @@ class StreamParser:
         self._content: list[str] = []
         self._reasoning: list[str] | None = None
         self._calls: list[ToolCall] = []
+        self._malformed = 0  # spans and tails that did not parse (kept as content)
         self._events: list[StreamEvent] = []
         self._finished = False
         if reasoning_open and self._think:
@@ -364,7 +366,7 @@ class StreamParser:
                 pass
             self._finished = True
         reasoning = None if self._reasoning is None else "".join(self._reasoning)
-        return self._take_events(), ParsedOutput("".join(self._content), reasoning, list(self._calls))
+        return self._take_events(), ParsedOutput("".join(self._content), reasoning, list(self._calls), self._malformed)
 
     # ---- internals ----
 
@@ -451,6 +453,7 @@ class StreamParser:
             if final:
                 self._emit(_CONTENT, self._raw + self._buf)  # unclosed: plain text
                 self._buf, self._state = "", _CONTENT
+                self._malformed += 1
             else:
                 self._scan_from = max(0, len(self._buf) - len(closer) + 1)
             return False
@@ -458,6 +461,7 @@ class StreamParser:
         calls = self._parse_span(inner)
         if calls is None:
             self._emit(_CONTENT, self._raw + inner + closer)
+            self._malformed += 1
         else:
             self._calls.extend(calls)
             self._skip_ws = True
@@ -480,6 +484,7 @@ class StreamParser:
         calls = parse_mistral(body) if self._tool == "mistral" else parse_llama(body)
         if calls is None:
             self._emit(_CONTENT, self._raw + body)
+            self._malformed += 1
         else:
             self._calls.extend(calls)
         self._state = _CONTENT

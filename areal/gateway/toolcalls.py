@@ -51,6 +51,9 @@ class ParsedOutput(msgspec.Struct):
     content: str  # text outside tool calls and reasoning, tags removed
     reasoning: str | None = None  # text inside <think>...</think> (or harmony's analysis channel); None when absent
     tool_calls: list[ToolCall] = []
+    # call spans or tails the parser could not read (bad JSON, not an object, never closed): the
+    # model tried to call a tool, and its markup stays in ``content`` verbatim
+    malformed: int = 0
 
 
 class StreamEvent(msgspec.Struct):

@@ -42,6 +42,8 @@ class Interaction(msgspec.Struct):
     messages_hash: str = ""  # hex digest of the normalised (tools, prompt messages, reply) it answers
     output_versions: list[int] = []  # per-token version when a generation spanned a weight update
     tool_calls: int = 0  # well-formed tool calls the gateway parsed out of output_ids (what the agent received)
+    malformed_tool_calls: int = 0  # tool calls it tried to make that the parser could not read (ParsedOutput.malformed)
+    used_tool_result: bool = False  # the reply's content holds a tool message's content of its history (used_tool_result)
 
 
 class InteractionWithTokenLogpReward(msgspec.Struct):
