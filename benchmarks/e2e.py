@@ -26,7 +26,8 @@ controller and trainer do not record as such, computed here from the run directo
 
 The same comparison with the default configuration (conf/config.yaml: the single-turn
 `MathAgent`, 8 groups of 8 episodes a step), and subproc again with a step's worth of warm
-slots, the three interleaved run by run (`default_ratio`):
+slots, the three interleaved run by run (`default_ratio`), and with the agentic demo's
+(conf/agentic.yaml, `make demo`: the calculator agent, up to 4 calls an episode), two modes:
 steady-state episodes/s of each, their ratio, and the CPU time (user, system) of the whole run
 per episode it built, from the run's process tree (`RUSAGE_CHILDREN` of the `areal.train` process,
 which waits for the zygote, the engine and the trainer); the sandbox's share of it is in
@@ -141,28 +142,33 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
 WARM_BURST = "sandbox.warm_slots=64"  # a step's episodes (8 groups of 8) find their slots set up
 
 
-def default_ratio(quick: bool, tmp: str) -> dict[str, dict[str, float]]:
-    """Default config: inline, subproc, and subproc with a step's worth of warm slots, interleaved
-    (the order rotates run by run). Per variant, the medians over the rounds of steady-state
-    episodes/s and of the run's user and system CPU seconds per episode built."""
+def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dict[str, float]]:
+    """Default config (or ``--config-name config_name``): inline, subproc, and (default config
+    only) subproc with a step's worth of warm slots, interleaved (the order rotates run by run).
+    Per variant, the medians over the rounds of steady-state episodes/s and of the run's user and
+    system CPU seconds per episode built."""
     rounds, steps = (2, 8) if quick else (3, 16)
     variants = {
         "inline": ["rollout.openai.mode=inline"],
         "subproc": ["rollout.openai.mode=subproc"],
         "subproc_warm": ["rollout.openai.mode=subproc", WARM_BURST],
     }
+    named = ["--config-name", config_name] if config_name else []
+    if config_name:
+        del variants["subproc_warm"]
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for i in range(rounds):
         names = list(variants)
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            run_dir = Path(tmp) / f"default-{name}-{i}"
+            run_dir = Path(tmp) / f"{config_name or 'default'}-{name}-{i}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             train_run(
                 [
+                    *named,
                     f"trainer.steps={steps}",
                     "data.eval_size=0",
                     "save_trajectories=true",
-                    f"experiment_name=bench-e2e-default-{name}",
+                    f"experiment_name=bench-e2e-{config_name or 'default'}-{name}",
                     *variants[name],
                 ],
                 run_dir,
@@ -201,12 +207,31 @@ def main(quick: bool) -> list[dict]:
             )
             stats[mode] = run_stats(run_dir)
         default = default_ratio(quick, tmp)
+        agentic = default_ratio(quick, tmp, "agentic")
     sub, inl = stats["subproc"], stats["inline"]
     dsub, dinl, dwarm = default["subproc"], default["inline"], default["subproc_warm"]
     ms = 1000.0
     bound = 1  # rollout.max_head_offpolicyness of the default config, kept by small_run
     how = "from the run directory (benchmarks/e2e.py:run_stats)"
+    asub, ainl = agentic["subproc"], agentic["inline"]
     return [
+        _row(
+            "episodes/s, subproc (sandboxed), agentic demo config (make demo)",
+            asub["episodes_per_s"],
+            "ep/s",
+            "inline, agentic demo config",
+            ainl["episodes_per_s"],
+            note="areal/conf/agentic.yaml (the calculator agent, up to 4 LLM calls an episode), eval off; modes interleaved, "
+            "median of the pairs",
+        ),
+        _row(
+            "CPU (user + system) per episode, whole run, subproc, agentic demo config",
+            (asub["user_s"] + asub["sys_s"]) * 1000.0,
+            "ms",
+            "inline, agentic demo config",
+            (ainl["user_s"] + ainl["sys_s"]) * 1000.0,
+            note="RUSAGE_CHILDREN of areal.train / trajectories built, start-up included",
+        ),
         _row(
             "episodes/s, subproc (sandboxed), default config",
             dsub["episodes_per_s"],

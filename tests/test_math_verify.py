@@ -38,3 +38,31 @@ def test_it_runs_off_the_main_thread():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: math_equal(case[0], case[1]), CASES))
     assert results == [equal for _, _, equal in CASES]
+
+
+def test_a_process_forked_after_the_import_verifies_without_importing_anything():
+    """What a sandboxed episode (a fork of the zygote, which imported the agent's modules) needs
+    to score an answer is imported by the import of this module: ``math-verify`` and its parsers
+    too, not on the episode's first call (each fork would import them again)."""
+    import os
+
+    code = """
+import os, sys
+from areal.reward.gsm8k import gsm8k_reward_fn
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    before = set(sys.modules)
+    score = gsm8k_reward_fn(completions="so 6*7 = 42, the answer is \\\\boxed{42}", answer="#### 42")
+    new = sorted(set(sys.modules) - before)
+    os.write(w, f"{score} {new}".encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 1 << 16).decode())
+"""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "1.0 []", done.stdout
