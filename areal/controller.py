@@ -328,6 +328,7 @@ class Controller:
             )
             for w in runner.ready.warnings:
                 tqdm.write(f"[sandbox] warning: {w}")
+            runner.on_warning = lambda w: tqdm.write(f"[sandbox] warning: {w}")
             return runner
         if self.agent is not None:
             return InlineRunner(self.agent, http_url)

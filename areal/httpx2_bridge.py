@@ -28,6 +28,10 @@ than anthropic (none is pinned).
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,15 +104,40 @@ def bridged(client: httpx.AsyncClient) -> httpx2.AsyncClient:
 
 def install() -> None:
     """Have ``anthropic.AsyncAnthropic`` take a handed client as its bridge (once per process; a
-    no-op without anthropic, or with an anthropic still built on httpx, which takes it as it is)."""
+    no-op without anthropic, or with an anthropic still built on httpx, which takes it as it is).
+    Imports nothing: with anthropic not imported yet, the wrapping happens when it is (a sandbox
+    zygote holds only the SDKs of ``sandbox.preload`` and its agent's imports)."""
     global _installed
     if _installed:
         return
     _installed = True
-    try:
-        import anthropic
-    except ImportError:
-        return
+    if "anthropic" in sys.modules:
+        _wrap(sys.modules["anthropic"])
+    else:
+        sys.meta_path.insert(0, _WrapOnImport())
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Finds ``anthropic`` with the other finders, and wraps it once its module has run."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "anthropic":
+            return None
+        sys.meta_path.remove(self)  # once: the search below, and every later import, skip this finder
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's loader only
+        return spec
+
+
+def _wrap(anthropic: Any) -> None:
     if not issubclass(anthropic.DefaultAsyncHttpxClient, httpx2.AsyncClient):  # anthropic < 2.11: httpx
         return
     init = anthropic.AsyncAnthropic.__init__

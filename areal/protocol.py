@@ -108,6 +108,9 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     log_tail: str = ""  # the end of a failed episode's log (stdout and stderr), apart from the reason
     failure_class: str = ""
     failure_cause: str = ""
+    # Sandboxed episodes: top-level packages run() imported that the zygote had not preloaded
+    # (every episode imports them again; sandbox.preload lists them ahead).
+    imported: list[str] = []
 
 
 ZygoteInbound = SpawnEpisode | Shutdown

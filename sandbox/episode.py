@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import json
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -55,7 +57,22 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
             result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
             return await result if inspect.isawaitable(result) else result
 
-    return outcome_from_result(spawn.episode_id, asyncio.run(main()))
+    held = len(sys.modules)  # modules are appended to sys.modules in import order
+    result = asyncio.run(main())
+    return msgspec.structs.replace(outcome_from_result(spawn.episode_id, result), imported=run_time_imports(held))
+
+
+def run_time_imports(held: int, limit: int = 20) -> list[str]:
+    """The top-level packages of the modules imported since ``sys.modules`` held ``held`` of
+    them (at most ``limit``): what this episode imported that its zygote had not."""
+    names: list[str] = []
+    for name in itertools.islice(sys.modules, held, None):
+        top = name.partition(".")[0]
+        if top not in names and not top.startswith("_"):
+            names.append(top)
+            if len(names) == limit:
+                break
+    return names
 
 
 def read_spawn(fd: int) -> SpawnEpisode | None:
@@ -91,29 +108,60 @@ _WARM_MESSAGE = {
 
 
 def warm_up_sdks() -> None:
-    """Make one call with each SDK against an in-process httpx transport, in the zygote.
+    """Make the calls an episode makes, once, in the zygote: with each SDK it holds (openai,
+    anthropic: ``sandbox.preload`` and the agent's own imports), through a handed client (an
+    in-process transport) and through a client the SDK builds itself (its own HTTP stack, over
+    loopback TCP to a throwaway HTTP server made as the relay makes its own).
 
     The SDKs import their resource modules and build response models on first use (~0.4 s for
-    openai); paying that once here, before the fork, saves it in every episode. Anthropic's call
-    goes through the httpx2 bridge, as an episode's does. No socket and no thread is created.
+    openai); an SDK's own HTTP stack imports its connection pool, TLS roots and async backend on
+    its first connection (httpcore, h11, certifi, anyio); the relay's server its aiohttp parts.
+    Paying that once here, before the fork, saves it in every episode (what an episode still
+    imports is reported: ``run_time_imports``). Anthropic's handed call goes through the httpx2
+    bridge, as an episode's does. The server's socket and the resolver's executor threads are
+    gone when this returns (``asyncio.run`` shuts the executor down): the zygote forks with none.
     """
     import httpx
-    import openai
+    from aiohttp import web
+
+    openai, anthropic = sys.modules.get("openai"), sys.modules.get("anthropic")
+
+    def reply_to(path: str) -> dict:
+        return _WARM_MESSAGE if path.endswith("/messages") else _WARM_CHAT
 
     async def calls() -> None:
         def reply(request: httpx.Request) -> httpx.Response:
-            return httpx.Response(200, json=_WARM_MESSAGE if request.url.path.endswith("/messages") else _WARM_CHAT)
+            return httpx.Response(200, json=reply_to(request.url.path))
 
         # A handed client, as an episode gets: this also installs the httpx2 bridge before the fork.
         async with hand_out(httpx.AsyncClient(transport=httpx.MockTransport(reply))) as http:
-            client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
-            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
-            try:
-                import anthropic
-            except ImportError:
-                return
-            claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http)
-            await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
+            if openai is not None:
+                client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
+            if anthropic is not None:
+                claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http)
+                await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
+
+        async def answer(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response(reply_to(request.path))
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        try:
+            if openai is not None:
+                async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="warm", max_retries=0) as client:
+                    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
+            if anthropic is not None:
+                async with anthropic.AsyncAnthropic(base_url=url, api_key="warm", max_retries=0) as claude:
+                    await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
+        finally:
+            await runner.cleanup()
 
     asyncio.run(calls())
 

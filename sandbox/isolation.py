@@ -163,6 +163,11 @@ class SandboxConfig:
     # paths masked even inside an exposed directory (the controller adds its run directory).
     expose: list[str] = field(default_factory=list)
     hide: list[str] = field(default_factory=list)
+    # Modules the zygote imports before its first fork, beside what the agent's module imports at
+    # its top (always preloaded). A module an episode imports at run time is imported again by
+    # every episode (an SDK: ~0.5 s of CPU each): the controller names such modules once
+    # (EpisodeOutcome.imported); list them here. Each module listed costs every fork its pages.
+    preload: list[str] = field(default_factory=lambda: ["openai", "anthropic"])
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -194,6 +199,9 @@ class SandboxConfig:
         for p in self.hide:
             if not os.path.isabs(p):
                 raise ValueError(f"sandbox.hide entry {p!r} is not an absolute path")
+        bad = [m for m in self.preload if not isinstance(m, str) or not all(part.isidentifier() for part in m.split("."))]
+        if bad:
+            raise ValueError(f"sandbox.preload entries must be module names (e.g. anthropic, langchain_openai), got {bad!r}")
         unknown = sorted(set(self.skip_layers) - set(LAYERS))
         if unknown:
             raise ValueError(f"sandbox.skip_layers has unknown layer(s) {unknown}; known: {list(LAYERS)}")

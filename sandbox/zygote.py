@@ -64,6 +64,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import importlib
 import json
 import logging
 import os
@@ -75,6 +76,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -588,6 +590,10 @@ class Zygote:
         self._reader: asyncio.Task[None] | None = None
         self._dead: str = "not started"
         self._decoder = msgspec.msgpack.Decoder(ZygoteOutbound)
+        # Run-time imports of the episodes (EpisodeOutcome.imported), each named once through
+        # ``on_warning`` (the controller's console; default: this module's log).
+        self.on_warning: Callable[[str], None] = log.warning
+        self.run_time_imports: set[str] = set()
 
     @classmethod
     async def start(
@@ -673,6 +679,8 @@ class Zygote:
             while (msg := await self._read_message()) is not None:
                 match msg:
                     case EpisodeOutcome():
+                        if msg.imported:
+                            self._note_imports(msg.imported)
                         future = self._pending.pop(msg.episode_id, None)
                         if future is not None and not future.done():
                             future.set_result(msg)
@@ -684,6 +692,17 @@ class Zygote:
             rc = await self._proc.wait()
             self._dead = f"the zygote (pid {self._proc.pid}) exited with rc={rc}; stderr tail:\n{self._stderr_tail()}"
             self._fail_pending()
+
+    def _note_imports(self, imported: list[str]) -> None:
+        new = [m for m in imported if m not in self.run_time_imports]
+        if new:
+            self.run_time_imports.update(new)
+            listed = ",".join([*self.config.preload, *sorted(self.run_time_imports - set(self.config.preload))])
+            self.on_warning(
+                f"episodes of {self.agent} import {', '.join(new)} at run time, which the zygote did not preload: every "
+                f"episode imports it again (CPU and memory per episode); preload it with sandbox.preload=[{listed}], "
+                "or import it at the top of the agent's module"
+            )
 
     def _fail_pending(self) -> None:
         for episode_id, future in self._pending.items():
@@ -759,16 +778,16 @@ def main(argv: list[str] | None = None) -> None:
 
     import aiohttp.web  # noqa: F401  -- preload: every episode pays the import cost zero times
     import httpx  # noqa: F401
-    import openai  # noqa: F401
 
     import sandbox.relay  # noqa: F401
 
-    try:
-        import anthropic  # noqa: F401
-    except ImportError:
-        log.info("anthropic SDK not installed; not preloaded")
-    episode.warm_up_sdks()
+    for module in config.preload:  # the modules the agent imports at its top come with it, below
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            log.info("sandbox.preload: %s not preloaded (%s)", module, e)
     run = load_agent(args.agent, json.loads(args.agent_kwargs))
+    episode.warm_up_sdks()  # the SDKs loaded by now
     # Masked even where exposed: the episodes' logs (the controller adds its whole run directory).
     plan, plan_warnings = rootfs.plan_root(config.expose, [*config.hide, os.path.abspath(log_dir)], episode.agent_paths(args.agent))
     if threading.active_count() > 1:

@@ -147,6 +147,17 @@ async def function_agent(data: dict, **kw: Any) -> float:
     return 2.5
 
 
+async def module_loaded_agent(data: dict, **kw: Any) -> float:
+    """1.0 when ``data["module"]`` was imported before run() (by the zygote, before the fork)."""
+    return float(data["module"] in sys.modules)
+
+
+async def lazy_import_agent(data: dict, **kw: Any) -> float:
+    """Imports a module inside run(), as an agent with a lazy import does."""
+    importlib.import_module(data["module"])
+    return 1.0
+
+
 def _attempts(tries: dict[str, Any]) -> None:
     """Run each escape attempt; raise naming every failure (the episode's error is the reason),
     or return normally if any attempt succeeded (the test then sees an escape)."""

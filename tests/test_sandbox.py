@@ -257,6 +257,7 @@ def test_openai_sdk_from_environment_through_relay(loop, zygote, gateway):
     out = episode(loop, zygote, {"case": "openai_env", "expect": f"key=Bearer {KEY}"})
     assert out.status == "ok", out.error
     assert out.rewards_by_id == {"matched": 1.0}
+    assert out.imported == [], out.imported  # the relay's server, set up on this first request, is preloaded
     path, headers = gateway.seen[-1]
     assert path == f"/sessions/{KEY}/v1/chat/completions" and headers["authorization"] == f"Bearer {KEY}"
 
@@ -273,6 +274,7 @@ def test_streamed_reply_through_relay_and_zmq_transport(loop, zygote):
     out = episode(loop, zygote, {"case": "openai_stream", "expect": f"key=Bearer {KEY}"})
     assert out.status == "ok", out.error
     assert out.rewards_by_id == {"relay": 1.0, "zmq": 1.0}
+    assert out.imported == [], out.imported
 
 
 def test_agent_cannot_reach_host_loopback(loop, zygote):
@@ -336,6 +338,57 @@ def test_spawn_larger_than_a_pipe_reaches_its_warm_slot(loop, zygote):
     out = episode(loop, zygote, {"case": "data_size", "pad": pad})
     assert (out.status, out.error) == ("ok", ""), out.error
     assert out.reward == len(json.dumps({"case": "data_size", "pad": pad}))
+
+
+@pytest.mark.parametrize(
+    ("preload", "expected"),
+    [(None, {"openai": 1.0, "anthropic": 1.0, "wave": 0.0}), (["openai"], {"openai": 1.0, "anthropic": 0.0, "wave": 0.0})],
+    ids=["default", "openai only"],
+)
+def test_zygote_preloads_the_listed_modules_and_the_agents_imports_only(gateway, tmp_path, preload, expected):
+    """What every episode forks: sandbox.preload (default openai, anthropic) and what the agent's
+    module imports (tests/sandbox_agents.py imports openai), not every module installed."""
+    config = SandboxConfig() if preload is None else SandboxConfig(preload=preload)
+
+    async def go() -> dict[str, float]:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:module_loaded_agent", gateway.addr, config, str(tmp_path))
+        try:
+            out = {m: await z.run_episode(f"m-{m}", {"module": m}, KEY) for m in expected}
+        finally:
+            await z.close()
+        assert all(o.status == "ok" and not o.imported for o in out.values()), out
+        return {m: o.reward for m, o in out.items()}
+
+    assert asyncio.run(go()) == expected
+
+
+def test_modules_episodes_import_at_run_time_are_reported_and_named_once(gateway, tmp_path):
+    """An agent importing a module inside run() makes every episode import it again: the outcome
+    says which (EpisodeOutcome.imported), the zygote's handle names it once, with the preload
+    key that fixes it; listed in sandbox.preload, the episodes import nothing."""
+    warned: list[str] = []
+
+    async def go(config: SandboxConfig) -> list[EpisodeOutcome]:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:lazy_import_agent", gateway.addr, config, str(tmp_path))
+        z.on_warning = warned.append
+        try:
+            return [await z.run_episode(f"lazy-{i}", {"module": "wave"}, KEY) for i in range(3)]
+        finally:
+            await z.close()
+
+    lazy = asyncio.run(go(SandboxConfig()))
+    assert [(o.status, o.imported) for o in lazy] == [("ok", ["wave"])] * 3
+    assert len(warned) == 1 and "wave" in warned[0] and "sandbox.preload=[openai,anthropic,wave]" in warned[0], warned
+    preloaded = asyncio.run(go(SandboxConfig(preload=["openai", "wave"])))
+    assert [(o.status, o.imported) for o in preloaded] == [("ok", [])] * 3
+    assert len(warned) == 1
+
+
+def test_preload_entries_must_be_module_names():
+    with pytest.raises(ValueError, match="sandbox.preload"):
+        SandboxConfig(preload=["anthropic", "not a module"])
 
 
 def test_warm_slots_must_not_be_negative():
@@ -649,3 +702,32 @@ def test_unprivileged_zygote_without_userns_warns_for_each_namespace_and_still_r
     assert agent["host_port_reached"] == 1 and report["host_accepted"]  # the host's network
     assert chat == {"matched": 1.0}
     assert ident["pid"] != 1 and ident["host_file_visible"] == 1 and ident["tmp_writable"] == 1
+
+
+def test_anthropic_imported_after_the_bridge_install_takes_a_handed_client():
+    """A zygote that does not preload anthropic installs the httpx2 bridge before anthropic
+    exists in the process: an agent importing anthropic inside run() still gets a working client
+    from the handed httpx one (the bridge wraps the SDK when it is imported)."""
+    code = """
+import sys, asyncio, httpx
+from areal.agent import hand_out
+hand_out(httpx.AsyncClient())  # installs the bridge, as the zygote's warm-up does
+assert "anthropic" not in sys.modules, "install() imported anthropic"
+import anthropic
+
+def reply(request):
+    return httpx.Response(200, json={"id": "m", "type": "message", "role": "assistant", "model": "m",
+        "stop_reason": "end_turn", "content": [{"type": "text", "text": "ok:" + request.url.path}],
+        "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+async def main():
+    handed = hand_out(httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+    claude = anthropic.AsyncAnthropic(base_url="http://gw", api_key="k", http_client=handed)
+    out = await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    print(out.content[0].text)
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=os.path.dirname(TESTS_DIR))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok:/v1/messages"
