@@ -28,6 +28,25 @@ def test_common_answers_are_judged_alike_with_and_without_the_package(completion
     assert math_equal(completion, reference) is equal
 
 
+UNDONE = [
+    ("72 - 3 = }", "69", False),  # what a policy trained on the calculator agent learned to write
+    ("so it is \\boxed{2 \\times 3}", "6", False),
+    ("\\boxed{3 - 4}", "-1", False),
+    ("\\boxed{2 \\cdot 3}", "#### 6", False),
+    ("The answer is 5 + 3 = 8", "8", True),  # the stated result, after the working
+    ("The answer is 3/4", "0.75", True),  # a fraction is an answer
+    ("\\boxed{-3}", "-3", True),
+    ("\\boxed{x+1}", "x+1", True),  # the reference is not a number: symbolic answers compare
+]
+
+
+@pytest.mark.parametrize("completion,reference,equal", UNDONE)
+def test_arithmetic_left_undone_is_not_a_numeric_answer(completion, reference, equal, monkeypatch):
+    assert math_equal(completion, reference) is equal
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    assert math_equal(completion, reference) is equal
+
+
 def test_the_package_decides_what_the_fallback_cannot_read(monkeypatch):
     assert math_equal("\\boxed{\\{1,2\\}}", "\\{2,1\\}")  # a set: order does not matter
     monkeypatch.setitem(sys.modules, "math_verify", None)

@@ -14,6 +14,13 @@ period, and thousands separators ("1,000" is 1000; "1,5" is not a number). Equal
 after normalisation, else numeric (relative 1e-6) when both sides evaluate to numbers, else
 ``sympy.simplify(a - b) == 0`` for expressions with symbols.
 
+Arithmetic left undone is not an answer: when the reference is a number, a final answer that is
+numbers joined by ``+ - * \\times \\cdot`` (``72 - 3``, ``\\boxed{2 \\times 3}``) scores False
+whatever its value, from the package and the fallback alike. Both would otherwise evaluate it,
+and a policy trained on the calculator agent learned to stop calling the tool and write the
+expression (benchmarks/README.md, credit section). A fraction (``3/4``, ``\\frac{3}{4}``), a
+sign, a root or a symbolic answer is still an answer.
+
 Covered: integers, decimals, signs, scientific notation, percentages (``50\\%`` == ``50``),
 ``a/b``, ``\\frac``/``\\dfrac``/``\\tfrac`` (also ``\\frac12``), ``\\sqrt``, ``\\pi``,
 ``\\cdot``/``\\times``, ``^``, implicit multiplication (``2x``), simple symbolic expressions.
@@ -45,6 +52,8 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?|-?\.\d+")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
 _TRANSFORMS = standard_transformations + (implicit_multiplication_application,)
 _MAX_LEN = 200  # longer "answers" are not short final answers; refuse to feed them to sympy
+_OPERAND = r"[+-]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+_UNDONE = re.compile(rf"{_OPERAND}(?:\s*(?:[+\-*×]|\\times|\\cdot)\s*{_OPERAND})+")
 
 
 def extract_answer(text: str) -> str | None:
@@ -123,27 +132,34 @@ def math_equal(completion: str, reference: str) -> bool:
     ref = extract_answer(reference) if ("####" in reference or "\\boxed" in reference) else reference
     if ref is None:
         return False
-    verdict = _package_verdict(completion, ref)
+    numeric_ref = _NUMBER.fullmatch(normalize(ref)) is not None
+    verdict, read = _package_verdict(completion, ref)
     if verdict is not None:
-        return verdict
+        return verdict and not (numeric_ref and undone_arithmetic(read))
     pred = extract_answer(completion)
-    return pred is not None and answers_equal(pred, ref)
+    return pred is not None and answers_equal(pred, ref) and not (numeric_ref and undone_arithmetic(pred))
 
 
-def _package_verdict(completion: str, reference: str) -> bool | None:
-    """``math-verify``'s verdict, or None when it is not installed or reads no answer on a side.
+def undone_arithmetic(answer: str) -> bool:
+    """True when ``answer`` is numbers joined by + - * \\times \\cdot: arithmetic left for the grader."""
+    return _UNDONE.fullmatch(answer.strip().strip("$").strip().rstrip(".").strip()) is not None
+
+
+def _package_verdict(completion: str, reference: str) -> tuple[bool | None, str]:
+    """``math-verify``'s verdict and the completion's answer as it read it, or (None, "") when it
+    is not installed or reads no answer on a side.
     Its timeouts use SIGALRM, which only the main thread may set: off it they are off (as AReaL
     runs it in workers), and the caller bounds the time instead (``AsyncRewardWrapper``)."""
     try:
         import math_verify
     except ImportError:
-        return None
+        return None, ""
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold = math_verify.parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)  # a bare answer, read as one
     pred = math_verify.parse(completion, parsing_timeout=timeout)
     if not gold or not pred:
-        return None
-    return bool(math_verify.verify(gold, pred, timeout_seconds=timeout))
+        return None, ""
+    return bool(math_verify.verify(gold, pred, timeout_seconds=timeout)), str(pred[-1])
 
 
 def _warm_up() -> None:
