@@ -1,10 +1,12 @@
-"""The single-host end-to-end checks of a finished 3-step run, for the tests that place its parts on
-Ray nodes (tests/test_ray_cluster.py, tests/test_ray_rollout.py): the tokens the engine sampled
-are the tokens trained, versions advance 1..3, and every published episode is trained exactly once."""
+"""The end-to-end checks of a finished 3-step run (tests/test_e2e.py, and the tests that place its
+parts on Ray nodes: tests/test_ray_cluster.py, tests/test_ray_rollout.py): the tokens the engine
+sampled are the tokens trained, versions advance 1..3, and every published episode is trained
+exactly once; and the command of such a run."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,26 +25,8 @@ def check_trained_as_sampled(run_dir: Path) -> list[Trajectory]:
     assert [m["version"] for m in steps] == [1, 2, 3]
     assert all(np.isfinite(m["loss"]) for m in steps)
 
-    # Every token trained is a token the engine sampled, with its logprob and weight version.
-    served: dict[tuple, list[dict]] = {}
-    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        served.setdefault(tuple(r["input_ids"]), []).append(r)
     published = read_saved_trajectories(run_dir / "trajectories.bin")
-    seen_versions, recorded_tokens = set(), 0
-    for traj in published:
-        for row in traj.rows():
-            mask = row.loss_mask.astype(bool)
-            n_prompt = int((~mask).sum())
-            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
-            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
-            assert matches, "trajectory tokens that the engine never generated"
-            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
-            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
-            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
-            assert set(row.versions[mask].tolist()) == {version}
-            seen_versions.add(version)
-            recorded_tokens += int(mask.sum())  # sampled tokens: what the trainer's loss counts
+    seen_versions, recorded_tokens = sampled_as_served(run_dir, published)
     assert seen_versions == {0, 1, 2}  # bound 0: step k trains on episodes of version k-1
 
     # Exactly once across the hop: each published episode trained once, nothing trained twice or
@@ -56,3 +40,49 @@ def check_trained_as_sampled(run_dir: Path) -> list[Trajectory]:
     assert sum(m["tokens"] for m in trainer_steps) == recorded_tokens
     assert (run_dir / "final" / "config.json").is_file()
     return published
+
+
+def three_step_run(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train`` for 3 synchronous steps of 2 groups, evaluation off, with what the
+    checks read recorded (trajectories, the engine's request log); ``overrides`` last."""
+    return [
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        "trainer.steps=3",
+        "rollout.groups_per_step=2",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+        "save_trajectories=true",
+        "engine.request_log=true",
+        *overrides,
+    ]
+
+
+def sampled_as_served(run_dir: Path, trajectories: list[Trajectory]) -> tuple[set[int], int]:
+    """Assert that every row's sampled tokens are a generation the engine logged
+    (``engine_requests.jsonl``), prompt first, with that generation's logprobs and weight version;
+    returns the versions seen and the number of sampled tokens."""
+    served: dict[tuple, list[dict]] = {}  # prompt ids -> every generation of that prompt
+    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        served.setdefault(tuple(r["input_ids"]), []).append(r)
+    seen_versions, recorded_tokens = set(), 0
+    for traj in trajectories:
+        for row in traj.rows():
+            mask = row.loss_mask.astype(bool)
+            n_prompt = int((~mask).sum())
+            assert mask.sum() > 0 and not mask[:n_prompt].any()  # prompt first, then sampled tokens
+            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+            # Samples of one prompt can repeat; their logprobs then differ by batch padding noise
+            # (~1e-6), so the generation this row came from is the one whose logprobs it carries.
+            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
+            assert matches, "trajectory tokens that the engine never generated"
+            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
+            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
+            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
+            assert set(row.versions[mask].tolist()) == {version}
+            seen_versions.add(version)
+            recorded_tokens += int(mask.sum())  # sampled tokens: what the trainer's loss counts
+    return seen_versions, recorded_tokens

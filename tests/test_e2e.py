@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from run_checks import sampled_as_served, three_step_run
 from safetensors.torch import load_file
 
 from areal.embedded import ensure_embedded_model
@@ -24,20 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={run_dir}",
-        "trainer.steps=3",
-        "rollout.groups_per_step=2",
-        "rollout.n_samples=8",
-        "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0",
-        "save_trajectories=true",
-        "engine.request_log=true",
-        *overrides,
-    ]
+    cmd = three_step_run(run_dir, "rollout.n_samples=8", *overrides)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -57,29 +45,10 @@ def test_train_end_to_end(tmp_path, mode):
     assert steps[0]["logprob_max_diff"] < 1e-3
 
     # Every token the trainer got is a token the engine sampled, with the engine's logprob.
-    served: dict[tuple, list[dict]] = {}  # prompt ids -> every generation of that prompt
-    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        served.setdefault(tuple(r["input_ids"]), []).append(r)
     trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
     assert len(trajectories) >= 3 * 2  # at least one episode per group per step
-    seen_versions = set()
-    for traj in trajectories:
-        assert traj.status == "ok"
-        for row in traj.rows():
-            mask = row.loss_mask.astype(bool)
-            n_prompt = int((~mask).sum())
-            assert mask.sum() > 0 and not mask[:n_prompt].any()  # prompt first, then sampled tokens
-            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
-            # Samples of one prompt can repeat; their logprobs then differ by batch padding noise
-            # (~1e-6), so the generation this row came from is the one whose logprobs it carries.
-            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
-            assert matches, "trajectory tokens that the engine never generated"
-            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
-            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
-            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
-            assert set(row.versions[mask].tolist()) == {version}
-            seen_versions |= {version}
+    assert all(traj.status == "ok" for traj in trajectories)
+    seen_versions, _ = sampled_as_served(run_dir, trajectories)
     # Synchronous mode (bound 0): step k trains on episodes sampled by version k-1.
     assert seen_versions == {0, 1, 2}
 

@@ -19,7 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled  # noqa: E402
+from run_checks import check_trained_as_sampled, three_step_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,24 +39,15 @@ def three_nodes():
 def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path, three_nodes):
     cluster, trainer_node_id = three_nodes
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={run_dir}",
+    cmd = three_step_run(
+        run_dir,
         "model.path=scripted",
         "rollout.openai.mode=inline",
-        "trainer.steps=3",
-        "rollout.groups_per_step=2",
         "rollout.n_samples=4",
-        "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0",
-        "save_trajectories=true",
-        "engine.request_log=true",
         "cluster.kind=ray",
         f"cluster.address={cluster.address}",
         "++cluster.trainer_resources={CPU:1,trainer:1}",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"[cluster] trainer placed on Ray node {trainer_node_id}" in proc.stdout + proc.stderr

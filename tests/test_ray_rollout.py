@@ -27,7 +27,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled  # noqa: E402
+from run_checks import check_trained_as_sampled, three_step_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # A node that stops answering is declared dead within ~1.5 s, not Ray's default ~30 s.
@@ -59,27 +59,18 @@ def _three_nodes() -> Iterator[tuple[Cluster, object, object]]:
 
 
 def _cmd(run_dir: Path, address: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={run_dir}",
+    return three_step_run(
+        run_dir,
         "model.path=scripted",
         "rollout.openai.mode=subproc",
-        "trainer.steps=3",
-        "rollout.groups_per_step=2",
         "rollout.n_samples=4",
-        "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0",
-        "save_trajectories=true",
-        "engine.request_log=true",
         "cluster.kind=ray",
         f"cluster.address={address}",
         "cluster.rollout_workers=2",
         "++cluster.worker_resources={CPU:1,rollout:1}",
         "++cluster.trainer_resources={CPU:1,trainer:1}",
         *extra,
-    ]
+    )
 
 
 def _placed(out: str) -> dict[int, str]:
