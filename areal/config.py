@@ -266,6 +266,31 @@ class TrainConfig:
                 f"cluster.rollout_workers={self.cluster.rollout_workers} runs sandboxed agents on Ray nodes: it needs "
                 f"rollout.openai.mode=subproc, got {self.rollout.openai.mode!r} (inline agents run in the controller)"
             )
+        if self.trainer.ranks % self.cluster.trainer_nodes:
+            raise ValueError(
+                f"trainer.ranks={self.trainer.ranks} cannot be split evenly over cluster.trainer_nodes={self.cluster.trainer_nodes}: "
+                "every node runs the same number of ranks, so trainer.ranks must be a multiple of cluster.trainer_nodes"
+            )
+        if self.trainer.gpus and self.cluster.trainer_nodes > 1:
+            raise ValueError(
+                f"trainer.gpus={self.trainer.gpus} names GPUs of one host; with cluster.trainer_nodes={self.cluster.trainer_nodes} "
+                "leave it empty and ask for GPUs in cluster.trainer_resources (Ray gives each node's ranks theirs)"
+            )
+        if self.cluster.engine_resources and self.engine.urls:
+            raise ValueError(
+                f"cluster.engine_resources={self.cluster.engine_resources} places the servers this run launches; "
+                "the servers at engine.urls are not this run's: set one or the other"
+            )
+        if self.cluster.engine_resources and self.engine.kind != "embedded" and "{host}" not in self.engine.launch.command:
+            raise ValueError(
+                f"cluster.engine_resources places the servers on Ray nodes, where they must listen on the node's address: "
+                f"engine.launch.command needs --host {{host}} (got {self.engine.launch.command!r})"
+            )
+        if self.cluster.engine_resources and self.engine.launch.gpus:
+            raise ValueError(
+                f"engine.launch.gpus={self.engine.launch.gpus} names GPUs of this host; with cluster.engine_resources "
+                "each server gets its Ray bundle's GPUs (Ray sets CUDA_VISIBLE_DEVICES): leave engine.launch.gpus empty"
+            )
         if self.engine.kind == "vllm" and self.trainer.weight_sync != "disk":
             raise ValueError(
                 "engine.kind=vllm takes weights from disk only: set trainer.weight_sync=disk "

@@ -213,7 +213,7 @@ class Controller:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.tokenizer = tokenizer
             self.records.vocabulary(tokenizer)  # vocab.json: the viewer decodes without the model
-            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write)
+            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write, cfg.cluster, self.run_id)
             engine, urls, model_dir, self.fleet = engines.client, engines.urls, engines.model_dir, engines.fleet
             if self.fleet is not None:
                 supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, model_dir))
@@ -238,7 +238,8 @@ class Controller:
                     RayTrainerPlacement.place, cfg.cluster, self.run_id, cfg.trainer.ranks, cfg.ring_capacity_mb << 20
                 )
                 stack.callback(placement.close)
-                tqdm.write(f"[cluster] trainer placed on Ray node {placement.node_id} ({placement.node_ip})")
+                for line in placement.placed():  # one per trainer node (cluster.trainer_nodes)
+                    tqdm.write(f"[cluster] {line}")
                 rings = placement.rings  # same surface as a RingWriter's for _publish
                 report_addr = placement.bind_report(pull)
                 trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, report_addr, placement.start_trainer)
@@ -251,7 +252,7 @@ class Controller:
                 trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
                 stack.callback(stop_group, trainer_proc, 5.0)
 
-            runner = await self._start_runner(gateway_addr, http_url, gateway)
+            runner = await self._start_runner(gateway_addr, http_url, gateway, urls, model_dir)
             if runner is not None:
                 stack.push_async_callback(runner.close)
 
@@ -305,9 +306,12 @@ class Controller:
             best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
             return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
-    async def _start_runner(self, gateway_addr: str, http_url: str, gateway: Gateway) -> EpisodeRunner | None:
+    async def _start_runner(
+        self, gateway_addr: str, http_url: str, gateway: Gateway, urls: list[str], model_dir: Path
+    ) -> EpisodeRunner | None:
         """The agent runner: the sandbox zygote (subproc), zygotes on Ray nodes
-        (``cluster.rollout_workers``), the inline runner, or None for a RolloutWorkflow object,
+        (``cluster.rollout_workers``, each with its own gateway on the engines at ``urls`` unless
+        ``cluster.gateway=controller``), the inline runner, or None for a RolloutWorkflow object,
         which the rollout loop calls itself with ``engine``."""
         cfg = self.config
         if self.workflow_kind == "rollout":
@@ -315,12 +319,15 @@ class Controller:
                 raise ValueError("cluster.rollout_workers runs sandboxed agents; a RolloutWorkflow object runs in the controller")
             return None
         if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py
-            from areal.cluster.ray_rollout import RayRunner
+            from areal.cluster.ray_rollout import RayRunner, WorkerGatewaySpec
 
             sandbox, log_dir = self._sandbox_config(), self.run_dir / "sandbox"
             r = cfg.rollout
+            own = None
+            if cfg.cluster.gateway == "worker":
+                own = WorkerGatewaySpec(str(Path(model_dir).resolve()), cfg.engine.kind, list(urls), dataclasses.asdict(gateway.config))
             return await RayRunner.start(
-                cfg.cluster, gateway, self.agent_spec, sandbox, log_dir, r.agent_kwargs, r.max_zygote_restarts, self.run_id, tqdm.write
+                cfg.cluster, gateway, self.agent_spec, sandbox, log_dir, r.agent_kwargs, r.max_zygote_restarts, self.run_id, tqdm.write, own
             )
         if cfg.rollout.openai.mode == "subproc":
             runner = await Zygote.start(
@@ -643,24 +650,38 @@ class Controller:
     async def _run_episode(
         self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, group_id: str
     ) -> tuple[EpisodeOutcome, Session]:
-        key = gateway.open_session(episode_id)
+        if getattr(runner, "owns_sessions", False):  # rollout workers with their own gateways (ray_rollout.py)
+            key = ""
+            run = runner.run_session(episode_id, problem, self.config.rollout.deadline_s)
+        else:
+            key = gateway.open_session(episode_id)
+            run = self._outcome_in(gateway, key, runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s))
         t0 = time.monotonic()
         try:
-            outcome = await runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s)
+            outcome, session = await run
         except asyncio.CancelledError:  # the run is stopping: the episode still gets its one line
-            session = gateway.close_session(key)
+            session = gateway.close_session(key) if key else Session(key="", episode_id=episode_id)
             why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
             cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
             cut = classify_outcome(cut, bool(session.interactions))
             self._log_episode(cut, session, group_id)
             raise
-        except BaseException:
-            gateway.close_session(key)
-            raise
-        session = gateway.close_session(key)
         outcome = await self._settle(outcome, session, problem)
         self.window.append(outcome)
         return outcome, session
+
+    @staticmethod
+    async def _outcome_in(gateway: Gateway, key: str, episode: Awaitable[EpisodeOutcome]) -> tuple[EpisodeOutcome, Session]:
+        """``episode``'s outcome and the gateway session it ran in, closed; a cancelled episode's
+        session is left open for the caller, which logs what it recorded."""
+        try:
+            outcome = await episode
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            gateway.close_session(key)
+            raise
+        return outcome, gateway.close_session(key)
 
     async def _settle(self, outcome: EpisodeOutcome, session: Session, problem: dict) -> EpisodeOutcome:
         """An episode's outcome scored, checked and classified (a training or an evaluation episode)."""
@@ -714,12 +735,16 @@ class Controller:
         zygote, restarted; a lost Ray rollout worker, dropped by its runner), as a group is."""
         for attempt in range(self.config.rollout.max_zygote_restarts + 1):
             generation = self.sandbox_generation
-            key = gateway.open_session(episode_id, temperature)
-            try:
-                attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
-                outcome = await runner.run_episode(attempt_id, problem, key, self.config.rollout.deadline_s)
-            finally:
-                session = gateway.close_session(key)
+            attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
+            deadline = self.config.rollout.deadline_s
+            if getattr(runner, "owns_sessions", False):  # rollout workers with their own gateways
+                outcome, session = await runner.run_session(attempt_id, problem, deadline, temperature)
+            else:
+                key = gateway.open_session(episode_id, temperature)
+                try:
+                    outcome = await runner.run_episode(attempt_id, problem, key, deadline)
+                finally:
+                    session = gateway.close_session(key)
             if outcome.status != "crashed":
                 break
             if isinstance(runner, Zygote):  # lost when the zygote died meanwhile (restarted here, or by a group)
@@ -781,7 +806,12 @@ class Controller:
             while True:
                 if await pull.poll(500) == 0:
                     if proc.poll() is not None and self.done is None:
-                        self.failure = f"trainer process exited with code {proc.returncode} without finishing; log tail:\n{log_tail(self.run_dir / 'trainer.log') or '(empty log)'}"
+                        where = getattr(proc, "error", "")  # a RemoteTrainer (cluster.kind=ray) names the node, and its log
+                        log = self.run_dir / getattr(proc, "log_name", "trainer.log")
+                        self.failure = (
+                            f"trainer process exited with code {proc.returncode} without finishing{'; ' + where if where else ''}; "
+                            f"log tail ({log.name}):\n{log_tail(log) or '(empty log)'}"
+                        )
                         self.wake.set()
                         return
                     continue

@@ -17,9 +17,10 @@ from areal.protocol import Trajectory
 from areal.trajectories import read_saved_trajectories
 
 
-def check_trained_as_sampled(run_dir: Path) -> list[Trajectory]:
+def check_trained_as_sampled(run_dir: Path, ranks: int = 1) -> list[Trajectory]:
     """Assert the checks on ``run_dir`` (run with ``save_trajectories=true engine.request_log=true``,
-    ``trainer.steps=3``, ``rollout.max_head_offpolicyness=0``); the published trajectories."""
+    ``trainer.steps=3``, ``rollout.max_head_offpolicyness=0``, ``trainer.ranks=ranks``: every rank
+    trained every step); the published trajectories."""
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert [m["version"] for m in steps] == [1, 2, 3]
@@ -31,8 +32,8 @@ def check_trained_as_sampled(run_dir: Path) -> list[Trajectory]:
 
     # Exactly once across the hop: each published episode trained once, nothing trained twice or
     # unpublished, and the trainer's loss covered every sampled token the controller published.
-    trained = [json.loads(line) for line in (run_dir / "trained_episodes-r0.jsonl").read_text().splitlines()]
-    assert [t["step"] for t in trained] == [1, 2, 3]
+    trained = [json.loads(line) for r in range(ranks) for line in (run_dir / f"trained_episodes-r{r}.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in trained] == [1, 2, 3] * ranks
     counts = Counter(e for t in trained for e in t["episodes"])
     assert max(counts.values()) == 1
     assert set(counts) == {t.episode_id for t in published}

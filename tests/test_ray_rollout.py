@@ -12,6 +12,7 @@ infrastructure failures naming the worker, and their groups ran again and were t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -78,10 +79,17 @@ def _placed(out: str) -> dict[int, str]:
     return {int(i): node for i, node in re.findall(r"\[cluster\] rollout worker (\d+) on node (\w+) \([^)]*\)\n", out)}
 
 
-def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path):
+@pytest.mark.parametrize("gateway", ["worker", "controller"])
+def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path, gateway):
+    """Each worker's agents call the worker's own gateway (cluster.gateway=worker: the engines are
+    called from the worker's node, the session record comes back per episode) or the controller's
+    over TCP; either way every trained token is one the engine served, with its logprob and version."""
     run_dir = tmp_path / "run"
     with _three_nodes() as (cluster, rollout_node, trainer_node):
-        proc = subprocess.run(_cmd(run_dir, cluster.address), cwd=ROOT, capture_output=True, text=True, timeout=170)
+        # The run's own agent evaluation goes through the workers too (greedy: a temperature the session forces).
+        evaluation = ["data.eval_mode=agent", "data.eval_size=3", "data.eval_samples=1"] if gateway == "worker" else []
+        cmd = _cmd(run_dir, cluster.address, f"cluster.gateway={gateway}", *evaluation)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
         head_id = cluster.head_node.node_id
         # Torn down with the run: the placement groups removed, every resource free again.
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
@@ -99,6 +107,11 @@ def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert sorted(_placed(out).values()) == sorted([head_id, rollout_node.node_id])  # SPREAD: one per rollout node
     assert f"[cluster] trainer placed on Ray node {trainer_node.node_id}" in out
+    own = "[cluster] each rollout worker's own gateway calls the engines at http://"
+    assert (own in out, "[cluster] the gateway serves the rollout workers at tcp://" in out) == (
+        gateway == "worker",
+        gateway == "controller",
+    )
     dispatched = re.search(r"\[cluster\] episodes per rollout worker: 0: (\d+), 1: (\d+)", out)
     assert dispatched and min(map(int, dispatched.groups())) > 0, out[-3000:]  # both workers ran episodes
     assert not (run_dir / "sandbox" / "zygote.log").exists()  # no episode on the controller's own host zygote
@@ -107,6 +120,10 @@ def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path):
     check_trained_as_sampled(run_dir)
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 3 * 2 * 4 and all(e["status"] == "ok" for e in episodes), [e for e in episodes if e["status"] != "ok"][:2]
+    if gateway == "worker":  # before and after training: 3 problems x (1 sampled + 1 greedy), each with its replies recorded
+        evals = [json.loads(line) for line in (run_dir / "eval_episodes.jsonl").read_text().splitlines()]
+        assert len(evals) == 2 * 3 * 2, len(evals)
+        assert all(e["status"] == "ok" and e["replies"] for e in evals), evals[:2]
 
 
 def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_run_again(tmp_path):
@@ -149,6 +166,54 @@ def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_
     for group in {e["group_id"] for e in lost}:  # each cut group ran again, and that run was trained
         assert any(g == group and "-retry" in eid for eid, g in trained.items()), (group, sorted(trained))
     assert not set(trained) & {e["episode_id"] for e in lost}
+
+
+def test_a_lost_worker_is_replaced_on_a_node_that_joins_and_the_run_waits_for_it(tmp_path):
+    """The run's only rollout worker's node is killed mid-run: with no worker left, the episodes wait
+    for its replacement (not fail); a node with the worker resources joins, the replacement starts
+    there in the lost worker's bundle, and the run finishes on it, every trained token checked."""
+    (tmp_path / "slow_agent.py").write_text(SLOW_AGENT)
+    run_dir, log_path = tmp_path / "run", tmp_path / "controller.log"
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        rollout_node = cluster.add_node(num_cpus=1, resources={"rollout": 1})
+        cluster.add_node(num_cpus=1, resources={"trainer": 1})
+        cluster.wait_for_nodes()
+        cmd = _cmd(run_dir, cluster.address, f"rollout.agent={tmp_path / 'slow_agent.py'}:run")
+        cmd[cmd.index("cluster.rollout_workers=2")] = "cluster.rollout_workers=1"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            deadline, new_node = time.monotonic() + 150, None
+            while new_node is None and proc.poll() is None and time.monotonic() < deadline:
+                metrics = run_dir / "metrics.jsonl"
+                trained = metrics.exists() and metrics.read_text().count("\n") >= 1
+                if trained and list((run_dir / "sandbox" / "worker-0").glob("*-g*-e*.log")):
+                    cluster.remove_node(rollout_node, allow_graceful=False)
+                    time.sleep(3)  # the episodes find no worker and wait
+                    new_node = cluster.add_node(num_cpus=1, resources={"rollout": 1})
+                time.sleep(0.05)
+            assert new_node is not None, log_path.read_text()[-3000:]
+            rc = proc.wait(timeout=150)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        cluster.shutdown()
+    out = log_path.read_text()
+    assert rc == 0, out[-6000:]
+    assert f"[cluster] rollout worker 0 on node {rollout_node.node_id} ({rollout_node.node_ip_address}) was lost, 0 of 1 left" in out
+    assert _placed(out)[1] == new_node.node_id, out[-3000:]  # the replacement, on the node that joined
+    assert "[cluster] rollout worker 1 replaces rollout worker 0, 1 of 2 live" in out
+    dispatched = re.search(r"\[cluster\] episodes per rollout worker: 0: (\d+), 1: (\d+)", out)
+    assert dispatched and int(dispatched.group(2)) > 0, out[-3000:]
+    published = check_trained_as_sampled(run_dir)
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    lost = [e for e in episodes if e["status"] != "ok"]
+    assert lost and all(e["failure_class"] == "infrastructure" for e in lost), lost
+    trained = {t.episode_id for t in published}
+    assert any("-retry" in eid for eid in trained) and not trained & {e["episode_id"] for e in lost}
 
 
 def _zygote_of(log_dir: Path) -> int | None:
@@ -211,6 +276,10 @@ def test_cluster_config_checks_the_rollout_worker_keys(monkeypatch):
         ClusterConfig(kind="ray", rollout_workers=1, worker_resources={"CPU": 0})
     with pytest.raises(ValueError, match="cluster.slots_per_worker"):
         ClusterConfig(kind="ray", rollout_workers=1, slots_per_worker=0)
+    with pytest.raises(ValueError, match="cluster.max_worker_replacements must be >= 0"):
+        ClusterConfig(kind="ray", rollout_workers=1, max_worker_replacements=-1)
+    with pytest.raises(ValueError, match="cluster.gateway must be one of"):
+        ClusterConfig(kind="ray", rollout_workers=1, gateway="node")
     rollout = RolloutConfig()
     rollout.openai.mode = "inline"
     with pytest.raises(ValueError, match="needs rollout.openai.mode=subproc"):
@@ -219,3 +288,12 @@ def test_cluster_config_checks_the_rollout_worker_keys(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert node_agent_spec("agents/openai_math.py:MathAgent") == f"{ROOT}/agents/openai_math.py:MathAgent"
     assert node_agent_spec("areal.agent:nothing") == "areal.agent:nothing"
+
+
+def test_a_worker_gateway_refuses_engines_on_the_controller_hosts_loopback(tmp_path):
+    """A worker on another host than the controller cannot reach 127.0.0.1 there: it says so, and what to set."""
+    from areal.cluster.ray_rollout import WorkerGatewaySpec, _own_gateway
+
+    spec = WorkerGatewaySpec(str(tmp_path), "embedded", ["http://127.0.0.1:30000"], {}, controller_ip="203.0.113.9")
+    with pytest.raises(RuntimeError, match=r"loopback, which this node .* cannot reach: .*cluster.engine_resources"):
+        asyncio.run(_own_gateway(spec, f"ipc://{tmp_path}/gateway.sock"))

@@ -35,7 +35,7 @@ from areal.config import EngineConfig, EngineLaunchConfig, TrainConfig
 from areal.embedded import ensure_embedded_model
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
-from areal.engine.serving import _launcher, engine_client, start_engines, ties_embeddings, weight_loader
+from areal.engine.serving import engine_client, server_launcher, start_engines, ties_embeddings, weight_loader
 from areal.engine.vllm import VLLMClient
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.publish import push_weights
@@ -195,11 +195,13 @@ def test_vllm_python_names_the_private_venv_and_how_to_build_it(tmp_path, monkey
     cfg = EngineConfig(kind="vllm", launch=EngineLaunchConfig(command="{vllm_python} -m vllm.entrypoints.openai.api_server --port {port}"))
     monkeypatch.setenv("AREAL_VLLM_VENV", str(tmp_path / "absent"))
     with pytest.raises(RuntimeError, match=r"absent/bin/python does not exist: build it with `python -m benchmarks.vllm_env`"):
-        _launcher(cfg, tmp_path, tmp_path)
+        server_launcher(cfg, tmp_path, tmp_path)
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
     monkeypatch.setenv("AREAL_VLLM_VENV", str(tmp_path / "venv"))
-    launch, count = _launcher(dataclasses.replace(cfg, launch=EngineLaunchConfig(command=cfg.launch.command, count=2)), tmp_path, tmp_path)
+    launch, count = server_launcher(
+        dataclasses.replace(cfg, launch=EngineLaunchConfig(command=cfg.launch.command, count=2)), tmp_path, tmp_path
+    )
     assert count == 2 and callable(launch)
 
 

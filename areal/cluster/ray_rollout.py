@@ -1,51 +1,64 @@
 """``cluster.rollout_workers=N``: sandboxed episodes on rollout workers placed on Ray nodes.
 
-    controller (one process)                                   rollout node (a placement-group bundle)
-      Gateway ── ZeroMQ door ipc://  (local runs, as before)     RolloutWorker (a Ray actor)
-              └─ ZeroMQ door tcp://<controller ip>:<port> ◄─tcp──  GatewayBridge: ipc:///<tmp>/gateway.sock
-      RayRunner.run_episode                                          ▲ one TCP connection per relay connection,
-        least-loaded live worker (slots_per_worker each)             │ bytes copied as they come
-        ── ray: run_episode(id, row as JSON, session key) ──►      Zygote ─► episode ─► relay (DEALER, ipc://)
-        ◄── EpisodeOutcome (msgpack bytes) ───────────────────┘    (the node-local sandbox of a local run)
+    controller (one process)                               rollout node (a placement-group bundle)
+      RayRunner.run_session                                  RolloutWorker (a Ray actor)
+        least-loaded live worker (slots_per_worker each)       its own Gateway ── HTTP ──► engines (engine URLs)
+        ── ray: run_session(id, row as JSON, temperature) ──►    ▲ ZeroMQ door ipc:///<tmp>/gateway.sock
+        ◄── WorkerEpisode (msgpack bytes): the outcome and    Zygote ─► episode ─► relay (DEALER, ipc://)
+            the session's interactions, token by token        (the node-local sandbox of a local run)
+      _settle (reward, checks) ─► trajectories ─► _publish (the rings, local or on the trainer's node)
 
-This first step keeps the gateway in the controller: every LLM call of every worker's agents comes
-to the one gateway over TCP, so token accounting, sessions, versions and the trajectories stay
-where they are (``_run_episode`` opens and closes the session; ``_publish`` writes the rings).
-Only the sandboxes move. The episode processes keep their network namespace (loopback only) and
-reach an ``ipc://`` socket on their node, as locally; the worker's bridge carries each relay
-connection to the controller's door byte for byte (the ZMTP stream passes through untouched), so
-the door sees one connection per relay and charges it to the session whose key its first request
-carries: session keys authenticate every call, as over ``ipc://``.
+``cluster.gateway=worker`` (the default): each worker serves its own agents with its own
+``Gateway``: the tokenizer (``model.path``, on storage every node sees), the run's gateway limits
+and a client of the engines, so every LLM call goes from the worker's node to an engine and the
+controller's CPU no longer bounds the run's calls per second. The worker opens a session per
+episode, runs it, closes the session and returns the outcome with the session's interactions
+(prompt ids, sampled ids, logprobs, versions, rewards set through the gateway). The controller
+scores, classifies and publishes them exactly as a local episode's; the versions are the engines'
+own, so staleness accounting does not change. Engine URLs on the controller host's loopback are
+refused by a worker on another host, naming what to set (engines on Ray nodes, ``engine.urls``
+other nodes reach, or the controller's gateway).
 
-Dispatch and back-pressure: a ``RayRunner`` is an ``EpisodeRunner`` (``run_episode``/``close``).
-Each worker takes ``cluster.slots_per_worker`` episodes at once; an episode goes to the live worker
-with the fewest in flight, and waits while every worker is full, so admission spans all workers.
+``cluster.gateway=controller``: the gateway stays in the controller and the worker carries each
+relay connection to its ZeroMQ door over TCP byte for byte (``GatewayBridge``); the door charges
+the connection to the session whose key its first request carries, as over ``ipc://``.
+
+Dispatch and back-pressure: a ``RayRunner`` is an ``EpisodeRunner`` (``run_episode``/``close``;
+with the workers' own gateways ``owns_sessions`` and ``run_session``). Each worker takes
+``cluster.slots_per_worker`` episodes at once; an episode goes to the live worker with the fewest in
+flight, and waits while every worker is full, so admission spans all workers.
 
 Worker loss: when a worker's actor or node dies (``RayActorError``), its in-flight episodes come
-back ``crashed`` with an error naming the worker and its node, ``lost(outcome)`` says so, the
-controller's infrastructure path runs the group again (``_run_group``), the worker is dropped from
-dispatch and reported once, and the run goes on with the others; with none left, ``run_episode``
-raises ``RolloutWorkersLost`` (the run fails naming every loss). A worker whose zygote dies
-restarts it (up to ``rollout.max_zygote_restarts`` times, then it counts as lost); the episodes it
-took down are ``lost`` too. Teardown (``close``): each worker shuts its zygote down (its episodes
-killed) and its bridge, then the actors are killed and the placement group removed. Ray ends the
-actors if the controller dies, and each zygote dies with its actor (``die_with_parent``).
+back ``crashed`` with an error naming the worker and its node (and an empty session: what the
+worker's gateway recorded died with it), ``lost(outcome)`` says so, the controller's
+infrastructure path runs the group again (``_run_group``), the worker is dropped from dispatch and
+reported once, and the run goes on with the others; with none left, ``run_episode`` raises
+``RolloutWorkersLost`` (the run fails naming every loss). A worker whose zygote dies restarts it
+(up to ``rollout.max_zygote_restarts`` times, then it counts as lost); the episodes it took down
+are ``lost`` too. A lost worker is replaced (up to ``cluster.max_worker_replacements`` times in a
+run): a new worker in its bundle, once Ray has placed the bundle again on a live node with its
+resources (one already free, or a node that joins), waited for up to ``placement_timeout_s``;
+while one is starting, episodes wait for it rather than fail. Teardown (``close``): each worker
+shuts its zygote down (its episodes killed) and its gateway or bridge, then the actors are killed
+and the placement group removed. Ray ends the actors if the controller dies, and each zygote dies
+with its actor (``die_with_parent``).
 
-Control calls carry strings and bytes (the row as JSON, the outcome as msgpack), never pickled records.
+Control calls carry strings and bytes (the row as JSON, outcomes and sessions as msgpack), never
+pickled records.
 
-What is covered: N workers placed by resources with a SPREAD placement group, one zygote each
-(the run's sandbox config, agent spec and agent kwargs), admission across workers, a lost worker
-or node (its episodes re-admitted, the run continuing), teardown with the run.
+What is covered: N workers placed by resources with a SPREAD placement group, one zygote and one
+gateway each (the run's sandbox config, agent spec and agent kwargs), admission across workers, the
+run's agent evaluation on the workers, a lost worker or node (its episodes re-admitted, the run
+continuing, the worker replaced where the cluster can place it), teardown with the run.
 What is not covered:
-- a gateway per worker (the engines called from the worker's node, token accounting merged):
-  the controller's gateway serves every call, so its CPU bounds the run's LLM calls per second;
-- replacing a lost worker (Ray reschedules its bundle, nothing starts a new actor there);
+- trajectories from the worker straight to the trainer's node: the session record comes back to
+  the controller (one Ray reply per episode), which publishes it over the trajectory hop;
 - inline agents and RolloutWorkflow objects on workers (they run in the controller's loop);
-- encryption between the nodes: session keys and prompts cross the network in clear (a cluster's
-  private network, as for the trajectory hop);
-- the door's per-owner cap before a key is seen: a node's relay connections share one owner (its
-  host) until their first request, so a burst of more than ``gateway.max_connections_per_session``
-  new connections from one node has the excess cut (their requests get a 502).
+- encryption between the nodes: session keys, prompts and records cross the network in clear (a
+  cluster's private network, as for the trajectory hop);
+- with ``cluster.gateway=controller``, the door's per-owner cap before a key is seen: a node's
+  relay connections share one owner (its host) until their first request, so a burst of more than
+  ``gateway.max_connections_per_session`` new connections from one node has the excess cut.
 """
 
 from __future__ import annotations
@@ -68,6 +81,8 @@ from areal.agent import EXEC_PREFIX
 from areal.cluster.config import ClusterConfig
 from areal.failures import INFRASTRUCTURE
 from areal.gateway import Gateway, serve_zmq
+from areal.gateway.core import GatewayConfig, Session
+from areal.gateway.tree import Interaction
 from areal.process import owned_temp_dir
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import SandboxConfig
@@ -75,8 +90,62 @@ from sandbox.zygote import Zygote
 
 WORKER_LOST = "rollout worker lost"  # failure_cause of the episodes a lost worker took down
 SANDBOX_DIED = "sandbox zygote died"  # ... of those a worker's dying zygote took down (restarted)
+_LOOPBACK = ("127.", "localhost", "[::1]")
+
+
+class WorkerEpisode(msgspec.Struct):
+    """What a worker with its own gateway sends back per episode: the outcome and the session's
+    record, token by token (the controller scores, classifies and publishes it as a local one)."""
+
+    outcome: EpisodeOutcome
+    interactions: dict[str, Interaction]  # the session's, in call order
+    drift: int = 0  # follow-up calls whose history matched no recorded reply
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
+_episode_decoder = msgspec.msgpack.Decoder(WorkerEpisode)
+
+
+@dataclasses.dataclass
+class WorkerGatewaySpec:
+    """How a worker builds its own gateway (``cluster.gateway=worker``): the tokenizer's model dir
+    (on storage every node sees), the engines' kind and URLs, the run's gateway limits."""
+
+    model_dir: str
+    engine_kind: str
+    urls: list[str]
+    config: dict[str, Any]
+    controller_ip: str = ""  # a loopback engine URL is refused on any other host
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+async def _own_gateway(spec: WorkerGatewaySpec, address: str) -> tuple[Gateway, asyncio.Task]:
+    """The worker's gateway, serving ``address`` (node-local ``ipc://``) for its sandboxes."""
+    from transformers import AutoTokenizer
+
+    from areal.engine.serving import engine_client
+
+    ip = ray.util.get_node_ip_address()
+    local = [u for u in spec.urls if u.split("://", 1)[-1].startswith(_LOOPBACK)]
+    if local and ip != spec.controller_ip:
+        raise RuntimeError(
+            f"engine URLs {local} are the controller host's loopback, which this node ({ip}) cannot reach: "
+            "place the engines on Ray nodes (cluster.engine_resources), give engine.urls other nodes reach, "
+            "or keep the gateway in the controller (cluster.gateway=controller)"
+        )
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, spec.model_dir)
+    gateway = Gateway(engine_client(spec.engine_kind, spec.urls), tokenizer, GatewayConfig(**spec.config))
+    ready = asyncio.Event()
+    serving = asyncio.create_task(serve_zmq(gateway, address, ready))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([serving, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if serving.done():
+        serving.result()  # it could not bind: raise why
+    return gateway, serving
 
 
 class RolloutWorkersLost(RuntimeError):
@@ -130,23 +199,31 @@ class GatewayBridge:
 
 
 class RolloutWorker:
-    """On a rollout node (a Ray actor): the bridge to the controller's gateway and a zygote whose
-    agents use it. Async methods: they run on the actor's event loop, as many at once as its slots."""
+    """On a rollout node (a Ray actor): a zygote, and the gateway its agents reach over a node-local
+    ``ipc://`` socket: the worker's own (``gateway_json``: it calls the engines itself and records
+    the sessions), or a bridge to the controller's. Async methods: they run on the actor's event
+    loop, as many at once as its slots."""
 
     def __init__(self, index: int, gateway: str, max_restarts: int) -> None:
         self.index, self.gateway, self.max_restarts = index, gateway, max_restarts
         self.sock_dir = ""
         self.bridge: GatewayBridge | None = None
+        self.own: Gateway | None = None  # the worker's own gateway (cluster.gateway=worker)
+        self.serving: asyncio.Task | None = None
         self.zygote: Zygote | None = None
         self.restarts = 0
         self.dead = ""  # why this worker can run no more episodes (its zygote's restarts are spent)
         self.restart_lock: asyncio.Lock | None = None
 
-    async def start(self, agent: str, sandbox_json: str, log_dir: str, agent_kwargs_json: str) -> str:
-        """Open the bridge and start the zygote; {node_id, ip, warnings} as JSON."""
+    async def start(self, agent: str, sandbox_json: str, log_dir: str, agent_kwargs_json: str, gateway_json: str = "") -> str:
+        """Start the gateway (its own, or the bridge to the controller's) and the zygote; {node_id,
+        ip, warnings} as JSON."""
         self.sock_dir = owned_temp_dir("worker")  # ipc paths must stay short
         path = f"{self.sock_dir}/gateway.sock"
-        self.bridge = await GatewayBridge.open(path, self.gateway)
+        if gateway_json:
+            self.own, self.serving = await _own_gateway(WorkerGatewaySpec(**json.loads(gateway_json)), f"ipc://{path}")
+        else:
+            self.bridge = await GatewayBridge.open(path, self.gateway)
         config = SandboxConfig(**json.loads(sandbox_json))
         self.zygote = await Zygote.start(agent, f"ipc://{path}", config, log_dir, json.loads(agent_kwargs_json))
         self.restart_lock = asyncio.Lock()
@@ -165,6 +242,18 @@ class RolloutWorker:
             cause = await self._restart(generation, outcome.error)
             outcome = msgspec.structs.replace(outcome, failure_class=INFRASTRUCTURE, failure_cause=cause)
         return _encoder.encode(outcome)
+
+    async def run_session(self, episode_id: str, data_json: str, deadline_s: float, temperature: float | None) -> bytes:
+        """One sandboxed episode in a session of the worker's own gateway (sampled at
+        ``temperature`` when set); a ``WorkerEpisode`` as msgpack. The session is closed whatever
+        happens, a cancelled episode's too."""
+        assert self.own is not None
+        key = self.own.open_session(episode_id, temperature)
+        try:
+            outcome = _decoder.decode(await self.run_episode(episode_id, data_json, key, deadline_s))
+        finally:
+            session = self.own.close_session(key)
+        return _encoder.encode(WorkerEpisode(outcome, session.interactions, session.drift))
 
     async def _restart(self, generation: int, reason: str) -> str:
         """Restart the zygote that died under generation ``generation`` (once, whoever sees it first);
@@ -188,6 +277,12 @@ class RolloutWorker:
             await self.zygote.close()
         if self.bridge is not None:
             await self.bridge.close()
+        if self.serving is not None:
+            self.serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.serving
+        if self.own is not None:
+            await self.own.engine.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
@@ -197,8 +292,9 @@ class _Worker:
 
     index: int
     actor: ray.actor.ActorHandle
-    node_id: str
-    ip: str
+    bundle: int  # its bundle in the run's placement group (a replacement takes the lost worker's)
+    node_id: str = ""
+    ip: str = ""
     load: int = 0
     episodes: int = 0  # dispatched to it in all
     dead: str = ""
@@ -208,13 +304,57 @@ class _Worker:
         return f"rollout worker {self.index} on node {self.node_id} ({self.ip})"
 
 
+@dataclasses.dataclass
+class _Spawner:
+    """Starts a worker in a bundle of the run's placement group, as the run's first ones were."""
+
+    pg: Any
+    resources: dict[str, float]
+    concurrency: int
+    init_args: tuple  # (gateway endpoint, max zygote restarts)
+    start_args: tuple  # (agent spec, sandbox JSON, log root, agent kwargs JSON, gateway JSON)
+    timeout_s: float
+
+    def actor(self, index: int, bundle: int) -> _Worker:
+        res = self.resources
+        actor = (
+            ray.remote(RolloutWorker)
+            .options(
+                num_cpus=res.get("CPU", 0),
+                num_gpus=res.get("GPU", 0),
+                resources={k: v for k, v in res.items() if k not in ("CPU", "GPU")},
+                max_concurrency=self.concurrency,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+            )
+            .remote(index, *self.init_args)
+        )
+        return _Worker(index, actor, bundle)
+
+    async def start(self, workers: list[_Worker], write: Callable[[str], None]) -> None:
+        """Start ``workers``' gateways and zygotes (up to ``timeout_s``); where each went, on the console."""
+        agent, sandbox_json, logs, kwargs_json, gateway_json = self.start_args
+        starts = [w.actor.start.remote(agent, sandbox_json, f"{logs}/worker-{w.index}", kwargs_json, gateway_json) for w in workers]
+        infos = await asyncio.wait_for(asyncio.gather(*starts), self.timeout_s)
+        for w, info in zip(workers, map(json.loads, infos)):
+            w.node_id, w.ip = info["node_id"], info["ip"]
+            write(f"[cluster] {w.name}")
+            for warning in info["warnings"]:
+                write(f"[sandbox] warning ({w.name}): {warning}")
+
+
 class RayRunner:
     """The ``EpisodeRunner`` over the run's rollout workers; ``start`` places them, ``close`` removes them."""
 
-    def __init__(self, workers: list[_Worker], pg: Any, door: asyncio.Task, slots: int, write: Callable[[str], None]) -> None:
-        self.workers, self.pg, self.door, self.slots, self.write = workers, pg, door, slots, write
-        self.freed = asyncio.Event()  # set whenever a slot frees or a worker is lost: waiters look again
+    def __init__(
+        self, workers: list[_Worker], spawner: _Spawner, door: asyncio.Task | None, config: ClusterConfig, write: Callable[[str], None]
+    ) -> None:
+        self.workers, self.spawner, self.pg, self.door, self.write = workers, spawner, spawner.pg, door, write
+        self.slots, self.replacements_left = config.slots_per_worker, config.max_worker_replacements
+        self.owns_sessions = door is None  # each worker's own gateway records its sessions (run_session)
+        self.freed = asyncio.Event()  # set whenever a slot frees, a worker is lost or joins: waiters look again
         self.lost_ids: set[str] = set()
+        self.replacing: set[asyncio.Task] = set()  # replacements being started
+        self.next_index = len(workers)
 
     @classmethod
     async def start(
@@ -228,21 +368,27 @@ class RayRunner:
         max_restarts: int,
         run_id: str,
         write: Callable[[str], None],
+        own_gateway: WorkerGatewaySpec | None = None,
     ) -> RayRunner:
-        """Serve the gateway on TCP, reserve ``cluster.rollout_workers`` bundles of
-        ``cluster.worker_resources`` (SPREAD), start a worker in each and wait for its zygote.
-        Ray must be initialised (the trainer's placement did it). Blocks up to ``placement_timeout_s``."""
+        """Reserve ``cluster.rollout_workers`` bundles of ``cluster.worker_resources`` (SPREAD),
+        start a worker in each and wait for its gateway and zygote. ``own_gateway``: each worker
+        builds its own gateway from it; None: the controller's ``gateway`` is served on TCP to the
+        workers' bridges. Ray must be initialised (the trainer's placement did it). Blocks up to
+        ``placement_timeout_s``."""
         ip = ray.util.get_node_ip_address()
-        ready = asyncio.Event()
-        door = asyncio.create_task(serve_zmq(gateway, f"tcp://{ip}:0", ready))
-        pg, workers = None, []
+        door, endpoint, pg, workers = None, "", None, []
         try:
-            waiter = asyncio.create_task(ready.wait())
-            await asyncio.wait([door, waiter], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if door.done():
-                door.result()  # it could not bind: raise why
-            endpoint = next(d.address for d in gateway.doors if d.address.startswith(f"tcp://{ip}:"))
+            if own_gateway is None:
+                ready = asyncio.Event()
+                door = asyncio.create_task(serve_zmq(gateway, f"tcp://{ip}:0", ready))
+                waiter = asyncio.create_task(ready.wait())
+                await asyncio.wait([door, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if door.done():
+                    door.result()  # it could not bind: raise why
+                endpoint = next(d.address for d in gateway.doors if d.address.startswith(f"tcp://{ip}:"))
+            else:
+                own_gateway = dataclasses.replace(own_gateway, controller_ip=ip)
             res, n = dict(config.worker_resources), config.rollout_workers
             pg = placement_group([res] * n, strategy="SPREAD", name=f"areal-rollout-{run_id}")
             try:
@@ -252,32 +398,27 @@ class RayRunner:
                     f"cluster.rollout_workers={n} x cluster.worker_resources={res}: the Ray cluster could not hold them "
                     f"within cluster.placement_timeout_s={config.placement_timeout_s}s (cluster: {ray.cluster_resources()})"
                 ) from None
-            actor_class = ray.remote(RolloutWorker)
-            custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
-            actors = [
-                actor_class.options(
-                    num_cpus=res.get("CPU", 0),
-                    num_gpus=res.get("GPU", 0),
-                    resources=custom,
-                    max_concurrency=config.slots_per_worker + 4,  # its episodes, plus stop()
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                ).remote(i, endpoint, max_restarts)
-                for i in range(n)
-            ]
-            workers = [_Worker(i, actor, "", "") for i, actor in enumerate(actors)]
-            sandbox_json, kwargs_json = json.dumps(dataclasses.asdict(sandbox)), json.dumps(agent_kwargs)
-            spec = node_agent_spec(agent)
-            starts = [
-                a.start.remote(spec, sandbox_json, str(Path(log_dir).resolve() / f"worker-{i}"), kwargs_json) for i, a in enumerate(actors)
-            ]
-            infos = await asyncio.wait_for(asyncio.gather(*starts), config.placement_timeout_s)
-            for w, info in zip(workers, map(json.loads, infos)):
-                w.node_id, w.ip = info["node_id"], info["ip"]
-                write(f"[cluster] {w.name}")
-                for warning in info["warnings"]:
-                    write(f"[sandbox] warning ({w.name}): {warning}")
-            write(f"[cluster] the gateway serves the rollout workers at {endpoint}")
-            return cls(workers, pg, door, config.slots_per_worker, write)
+            spawner = _Spawner(
+                pg,
+                res,
+                config.slots_per_worker + 4,  # its episodes, plus stop()
+                (endpoint, max_restarts),
+                (
+                    node_agent_spec(agent),
+                    json.dumps(dataclasses.asdict(sandbox)),
+                    str(Path(log_dir).resolve()),
+                    json.dumps(agent_kwargs),
+                    own_gateway.to_json() if own_gateway else "",
+                ),
+                config.placement_timeout_s,
+            )
+            workers = [spawner.actor(i, i) for i in range(n)]
+            await spawner.start(workers, write)
+            if endpoint:
+                write(f"[cluster] the gateway serves the rollout workers at {endpoint}")
+            else:
+                write(f"[cluster] each rollout worker's own gateway calls the engines at {', '.join(own_gateway.urls)}")
+            return cls(workers, spawner, door, config, write)
         except BaseException:
             _release([w.actor for w in workers], pg, door)
             raise
@@ -291,18 +432,49 @@ class RayRunner:
         return min((w for w in self.live if w.load < self.slots), key=lambda w: w.load, default=None)
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
-        """Run one episode on a worker (waiting for a free slot on any). Never raises for a lost
-        worker: its episodes come back crashed; raises ``RolloutWorkersLost`` once none is left."""
+        """Run one episode on a worker (waiting for a free slot on any), its agent calling the
+        controller's gateway with ``api_key``. Never raises for a lost worker: its episodes come
+        back crashed; raises ``RolloutWorkersLost`` once none is left."""
+        payload = json.dumps(data)
+        outcome, _ = await self._dispatch(episode_id, lambda actor: actor.run_episode.remote(episode_id, payload, api_key, deadline_s))
+        return outcome
+
+    async def run_session(
+        self, episode_id: str, data: dict, deadline_s: float, temperature: float | None = None
+    ) -> tuple[EpisodeOutcome, Session]:
+        """Run one episode on a worker in a session of the worker's own gateway
+        (``owns_sessions``); the outcome and the session as recorded there (an empty one when
+        the worker was lost with it). Raises as ``run_episode``."""
+        payload = json.dumps(data)
+        outcome, record = await self._dispatch(
+            episode_id, lambda actor: actor.run_session.remote(episode_id, payload, deadline_s, temperature), _episode_decoder
+        )
+        session = Session(key="", episode_id=episode_id, temperature=temperature)
+        if record is not None:
+            session.interactions = record.interactions
+            session.index.drift = record.drift
+        return outcome, session
+
+    async def _dispatch(
+        self, episode_id: str, call: Callable[[Any], Any], decoder: msgspec.msgpack.Decoder | None = None
+    ) -> tuple[EpisodeOutcome, WorkerEpisode | None]:
+        """``call(actor)`` on the least-loaded live worker with a free slot; its outcome (and the
+        ``WorkerEpisode`` when ``decoder`` decodes one), a lost worker's named."""
         while (worker := self._pick()) is None:
-            if not self.live:
+            if not self.live and not self.replacing:
                 raise RolloutWorkersLost("every rollout worker was lost: " + "; ".join(f"{w.name}: {w.dead}" for w in self.workers))
             self.freed.clear()
             await self.freed.wait()
         worker.load += 1  # no await between the pick and this: the loop is ours
         worker.episodes += 1
-        ref = worker.actor.run_episode.remote(episode_id, json.dumps(data), api_key, deadline_s)
+        ref = call(worker.actor)
+        record = None
         try:
-            outcome = _decoder.decode(await ref)
+            if decoder is None:
+                outcome = _decoder.decode(await ref)
+            else:
+                record = decoder.decode(await ref)
+                outcome = record.outcome
         except ray.exceptions.RayActorError as e:  # its process or node died
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:500]}"
             outcome = EpisodeOutcome(episode_id, "crashed", error=why, failure_class=INFRASTRUCTURE, failure_cause=WORKER_LOST)
@@ -319,7 +491,7 @@ class RayRunner:
                 outcome = msgspec.structs.replace(outcome, error=f"{worker.name} was lost: {outcome.error}")
             else:
                 outcome = msgspec.structs.replace(outcome, error=f"{worker.name}: its zygote died (restarted): {outcome.error}")
-        return outcome
+        return outcome, record
 
     def lost(self, outcome: EpisodeOutcome) -> bool:
         """Whether ``outcome`` crashed because its worker (or the worker's zygote) died under it:
@@ -330,12 +502,47 @@ class RayRunner:
         if worker.dead:
             return
         worker.dead = why
+        ray.kill(worker.actor)  # gone already with its node; alive with its zygote's restarts spent: its bundle is freed
         self.write(f"[cluster] {worker.name} was lost, {len(self.live)} of {len(self.workers)} left: {why.splitlines()[0][:300]}")
+        if self.replacements_left > 0:  # before waking the waiters: with none live, they wait for it
+            self.replacements_left -= 1
+            self.replacing.add(asyncio.create_task(self._replace(worker)))
         self.freed.set()
 
+    async def _replace(self, lost: _Worker) -> None:
+        """A new worker in ``lost``'s bundle once Ray has placed the bundle again (on a live node
+        with its resources, maybe one that joins later), waited for up to ``placement_timeout_s``;
+        then it takes episodes. A replacement that cannot start is reported, and the run goes on
+        without it (with no worker left, the waiting episodes raise ``RolloutWorkersLost``)."""
+        worker = self.spawner.actor(self.next_index, lost.bundle)
+        self.next_index += 1
+        try:
+            await self.spawner.start([worker], self.write)
+        except (TimeoutError, ray.exceptions.RayError) as e:
+            why = "no node could hold its bundle in time" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            self.write(
+                f"[cluster] rollout worker {worker.index}, replacing rollout worker {lost.index}, did not start within "
+                f"cluster.placement_timeout_s={self.spawner.timeout_s}s: {why.splitlines()[0][:300]}"
+            )
+            ray.kill(worker.actor)
+        except BaseException:  # cancelled: the run is closing
+            ray.kill(worker.actor)
+            raise
+        else:
+            self.workers.append(worker)
+            self.write(
+                f"[cluster] rollout worker {worker.index} replaces rollout worker {lost.index}, {len(self.live)} of {len(self.workers)} live"
+            )
+        finally:  # out of ``replacing`` before the waiters look: with no worker left, they give up
+            self.replacing.discard(asyncio.current_task())
+            self.freed.set()
+
     async def close(self) -> None:
-        """Stop every live worker (its zygote and bridge), then kill the actors and remove the group."""
+        """Stop every live worker (its zygote and gateway), then kill the actors and remove the group."""
         self.write("[cluster] episodes per rollout worker: " + ", ".join(f"{w.index}: {w.episodes}" for w in self.workers))
+        for task in list(self.replacing):  # a replacement still starting: its actor is killed by its own cleanup
+            task.cancel()
+        await asyncio.gather(*self.replacing, return_exceptions=True)
         try:
             stops = [w.actor.stop.remote() for w in self.live]
             results = await asyncio.wait_for(asyncio.gather(*stops, return_exceptions=True), 30)
@@ -344,16 +551,18 @@ class RayRunner:
                     raise r  # a worker that died meanwhile has nothing left to stop; anything else is a bug
         finally:
             _release([w.actor for w in self.workers], self.pg, self.door)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.door
+            if self.door is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.door
 
 
-def _release(actors: list[ray.actor.ActorHandle], pg: Any | None, door: asyncio.Task) -> None:
+def _release(actors: list[ray.actor.ActorHandle], pg: Any | None, door: asyncio.Task | None) -> None:
     for actor in actors:
         ray.kill(actor)
     if pg is not None:
         remove_placement_group(pg)
-    door.cancel()
+    if door is not None:
+        door.cancel()
 
 
 def node_agent_spec(spec: str) -> str:

@@ -35,6 +35,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -628,6 +629,11 @@ def _stitch(done: GenerateResult | None, resp: _GenerateResponse, prompt_tokens:
 # ------------------------------------------------------------------------------------------
 
 
+def exit_status(returncode: int) -> str:
+    """``exit status N``, or ``signal NAME`` for a negative return code."""
+    return f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
+
+
 class EngineProcess:
     """A running ``areal.engine.server`` subprocess, leader of its own process group."""
 
@@ -643,6 +649,10 @@ class EngineProcess:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def exit_status(self) -> str:
+        """How the exited server ended, for ``death_of``."""
+        return exit_status(self.popen.returncode)
 
     def stop(self, timeout_s: float = 10) -> None:
         """SIGTERM the process group, then SIGKILL it if it has not exited in ``timeout_s``."""
@@ -728,9 +738,11 @@ def launch_embedded_engine(
     api_key: str | None = None,
     request_log: str | None = None,
     port: int = 0,
+    host: str = "127.0.0.1",
 ) -> EngineProcess:
     """Start the embedded engine and wait until it has written its URL to the ready file.
-    ``port`` 0 takes a free one; a restarted engine is given its predecessor's."""
+    ``port`` 0 takes a free one; a restarted engine is given its predecessor's. ``host``: the
+    address it listens on (a node's own address when other nodes call it)."""
     run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
@@ -750,6 +762,8 @@ def launch_embedded_engine(
         weight_version,
         "--port",
         str(port),
+        "--host",
+        host,
     ]
     if api_key:
         cmd += ["--api-key", api_key]

@@ -19,6 +19,10 @@ Invariants:
 - While an engine is down, the trainer's weight push skips it (connection refused) as long as
   another engine took the version (``areal.trainer.publish.push_weights``).
 
+Servers on Ray nodes (``cluster.engine_resources``) are the same fleet: its ``launch`` starts each
+through an actor on its node and returns a ``RemoteEngine`` (areal/cluster/ray_engines.py), so a
+restart lands on the same node and port, and a lost actor or node is that engine's death.
+
 Not covered: servers the run did not launch (``engine.urls``): the router routes around one that
 stops answering and probes it again later, but nothing restarts it.
 """
@@ -26,7 +30,6 @@ stops answering and probes it again later, but nothing restarts it.
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,21 +47,22 @@ from areal.process import log_tail
 
 
 def death_of(proc: EngineProcess) -> str | None:
-    """Why ``proc`` is gone (exit status or signal, and its log tail), or None while it runs."""
+    """Why ``proc`` is gone (its ``exit_status()``: exit status or signal, and for a server on a
+    Ray node where it ran, or that its node was lost; then its log tail), or None while it runs."""
     if proc.alive():
         return None
-    rc = proc.popen.returncode
-    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
-    return f"the inference engine (pid {proc.pid}) died ({how}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
+    return f"the inference engine (pid {proc.pid}) died ({proc.exit_status()}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
 
 
-Launcher = Callable[[int, int, Path], EngineProcess]  # (index, port or 0, log path) -> a healthy server
+# (index, port or 0, log path) -> a healthy server: an EngineProcess here, or a RemoteEngine on a
+# Ray node (areal/cluster/ray_engines.py), which has the surface the fleet uses
+Launcher = Callable[[int, int, Path], EngineProcess]
 # (url, weights dir, version, timeout_s=...) -> None: one server loads a version, blocking
 WeightLoader = Callable[..., None]
 
 
-def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None) -> Launcher:
-    """Our CPU engine (``areal.engine.server``), from the initial weights."""
+def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None, host: str = "127.0.0.1") -> Launcher:
+    """Our CPU engine (``areal.engine.server``), from the initial weights, listening on ``host``."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         return launch_embedded_engine(
@@ -68,6 +72,7 @@ def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_
             log_path=str(log_path),
             request_log=str(request_log) if request_log else None,
             port=port,
+            host=host,
             weight_version="0",
         )
 
@@ -82,16 +87,25 @@ def command_launcher(
     fields: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
     gpus_of: Callable[[int], list[int]] = lambda index: [],
+    host: str = "127.0.0.1",
 ) -> Launcher:
     """Any server started by a command template (``engine.launch``): SGLang's, or vLLM's
-    (``areal.engine.serving`` adds its fields and environment). ``gpus_of(index)`` is server
-    ``index``'s CUDA_VISIBLE_DEVICES (a restarted server gets its predecessor's GPUs)."""
+    (``areal.engine.serving`` adds its fields and environment), its ``{host}`` filled in with
+    ``host``. ``gpus_of(index)`` is server ``index``'s CUDA_VISIBLE_DEVICES (a restarted server
+    gets its predecessor's GPUs)."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         gpus = gpus_of(index)
         env_i = {**(env or {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else env
         return launch_command(
-            template, str(model_dir), port or free_port(), str(log_path), timeout_s=health_timeout_s, fields=fields, env=env_i
+            template,
+            str(model_dir),
+            port or free_port(host),
+            str(log_path),
+            host=host,
+            timeout_s=health_timeout_s,
+            fields=fields,
+            env=env_i,
         )
 
     return launch

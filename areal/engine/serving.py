@@ -4,6 +4,8 @@
     engine.kind=sglang   ─► engine.urls, or EngineFleet: engine.launch.count × the command   ─┼─► urls
     engine.kind=vllm     ─► engine.urls, or EngineFleet: engine.launch.count × the command   ─┘
                             ({vllm_python} filled in, VLLM_SERVER_DEV_MODE=1 in its environment)
+    cluster.engine_resources: each launched server on a Ray node, the same launcher run there by
+                            an actor, listening on the node's address (areal/cluster/ray_engines.py)
     urls ─► one client per server: EngineClient (SGLang's protocol) | VLLMClient
          ─► one server: its client; several: an EngineRouter over the clients (sticky sessions,
             failover; pause, weights and health reach every server)
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.cluster.config import ClusterConfig
 from areal.config import EngineConfig
 from areal.engine.client import EngineClient, update_weights_from_disk_sync
 from areal.engine.fleet import EngineFleet, Launcher, WeightLoader, command_launcher, embedded_launcher
@@ -80,26 +83,38 @@ def weight_loader(kind: str) -> WeightLoader:
     return vllm_update_weights_sync if kind == "vllm" else update_weights_from_disk_sync
 
 
-def _launcher(cfg: EngineConfig, model_dir: Path, run_dir: Path) -> tuple[Launcher, int]:
-    """How to start one server of this run, and how many."""
+def server_launcher(
+    cfg: EngineConfig, model_dir: Path, run_dir: Path, *, host: str = "127.0.0.1", ray_gpus: bool = False
+) -> tuple[Launcher, int]:
+    """How to start one server of this run, and how many. ``host``: the address the servers
+    listen on; ``ray_gpus``: on a Ray node, whose bundle's GPUs Ray already set in
+    CUDA_VISIBLE_DEVICES (``engine.launch.gpus`` names this host's; areal/cluster/ray_engines.py)."""
+    gpus_of = (lambda index: []) if ray_gpus else cfg.launch.gpus_of
     if cfg.kind == "embedded":
         request_log = run_dir / "engine_requests.jsonl" if cfg.request_log else None
-        return embedded_launcher(model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log), cfg.replicas
+        return embedded_launcher(model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log, host=host), cfg.replicas
     if cfg.kind == "sglang":
-        return command_launcher(cfg.launch.command, model_dir, cfg.launch.health_timeout_s, gpus_of=cfg.launch.gpus_of), cfg.launch.count
+        return command_launcher(cfg.launch.command, model_dir, cfg.launch.health_timeout_s, gpus_of=gpus_of, host=host), cfg.launch.count
     if cfg.kind == "vllm":
         fields = {"vllm_python": str(vllm_venv_python())} if "{vllm_python}" in cfg.launch.command else {}
         launch = command_launcher(
-            cfg.launch.command, model_dir, cfg.launch.health_timeout_s, fields=fields, env=VLLM_SERVER_ENV, gpus_of=cfg.launch.gpus_of
+            cfg.launch.command, model_dir, cfg.launch.health_timeout_s, fields=fields, env=VLLM_SERVER_ENV, gpus_of=gpus_of, host=host
         )
         return launch, cfg.launch.count
     raise ValueError(f"engine.kind must be one of {KINDS}, got {cfg.kind!r}")
 
 
 async def start_engines(
-    cfg: EngineConfig, model_dir: Path, run_dir: Path, stack: contextlib.AsyncExitStack, report: Callable[[str], None] = print
+    cfg: EngineConfig,
+    model_dir: Path,
+    run_dir: Path,
+    stack: contextlib.AsyncExitStack,
+    report: Callable[[str], None] = print,
+    cluster: ClusterConfig | None = None,
+    run_id: str = "",
 ) -> RunEngines:
-    """Launch (or reach) the run's servers and make their client; ``stack`` stops and closes them."""
+    """Launch (or reach) the run's servers and make their client; ``stack`` stops and closes them.
+    ``cluster.engine_resources`` set: each launched server on a Ray node (areal/cluster/ray_engines.py)."""
     if cfg.kind == "vllm" and ties_embeddings(model_dir):
         if cfg.urls:
             raise ValueError(
@@ -116,11 +131,22 @@ async def start_engines(
         )
     urls, fleet = list(cfg.urls), None
     if not urls:  # servers this run starts and watches
-        launch, count = _launcher(cfg, model_dir, run_dir)
+        placement = None
+        if cluster is not None and cluster.engine_resources:  # one bundle and actor per server, launched there
+            from areal.cluster.ray_engines import RayEnginePlacement
+
+            count = cfg.replicas if cfg.kind == "embedded" else cfg.launch.count
+            placement = await asyncio.to_thread(RayEnginePlacement.place, cluster, run_id, cfg, model_dir, run_dir, count)
+            stack.callback(placement.close)  # after the fleet's stop (callbacks run last-in first)
+            launch: Launcher = placement.launch
+        else:
+            launch, count = server_launcher(cfg, model_dir, run_dir)
         fleet = EngineFleet(launch, count, run_dir, max_restarts=cfg.max_restarts, load_weights=weight_loader(cfg.kind))
         stack.callback(fleet.stop)
         await asyncio.to_thread(fleet.start)
         urls = fleet.urls
+        for line in placement.placed() if placement is not None else []:
+            report(line)
     request_log = run_dir / "engine_requests.jsonl" if cfg.request_log and cfg.kind == "vllm" else None
     client = engine_client(cfg.kind, urls, request_log)
     stack.push_async_callback(client.close)
