@@ -17,6 +17,8 @@ run interleaved in the same invocation. The local ring's sides are pinned to a c
 they cannot each have one, and the scheduler places them better than a fixed split. Loopback
 TCP measures the hop's software cost (framing, two extra copies, one more digest, libzmq, the
 kernel's TCP stack); a real link adds its own bandwidth limit (10-25 Gb/s = 1.2-3 GB/s) on top.
+The hop also runs with the run's CURVE keys (``cluster.encrypt``, areal/curve.py: every message
+encrypted and authenticated), against the plain hop in the same run.
 Not measured: a journal (one ``write`` per record), reconnects, more than one sender.
 
     python -m benchmarks.ring_remote [--quick]
@@ -48,10 +50,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _receive(name: str, addr: str, stop: Event, cpu: SynchronizedArray) -> None:
+def _receive(name: str, addr: str, stop: Event, cpu: SynchronizedArray, keys_json: str) -> None:
+    from areal.curve import CurveKeys
     from areal.ring.remote import TrajectoryReceiver
 
-    with RingWriter(name, RING_BYTES) as writer, TrajectoryReceiver(addr, writer).start() as receiver:
+    keys = CurveKeys.from_json(keys_json) if keys_json else None
+    with RingWriter(name, RING_BYTES) as writer, TrajectoryReceiver(addr, writer, keys=keys).start() as receiver:
         started = time.process_time()  # every thread of the process: receiver and libzmq's I/O thread
         stop.wait(300)
         cpu[1] = (time.process_time() - started) / receiver.written
@@ -60,11 +64,13 @@ def _receive(name: str, addr: str, stop: Event, cpu: SynchronizedArray) -> None:
             time.sleep(0.001)  # keep the segment until the reader has committed everything
 
 
-def _send(addr: str, tokens: int, count: int, cpu: SynchronizedArray) -> None:
+def _send(addr: str, tokens: int, count: int, cpu: SynchronizedArray, keys_json: str) -> None:
+    from areal.curve import CurveKeys
     from areal.ring.remote import TrajectorySender
 
     traj = make_trajectory(tokens)
-    with TrajectorySender(addr, window=WINDOW) as sender:
+    keys = CurveKeys.from_json(keys_json).client_side() if keys_json else None
+    with TrajectorySender(addr, window=WINDOW, keys=keys) as sender:
         for i in range(count):
             if i == WARMUP:
                 started = time.process_time()
@@ -85,14 +91,18 @@ class HopResult(NamedTuple):
         return 1 / max(self.sender_cpu_s, self.receiver_cpu_s, self.reader_cpu_s)
 
 
-def run_hop(tokens: int, count: int) -> HopResult:
-    """Through the hop, end to end (three processes: sender, receiver, this reader)."""
+def run_hop(tokens: int, count: int, encrypted: bool = False) -> HopResult:
+    """Through the hop, end to end (three processes: sender, receiver, this reader); with a run's
+    CURVE keys when ``encrypted``."""
+    from areal.curve import CurveKeys
+
+    keys_json = CurveKeys.generate().to_json() if encrypted else ""
     ctx = mp.get_context("spawn")
     name, addr = ring_name(f"hopbench{os.getpid()}", 0), f"tcp://127.0.0.1:{_free_port()}"
     stop = ctx.Event()
     cpu = ctx.Array("d", [float("nan"), float("nan")])  # sender, receiver: CPU s per record
-    receiver = ctx.Process(target=_receive, args=(name, addr, stop, cpu))
-    sender = ctx.Process(target=_send, args=(addr, tokens, WARMUP + count, cpu))
+    receiver = ctx.Process(target=_receive, args=(name, addr, stop, cpu, keys_json))
+    sender = ctx.Process(target=_send, args=(addr, tokens, WARMUP + count, cpu, keys_json))
     receiver.start()
     try:
         with RingReader(name, timeout_s=60) as reader:
@@ -119,11 +129,13 @@ def main(quick: bool) -> list[dict]:
     for tokens in SIZES:
         record_bytes = len(encode_trajectory(make_trajectory(tokens)))
         count = max(300, (4 if quick else 64) * 2**20 // record_bytes)  # ~same bytes per size
-        hops, locals_ = [], []
-        for _ in range(repeats):  # interleaved so that background load hits both paths alike
+        hops, curves, locals_ = [], [], []
+        for _ in range(repeats):  # interleaved so that background load hits every path alike
             hops.append(run_hop(tokens, count))
+            curves.append(run_hop(tokens, count, encrypted=True))
             locals_.append(run_ring(tokens, count))
         h = HopResult(*(statistics.median(getattr(r, f) for r in hops) for f in HopResult._fields))
+        c = HopResult(*(statistics.median(getattr(r, f) for r in curves) for f in HopResult._fields))
         rate, bound = statistics.median(r.rate for r in locals_), statistics.median(r.cpu_bound_rate for r in locals_)
         writer_us = statistics.median(r.writer_cpu_s for r in locals_) * 1e6
         size = f"{tokens // 1024}k_tokens"
@@ -152,6 +164,23 @@ def main(quick: bool) -> list[dict]:
                 "value": (h.sender_cpu_s + h.receiver_cpu_s) * 1e6,
                 "unit": "us",
                 "baseline_value": writer_us,
+            },
+            # CURVE (cluster.encrypt) against the plain hop: what encryption costs.
+            {
+                **common,
+                "metric": f"encrypted_trajectories_per_s_{size}",
+                "value": c.rate,
+                "unit": "traj/s",
+                "baseline": "the hop in clear (same records, same run)",
+                "baseline_value": h.rate,
+            },
+            {
+                **common,
+                "metric": f"encrypted_producer_cpu_us_per_record_{size}",
+                "value": (c.sender_cpu_s + c.receiver_cpu_s) * 1e6,
+                "unit": "us",
+                "baseline": "the hop in clear (same records, same run)",
+                "baseline_value": (h.sender_cpu_s + h.receiver_cpu_s) * 1e6,
             },
         ]
     return rows

@@ -24,6 +24,9 @@ class ClusterConfig:
     # per node joined by a rendezvous on the first; trainer_resources is then ONE node's bundle (STRICT_SPREAD).
     trainer_nodes: int = 1
     hop_window: int = 64  # unacked trajectories in flight per trainer rank (TrajectorySender's window)
+    # ray: CURVE on the ZeroMQ TCP hops (trajectories to the trainer's nodes, the trainer's reports back):
+    # encrypted, and only the run's own peers admitted (areal/curve.py). false: in clear (a trusted network)
+    encrypt: bool = True
     # ray: sandboxed episodes on this many rollout workers on Ray nodes (areal/cluster/ray_rollout.py), each
     # a zygote whose agents reach the controller's gateway over TCP. 0: every episode on the controller's host.
     rollout_workers: int = 0

@@ -60,6 +60,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal.cluster.config import ClusterConfig
+from areal.curve import ENV as CURVE_ENV
+from areal.curve import CurveKeys, serve_curve
 from areal.process import stop_group
 from areal.protocol import Trajectory
 from areal.ring.buffer import RingWriter, ring_name
@@ -72,10 +74,11 @@ class TrainerHost:
     """On one trainer node: one ring per rank of this node, a receiver writing into each, the
     node's trainer processes (one torchrun)."""
 
-    def __init__(self, ring_names: list[str], capacity_bytes: int) -> None:
+    def __init__(self, ring_names: list[str], capacity_bytes: int, keys_json: str = "") -> None:
         self.ip = ray.util.get_node_ip_address()
+        keys = CurveKeys.from_json(keys_json) if keys_json else None  # the run's CURVE keys: its receivers serve them
         self.rings = [RingWriter(name, capacity_bytes) for name in ring_names]
-        self.receivers = [TrajectoryReceiver(f"tcp://{self.ip}:0", ring).start() for ring in self.rings]
+        self.receivers = [TrajectoryReceiver(f"tcp://{self.ip}:0", ring, keys=keys).start() for ring in self.rings]
         self.proc: subprocess.Popen | None = None
 
     def addresses(self) -> list[str]:
@@ -91,14 +94,17 @@ class TrainerHost:
             s.bind((self.ip, 0))
             return s.getsockname()[1]
 
-    def start(self, job_json: str, nnodes: int = 1, node_rank: int = 0, master_addr: str = "", master_port: int = 0) -> int:
+    def start(
+        self, job_json: str, nnodes: int = 1, node_rank: int = 0, master_addr: str = "", master_port: int = 0, client_keys: str = ""
+    ) -> int:
         """Start this node's ranks of ``job_json`` (a ``TrainerJob``); returns the pid on this node.
-        ``nnodes`` > 1: torchrun meets the other nodes' at ``master_addr:master_port``."""
+        ``nnodes`` > 1: torchrun meets the other nodes' at ``master_addr:master_port``.
+        ``client_keys``: the run's CURVE client keys, in the ranks' environment (their reports)."""
         job = TrainerJob.from_json(job_json)
         rendezvous = None
         if nnodes > 1:
             rendezvous = Rendezvous(master_addr, master_port, nnodes, node_rank, self.ip)
-        self.proc = start_trainer(job, Path(job.run_dir), rendezvous)
+        self.proc = start_trainer(job, Path(job.run_dir), rendezvous, env={CURVE_ENV: client_keys} if client_keys else None)
         return self.proc.pid
 
     def wait(self) -> int:
@@ -124,9 +130,9 @@ class TrainerHost:
 class RemoteRing:
     """A trainer rank's ring on another node, as ``_publish`` sees a ``RingWriter``."""
 
-    def __init__(self, name: str, addr: str, window: int) -> None:
+    def __init__(self, name: str, addr: str, window: int, keys: CurveKeys | None = None) -> None:
         self.name = name
-        self.sender = TrajectorySender(addr, window=window)
+        self.sender = TrajectorySender(addr, window=window, keys=keys)
 
     def put_trajectory(self, traj: Trajectory, timeout_s: float | None = None) -> None:
         self.sender.put(traj, timeout_s)  # kept until the node's ring holds it; resent after a reconnection
@@ -182,6 +188,8 @@ class RayTrainerPlacement:
         self.ranks_per_node = len(rings) // len(hosts)
         self.trainer: RemoteTrainer | None = None
         self.counts: dict[str, int] = {}
+        self.keys: CurveKeys | None = None  # the run's CURVE keys (cluster.encrypt)
+        self.report_auth: object | None = None  # the ZAP handler of the report socket
 
     @classmethod
     def place(cls, config: ClusterConfig, run_id: str, ranks: int, capacity_bytes: int) -> RayTrainerPlacement:
@@ -196,6 +204,7 @@ class RayTrainerPlacement:
         if started_ray:
             ray.init(address=config.address or None, include_dashboard=False, log_to_driver=False)
         pg, hosts = None, []
+        keys = CurveKeys.generate() if config.encrypt else None  # one set per run (areal/curve.py)
         try:
             res = dict(config.trainer_resources)
             strategy = "STRICT_PACK" if nnodes == 1 else "STRICT_SPREAD"  # several: each bundle on its own node
@@ -219,11 +228,14 @@ class RayTrainerPlacement:
                         max_concurrency=4,  # wait() blocks one thread; stop() and node() need others
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=node_rank),
                     )
-                    .remote(names, capacity_bytes)
+                    .remote(names, capacity_bytes, keys.to_json() if keys else "")
                 )
             addrs = [a for per_host in ray.get([h.addresses.remote() for h in hosts], timeout=config.placement_timeout_s) for a in per_host]
-            rings = [RemoteRing(ring_name(run_id, rank), addr, config.hop_window) for rank, addr in enumerate(addrs)]
-            return cls(config, started_ray, pg, hosts, rings)
+            client = keys.client_side() if keys else None
+            rings = [RemoteRing(ring_name(run_id, rank), addr, config.hop_window, client) for rank, addr in enumerate(addrs)]
+            placement = cls(config, started_ray, pg, hosts, rings)
+            placement.keys = keys
+            return placement
         except BaseException:
             _release(hosts, pg, started_ray)
             raise
@@ -234,8 +246,11 @@ class RayTrainerPlacement:
         return [f"trainer placed on Ray node {nid} ({ip}): ranks {i * per}-{(i + 1) * per - 1}" for i, (nid, ip) in enumerate(self.nodes)]
 
     def bind_report(self, pull: zmq.Socket) -> str:
-        """Bind the controller's report socket on this host's cluster address; its tcp:// endpoint."""
+        """Bind the controller's report socket on this host's cluster address (a CURVE server
+        admitting only the run's trainer ranks, with ``cluster.encrypt``); its tcp:// endpoint."""
         ip = ray.util.get_node_ip_address()
+        if self.keys is not None:
+            self.report_auth = serve_curve(pull, self.keys)
         port = pull.bind_to_random_port(f"tcp://{ip}")
         return f"tcp://{ip}:{port}"
 
@@ -245,7 +260,8 @@ class RayTrainerPlacement:
         job = dataclasses.replace(job, run_dir=str(Path(run_dir).resolve()), model_path=str(Path(job.model_path).resolve()))
         nnodes = len(self.hosts)
         port = ray.get(self.hosts[0].free_port.remote()) if nnodes > 1 else 0
-        starts = [h.start.remote(job.to_json(), nnodes, i, self.node_ip, port) for i, h in enumerate(self.hosts)]
+        client = self.keys.client_side().to_json() if self.keys else ""
+        starts = [h.start.remote(job.to_json(), nnodes, i, self.node_ip, port, client) for i, h in enumerate(self.hosts)]
         self.trainer = RemoteTrainer(self.hosts, self.nodes, ray.get(starts))
         return self.trainer
 
@@ -262,6 +278,8 @@ class RayTrainerPlacement:
                 except ray.exceptions.RayError:  # the actor or its node is already gone: nothing left to stop there
                     pass
         finally:
+            if self.report_auth is not None:
+                self.report_auth.stop()
             _release(self.hosts, self.pg, self.started_ray)
 
 

@@ -66,7 +66,8 @@ What is not covered:
   * no journal (``journal_path=None``): a restarted receiver learns a sender's hwm from its
     Hello, so a record written to the ring whose ack was lost in the crash is written again;
   * a lost machine on the trainer side: the ring and the journal live in memory and page cache;
-  * authentication or encryption: the hop is for a cluster's private network (CURVE is not set);
+  * a hop without ``keys``: in clear, and any process that reaches the port may send (with
+    ``keys``, CURVE encrypts it and admits only senders holding the run's client key: areal/curve.py);
   * several receivers per ring, or several threads per sender.
 """
 
@@ -85,6 +86,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from areal.curve import CurveKeys, connect_curve, serve_curve
 from areal.protocol import HopAck, HopHello, HopInbound, HopOutbound, HopRecord, HopRefused, Trajectory, encode_trajectory
 from areal.ring.buffer import RingError, RingFull, RingWriter
 from areal.ring.layout import digest
@@ -119,7 +121,9 @@ def _tune(sock: zmq.Socket) -> None:
 class TrajectorySender:
     """The rollout worker's end: one per (worker, trainer rank). Not thread-safe."""
 
-    def __init__(self, addr: str, *, sender_id: str | None = None, window: int = 64, resend_s: float = 5.0) -> None:
+    def __init__(
+        self, addr: str, *, sender_id: str | None = None, window: int = 64, resend_s: float = 5.0, keys: CurveKeys | None = None
+    ) -> None:
         self.sender_id = sender_id or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
         if not _SENDER_RE.fullmatch(self.sender_id):
             raise ValueError(f"sender_id={self.sender_id!r} must match {_SENDER_RE.pattern}")
@@ -133,6 +137,8 @@ class TrajectorySender:
         self._sock.setsockopt(zmq.LINGER, 0)  # close() decides what is lost, not libzmq
         self._sock.setsockopt(zmq.SNDHWM, 2 * window + 2)  # a resend on top of a full window still fits
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        if keys is not None:  # encrypted, and admitted only with the run's client key (areal/curve.py)
+            connect_curve(self._sock, keys)
         self._sock.connect(addr)
         self._decoder = msgspec.msgpack.Decoder(HopOutbound)
         self._encode = msgspec.msgpack.Encoder().encode
@@ -329,7 +335,15 @@ class _Journal:
 class TrajectoryReceiver:
     """The trainer node's end: writes each sender's records, in order and once, into ``ring_writer``."""
 
-    def __init__(self, bind_addr: str, ring_writer: RingWriter, *, journal_path: str | None = None, max_frame: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        bind_addr: str,
+        ring_writer: RingWriter,
+        *,
+        journal_path: str | None = None,
+        max_frame: int = 1 << 30,
+        keys: CurveKeys | None = None,
+    ) -> None:
         self.ring = ring_writer
         self._journal = _Journal(journal_path, ring_writer.next_seq) if journal_path else None
         self.hwm: dict[str, int] = self._journal.hwm if self._journal else {}  # one dict: compaction writes what landed
@@ -340,6 +354,7 @@ class TrajectoryReceiver:
         self._sock = self._ctx.socket(zmq.ROUTER)
         _tune(self._sock)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
+        self._auth = serve_curve(self._sock, keys) if keys is not None else None  # CURVE: only the run's senders
         self._sock.bind(bind_addr)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._stop = threading.Event()
@@ -362,6 +377,8 @@ class TrajectoryReceiver:
         if self._thread is not None:
             self._thread.join()
         self._sock.close(linger=200)  # the last acks
+        if self._auth is not None:
+            self._auth.stop()  # its ZAP socket, before the context ends
         self._ctx.term()
         if self._journal is not None:
             self._journal.close()

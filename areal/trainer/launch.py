@@ -75,25 +75,28 @@ def trainer_log(run_dir: Path, node_rank: int = 0) -> Path:
     return run_dir / (f"trainer-node{node_rank}.log" if node_rank else "trainer.log")
 
 
-def start_trainer(job: TrainerJob, run_dir: Path, rendezvous: Rendezvous | None = None) -> subprocess.Popen:
+def start_trainer(
+    job: TrainerJob, run_dir: Path, rendezvous: Rendezvous | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Write ``job`` as ``run_dir/trainer_config.json`` and start its ranks (one per ring); with a
-    ``rendezvous``, this node's share of them."""
+    ``rendezvous``, this node's share of them. ``env``: added to the ranks' environment (not the
+    file: the run's CURVE keys, areal/curve.py)."""
     node_rank = rendezvous.node_rank if rendezvous is not None else 0
     path = run_dir / (f"trainer_config-node{node_rank}.json" if node_rank else "trainer_config.json")
     path.write_text(job.to_json())
     ranks = (len(job.ring_names) or 1) // (rendezvous.nnodes if rendezvous is not None else 1)
-    env = None
+    added = dict(env or {})
     if job.trainer.gpus:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, job.trainer.gpus))}
+        added["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.trainer.gpus))
     if rendezvous is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo otherwise takes the address the hostname resolves to, often 127.0.1.1: unreachable from other nodes
         ifname = interface_of(rendezvous.node_addr)
         if ifname:
-            env = {**(env or os.environ), "GLOO_SOCKET_IFNAME": ifname}
+            added["GLOO_SOCKET_IFNAME"] = ifname
     with open(trainer_log(run_dir, node_rank), "ab") as log:
         return subprocess.Popen(
             trainer_command(path, ranks, rendezvous),
-            env=env,
+            env={**os.environ, **added} if added else None,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

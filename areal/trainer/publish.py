@@ -24,6 +24,7 @@ import msgspec
 import torch
 import zmq
 
+from areal.curve import CurveKeys, connect_curve
 from areal.engine.client import EngineError, EngineUnavailable
 from areal.engine.vllm import vllm_update_weights_sync
 from areal.protocol import TrainerMessage
@@ -147,6 +148,9 @@ class Reporter:
     def __init__(self, addr: str) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUSH)
+        keys = CurveKeys.from_env()  # set by a run on Ray nodes with cluster.encrypt (areal/curve.py)
+        if keys is not None:
+            connect_curve(self.sock, keys)
         self.sock.connect(addr)
         self.encoder = msgspec.msgpack.Encoder()
 
