@@ -54,8 +54,10 @@ What is not covered:
 - trajectories from the worker straight to the trainer's node: the session record comes back to
   the controller (one Ray reply per episode), which publishes it over the trajectory hop;
 - inline agents and RolloutWorkflow objects on workers (they run in the controller's loop);
-- encryption between the nodes: session keys, prompts and records cross the network in clear (a
-  cluster's private network, as for the trajectory hop);
+- encryption of this module's own traffic: the episodes' records travel in Ray's replies (Ray's
+  token authentication; its TLS if the cluster sets it up), the worker gateways' engine calls are
+  plain HTTP, and with ``cluster.gateway=controller`` the relay streams cross to the controller's
+  door in clear (the trajectory hop and the trainer's reports are CURVE: areal/curve.py);
 - with ``cluster.gateway=controller``, the door's per-owner cap before a key is seen: a node's
   relay connections share one owner (its host) until their first request, so a burst of more than
   ``gateway.max_connections_per_session`` new connections from one node has the excess cut.
