@@ -54,7 +54,7 @@ from areal.cluster.config import ClusterConfig
 from areal.config import EngineConfig
 from areal.dataclass_config import build_dataclass
 from areal.engine.client import EngineProcess, exit_status
-from areal.engine.serving import server_launcher
+from areal.engine.fleet import server_launcher
 
 
 class EngineHost:

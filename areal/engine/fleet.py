@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal.engine.client import (
     EngineError,
@@ -43,7 +44,13 @@ from areal.engine.client import (
     update_weights_from_disk_sync,
 )
 from areal.engine.router import EngineRouter
+from areal.engine.vllm import VLLM_SERVER_ENV, vllm_venv_python
 from areal.process import log_tail
+
+if TYPE_CHECKING:
+    from areal.config import EngineConfig
+
+KINDS = ("embedded", "sglang", "vllm")  # engine.kind
 
 
 def death_of(proc: EngineProcess) -> str | None:
@@ -109,6 +116,27 @@ def command_launcher(
         )
 
     return launch
+
+
+def server_launcher(
+    cfg: EngineConfig, model_dir: Path, run_dir: Path, *, host: str = "127.0.0.1", ray_gpus: bool = False
+) -> tuple[Launcher, int]:
+    """How to start one server of this run, and how many. ``host``: the address the servers
+    listen on; ``ray_gpus``: on a Ray node, whose bundle's GPUs Ray already set in
+    CUDA_VISIBLE_DEVICES (``engine.launch.gpus`` names this host's; areal/cluster/ray_engines.py)."""
+    gpus_of = (lambda index: []) if ray_gpus else cfg.launch.gpus_of
+    if cfg.kind == "embedded":
+        request_log = run_dir / "engine_requests.jsonl" if cfg.request_log else None
+        return embedded_launcher(model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log, host=host), cfg.replicas
+    if cfg.kind == "sglang":
+        return command_launcher(cfg.launch.command, model_dir, cfg.launch.health_timeout_s, gpus_of=gpus_of, host=host), cfg.launch.count
+    if cfg.kind == "vllm":
+        fields = {"vllm_python": str(vllm_venv_python())} if "{vllm_python}" in cfg.launch.command else {}
+        launch = command_launcher(
+            cfg.launch.command, model_dir, cfg.launch.health_timeout_s, fields=fields, env=VLLM_SERVER_ENV, gpus_of=gpus_of, host=host
+        )
+        return launch, cfg.launch.count
+    raise ValueError(f"engine.kind must be one of {KINDS}, got {cfg.kind!r}")
 
 
 class EngineFleet:
