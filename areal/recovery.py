@@ -190,7 +190,7 @@ class Resume:
     step: int  # the checkpoint's step (0: none; the run restarts from the initial weights)
     checkpoint: Path | None
     replay: list[Trajectory]  # whole groups, in the order the killed run published them
-    readmit: list[tuple[int, str]]  # (position, group id) of prompts to run again, in order
+    readmit: list[tuple[int, str]]  # (position, group id, or "" for one that left no line) of prompts to run again, in order
     next_position: int  # where the prompt order goes on
     attempt: int  # 1 for the first resume of this run dir, 2 for the second...
     dropped: dict[str, str] = field(default_factory=dict)  # journal episode id -> why it is not replayed
@@ -254,10 +254,17 @@ def plan_resume(run_dir: Path, n_samples: int) -> Resume:
         if len(rows) >= n_samples and not any(r["status"] == "ok" or r.get("failure_class") == "policy" for r in rows):
             continue  # it failed as a whole: the killed run moved on from it too
         readmit.append((pos, group_id))
+    # Every position the killed run admitted and left a trace of: a line in episodes.jsonl (which
+    # a kill may cut short of its last lines), a journal record, or a trained step.
+    positions = {p for p in (prompt_position(g) for g in (*started, *trained_groups)) if p is not None}
+    next_position = max(positions, default=-1) + 1
+    # Admission hands out positions in order, but groups finish out of order: a group admitted
+    # before the last one seen, none of whose episodes had ended at the kill, left no trace. It
+    # runs again too (its id is made from the prompt order by the rollout loop: "").
+    readmit += [(pos, "") for pos in range(next_position) if pos not in positions]
     readmit.sort()
-    positions = [p for p in (prompt_position(g) for g in started) if p is not None]
     attempt = 1 + sum(1 for _ in run_dir.glob("resume-*.json"))
-    return Resume(step, ckpt, replay, readmit, max(positions, default=-1) + 1, attempt, dropped)
+    return Resume(step, ckpt, replay, readmit, next_position, attempt, dropped)
 
 
 def _group_of(episode_id: str) -> str | None:
@@ -287,7 +294,7 @@ def prepare_records(run_dir: Path, plan: Resume) -> None:
                 "step": plan.step,
                 "checkpoint": str(plan.checkpoint) if plan.checkpoint else None,
                 "replayed": [t.episode_id for t in plan.replay],
-                "rerun": [g for _, g in plan.readmit],
+                "rerun": [g or f"position {pos}" for pos, g in plan.readmit],
                 "next_position": plan.next_position,
                 "dropped": plan.dropped,
             },

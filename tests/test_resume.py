@@ -199,3 +199,36 @@ def test_a_checkpoint_refuses_a_model_of_another_shape(tmp_path):
     assert (meta["step"], meta["model_shape"]) == (1, shape)
     with pytest.raises(ValueError, match=r"holds a model trained with \{'lora': \{'rank': 4\}\}, this run's is \{\}.*trainer.lora"):
         load_checkpoint(path, 0, 1, model, optimizer, positions=False, model_shape={})
+
+
+def test_a_group_admitted_before_the_last_seen_that_left_no_line_runs_again(tmp_path):
+    """Groups finish out of order: at the kill, group 1 (admitted before group 3) had no episode
+    ended, so nothing names it in episodes.jsonl or the journal; it is run again all the same,
+    its id made from the prompt order by the rollout loop, and the prompt order goes on after 3."""
+    from areal.recovery import plan_resume
+
+    rows = [
+        {"episode_id": "g0-p7-e0", "group_id": "g0-p7", "status": "ok"},
+        {"episode_id": "g0-p7-e1", "group_id": "g0-p7", "status": "ok"},
+        {"episode_id": "g2-p5-e1", "group_id": "g2-p5", "status": "ok"},
+        {"episode_id": "g3-p9-e0", "group_id": "g3-p9", "status": "ok"},
+    ]
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = plan_resume(tmp_path, n_samples=2)
+    assert plan.readmit == [(0, "g0-p7"), (1, ""), (2, "g2-p5"), (3, "g3-p9")]  # nothing trained, nothing published
+    assert plan.next_position == 4
+
+
+def test_a_trained_group_whose_lines_the_kill_cut_is_not_run_again(tmp_path):
+    """episodes.jsonl may lose its last lines to the kill while the trainer's own record says
+    group 1 was trained at step 1 (the checkpoint's): position 1 is neither missing nor rerun."""
+    from areal.recovery import plan_resume
+
+    ckpt = tmp_path / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1}))
+    (tmp_path / "trained_episodes-r0.jsonl").write_text(json.dumps({"step": 1, "episodes": ["g1-p3-e0", "g1-p3-e1"]}) + "\n")
+    rows = [{"episode_id": f"g{g}-p{g}-e{i}", "group_id": f"g{g}-p{g}", "status": "ok"} for g in (0, 2) for i in (0, 1)]
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = plan_resume(tmp_path, n_samples=2)
+    assert plan.readmit == [(0, "g0-p0"), (2, "g2-p2")] and plan.next_position == 3

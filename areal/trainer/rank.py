@@ -99,10 +99,13 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainerConfig) -
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of steps <= ``step`` (a resume redoes the later ones)."""
+    """Keep the lines of steps <= ``step`` (a resume redoes the later ones); written aside and
+    renamed, so that a reader never sees the file empty."""
     if path.exists():
         keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in keep))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
 
 
 def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
@@ -184,7 +187,9 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         collector.restore(position)
         start = meta["step"]
     if config.resume or job.resume_from:  # steps after the checkpoint (all, without one) are trained again
-        for path in (episodes_log, run_dir / "trainer_metrics.jsonl"):
+        # Each rank its own file; the shared trainer_metrics.jsonl rank 0 alone (two ranks
+        # rewriting it at once could leave it empty: one truncates while the other reads).
+        for path in (episodes_log, *([run_dir / "trainer_metrics.jsonl"] if rank == 0 else [])):
             _truncate_jsonl(path, start)
     if job.resume_from and start > 0:  # the controller loads the checkpoint's weights into the engines
         whole = full_model()  # a collective under FSDP2
