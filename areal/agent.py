@@ -40,9 +40,12 @@ from areal.protocol import EpisodeOutcome
 
 class EpisodeRunner(Protocol):
     """Runs one episode of the agent and says how it ended; the controller is written against
-    this. Implementations: ``sandbox.zygote.Zygote`` (a sandboxed process per episode) and
-    ``InlineRunner`` below (the controller's own event loop, for trusted agents).
-    ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit."""
+    this. Implementations: ``sandbox.zygote.Zygote`` (a sandboxed process per episode),
+    ``InlineRunner`` below (the controller's own event loop, for trusted agents) and
+    ``areal.cluster.ray_rollout.RayRunner`` (zygotes on Ray nodes).
+    ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit.
+    What a kind brings beyond this (sessions on gateways of its own, a zygote to restart, crashes
+    it names as lost) is handed to ``areal.episodes.Episodes`` where the controller starts it."""
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome: ...
 

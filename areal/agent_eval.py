@@ -5,7 +5,7 @@ statistics of an episode read off the gateway's recorded calls.
                      +  1 greedy episode (temperature 0)
         │  at most rollout.max_concurrent_episodes at a time, beside the training episodes
         ▼
-    Controller._eval_episode: a gateway session at that temperature ─► the run's runner (the
+    Episodes.evaluate: a gateway session at that temperature ─► the run's runner (the
         sandboxed zygote, or inline) ─► rollout.agent(rollout.agent_kwargs) ─► gateway ─► engine;
         the outcome scored as a training episode's is (the agent's reward, or the run's reward=)
         │

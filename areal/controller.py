@@ -27,10 +27,13 @@ failure's reason rather than spinning. A dead engine or trainer stops the
 run with a named error and the tail of its log.
 
 Around the loop, each in its own module: the engines (``areal/engine/serving.py``), the trainer
-process (``areal/trainer/launch.py``), episodes as trajectories (``areal/trajectories.py``) and
-the run's files and trackers (``areal/run_records.py``). What stays here (past 600 lines) is the
-loop's own state, which admission, groups, failure accounting, restarts and the trainer's reports
-all read and write on one event loop: split further, it would be one object passed around.
+process (``areal/trainer/launch.py``) and its messages read back (``areal/trainer_reports.py``),
+one agent episode from its gateway session to its settled outcome, infrastructure losses and
+zygote restarts included (``areal/episodes.py``), episodes as trajectories
+(``areal/trajectories.py``) and the run's files and trackers (``areal/run_records.py``). What
+stays here (past 600 lines) is the loop's own state, which admission, groups, failure accounting
+and the trainer's reports all read and write on one event loop: split further, it would be one
+object passed around.
 """
 
 from __future__ import annotations
@@ -55,15 +58,8 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal import workflow_stats
-from areal.agent import (
-    EpisodeRunner,
-    InlineRunner,
-    agent_object_spec,
-    check_episode_rewards,
-    load_reward_fn,
-)
-from areal.agent_eval import AgentEvaluation, EvalEpisode
+from areal.agent import InlineRunner, agent_object_spec, load_reward_fn
+from areal.agent_eval import AgentEvaluation
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row, stratified_order
@@ -71,25 +67,19 @@ from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
 from areal.engine.serving import start_engines, weight_loader
+from areal.episodes import Episodes, episode_record
 from areal.evaluation import evaluate
 from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
-from areal.failures import CLASSES as FAILURE_CLASSES
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
 from areal.periodic_eval import PeriodicEval, check_eval_rows
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
-from areal.protocol import (
-    EpisodeOutcome,
-    TrainerDone,
-    TrainerFailed,
-    TrainerMessage,
-    TrainerReport,
-    Trajectory,
-)
+from areal.protocol import EpisodeOutcome, TrainerDone, TrainerFailed, TrainerReport, Trajectory
 from areal.recovery import Journal, Resume, holds_run, plan_resume, prepare_records, trained_episodes
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.run_records import RunRecords, episode_table_row, reason, row_rewards
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
+from areal.trainer_reports import TrainerExited, step_row, trainer_messages
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.utils.hf_utils import resolve_model_path
 from areal.workflow_groups import AdvantageWatch, WorkflowGrouping
@@ -167,9 +157,6 @@ class Controller:
         self.recent_classes: collections.deque[str] = collections.deque(
             maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples)
         )
-        self.zygote_restarts = 0
-        self.sandbox_generation = 0  # bumped by every zygote restart
-        self.restart_lock = asyncio.Lock()
         self.groups_written = 0
         self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
@@ -252,9 +239,9 @@ class Controller:
                 trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
                 stack.callback(stop_group, trainer_proc, 5.0)
 
-            runner = await self._start_runner(gateway_addr, http_url, gateway, urls, model_dir)
-            if runner is not None:
-                stack.push_async_callback(runner.close)
+            episodes = await self._start_runner(gateway_addr, http_url, gateway, urls, model_dir)
+            if episodes is not None:
+                stack.push_async_callback(episodes.close)
 
             from areal.embedded.corpus import make_leveled_problems, make_problems
 
@@ -264,7 +251,7 @@ class Controller:
                 eval_set = []
             else:
                 eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            evaluate_as = self._evaluator(runner, gateway, engine, tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
+            evaluate_as = self._evaluator(episodes, engine, tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
             # Before training: the initial weights scored once per run (a resumed run reads the score
             # its first start saved; the engines load the checkpoint's weights after it).
             eval_before = self.records.saved_eval_before() if self.resume is not None else None
@@ -293,7 +280,7 @@ class Controller:
                 # ``messages`` too: AReaL-style workflows read data["messages"], ours data["question"].
                 problems = [normalize_row({"question": p.question, "answer": p.answer}, i) for i, p in enumerate(train_set)]
                 levels = [p.level for p in train_set]
-            await self._rollout_loop(runner, gateway, rings, problems, levels, engine)
+            await self._rollout_loop(episodes, rings, problems, levels, engine)
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
@@ -306,18 +293,20 @@ class Controller:
             best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
             return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
-    async def _start_runner(
-        self, gateway_addr: str, http_url: str, gateway: Gateway, urls: list[str], model_dir: Path
-    ) -> EpisodeRunner | None:
-        """The agent runner: the sandbox zygote (subproc), zygotes on Ray nodes
-        (``cluster.rollout_workers``, each with its own gateway on the engines at ``urls`` unless
-        ``cluster.gateway=controller``), the inline runner, or None for a RolloutWorkflow object,
-        which the rollout loop calls itself with ``engine``."""
+    async def _start_runner(self, gateway_addr: str, http_url: str, gateway: Gateway, urls: list[str], model_dir: Path) -> Episodes | None:
+        """The agent runner, as the run's episodes use it (areal/episodes.py says what each kind
+        brings): the sandbox zygote (subproc), zygotes on Ray nodes (``cluster.rollout_workers``,
+        each with its own gateway on the engines at ``urls`` unless ``cluster.gateway=controller``),
+        the inline runner, or None for a RolloutWorkflow object, which the rollout loop calls itself
+        with ``engine``."""
         cfg = self.config
         if self.workflow_kind == "rollout":
             if cfg.cluster.rollout_workers:
                 raise ValueError("cluster.rollout_workers runs sandboxed agents; a RolloutWorkflow object runs in the controller")
             return None
+        episodes = functools.partial(
+            Episodes, gateway=gateway, config=cfg, reward_fn=self.reward_fn, tokenizer=self.tokenizer, write=tqdm.write, fail=self._fail
+        )
         if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py
             from areal.cluster.ray_rollout import RayRunner, WorkerGatewaySpec
 
@@ -326,20 +315,21 @@ class Controller:
             own = None
             if cfg.cluster.gateway == "worker":
                 own = WorkerGatewaySpec(str(Path(model_dir).resolve()), cfg.engine.kind, list(urls), dataclasses.asdict(gateway.config))
-            return await RayRunner.start(
+            workers = await RayRunner.start(
                 cfg.cluster, gateway, self.agent_spec, sandbox, log_dir, r.agent_kwargs, r.max_zygote_restarts, self.run_id, tqdm.write, own
             )
+            return episodes(workers, run_session=workers.run_session if workers.owns_sessions else None, lost=workers.lost)
         if cfg.rollout.openai.mode == "subproc":
-            runner = await Zygote.start(
+            zygote = await Zygote.start(
                 self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"), cfg.rollout.agent_kwargs
             )
-            for w in runner.ready.warnings:
+            for w in zygote.ready.warnings:
                 tqdm.write(f"[sandbox] warning: {w}")
-            runner.on_warning = lambda w: tqdm.write(f"[sandbox] warning: {w}")
-            return runner
+            zygote.on_warning = lambda w: tqdm.write(f"[sandbox] warning: {w}")
+            return episodes(zygote, zygote=zygote)
         if self.agent is not None:
-            return InlineRunner(self.agent, http_url)
-        return InlineRunner(cfg.rollout.agent, http_url, cfg.rollout.agent_kwargs)
+            return episodes(InlineRunner(self.agent, http_url))
+        return episodes(InlineRunner(cfg.rollout.agent, http_url, cfg.rollout.agent_kwargs))
 
     def _sandbox_config(self) -> SandboxConfig:
         """The configured sandbox, with this run's directory masked in every episode's root, and
@@ -412,8 +402,7 @@ class Controller:
 
     async def _rollout_loop(
         self,
-        runner: EpisodeRunner | None,
-        gateway: Gateway,
+        episodes: Episodes | None,
         rings: list[RingWriter],
         problems: list[dict],
         levels: list[int],
@@ -440,6 +429,7 @@ class Controller:
                     if rerun:
                         position, group_id = rerun.pop(0)
                         idx = order[position % len(order)]
+                        group_id = group_id or f"g{position}-p{idx}"  # admitted, but no episode of it ended before the kill
                     else:
                         idx = order[next_prompt % len(order)]
                         group_id = f"g{next_prompt}-p{idx}"
@@ -448,7 +438,7 @@ class Controller:
                     if self.workflow_kind == "rollout":
                         group = self._run_workflow_group(engine, rings, group_id, problems[idx])
                     else:
-                        group = self._run_group(runner, gateway, rings, group_id, problems[idx], tag)
+                        group = self._run_group(episodes, rings, group_id, problems[idx], tag)
                     task = asyncio.create_task(group)
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
@@ -467,31 +457,25 @@ class Controller:
             self.failure = f"rollout group failed: {task.exception()!r}"
         self.wake.set()
 
-    async def _run_group(
-        self, runner: EpisodeRunner, gateway: Gateway, rings: list[RingWriter], group_id: str, problem: dict, tag: str = ""
-    ) -> None:
-        """Run one group; a group cut short by the sandbox zygote's death is logged and run again
-        (same prompt, new episode ids) once the zygote is restarted. ``tag`` marks the episode ids
-        of a resumed run (``-resume<n>``), which may run a group of the killed run again."""
+    async def _run_group(self, episodes: Episodes, rings: list[RingWriter], group_id: str, problem: dict, tag: str = "") -> None:
+        """Run one group; a group cut short by the infrastructure (the sandbox zygote died, a Ray
+        rollout worker was lost: ``Episodes.lost``) is logged and run again (same prompt, new
+        episode ids) once the runner is whole. ``tag`` marks the episode ids of a resumed run
+        (``-resume<n>``), which may run a group of the killed run again."""
         n = self.config.rollout.n_samples
         for attempt in range(self.config.rollout.max_zygote_restarts + 1):
-            generation = self.sandbox_generation
+            mark = episodes.generation
             prefix = group_id + tag if attempt == 0 else f"{group_id}{tag}-retry{attempt}"
-            results = await asyncio.gather(*(self._run_episode(runner, gateway, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
-            crashed = any(o.status == "crashed" for o, _ in results)
-            if isinstance(runner, Zygote):
-                infrastructure = crashed and (not runner.alive or self.sandbox_generation != generation)
-            else:  # rollout workers on Ray nodes (areal/cluster/ray_rollout.py) name the crashes a lost worker caused
-                infrastructure = crashed and hasattr(runner, "lost") and any(runner.lost(o) for o, _ in results)
+            results = await asyncio.gather(*(self._run_episode(episodes, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
+            infrastructure = episodes.lost([o for o, _ in results], mark)
             for o, s in results:
                 if infrastructure and o.status == "crashed":
                     o = msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
                 self._log_episode(o, s, group_id)
             if not infrastructure:
                 break
-            if isinstance(runner, Zygote):  # a lost Ray worker is dropped by its runner, which raises once none is left
-                if not await self._restart_sandbox(runner, next(o.error for o, _ in results if o.status == "crashed")):
-                    return
+            if not await episodes.recover(next(o.error for o, _ in results if o.status == "crashed")):
+                return
         self._count_failures([o for o, _ in results])
         # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
         # completions the gateway recorded; agent and infrastructure failures leave the group.
@@ -535,25 +519,6 @@ class Controller:
             self._group_failed(outcomes[0])
             return
         await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows)])
-
-    async def _restart_sandbox(self, zygote: Zygote, reason: str) -> bool:
-        """Restart a dead zygote (once, whichever group notices first); False, with the run's
-        failure set, when ``rollout.max_zygote_restarts`` restarts are spent."""
-        async with self.restart_lock:
-            if zygote.alive:  # another group restarted it already
-                return True
-            limit = self.config.rollout.max_zygote_restarts
-            if self.zygote_restarts >= limit:
-                self.failure = self.failure or (
-                    f"the sandbox zygote died {self.zygote_restarts + 1} times "
-                    f"(rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}"
-                )
-                return False
-            self.zygote_restarts += 1
-            tqdm.write(f"[sandbox] the zygote died; restarting it ({self.zygote_restarts}/{limit}): {reason.splitlines()[0][:300]}")
-            await zygote.restart()
-            self.sandbox_generation += 1
-            return True
 
     def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
         """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
@@ -612,6 +577,10 @@ class Controller:
         self.failure = self._with_engine_death(self.failure or "")
         self.wake.set()
 
+    def _fail(self, why: str) -> None:
+        """Stop the run with ``why``, unless it is stopping already (the first reason stands)."""
+        self.failure = self.failure or why
+
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1
         if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
@@ -647,75 +616,32 @@ class Controller:
         if groups:
             tqdm.write(f"[resume] replayed {len(self.resume.replay)} trajectories in {len(groups)} groups")
 
-    async def _run_episode(
-        self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, group_id: str
-    ) -> tuple[EpisodeOutcome, Session]:
-        if getattr(runner, "owns_sessions", False):  # rollout workers with their own gateways (ray_rollout.py)
-            key = ""
-            run = runner.run_session(episode_id, problem, self.config.rollout.deadline_s)
-        else:
-            key = gateway.open_session(episode_id)
-            run = self._outcome_in(gateway, key, runner.run_episode(episode_id, problem, key, self.config.rollout.deadline_s))
+    async def _run_episode(self, episodes: Episodes, episode_id: str, problem: dict, group_id: str) -> tuple[EpisodeOutcome, Session]:
+        """One training episode, settled and added to the step's window; cancelled (the run is
+        stopping), it still gets its one line in episodes.jsonl."""
         t0 = time.monotonic()
-        try:
-            outcome, session = await run
-        except asyncio.CancelledError:  # the run is stopping: the episode still gets its one line
-            session = gateway.close_session(key) if key else Session(key="", episode_id=episode_id)
+
+        def cancelled(session: Session) -> None:
             why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
             cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
-            cut = classify_outcome(cut, bool(session.interactions))
-            self._log_episode(cut, session, group_id)
-            raise
-        outcome = await self._settle(outcome, session, problem)
+            self._log_episode(classify_outcome(cut, bool(session.interactions)), session, group_id)
+
+        outcome, session = await episodes.run(episode_id, problem, cancelled=cancelled)
+        outcome = await episodes.settle(outcome, session, problem)
         self.window.append(outcome)
         return outcome, session
 
-    @staticmethod
-    async def _outcome_in(gateway: Gateway, key: str, episode: Awaitable[EpisodeOutcome]) -> tuple[EpisodeOutcome, Session]:
-        """``episode``'s outcome and the gateway session it ran in, closed; a cancelled episode's
-        session is left open for the caller, which logs what it recorded."""
-        try:
-            outcome = await episode
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            gateway.close_session(key)
-            raise
-        return outcome, gateway.close_session(key)
-
-    async def _settle(self, outcome: EpisodeOutcome, session: Session, problem: dict) -> EpisodeOutcome:
-        """An episode's outcome scored, checked and classified (a training or an evaluation episode)."""
-        if outcome.status == "ok" and outcome.reward is None and not outcome.rewards_by_id:
-            if self.reward_fn is not None:
-                outcome = await self._score(outcome, session, problem)
-            elif all(i.reward is None for i in session.interactions.values()):
-                outcome = msgspec.structs.replace(
-                    outcome,
-                    status="error",
-                    error=(
-                        "run() returned None and gave no reward through the gateway (set_reward), and the run has no "
-                        "reward function (reward=MODULE:ATTR): nothing to train on"
-                    ),
-                )
-        # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
-        # checked against this episode's own completions and the configured range here, once.
-        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.config.rollout.reward_range)
-        outcome = classify_outcome(outcome, bool(session.interactions))
-        if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
-            outcome = msgspec.structs.replace(outcome, reward=self.config.rollout.policy_failure_reward, rewards_by_id={})
-        return outcome
-
     def _evaluator(
-        self, runner: EpisodeRunner | None, gateway: Gateway, engine: Any, tokenizer: Any, eval_set: list[dict]
+        self, episodes: Episodes | None, engine: Any, tokenizer: Any, eval_set: list[dict]
     ) -> Callable[[str], Awaitable[dict[str, Any]]]:
         """The held-out evaluation, called by name (before, periodic, after): one reply per problem
         straight on the engine (data.eval_mode=single_turn, areal/evaluation.py), or the run's own
-        agent through its runner and gateway (agent, areal/agent_eval.py)."""
+        agent's episodes (agent, areal/agent_eval.py: ``Episodes.evaluate``)."""
         d = self.config.data
         if d.eval_mode == "agent":
-            run = functools.partial(self._eval_episode, runner, gateway)
             log_path = self.run_dir / "eval_episodes.jsonl"
             limit = self.config.rollout.max_concurrent_episodes
+            run = episodes.evaluate
             return AgentEvaluation(
                 run, eval_set, d.eval_samples, d.eval_temperature, limit, log_path, self._decode, lambda: self.version, tqdm.write
             )
@@ -726,71 +652,9 @@ class Controller:
 
         return single_turn
 
-    async def _eval_episode(
-        self, runner: EpisodeRunner, gateway: Gateway, episode_id: str, problem: dict, temperature: float | None
-    ) -> EvalEpisode:
-        """One held-out episode of the run's agent, sampled at ``temperature`` (None: the agent's
-        own), run and scored as a training episode is but never trained or logged with them
-        (``_run_episode``'s windows are not touched); run again when the runner lost it (a dead
-        zygote, restarted; a lost Ray rollout worker, dropped by its runner), as a group is."""
-        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
-            generation = self.sandbox_generation
-            attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
-            deadline = self.config.rollout.deadline_s
-            if getattr(runner, "owns_sessions", False):  # rollout workers with their own gateways
-                outcome, session = await runner.run_session(attempt_id, problem, deadline, temperature)
-            else:
-                key = gateway.open_session(episode_id, temperature)
-                try:
-                    outcome = await runner.run_episode(attempt_id, problem, key, deadline)
-                finally:
-                    session = gateway.close_session(key)
-            if outcome.status != "crashed":
-                break
-            if isinstance(runner, Zygote):  # lost when the zygote died meanwhile (restarted here, or by a group)
-                if runner.alive and self.sandbox_generation == generation or not await self._restart_sandbox(runner, outcome.error):
-                    break
-            elif not (hasattr(runner, "lost") and runner.lost(outcome)):
-                break
-        return EvalEpisode(await self._settle(outcome, session, problem), list(session.interactions.values()))
-
-    async def _score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
-        """The configured reward function's score of the episode's last reply (the agent returned
-        none), AReaL's way: ``fn(prompt, completions, prompt_ids, completion_ids, **row)``. A
-        function that raises, or returns no number, makes it the episode's error, naming it."""
-        last = next(reversed(session.interactions.values()), None)
-        if last is None:
-            return outcome
-        decode = self.tokenizer.decode
-        args = (decode(last.prompt_ids), decode(last.output_ids, skip_special_tokens=True), last.prompt_ids, last.output_ids)
-        extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
-        try:
-            value = await asyncio.to_thread(self.reward_fn, *args, **extra)
-            reward = float(value)
-        except Exception as e:  # the user's function failed on this episode: the episode's error, not the run's
-            return msgspec.structs.replace(outcome, status="error", error=f"reward function {self.config.reward} failed: {e!r}")
-        return msgspec.structs.replace(outcome, reward=reward)
-
     def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str) -> None:
         inters = list(s.interactions.values())
-        record = {
-            "episode_id": o.episode_id,
-            "group_id": group_id,
-            "status": o.status,
-            "failure_class": o.failure_class,
-            "failure_cause": o.failure_cause,
-            "reward": o.reward if o.reward is not None else sum(o.rewards_by_id.values()),
-            "versions": sorted({i.version for i in inters}),
-            "interactions": len(inters),
-            "output_tokens": sum(len(i.output_ids) for i in inters),
-            "wall_s": round(o.wall_s, 4),
-            "exit_signal": o.exit_signal,
-            "error": reason(o.error),
-            "log_tail": o.log_tail,
-            "drift": s.drift,
-            "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
-            "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
-        }
+        record = episode_record(o, s, group_id)
         self.window_calls.append((len(inters), record["tool_calls"], record["malformed_tool_calls"]))
         self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
 
@@ -800,22 +664,10 @@ class Controller:
     # ---- trainer reports ------------------------------------------------------------------
 
     async def _listen(self, pull: zmq.asyncio.Socket, proc: subprocess.Popen) -> None:
-        decoder = msgspec.msgpack.Decoder(TrainerMessage)
         bar = tqdm(total=self.config.trainer.steps, desc="train", unit="step", dynamic_ncols=True)
         try:
-            while True:
-                if await pull.poll(500) == 0:
-                    if proc.poll() is not None and self.done is None:
-                        where = getattr(proc, "error", "")  # a RemoteTrainer (cluster.kind=ray) names the node, and its log
-                        log = self.run_dir / getattr(proc, "log_name", "trainer.log")
-                        self.failure = (
-                            f"trainer process exited with code {proc.returncode} without finishing{'; ' + where if where else ''}; "
-                            f"log tail ({log.name}):\n{log_tail(log) or '(empty log)'}"
-                        )
-                        self.wake.set()
-                        return
-                    continue
-                match decoder.decode(await pull.recv()):
+            async for message in trainer_messages(pull, proc, self.run_dir):
+                match message:
                     case TrainerReport() as r:
                         self.version = r.version
                         self._record_step(r)
@@ -831,6 +683,8 @@ class Controller:
                         self.failure = f"trainer rank {f.rank} failed:\n{f.error}"
                     case TrainerDone() as d:
                         self.done = d
+                    case TrainerExited(reason=why):  # the last message
+                        self.failure = why
                 self.wake.set()
         finally:
             bar.close()
@@ -838,30 +692,7 @@ class Controller:
     def _record_step(self, r: TrainerReport) -> None:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
-        statuses: dict[str, int] = {}
-        for o in window:
-            statuses[o.status] = statuses.get(o.status, 0) + 1
-        row = {
-            "step": r.step,
-            "version": r.version,
-            "consumed": r.consumed,
-            **r.metrics,
-            **{f"episodes_{k}": v for k, v in statuses.items()},
-            **{f"failures_{c}": sum(1 for o in window if o.failure_class == c) for c in FAILURE_CLASSES},
-            # what the agents did: LLM calls, well-formed and malformed tool calls per episode (logged since the last step)
-            **(
-                {
-                    "calls_per_episode": sum(c for c, _, _ in calls) / len(calls),
-                    "tool_calls_per_episode": sum(t for _, t, _ in calls) / len(calls),
-                    "malformed_tool_calls_per_episode": sum(m for _, _, m in calls) / len(calls),
-                }
-                if calls
-                else {}
-            ),
-            **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
-            "time": time.time(),
-        }
-        self.records.step(row)
+        self.records.step(step_row(r, window, calls))
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

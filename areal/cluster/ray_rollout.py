@@ -6,7 +6,7 @@
         ── ray: run_session(id, row as JSON, temperature) ──►    ▲ ZeroMQ door ipc:///<tmp>/gateway.sock
         ◄── WorkerEpisode (msgpack bytes): the outcome and    Zygote ─► episode ─► relay (DEALER, ipc://)
             the session's interactions, token by token        (the node-local sandbox of a local run)
-      _settle (reward, checks) ─► trajectories ─► _publish (the rings, local or on the trainer's node)
+      Episodes.settle (reward, checks) ─► trajectories ─► _publish (the rings, local or the trainer node's)
 
 ``cluster.gateway=worker`` (the default): each worker serves its own agents with its own
 ``Gateway``: the tokenizer (``model.path``, on storage every node sees), the run's gateway limits

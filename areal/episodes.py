@@ -1,0 +1,221 @@
+"""The run's agent episodes, one at a time: run in a gateway session, a crash judged, the outcome settled.
+
+    Controller._run_group (training) ──┐                 ┌─ the controller's gateway: open ─► runner.run_episode ─► close
+                                       ├─► Episodes.run ─┤
+    AgentEvaluation (data.eval_mode) ──┘                 └─ the runner's own (its workers' gateways): runner.run_session
+          │ crashed?
+          ├─► Episodes.lost: the infrastructure's crash (the episode, or its group, runs again with new ids),
+          │     not the agent's ─► Episodes.recover: a dead sandbox zygote restarted
+          ▼
+    Episodes.settle: the reward function (the agent gave no reward), the rewards checked against the
+        episode's own completions and rollout.reward_range, the failure class (areal/failures.py)
+
+Both of the controller's episode paths go through this one object: a training group's episodes
+(logged, counted and trained by the controller) and the held-out evaluation's
+(``data.eval_mode=agent``, areal/agent_eval.py: settled the same way, never trained or logged
+with them). What kind of runner the run has is said once, where the controller starts it
+(``Controller._start_runner``), by the arguments it builds this with; neither path asks:
+
+- ``run_session``: the runner records each episode's session on gateways of its own and
+  returns it with the outcome (``RayRunner.run_session`` with ``cluster.gateway=worker``,
+  areal/cluster/ray_rollout.py). Without it the controller's gateway opens the session and
+  closes it when the episode ends, however it ends (the sandbox zygote, inline agents, Ray
+  workers over the controller's gateway).
+- ``zygote``: the run's sandbox zygote. A crash is lost to the infrastructure when the zygote
+  died under it: dead now, or restarted meanwhile (by another group, or the evaluation). The
+  first path to notice restarts it, once, up to ``rollout.max_zygote_restarts`` times in the run;
+  past that the run stops (``fail``) naming the last crash.
+- ``lost``: a runner that names the crashes it lost itself (``RayRunner.lost``: a worker or its
+  zygote died under the episode). It drops a lost worker on its own, so nothing is restarted here.
+
+A runner with neither (inline agents) loses no episode to the infrastructure: its crashes are the
+agent's. ``episode_record`` is a training episode's line in episodes.jsonl.
+
+What is not covered: a crash a runner cannot attribute (it stays the agent's failure);
+RolloutWorkflow objects, which have no runner (the controller calls them with its engine client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from areal.agent import EpisodeRunner, check_episode_rewards
+from areal.agent_eval import EvalEpisode
+from areal.config import TrainConfig
+from areal.failures import POLICY, classify_outcome
+from areal.gateway import Gateway, Session
+from areal.protocol import EpisodeOutcome
+from areal.run_records import reason
+from sandbox.zygote import Zygote
+
+
+class Episodes:
+    """The run's runner and gateway as its episode paths use them; built by ``Controller._start_runner``.
+    ``write`` prints a console line; ``fail`` stops the run with a reason (the first one stands)."""
+
+    def __init__(
+        self,
+        runner: EpisodeRunner,
+        gateway: Gateway,
+        config: TrainConfig,
+        reward_fn: Callable[..., float] | None,
+        tokenizer: Any,
+        write: Callable[[str], None],
+        fail: Callable[[str], None],
+        *,
+        run_session: Callable[[str, dict, float, float | None], Awaitable[tuple[EpisodeOutcome, Session]]] | None = None,
+        zygote: Zygote | None = None,
+        lost: Callable[[EpisodeOutcome], bool] | None = None,
+    ) -> None:
+        self.runner, self.gateway, self.config = runner, gateway, config
+        self.reward_fn, self.tokenizer, self.write, self.fail = reward_fn, tokenizer, write, fail
+        self.run_session, self.zygote, self.worker_lost = run_session, zygote, lost
+        self.restarts = 0
+        self.generation = 0  # bumped by every zygote restart: what ``lost`` compares an attempt's mark with
+        self.restart_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        await self.runner.close()
+
+    # ---- one episode in its session -------------------------------------------------------
+
+    async def run(
+        self, episode_id: str, problem: dict, temperature: float | None = None, cancelled: Callable[[Session], None] | None = None
+    ) -> tuple[EpisodeOutcome, Session]:
+        """``problem`` run as episode ``episode_id`` in a session sampled at ``temperature`` (None:
+        the agent's own); its outcome (not yet settled) and the session, closed. An error
+        propagates with the session closed; cancelled (the run is stopping), ``cancelled`` first
+        gets what the session recorded (an empty one for the runner's own session)."""
+        deadline = self.config.rollout.deadline_s
+        if self.run_session is not None:
+            try:
+                return await self.run_session(episode_id, problem, deadline, temperature)
+            except asyncio.CancelledError:
+                if cancelled is not None:
+                    cancelled(Session(key="", episode_id=episode_id))
+                raise
+        key = self.gateway.open_session(episode_id, temperature)
+        try:
+            outcome = await self.runner.run_episode(episode_id, problem, key, deadline)
+        except asyncio.CancelledError:
+            session = self.gateway.close_session(key)
+            if cancelled is not None:
+                cancelled(session)
+            raise
+        except BaseException:
+            self.gateway.close_session(key)
+            raise
+        return outcome, self.gateway.close_session(key)
+
+    async def evaluate(self, episode_id: str, problem: dict, temperature: float | None) -> EvalEpisode:
+        """One held-out episode of the run's agent (areal/agent_eval.py), sampled at ``temperature``
+        (None: the agent's own), run and settled as a training episode is but never trained or
+        logged with them; run again when it was lost to the infrastructure, as a group is."""
+        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
+            mark = self.generation
+            attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
+            outcome, session = await self.run(attempt_id, problem, temperature)
+            if not self.lost([outcome], mark) or not await self.recover(outcome.error):
+                break
+        return EvalEpisode(await self.settle(outcome, session, problem), list(session.interactions.values()))
+
+    # ---- crashes lost to the infrastructure -----------------------------------------------
+
+    def lost(self, outcomes: list[EpisodeOutcome], mark: int) -> bool:
+        """Whether the crashes among ``outcomes`` (one attempt's, begun when ``generation`` was
+        ``mark``) were the infrastructure's, so that the attempt runs again once ``recover`` says
+        the runner is whole."""
+        if not any(o.status == "crashed" for o in outcomes):
+            return False
+        if self.zygote is not None:  # it died under them: dead now, or restarted meanwhile
+            return not self.zygote.alive or self.generation != mark
+        return self.worker_lost is not None and any(self.worker_lost(o) for o in outcomes)
+
+    async def recover(self, reason: str) -> bool:
+        """Make the runner whole after a lost attempt: a dead zygote restarted (once, whichever
+        path notices first). False, with the run stopped, when ``rollout.max_zygote_restarts``
+        restarts are spent. A runner that names its own losses dropped what it lost already."""
+        if self.zygote is None:
+            return True
+        async with self.restart_lock:
+            if self.zygote.alive:  # another group restarted it already
+                return True
+            limit = self.config.rollout.max_zygote_restarts
+            if self.restarts >= limit:
+                self.fail(
+                    f"the sandbox zygote died {self.restarts + 1} times (rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}"
+                )
+                return False
+            self.restarts += 1
+            self.write(f"[sandbox] the zygote died; restarting it ({self.restarts}/{limit}): {reason.splitlines()[0][:300]}")
+            await self.zygote.restart()
+            self.generation += 1
+            return True
+
+    # ---- the outcome settled --------------------------------------------------------------
+
+    async def settle(self, outcome: EpisodeOutcome, session: Session, problem: dict) -> EpisodeOutcome:
+        """An episode's outcome scored, checked and classified (a training or an evaluation episode)."""
+        if outcome.status == "ok" and outcome.reward is None and not outcome.rewards_by_id:
+            if self.reward_fn is not None:
+                outcome = await self.score(outcome, session, problem)
+            elif all(i.reward is None for i in session.interactions.values()):
+                outcome = msgspec.structs.replace(
+                    outcome,
+                    status="error",
+                    error=(
+                        "run() returned None and gave no reward through the gateway (set_reward), and the run has no "
+                        "reward function (reward=MODULE:ATTR): nothing to train on"
+                    ),
+                )
+        # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
+        # checked against this episode's own completions and the configured range here, once.
+        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.config.rollout.reward_range)
+        outcome = classify_outcome(outcome, bool(session.interactions))
+        if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
+            outcome = msgspec.structs.replace(outcome, reward=self.config.rollout.policy_failure_reward, rewards_by_id={})
+        return outcome
+
+    async def score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
+        """The configured reward function's score of the episode's last reply (the agent returned
+        none), AReaL's way: ``fn(prompt, completions, prompt_ids, completion_ids, **row)``. A
+        function that raises, or returns no number, makes it the episode's error, naming it."""
+        last = next(reversed(session.interactions.values()), None)
+        if last is None:
+            return outcome
+        decode = self.tokenizer.decode
+        args = (decode(last.prompt_ids), decode(last.output_ids, skip_special_tokens=True), last.prompt_ids, last.output_ids)
+        extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
+        try:
+            value = await asyncio.to_thread(self.reward_fn, *args, **extra)
+            reward = float(value)
+        except Exception as e:  # the user's function failed on this episode: the episode's error, not the run's
+            return msgspec.structs.replace(outcome, status="error", error=f"reward function {self.config.reward} failed: {e!r}")
+        return msgspec.structs.replace(outcome, reward=reward)
+
+
+def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str) -> dict[str, Any]:
+    """A training episode's line in episodes.jsonl: how it ended and what its session recorded."""
+    inters = list(session.interactions.values())
+    return {
+        "episode_id": outcome.episode_id,
+        "group_id": group_id,
+        "status": outcome.status,
+        "failure_class": outcome.failure_class,
+        "failure_cause": outcome.failure_cause,
+        "reward": outcome.reward if outcome.reward is not None else sum(outcome.rewards_by_id.values()),
+        "versions": sorted({i.version for i in inters}),
+        "interactions": len(inters),
+        "output_tokens": sum(len(i.output_ids) for i in inters),
+        "wall_s": round(outcome.wall_s, 4),
+        "exit_signal": outcome.exit_signal,
+        "error": reason(outcome.error),
+        "log_tail": outcome.log_tail,
+        "drift": session.drift,
+        "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
+        "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
+    }
