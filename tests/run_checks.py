@@ -61,6 +61,22 @@ def three_step_run(run_dir: Path, *overrides: str) -> list[str]:
     ]
 
 
+def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train`` for one step of inline agents, evaluation off: the shortest run
+    (a placement that must fail before it trains); ``overrides`` last."""
+    return [
+        sys.executable,
+        "-m",
+        "areal.train",
+        f"hydra.run.dir={run_dir}",
+        "model.path=scripted",
+        "rollout.openai.mode=inline",
+        "trainer.steps=1",
+        "data.eval_size=0",
+        *overrides,
+    ]
+
+
 def sampled_as_served(run_dir: Path, trajectories: list[Trajectory]) -> tuple[set[int], int]:
     """Assert that every row's sampled tokens are a generation the engine logged
     (``engine_requests.jsonl``), prompt first, with that generation's logprobs and weight version;

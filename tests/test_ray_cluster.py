@@ -25,7 +25,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, one_step_run, three_step_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,20 +63,13 @@ def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path,
 
 def test_a_trainer_no_node_can_hold_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "trainer.steps=1",
-        "data.eval_size=0",
+    cmd = one_step_run(
+        tmp_path / "run",
         "cluster.kind=ray",
         f"cluster.address={cluster.address}",
         "++cluster.trainer_resources={CPU:1,gpu_node:1}",
         "cluster.placement_timeout_s=3",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "cluster.trainer_resources={'CPU': 1.0, 'gpu_node': 1.0}: no node of the Ray cluster had them free" in proc.stderr
@@ -177,22 +170,15 @@ def test_a_trainer_node_whose_torchrun_dies_fails_the_trainer_naming_that_node(t
 
 def test_more_trainer_nodes_than_the_cluster_has_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "trainer.steps=1",
+    cmd = one_step_run(
+        tmp_path / "run",
         "trainer.ranks=3",
-        "data.eval_size=0",
         "cluster.kind=ray",
         f"cluster.address={cluster.address}",
         "cluster.trainer_nodes=3",
         "++cluster.trainer_resources={CPU:1,trainer_pool:1}",
         "cluster.placement_timeout_s=3",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     expected = "cluster.trainer_resources={'CPU': 1.0, 'trainer_pool': 1.0}: fewer than cluster.trainer_nodes=3 distinct nodes"

@@ -25,7 +25,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, one_step_run, three_step_run  # noqa: E402
 
 from areal.cluster.config import ClusterConfig  # noqa: E402
 from areal.config import EngineConfig  # noqa: E402
@@ -106,20 +106,13 @@ def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path,
 
 def test_engine_resources_no_node_has_fail_the_run_naming_them(tmp_path, two_nodes):
     cluster, _ = two_nodes
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.train",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "trainer.steps=1",
-        "data.eval_size=0",
+    cmd = one_step_run(
+        tmp_path / "run",
         "cluster.kind=ray",
         f"cluster.address={cluster.address}",
         "++cluster.engine_resources={CPU:1,gpu_node:1}",
         "cluster.placement_timeout_s=3",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "cluster.engine_resources={'CPU': 1.0, 'gpu_node': 1.0} for 1 engine server(s): the Ray cluster had no room" in proc.stderr

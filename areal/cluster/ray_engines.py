@@ -47,10 +47,10 @@ import os
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group
 
 from areal.cluster.config import ClusterConfig
+from areal.cluster.placement import bundle_options, join_ray, release
 from areal.config import EngineConfig
 from areal.dataclass_config import build_dataclass
 from areal.engine.client import EngineProcess, exit_status
@@ -134,9 +134,7 @@ class RayEnginePlacement:
     ) -> RayEnginePlacement:
         """Join (or start) Ray, reserve ``count`` bundles of ``cluster.engine_resources`` (SPREAD)
         and start an ``EngineHost`` in each. Blocks up to ``placement_timeout_s``."""
-        started_ray = not ray.is_initialized()
-        if started_ray:
-            ray.init(address=config.address or None, include_dashboard=False, log_to_driver=False)
+        started_ray = join_ray(config)
         pg, hosts = None, []
         try:
             res = dict(config.engine_resources)
@@ -147,24 +145,17 @@ class RayEnginePlacement:
                     f"cluster.engine_resources={res} for {count} engine server(s): the Ray cluster had no room for them "
                     f"within cluster.placement_timeout_s={config.placement_timeout_s}s (cluster: {ray.cluster_resources()})"
                 )
-            custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
             engine_json = json.dumps(dataclasses.asdict(engine))
             for i in range(count):
                 hosts.append(
                     ray.remote(EngineHost)
-                    .options(
-                        num_cpus=res.get("CPU", 0),
-                        num_gpus=res.get("GPU", 0),
-                        resources=custom,
-                        max_concurrency=4,  # wait() blocks one thread; launch(), stop() and node() need others
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                    )
+                    .options(**bundle_options(res, pg, i, 4))  # wait() blocks a thread; launch(), stop(), node() need others
                     .remote(engine_json, str(Path(model_dir).resolve()), str(Path(run_dir).resolve()))
                 )
             nodes = ray.get([h.node.remote() for h in hosts], timeout=config.placement_timeout_s)
             return cls(config, started_ray, pg, hosts, nodes)
         except BaseException:
-            _release(hosts, pg, started_ray)
+            release(hosts, pg, started_ray)
             raise
 
     def where(self, index: int) -> str:
@@ -196,13 +187,4 @@ class RayEnginePlacement:
         except ray.exceptions.RayError:  # an actor or its node is already gone: its server went with it
             pass
         finally:
-            _release(self.hosts, self.pg, self.started_ray)
-
-
-def _release(hosts: list[ray.actor.ActorHandle], pg: object | None, started_ray: bool) -> None:
-    for host in hosts:
-        ray.kill(host)
-    if pg is not None:
-        remove_placement_group(pg)
-    if started_ray:
-        ray.shutdown()
+            release(self.hosts, self.pg, self.started_ray)

@@ -77,10 +77,10 @@ from typing import Any
 import msgspec
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal.agent import EXEC_PREFIX
 from areal.cluster.config import ClusterConfig
+from areal.cluster.placement import bundle_options
 from areal.failures import INFRASTRUCTURE
 from areal.gateway import Gateway, serve_zmq
 from areal.gateway.core import GatewayConfig, Session
@@ -318,18 +318,8 @@ class _Spawner:
     timeout_s: float
 
     def actor(self, index: int, bundle: int) -> _Worker:
-        res = self.resources
-        actor = (
-            ray.remote(RolloutWorker)
-            .options(
-                num_cpus=res.get("CPU", 0),
-                num_gpus=res.get("GPU", 0),
-                resources={k: v for k, v in res.items() if k not in ("CPU", "GPU")},
-                max_concurrency=self.concurrency,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
-            )
-            .remote(index, *self.init_args)
-        )
+        options = bundle_options(self.resources, self.pg, bundle, self.concurrency)
+        actor = ray.remote(RolloutWorker).options(**options).remote(index, *self.init_args)
         return _Worker(index, actor, bundle)
 
     async def start(self, workers: list[_Worker], write: Callable[[str], None]) -> None:

@@ -56,10 +56,10 @@ from pathlib import Path
 
 import ray
 import zmq
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group
 
 from areal.cluster.config import ClusterConfig
+from areal.cluster.placement import bundle_options, join_ray, release
 from areal.curve import ENV as CURVE_ENV
 from areal.curve import CurveKeys, serve_curve
 from areal.process import stop_group
@@ -200,9 +200,7 @@ class RayTrainerPlacement:
         if ranks % nnodes:
             raise ValueError(f"trainer.ranks={ranks} cannot be split evenly over cluster.trainer_nodes={nnodes}")
         per_node = ranks // nnodes
-        started_ray = not ray.is_initialized()
-        if started_ray:
-            ray.init(address=config.address or None, include_dashboard=False, log_to_driver=False)
+        started_ray = join_ray(config)
         pg, hosts = None, []
         keys = CurveKeys.generate() if config.encrypt else None  # one set per run (areal/curve.py)
         try:
@@ -216,18 +214,11 @@ class RayTrainerPlacement:
                     f"cluster.trainer_resources={res}: {where} of the Ray cluster had them free within "
                     f"cluster.placement_timeout_s={config.placement_timeout_s}s (cluster: {ray.cluster_resources()})"
                 )
-            custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
             for node_rank in range(nnodes):
                 names = [ring_name(run_id, node_rank * per_node + local) for local in range(per_node)]  # global ranks
                 hosts.append(
                     ray.remote(TrainerHost)
-                    .options(
-                        num_cpus=res.get("CPU", 0),
-                        num_gpus=res.get("GPU", 0),
-                        resources=custom,
-                        max_concurrency=4,  # wait() blocks one thread; stop() and node() need others
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=node_rank),
-                    )
+                    .options(**bundle_options(res, pg, node_rank, 4))  # wait() blocks a thread; stop(), node() need others
                     .remote(names, capacity_bytes, keys.to_json() if keys else "")
                 )
             addrs = [a for per_host in ray.get([h.addresses.remote() for h in hosts], timeout=config.placement_timeout_s) for a in per_host]
@@ -237,7 +228,7 @@ class RayTrainerPlacement:
             placement.keys = keys
             return placement
         except BaseException:
-            _release(hosts, pg, started_ray)
+            release(hosts, pg, started_ray)
             raise
 
     def placed(self) -> list[str]:
@@ -280,13 +271,4 @@ class RayTrainerPlacement:
         finally:
             if self.report_auth is not None:
                 self.report_auth.stop()
-            _release(self.hosts, self.pg, self.started_ray)
-
-
-def _release(hosts: list[ray.actor.ActorHandle], pg: object | None, started_ray: bool) -> None:
-    for host in hosts:
-        ray.kill(host)
-    if pg is not None:
-        remove_placement_group(pg)
-    if started_ray:
-        ray.shutdown()
+            release(self.hosts, self.pg, self.started_ray)
