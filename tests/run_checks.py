@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -62,8 +63,9 @@ def three_step_run(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
-    """``python -m areal.train`` for one step of inline agents, evaluation off: the shortest run
-    (a placement that must fail before it trains); ``overrides`` last."""
+    """``python -m areal.train`` for one step of inline agents on the scripted model, evaluation
+    off: the shortest run; ``overrides`` last (a key given again there wins, as Hydra takes the
+    last value)."""
     return [
         sys.executable,
         "-m",
@@ -75,6 +77,21 @@ def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
         "data.eval_size=0",
         *overrides,
     ]
+
+
+def ray_torn_down(address: str) -> tuple[dict, dict, dict]:
+    """After a run on the Ray cluster at ``address``: (its placement groups, free resources, total
+    resources), once every resource is free again (or 20 s)."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + 20
+        while ray.available_resources() != ray.cluster_resources() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return ray.util.placement_group_table(), ray.available_resources(), ray.cluster_resources()
+    finally:
+        ray.shutdown()
 
 
 def sampled_as_served(run_dir: Path, trajectories: list[Trajectory]) -> tuple[set[int], int]:

@@ -42,18 +42,23 @@ def three_nodes():
         cluster.shutdown()
 
 
-def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path, three_nodes):
-    cluster, trainer_node_id = three_nodes
-    run_dir = tmp_path / "run"
-    cmd = three_step_run(
+def _run_on(address: str, run_dir: Path, *overrides: str) -> list[str]:
+    """A 3-step run of inline agents (tests/run_checks.py) with its trainer on the Ray cluster at ``address``."""
+    return three_step_run(
         run_dir,
         "model.path=scripted",
         "rollout.openai.mode=inline",
         "rollout.n_samples=4",
         "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        "++cluster.trainer_resources={CPU:1,trainer:1}",
+        f"cluster.address={address}",
+        *overrides,
     )
+
+
+def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path, three_nodes):
+    cluster, trainer_node_id = three_nodes
+    run_dir = tmp_path / "run"
+    cmd = _run_on(cluster.address, run_dir, "++cluster.trainer_resources={CPU:1,trainer:1}")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert f"[cluster] trainer placed on Ray node {trainer_node_id}" in proc.stdout + proc.stderr
@@ -89,16 +94,8 @@ def test_cluster_config_refuses_ray_client_and_unknown_kinds():
 def test_two_trainer_nodes_run_one_rank_each_and_train_every_published_episode_once(tmp_path, three_nodes):
     cluster, _ = three_nodes
     run_dir = tmp_path / "run"
-    cmd = three_step_run(
-        run_dir,
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "rollout.n_samples=4",
-        "trainer.ranks=2",
-        "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        "cluster.trainer_nodes=2",
-        "++cluster.trainer_resources={CPU:1,trainer_pool:1}",
+    cmd = _run_on(
+        cluster.address, run_dir, "trainer.ranks=2", "cluster.trainer_nodes=2", "++cluster.trainer_resources={CPU:1,trainer_pool:1}"
     )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

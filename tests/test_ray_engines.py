@@ -25,7 +25,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, one_step_run, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, one_step_run, ray_torn_down, three_step_run  # noqa: E402
 
 from areal.cluster.config import ClusterConfig  # noqa: E402
 from areal.config import EngineConfig  # noqa: E402
@@ -49,18 +49,6 @@ def two_nodes():
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
-
-
-def _torn_down(address: str) -> tuple[dict, dict, dict]:
-    """(placement groups, free resources, total resources) once every resource is free again (or 20 s)."""
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        deadline = time.monotonic() + 20
-        while ray.available_resources() != ray.cluster_resources() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return ray.util.placement_group_table(), ray.available_resources(), ray.cluster_resources()
-    finally:
-        ray.shutdown()
 
 
 def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path, two_nodes):
@@ -99,7 +87,7 @@ def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path,
     assert ip == engine_node.node_ip_address and url.startswith(f"http://{ip}:") and "127.0.0.1" not in url
 
     check_trained_as_sampled(run_dir)  # the engine's request log (written on its node) ≡ what was trained
-    groups, free, total = _torn_down(cluster.address)
+    groups, free, total = ray_torn_down(cluster.address)
     assert groups and all(g["state"] == "REMOVED" for g in groups.values()), groups
     assert free == total
 
@@ -117,7 +105,7 @@ def test_engine_resources_no_node_has_fail_the_run_naming_them(tmp_path, two_nod
     assert proc.returncode != 0
     assert "cluster.engine_resources={'CPU': 1.0, 'gpu_node': 1.0} for 1 engine server(s): the Ray cluster had no room" in proc.stderr
     assert "'engine': 1.0" in proc.stderr  # the cluster's resources, to compare
-    _, free, total = _torn_down(cluster.address)
+    _, free, total = ray_torn_down(cluster.address)
     assert free == total
 
 
@@ -162,7 +150,7 @@ def test_a_dead_server_restarts_on_its_node_and_a_lost_actor_is_its_death(tmp_pa
     finally:
         placement.close()
     assert not ray.is_initialized()  # the placement started Ray in this process, so it shut it down
-    _, free, total = _torn_down(cluster.address)
+    _, free, total = ray_torn_down(cluster.address)
     assert free == total
 
 

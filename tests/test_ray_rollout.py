@@ -28,7 +28,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, ray_torn_down, three_step_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # A node that stops answering is declared dead within ~1.5 s, not Ray's default ~30 s.
@@ -91,16 +91,7 @@ def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path, ga
         cmd = _cmd(run_dir, cluster.address, f"cluster.gateway={gateway}", *evaluation)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
         head_id = cluster.head_node.node_id
-        # Torn down with the run: the placement groups removed, every resource free again.
-        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-        try:
-            groups = ray.util.placement_group_table()
-            deadline = time.monotonic() + 20
-            while ray.available_resources() != ray.cluster_resources() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            free, total = ray.available_resources(), ray.cluster_resources()
-        finally:
-            ray.shutdown()
+        groups, free, total = ray_torn_down(cluster.address)  # torn down with the run: groups removed, resources free
     assert len(groups) == 2 and all(g["state"] == "REMOVED" for g in groups.values()), groups  # the trainer's and the workers'
     assert free == total
     out = proc.stdout + proc.stderr

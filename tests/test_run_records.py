@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_checks import one_step_run
 
 from areal.trajectories import read_saved_trajectories
 
@@ -17,26 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "areal.train",
-            f"hydra.run.dir={run_dir}",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=2",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-            "save_trajectories=true",
-            *extra,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cmd = one_step_run(run_dir, "trainer.steps=2", "rollout.groups_per_step=1", "rollout.n_samples=2", "save_trajectories=true", *extra)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_a_cut_file_keeps_its_complete_records_and_a_run_dir_holds_one_run(tmp_path):

@@ -76,11 +76,11 @@ from typing import Any
 
 import msgspec
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group
 
 from areal.agent import EXEC_PREFIX
 from areal.cluster.config import ClusterConfig
-from areal.cluster.placement import bundle_options
+from areal.cluster.placement import bundle_options, release
 from areal.failures import INFRASTRUCTURE
 from areal.gateway import Gateway, serve_zmq
 from areal.gateway.core import GatewayConfig, Session
@@ -549,10 +549,7 @@ class RayRunner:
 
 
 def _release(actors: list[ray.actor.ActorHandle], pg: Any | None, door: asyncio.Task | None) -> None:
-    for actor in actors:
-        ray.kill(actor)
-    if pg is not None:
-        remove_placement_group(pg)
+    release(actors, pg, started_ray=False)  # Ray is the trainer's placement's to shut down
     if door is not None:
         door.cancel()
 
