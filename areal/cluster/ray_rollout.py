@@ -234,16 +234,7 @@ class RolloutWorker:
 
     async def run_episode(self, episode_id: str, data_json: str, api_key: str, deadline_s: float) -> bytes:
         """One sandboxed episode; its EpisodeOutcome as msgpack."""
-        assert self.zygote is not None
-        if self.dead:
-            outcome = EpisodeOutcome(episode_id, "crashed", error=self.dead, failure_class=INFRASTRUCTURE, failure_cause=WORKER_LOST)
-            return _encoder.encode(outcome)
-        zygote, generation = self.zygote, self.restarts
-        outcome = await zygote.run_episode(episode_id, json.loads(data_json), api_key, deadline_s)
-        if outcome.status == "crashed" and (not zygote.alive or self.restarts != generation):
-            cause = await self._restart(generation, outcome.error)
-            outcome = msgspec.structs.replace(outcome, failure_class=INFRASTRUCTURE, failure_cause=cause)
-        return _encoder.encode(outcome)
+        return _encoder.encode(await self._episode(episode_id, data_json, api_key, deadline_s))
 
     async def run_session(self, episode_id: str, data_json: str, deadline_s: float, temperature: float | None) -> bytes:
         """One sandboxed episode in a session of the worker's own gateway (sampled at
@@ -252,10 +243,23 @@ class RolloutWorker:
         assert self.own is not None
         key = self.own.open_session(episode_id, temperature)
         try:
-            outcome = _decoder.decode(await self.run_episode(episode_id, data_json, key, deadline_s))
+            outcome = await self._episode(episode_id, data_json, key, deadline_s)
         finally:
             session = self.own.close_session(key)
         return _encoder.encode(WorkerEpisode(outcome, session.interactions, session.drift))
+
+    async def _episode(self, episode_id: str, data_json: str, api_key: str, deadline_s: float) -> EpisodeOutcome:
+        """One sandboxed episode on the zygote; a crash its death caused is the infrastructure's
+        (the zygote restarted, or the worker dead once its restarts are spent)."""
+        assert self.zygote is not None
+        if self.dead:
+            return EpisodeOutcome(episode_id, "crashed", error=self.dead, failure_class=INFRASTRUCTURE, failure_cause=WORKER_LOST)
+        zygote, generation = self.zygote, self.restarts
+        outcome = await zygote.run_episode(episode_id, json.loads(data_json), api_key, deadline_s)
+        if outcome.status == "crashed" and (not zygote.alive or self.restarts != generation):
+            cause = await self._restart(generation, outcome.error)
+            outcome = msgspec.structs.replace(outcome, failure_class=INFRASTRUCTURE, failure_cause=cause)
+        return outcome
 
     async def _restart(self, generation: int, reason: str) -> str:
         """Restart the zygote that died under generation ``generation`` (once, whoever sees it first);
