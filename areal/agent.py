@@ -40,7 +40,7 @@ from areal.protocol import EpisodeOutcome
 
 class EpisodeRunner(Protocol):
     """Runs one episode of the agent and says how it ended; the controller is written against
-    this. Implementations: ``sandbox.zygote.Zygote`` (a sandboxed process per episode),
+    this. Implementations: ``sandbox.zygote_client.Zygote`` (a sandboxed process per episode),
     ``InlineRunner`` below (the controller's own event loop, for trusted agents) and
     ``areal.cluster.ray_rollout.RayRunner`` (zygotes on Ray nodes).
     ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit.

@@ -84,7 +84,7 @@ from areal.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.utils.hf_utils import resolve_model_path
 from areal.workflow_groups import AdvantageWatch, WorkflowGrouping
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 
 class RunFailed(RuntimeError):

@@ -50,7 +50,7 @@ from areal.failures import POLICY, classify_outcome
 from areal.gateway import Gateway, Session
 from areal.protocol import EpisodeOutcome
 from areal.run_records import reason
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 
 class Episodes:

@@ -85,6 +85,7 @@ class ZygoteReady(msgspec.Struct, frozen=True, tag=True):
     agent: str
     isolation: list[str]  # the layers this kernel allows, e.g. ["netns", "pidns", "rlimits"]
     warnings: list[str] = []  # one line per layer that could not be applied
+    root: list[str] = []  # what an episode's minimal root exposes, read-only (sandbox/rootfs.py's plan)
 
 
 class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):

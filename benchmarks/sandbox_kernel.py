@@ -120,7 +120,7 @@ async def _sandboxed(
     call: bool = True,
 ) -> Cost:
     from sandbox.isolation import SandboxConfig
-    from sandbox.zygote import Zygote
+    from sandbox.zygote_client import Zygote
 
     config = SandboxConfig(deadline_s=120, skip_layers=skip, huge_pages=huge_pages)
     zygote = await Zygote.start(AGENT, world.addr, config, os.path.join(tmp, f"log-{variant}"))

@@ -35,11 +35,22 @@ restrict nothing the dropped capabilities, no_new_privs and seccomp do not alrea
 mapping root to an unprivileged uid instead would cost the agent read access to whatever only
 root may read, such as an interpreter installed under /root (as on this machine).
 
+What an episode reaches is held to an allow-list (the REACH_* constants below): sandbox/reach.py
+surveys an episode from inside (descriptors, shared mappings, namespaces, IPC objects, mounts,
+processes) and names whatever the list does not allow, whatever put it there; the survey runs in
+tests/test_sandbox_reach.py under both event loops the controller may use.
+
 What is covered (each line has an attack in tests/test_sandbox_attacks.py):
 - network: no interface but its own loopback; the host's loopback ports (gateway HTTP, engine)
   and outside addresses are unreachable. The only way out is the gateway's ipc:// socket *file*
   (a filesystem path; the abstract namespace is per network namespace), where the agent's
   session key is the only key it holds.
+- descriptors: only its own (REACH_DESCRIPTORS). The slot closes every descriptor but its spawn
+  and result pipes right after the fork, whatever the zygote held or inherited (the zygote too
+  closes all but stdio at start: uvloop, for one, gives a child non-close-on-exec copies of its
+  pipes and ignores close_fds), so no control channel, sibling pipe or launcher leak reaches it.
+- IPC: its own IPC namespace (ipcns): SysV segments, queues and semaphores, and POSIX queues,
+  are its own and die with it; none of the host's or another episode's can be attached.
 - processes: own session/process group, PID namespace (no other process is visible, so none
   can be signalled, ptraced or have its /proc/<pid>/environ read; everything dies with the
   agent, so a daemonised grandchild or a deadline kill leaves nothing behind), pids cgroup
@@ -51,9 +62,12 @@ What is covered (each line has an attack in tests/test_sandbox_attacks.py):
 - CPU time (RLIMIT_CPU and the wall-clock deadline), open files, file size (also caps the
   per-episode log, so a stdout flood ends with EFBIG), no core dumps.
 - files: the episode's root is minimal (sandbox/rootfs.py): the system's programs and libraries,
-  an allow-list of /etc (no shadow, no ssh keys), the interpreter and sys.path, the agent's own
-  directory and ``sandbox.expose``, all read-only; the run directory (checkpoints, logs) and
-  ``sandbox.hide`` masked. Home directories, /root, /var, /run, /sys and other users' and runs'
+  an allow-list of /etc (no shadow, no ssh keys), the interpreter and its site-packages, the
+  modules and packages of the other sys.path entries (not the project directory itself: other
+  runs' outputs, a .env or .git there are absent), the agent's own directory and
+  ``sandbox.expose``, all read-only; the run directory (checkpoints, logs) and ``sandbox.hide``
+  masked. Every exposed file is seen through an overlay, so a lock an episode takes on it
+  (flock, fcntl) is the overlay's: no host process building a model waits on an episode. Home directories, /root, /var, /run, /sys and other users' and runs'
   files are absent, so a root-owned 0600 file is not readable even by the agent's uid 0. Writable:
   a private size-capped tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on
   /dev/shm, so the trainer's shared-memory rings are invisible; /proc is the namespace's own,
@@ -72,9 +86,10 @@ What is not covered:
 - CPU shares/quotas (no cpu cgroup): a spinning agent takes a core until its deadline.
 - disk bandwidth; the per-episode log on the host disk is bounded only by RLIMIT_FSIZE.
 - the cgroup v2 hierarchy (only v1 controllers are used; v2-only hosts skip the cgroup layer).
-- readable files inside what is exposed: a project directory on sys.path is exposed whole but
-  for the run directory and ``sandbox.hide``, so a secret kept inside the project (a .env file)
-  is readable; keep secrets outside it, or hide them. Without the readonly_root layer (skipped,
+- readable files inside what is exposed: a package directory of the project is exposed whole
+  but for the run directory and ``sandbox.hide``, so a secret or a run's output kept inside a
+  package is readable; keep them outside packages, or hide them. Namespaces not made per
+  episode: UTS, cgroup, time (and the user namespace under a root zygote). Without the readonly_root layer (skipped,
   or refused by the kernel and warned about) the host's root is visible, and writable where the
   agent's uid may write.
 - anything under /tmp that the agent module imports lazily after the fork is hidden by the
@@ -103,7 +118,21 @@ log = logging.getLogger("sandbox.isolation")
 # Probed in this order, all in one throwaway child: userns before the namespaces it enables,
 # readonly_root after cgroup (which needs a writable /sys/fs/cgroup), and before caps (which
 # removes the right to remount).
-LAYERS = ("session", "userns", "netns", "mountns", "pidns", "rlimits", "cgroup", "env", "readonly_root", "no_new_privs", "caps", "seccomp")
+LAYERS = (
+    "session",
+    "userns",
+    "netns",
+    "ipcns",
+    "mountns",
+    "pidns",
+    "rlimits",
+    "cgroup",
+    "env",
+    "readonly_root",
+    "no_new_privs",
+    "caps",
+    "seccomp",
+)
 LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied only on top of those
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
@@ -128,6 +157,29 @@ ENV_ALLOW = (
 )
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+_CLONE_NEWIPC = 0x08000000
+
+# The allow-list of what an episode reaches once its layers are on (sandbox/reach.py checks it).
+REACH_OWN_NAMESPACES = {"net": "netns", "ipc": "ipcns", "mnt": "mountns", "pid": "pidns"}  # never the host's while the layer is on
+REACH_DESCRIPTORS = (
+    "stdin: /dev/null, read-only",
+    "stdout and stderr: its own log file, write-only (its directory is masked)",
+    "one pipe, write-only: its result pipe (the zygote reads the other end)",
+    "sockets of its own network namespace: the relay's, the gateway socket file's, its event loop's",
+    "files and directories it could open by their path anyway",
+    "anonymous inodes of its own event loops (REACH_ANON_INODES)",
+)
+REACH_ANON_INODES = ("anon_inode:[eventfd]", "anon_inode:[eventpoll]", "anon_inode:[timerfd]", "anon_inode:[signalfd]")
+# MAP_SHARED: only read-only mappings of files it can read anyway (glibc maps its gconv cache so);
+# none writable, none of memory outside its root (a ring, a SysV segment, a sibling's pages).
+REACH_SHARED_MAPPINGS = ("read-only mappings of files reachable by path",)
+REACH_MOUNTS = {  # file system type -> where an episode's root may have one (readonly_root layer)
+    "tmpfs": "/ (read-only), the writable REACH_WRITABLE, read-only masks over hidden paths",
+    "overlay": "read-only views of the planned paths (ZygoteReady.root): locks there stay inside",
+    "proc": "/proc, its PID namespace's",
+    "devtmpfs": "device nodes (rootfs.DEVICES) and /dev/null over hidden files",
+}
+REACH_WRITABLE = ("/tmp", "/dev/shm")
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
@@ -313,6 +365,21 @@ def _private_tmp(size: int, keep_path: str, shm_size: int = 1 << 20) -> None:
         os.close(fd)
 
 
+def close_all_fds_but(keep: tuple[int, ...]) -> None:
+    """Close every descriptor of this process but ``keep``, whoever opened it and whatever its
+    close-on-exec flag (``close_range`` over each gap). What a process forked from the zygote
+    holds is otherwise whatever the zygote held: its control channel, other slots' pipes, and
+    descriptors its own launcher leaked into it."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    end = 1 << 20 if hard == resource.RLIM_INFINITY else max(hard, 1024)
+    low = 0
+    for fd in sorted(set(keep)):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, end)
+
+
 def _rlimits(config: SandboxConfig) -> None:
     limits = {
         resource.RLIMIT_CPU: config.cpu_seconds,
@@ -393,6 +460,8 @@ def _probe_layer(layer: str, config: SandboxConfig, root: bool) -> None:
     elif layer == "netns":
         _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
         _loopback_up()
+    elif layer == "ipcns":
+        _unshare(_CLONE_NEWIPC, "CLONE_NEWIPC")
     elif layer == "mountns":
         _private_tmp(1 << 20, "")
     elif layer == "readonly_root":  # a namespace of its own: never touch the host's mount table
@@ -477,6 +546,8 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     if "netns" in layers:
         _unshare(_CLONE_NEWNET, "CLONE_NEWNET")
         _loopback_up()
+    if "ipcns" in layers:  # SysV segments, queues, semaphores and POSIX queues of its own, gone with it
+        _unshare(_CLONE_NEWIPC, "CLONE_NEWIPC")
     home = res.host_tmp
     if "mountns" in layers and "readonly_root" in layers:
         if plan is None:

@@ -116,12 +116,54 @@ def broad_paths() -> set[str]:
 
 
 def python_paths() -> list[str]:
-    """The interpreter's prefixes and every sys.path directory (site-packages, project code)."""
-    return [
-        p
-        for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), *sys.path)
-        if p and os.path.exists(p)
-    ]
+    """The interpreter's prefixes and every sys.path entry under them (the standard library,
+    site-packages): exposed whole."""
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    inside = [p for p in sys.path if p and any(_inside(os.path.realpath(p), os.path.realpath(x)) for x in prefixes)]
+    return [p for p in (*prefixes, *inside) if p and os.path.exists(p)]
+
+
+def code_paths() -> list[str]:
+    """What Python can import from the sys.path entries outside the interpreter's prefixes (a
+    project's checkout, PYTHONPATH): each entry's modules and package directories, not the entry
+    itself. A project directory also holds what no episode may read: other runs' outputs
+    (``runs/``, ``multirun/``: prompts, completions, weights), a ``.env``, ``.git``; none of them
+    is a package, so none is exposed, including a run started after the zygote."""
+    exposed, broad = set(python_paths()), broad_paths()
+    out: list[str] = []
+    for entry in sys.path:
+        entry = os.path.abspath(entry or os.getcwd())
+        if entry in exposed or not os.path.exists(entry):
+            continue
+        if not os.path.isdir(entry) or {entry, os.path.realpath(entry)} & broad:  # a zip; or /, a home: refused by plan_root
+            out.append(entry)
+            continue
+        for name in sorted(os.listdir(entry)):
+            path = os.path.join(entry, name)
+            if _importable(path, depth=2):
+                out.append(path)
+    return out
+
+
+_MODULE_SUFFIXES = (".py", ".pyc", ".so")
+
+
+def _importable(path: str, depth: int) -> bool:
+    """A module file, or a directory named like a package that holds one within ``depth`` levels
+    (a regular package, a namespace package, ``examples/<name>/agent.py``)."""
+    name = os.path.basename(path)
+    if name.startswith("."):
+        return False
+    if os.path.isfile(path):
+        return name.endswith(_MODULE_SUFFIXES)
+    if not (os.path.isdir(path) and name.isidentifier()) or depth == 0:
+        return False
+    try:
+        children = os.listdir(path)
+    except OSError:
+        return False
+    files = [c for c in children if c.endswith(_MODULE_SUFFIXES) and os.path.isfile(os.path.join(path, c))]
+    return bool(files) or any(_importable(os.path.join(path, c), depth - 1) for c in children if not c.endswith(_MODULE_SUFFIXES))
 
 
 def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[RootPlan, list[str]]:
@@ -139,7 +181,7 @@ def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[Roo
     # every other path at its real path and, when it differs, at the path as named too.
     targets = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     targets += [f"/etc/{n}" for n in ETC_ALLOW if os.path.exists(f"/etc/{n}")]
-    for p in [*python_paths(), *extra, *expose]:
+    for p in [*python_paths(), *code_paths(), *extra, *expose]:
         p = os.path.abspath(p)
         forms = {p, os.path.realpath(p)}
         if forms & broad:
@@ -202,6 +244,38 @@ def _bind(fd: int, target: str, is_dir: bool, readonly: bool) -> None:
         _readonly_tree(target)
 
 
+def _overlay(fd: int, target: str, empty: str) -> None:
+    """The directory ``fd`` at ``target``, seen through a read-only overlay (its lower layers: the
+    directory and ``empty``; no upper layer, so nothing can be written): a file opened there is
+    the overlay's, so a lock taken on it (flock, fcntl) is not a lock on the host's file."""
+    _mountpoint(target, is_dir=True)
+    _mount("overlay", target, "overlay", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, f"lowerdir=/proc/self/fd/{fd}:{empty}")
+
+
+def _expose(
+    sources: list[tuple[str, int, bool]], real: dict[str, str], parents: dict[str, int], root: str, empty: str, staging: str
+) -> None:
+    """Each source at ``root + path`` through an overlay (``_overlay``; ``empty``: an empty
+    directory, its second lower layer): a directory as its own overlay; a file bound from an
+    overlay of its parent, made once per parent on ``staging`` and detached once its files are
+    bound (the binds keep it; no path leads to it). ``real``: each file's real path; ``parents``:
+    an O_PATH descriptor of each real path's directory, opened before anything was hidden."""
+    by_parent: dict[str, list[str]] = {}
+    for path, fd, is_dir in sources:
+        if is_dir:
+            _overlay(fd, root + path, empty)
+        else:
+            by_parent.setdefault(os.path.dirname(real[path]), []).append(path)
+    for parent, files in by_parent.items():
+        _overlay(parents[parent], staging, empty)
+        for path in files:
+            _mountpoint(root + path, is_dir=False)
+            _mount(f"{staging}/{os.path.basename(real[path])}", root + path, None, _MS_BIND)
+        _check(_libc.umount2(staging.encode(), _MNT_DETACH), f"umount2({staging})")
+    if os.path.isdir(staging):
+        os.rmdir(staging)
+
+
 def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str) -> None:
     """A new mount namespace whose root holds only ``plan`` (read-only), a private /tmp, an empty
     /dev/shm, the devices of DEVICES and the gateway's socket; and the host's /proc, read-only,
@@ -211,18 +285,20 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing of ours propagates to the host
     # Every source is opened before the staging tmpfs goes over /tmp (O_PATH: no access needed).
     sources = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in plan.binds]
+    # A file is bound from an overlay of the directory really holding it (/etc/localtime is a link).
+    real = {p: os.path.realpath(p) for p, _, is_dir in sources if not is_dir}
+    parents = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in sorted({os.path.dirname(r) for r in real.values()})}
     devices = [(f"/dev/{d}", os.open(f"/dev/{d}", os.O_PATH)) for d in DEVICES if os.path.exists(f"/dev/{d}")]
     sock = os.path.realpath(socket_path) if socket_path else ""
     sock_fd = os.open(sock, os.O_PATH) if sock else -1
     proc_fd = os.open("/proc", os.O_PATH)
     root = "/tmp"  # staging: a tmpfs over /tmp, in this namespace only; it becomes /
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
-    late = []  # under /tmp: bound inside the private /tmp, which is mounted after the read-only pass
-    for path, fd, is_dir in sources:
-        if path == "/tmp" or path.startswith("/tmp/"):
-            late.append((path, fd, is_dir))
-        else:
-            _bind(fd, root + path, is_dir, readonly=False)  # made read-only with the whole root below
+    # Under /tmp: exposed inside the private /tmp, which is mounted after the read-only pass.
+    late = [(path, fd, is_dir) for path, fd, is_dir in sources if path == "/tmp" or path.startswith("/tmp/")]
+    empty = f"{root}/.empty"  # read-only with the rest of the root below: nothing can appear in it
+    os.makedirs(empty, mode=0o755)
+    _expose([s for s in sources if s not in late], real, parents, root, empty, f"{root}/.staging")
     for path, target in plan.links:
         os.symlink(target, root + path)
     for path in plan.hide:
@@ -247,8 +323,7 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
         _bind(sock_fd, root + sock, is_dir=False, readonly=False)
     _readonly_tree(root)
     _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_size},mode=1777")
-    for path, fd, is_dir in late:
-        _bind(fd, root + path, is_dir, readonly=True)
+    _expose(late, real, parents, root, empty, f"{root}/tmp/.staging")  # overlays are read-only already
     if sock.startswith("/tmp/"):
         _bind(sock_fd, root + sock, is_dir=False, readonly=False)
     for path in plan.hide:  # hidden paths under /tmp (a run directory there)
@@ -257,7 +332,7 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
     _mount("tmpfs", root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, f"size={shm_size},mode=1777")
     for _, fd, _ in sources:
         os.close(fd)
-    for fd in [fd for _, fd in devices] + [f for f in (sock_fd, proc_fd) if f != -1]:
+    for fd in [fd for _, fd in devices] + list(parents.values()) + [f for f in (sock_fd, proc_fd) if f != -1]:
         os.close(fd)
     os.chdir(root)
     # pivot_root(".", "."): the old root is stacked under the new one; detach it at once.

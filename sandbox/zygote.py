@@ -1,6 +1,6 @@
 """The sandbox zygote: imports the agent SDKs once, keeps warm episode processes, runs one per episode.
 
-    controller (Zygote, asyncio) ──stdin: SpawnEpisode | Shutdown──────────────► zygote process
+    controller (Zygote, any loop) ──stdin: SpawnEpisode | Shutdown──────────────► zygote process
                                  ◄─stdout: ZygoteReady, EpisodeOutcome per spawn─┘   │ fork ahead
         warm slot (episode process): isolation.enter, PID namespace, caps, seccomp, ◄┘
         relay up; then blocks on its spawn pipe ◄── the SpawnEpisode frame, copied from the
@@ -53,15 +53,15 @@ Invariants:
   from. The zygote's environment is already the agents' allow-listed one (a fork inherits the
   exec-time block).
 
-The controller side (``Zygote``) lives here too: one module per process boundary. What runs in an
-episode process around the agent (its relay, the spawn it reads, run() itself) is in
+The controller side (``Zygote``) is sandbox/zygote_client.py; the frames both read and write are
+areal/protocol.py's. An episode's result frame is the policy's output: only what an episode may
+say of itself is taken from it (``episode_says``). What runs in an episode process around the agent (its relay, the spawn it reads, run() itself) is in
 sandbox/episode.py; the key hygiene this module relies on is in sandbox/keys.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import gc
 import importlib
@@ -76,15 +76,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from areal.agent import AgentRun, load_agent
-from areal.failures import INFRASTRUCTURE, classify_exception
-from areal.process import die_with_parent, log_tail
+from areal.failures import CLASSES, INFRASTRUCTURE, classify_exception
+from areal.process import log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, heap, isolation, keys, rootfs
 from sandbox.isolation import EpisodeResources, SandboxConfig
@@ -95,6 +93,12 @@ DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empt
 REPORT_LIMIT_S = 10.0  # how long a reporter may take (it reads agents' logs: a FIFO there must not hang us)
 RESULT_LIMIT = 16 << 20  # result bytes kept per episode; an agent cannot make the zygote buffer without bound
 RESULT_INITIAL_BYTES = 64 << 10
+AGENT_STATUSES = ("ok", "error")  # what an episode may report of itself; the others are the zygote's verdicts
+ERROR_LIMIT = 16 << 10  # characters of an episode's own error text kept (the end: a traceback's last frames)
+CAUSE_LIMIT = 200
+IMPORTED_LIMIT = 20  # as many as sandbox/episode.py's run_time_imports reports
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass
@@ -121,6 +125,39 @@ class _Slot:
     read_back: bool = False  # the verdict is completed from what the episode sent back (``_report``)
     has_result: bool = False  # ... by the agent's own outcome, if its frame decodes
     reaped_at: float = 0.0
+
+
+def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOutcome:
+    """The outcome of an episode that sent its own: what an episode may say of itself (ok or
+    error, its rewards, its error text and failure class, the packages it imported), each bounded
+    and made printable; the rest is the zygote's ``verdict`` (id, exit code and signal, wall time;
+    the log tail is attached by the zygote afterwards). An episode's frame is the policy's
+    output: a forged id, status, signal or a log of its own must not reach the run's records."""
+    status, error = reported.status, reported.error
+    if status not in AGENT_STATUSES:
+        error = f"the episode reported status {printable(status[:40])!r}, which only the sandbox decides; {error}"
+        status = "error"
+    if len(error) > ERROR_LIMIT:
+        error = f"[{len(error) - ERROR_LIMIT} characters cut] " + error[-ERROR_LIMIT:]
+    return EpisodeOutcome(
+        verdict.episode_id,
+        status,
+        reward=reported.reward,
+        rewards_by_id=reported.rewards_by_id,
+        error=printable(error),
+        exit_signal=verdict.exit_signal,
+        exit_code=verdict.exit_code,
+        wall_s=verdict.wall_s,
+        failure_class=reported.failure_class if reported.failure_class in CLASSES else "",
+        failure_cause=printable(reported.failure_cause[:CAUSE_LIMIT]),
+        imported=[m for m in reported.imported[:IMPORTED_LIMIT] if MODULE_NAME.fullmatch(m)],
+    )
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters but newline and tab: what an episode wrote reaches
+    the console and the run's records, where a terminal escape would act, not show."""
+    return CONTROL_CHARS.sub("\ufffd", text)
 
 
 class ZygoteServer:
@@ -257,8 +294,9 @@ class ZygoteServer:
         # One copy of the frame, written as the pipe takes it and zeroed once written: the
         # control buffer is zeroed right after this batch, and a later fork must not find the key.
         slot.unsent = bytearray(4 + len(raw))
-        slot.unsent[:4] = FRAME_HEADER.pack(len(raw))
-        slot.unsent[4:] = raw
+        FRAME_HEADER.pack_into(slot.unsent, 0, len(raw))
+        with memoryview(slot.unsent) as into:  # straight into place: a bytearray slice assignment
+            into[4:] = raw  # from a memoryview copies it into a temporary freed unzeroed (a key)
         self._write_spawn(slot)
         if slot.spawn_fd != -1:
             self.sel.register(slot.spawn_fd, selectors.EVENT_WRITE, slot)
@@ -327,15 +365,13 @@ class ZygoteServer:
                 slot.result.wipe()  # other episodes' results, their keys maybe (masked only if honest)
             self.reports.wipe()
             self.sel.close()
-            inherited = [self.ctrl_out, self.wake_r, self.wake_w, self.alive_fd] + [s.result_fd for s in self.slots.values()]
-            for fd in inherited + [s.spawn_fd for s in self.slots.values() if s.spawn_fd != -1]:
-                os.close(fd)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(logfd, 1)
             os.dup2(logfd, 2)
-            os.close(devnull)
-            os.close(logfd)
+            # Every descriptor but the slot's own, whoever opened it: the zygote's control channel,
+            # its other slots' pipes, and whatever its launcher leaked into it (isolation.OWN_FDS).
+            isolation.close_all_fds_but((0, 1, 2, spawn_r, result_w))
             isolation.enter(self.config, self.layers, res, self.gateway_path, self.plan)
             if self.pid_init and "mountns" in self.layers:  # already PID 1 of its namespace
                 isolation.mount_proc(readonly="readonly_root" in self.layers)
@@ -348,6 +384,7 @@ class ZygoteServer:
         spawn = episode.read_spawn(spawn_r)
         if spawn is None:  # the zygote closed an idle slot
             os._exit(0)
+        os.close(spawn_r)  # one frame per slot: the agent holds no descriptor it does not need
         try:
             if setup_error:
                 outcome = EpisodeOutcome(
@@ -490,14 +527,12 @@ class ZygoteServer:
             except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
                 outcome = msgspec.structs.replace(outcome, error=f"bad result frame: {e}")
             else:
-                outcome = msgspec.structs.replace(
-                    reported, episode_id=outcome.episode_id, exit_code=outcome.exit_code, wall_s=outcome.wall_s
-                )
+                outcome = episode_says(reported, outcome)
         if outcome.status == "ok":
             os.unlink(slot.log_path)  # keep logs of failed episodes only
             return outcome
         # Apart from the reason, so that a long log never pushes the reason out of the record.
-        tail = keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes))
+        tail = printable(keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes)))
         return msgspec.structs.replace(outcome, log_tail=f"--- {slot.log_path} ---\n{tail}" if tail else "")
 
     def _kill(self, slot: _Slot) -> None:
@@ -562,205 +597,6 @@ class ZygoteServer:
             time.sleep(0.01)
 
 
-class ZygoteDied(RuntimeError):
-    """The zygote process exited before it was ready."""
-
-
-class Zygote:
-    """Controller-side handle of one zygote process (asyncio; one event loop)."""
-
-    def __init__(
-        self,
-        agent: str,
-        gateway_addr: str,
-        config: SandboxConfig,
-        log_dir: str,
-        ready_timeout_s: float = 120.0,
-        agent_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        if not gateway_addr.startswith("ipc:///"):
-            # The abstract namespace (ipc://@name) and TCP are per network namespace: unreachable.
-            raise ValueError(f"gateway_addr must be ipc:///absolute/path, got {gateway_addr!r}")
-        self.agent, self.gateway_addr, self.config, self.log_dir = agent, gateway_addr, config, log_dir
-        self.agent_kwargs = dict(agent_kwargs or {})  # the agent class's constructor arguments (JSON values)
-        self.ready_timeout_s = ready_timeout_s
-        self.ready: ZygoteReady | None = None
-        self._proc: asyncio.subprocess.Process | None = None
-        self._pending: dict[str, asyncio.Future[EpisodeOutcome]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._dead: str = "not started"
-        self._decoder = msgspec.msgpack.Decoder(ZygoteOutbound)
-        # Run-time imports of the episodes (EpisodeOutcome.imported), each named once through
-        # ``on_warning`` (the controller's console; default: this module's log).
-        self.on_warning: Callable[[str], None] = log.warning
-        self.run_time_imports: set[str] = set()
-
-    @classmethod
-    async def start(
-        cls, agent: str, gateway_addr: str, config: SandboxConfig, log_dir: str, agent_kwargs: dict[str, Any] | None = None
-    ) -> Zygote:
-        """Spawn the zygote (own process group) and wait for ZygoteReady."""
-        zygote = cls(agent, gateway_addr, config, log_dir, agent_kwargs=agent_kwargs)
-        await zygote._spawn()
-        return zygote
-
-    @property
-    def alive(self) -> bool:
-        return not self._dead
-
-    @property
-    def stderr_path(self) -> str:
-        return os.path.join(self.log_dir, "zygote.log")
-
-    async def _spawn(self) -> None:
-        os.makedirs(self.log_dir, exist_ok=True)
-        # The zygote gets the agents' allow-listed environment already: an episode inherits the
-        # zygote's memory, including the environment block it was exec'd with.
-        env = dict(os.environ) if "env" in self.config.skip_layers else {k: v for k, v in os.environ.items() if k in isolation.ENV_ALLOW}
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # so `sandbox` imports
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        with open(self.stderr_path, "ab") as stderr:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "sandbox.zygote",
-                "--agent",
-                self.agent,
-                "--gateway",
-                self.gateway_addr,
-                "--config",
-                json.dumps(dataclasses.asdict(self.config)),
-                "--log-dir",
-                self.log_dir,
-                "--agent-kwargs",
-                json.dumps(self.agent_kwargs),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,
-                env=env,
-                preexec_fn=die_with_parent,
-            )
-        try:
-            first = await asyncio.wait_for(self._read_message(), self.ready_timeout_s)
-        except TimeoutError:
-            self._kill_group()
-            await self._proc.wait()
-            raise ZygoteDied(f"zygote not ready after {self.ready_timeout_s}s; stderr tail:\n{self._stderr_tail()}") from None
-        if not isinstance(first, ZygoteReady):
-            self._kill_group()
-            rc = await self._proc.wait()
-            raise ZygoteDied(f"zygote for {self.agent} exited (rc={rc}) before it was ready; stderr tail:\n{self._stderr_tail()}")
-        self.ready = first
-        self._dead = ""
-        self._reader = asyncio.create_task(self._read_outcomes())
-
-    def _stderr_tail(self) -> str:
-        return log_tail(self.stderr_path, 4096)
-
-    def _kill_group(self) -> None:
-        assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    async def _read_message(self) -> ZygoteOutbound | None:
-        assert self._proc is not None and self._proc.stdout is not None
-        try:
-            (n,) = FRAME_HEADER.unpack(await self._proc.stdout.readexactly(4))
-            return self._decoder.decode(await self._proc.stdout.readexactly(n))
-        except asyncio.IncompleteReadError:
-            return None
-
-    async def _read_outcomes(self) -> None:
-        assert self._proc is not None
-        try:
-            while (msg := await self._read_message()) is not None:
-                match msg:
-                    case EpisodeOutcome():
-                        if msg.imported:
-                            self._note_imports(msg.imported)
-                        future = self._pending.pop(msg.episode_id, None)
-                        if future is not None and not future.done():
-                            future.set_result(msg)
-                    case ZygoteReady():
-                        log.warning("unexpected second ZygoteReady from pid %d", msg.pid)
-        finally:  # EOF, or a frame we cannot decode: either way this zygote is finished
-            if self._proc.returncode is None:
-                self._kill_group()
-            rc = await self._proc.wait()
-            self._dead = f"the zygote (pid {self._proc.pid}) exited with rc={rc}; stderr tail:\n{self._stderr_tail()}"
-            self._fail_pending()
-
-    def _note_imports(self, imported: list[str]) -> None:
-        new = [m for m in imported if m not in self.run_time_imports]
-        if new:
-            self.run_time_imports.update(new)
-            listed = ",".join([*self.config.preload, *sorted(self.run_time_imports - set(self.config.preload))])
-            self.on_warning(
-                f"episodes of {self.agent} import {', '.join(new)} at run time, which the zygote did not preload: every "
-                f"episode imports it again (CPU and memory per episode); preload it with sandbox.preload=[{listed}], "
-                "or import it at the top of the agent's module"
-            )
-
-    def _fail_pending(self) -> None:
-        for episode_id, future in self._pending.items():
-            if not future.done():  # cancelled by the caller, or already resolved
-                future.set_result(EpisodeOutcome(episode_id, "crashed", error=self._dead))
-        self._pending.clear()
-
-    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float | None = None) -> EpisodeOutcome:
-        """Run one sandboxed episode; many may run concurrently. Never raises for agent failures:
-        they come back as the outcome's status. If the zygote dies, the outcome is "crashed"."""
-        if self._dead:
-            return EpisodeOutcome(episode_id, "crashed", error=f"zygote not running: {self._dead}")
-        if episode_id in self._pending:
-            raise ValueError(f"episode {episode_id!r} is already running")
-        if not api_key.isascii():  # HTTP headers are ASCII; the zygote wipes keys as ASCII bytes
-            raise ValueError("api_key must be ASCII")
-        if len(api_key) < keys.MIN_SECRET_BYTES:  # the slot masks it, verbatim, in what it sends back
-            raise ValueError(f"api_key must be at least {keys.MIN_SECRET_BYTES} characters, got {len(api_key)}")
-        assert self._proc is not None and self._proc.stdin is not None
-        spawn = SpawnEpisode(
-            episode_id, json.dumps(data).encode(), api_key, deadline_s if deadline_s is not None else self.config.deadline_s
-        )
-        future: asyncio.Future[EpisodeOutcome] = asyncio.get_running_loop().create_future()
-        self._pending[episode_id] = future
-        try:
-            self._proc.stdin.write(frame(_encoder.encode(spawn)))
-            await self._proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the zygote is dying; _read_outcomes resolves the future as "crashed"
-        try:
-            return await future
-        finally:  # a cancelled caller frees the id; the zygote still ends the episode by its deadline
-            if self._pending.get(episode_id) is future:
-                del self._pending[episode_id]
-
-    async def restart(self) -> None:
-        """Replace a dead (or live) zygote with a fresh one; same agent, gateway and config."""
-        await self.close()
-        await self._spawn()
-
-    async def close(self) -> None:
-        """Ask the zygote to shut down (it kills its episodes); SIGKILL its group after 10 s."""
-        if self._proc is None:
-            return
-        if self._proc.returncode is None and self._proc.stdin is not None:
-            try:
-                self._proc.stdin.write(frame(_encoder.encode(Shutdown())))
-                await self._proc.stdin.drain()
-                self._proc.stdin.close()
-                await asyncio.wait_for(self._proc.wait(), 10.0)
-            except (TimeoutError, BrokenPipeError, ConnectionResetError):
-                self._kill_group()
-        await self._proc.wait()
-        if self._reader is not None:
-            await self._reader  # resolves whatever is still pending
-        self._dead = self._dead or "closed"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sandbox.zygote")
     parser.add_argument("--agent", required=True, help="MODULE:ATTR")
@@ -769,6 +605,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--agent-kwargs", default="{}", help="the agent class's constructor arguments as JSON")
     args = parser.parse_args(argv)
+    # Nothing but stdio crosses from the launcher: an event loop (uvloop gives its children
+    # non-close-on-exec duplicates of their pipes) or a shell may leak descriptors into us, and
+    # every episode would inherit them. The slots close theirs again (isolation.close_all_fds_but).
+    isolation.close_all_fds_but((0, 1, 2))
     ctrl_out = os.dup(1)  # the frame channel; fd 1 now points at stderr
     os.dup2(2, 1)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s zygote %(levelname)s %(message)s")
@@ -805,7 +645,8 @@ def main(argv: list[str] | None = None) -> None:
     server = ZygoteServer(run, args.agent, args.gateway, config, log_dir, ctrl_out, layers, plan)
     try:
         server.refill()  # before ZygoteReady: the first episodes find their slots set up
-        server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings))
+        exposed = list(plan.binds) if "readonly_root" in layers else []
+        server.send(ZygoteReady(pid=os.getpid(), agent=args.agent, isolation=layers, warnings=warnings, root=exposed))
         log.info("ready: agent=%s layers=%s warm_slots=%d", args.agent, layers, config.warm_slots)
         server.serve()
     finally:

@@ -4,20 +4,22 @@ or the scan is the subject and a real model would only add seconds."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 
-async def start_instant_engine(tok: Any, answer: str = "42", on_call: Callable[[], None] | None = None) -> web.AppRunner:
-    """Serve on a free loopback port (``runner.addresses[0][1]``); ``on_call`` runs per request."""
+async def start_instant_engine(tok: Any, answer: str = "42", on_call: Callable[[], Awaitable[None] | None] | None = None) -> web.AppRunner:
+    """Serve on a free loopback port (``runner.addresses[0][1]``); ``on_call`` runs per request,
+    before the reply (awaited if it is a coroutine function: a test may hold the reply)."""
     output_ids = tok.encode(answer, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
 
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
-        if on_call is not None:
-            on_call()
+        if on_call is not None and inspect.isawaitable(held := on_call()):
+            await held
         return web.json_response(
             {
                 "text": answer,

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import openai
 
 
@@ -444,3 +445,81 @@ class AttackAgent:
             "answer": answer.choices[0].message.content,
         }
         raise RuntimeError(f"leaking my key {api_key} on purpose; scan={json.dumps(report)}=end")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_IPC_CREAT, _IPC_PRIVATE_MODE = 0o1000, 0o600
+
+
+class ReachAgent:
+    """What an episode can reach, and the attacks on what it reached at 250e73b: one case each
+    (tests/test_sandbox_reach.py)."""
+
+    async def run(self, data: dict, **kw: Any) -> Any:
+        return await getattr(self, data["case"])(data, **kw)
+
+    async def survey(self, data: dict, **kw: Any) -> float:
+        from sandbox.reach import survey
+
+        raise RuntimeError(f"reach={msgspec.json.encode(survey()).decode()}=end")
+
+    async def sysv_make(self, data: dict, **kw: Any) -> float:
+        """A 1 MiB SysV segment and a message queue under ``data["key"]``, left behind on purpose."""
+        shm = _libc.shmget(data["key"], 1 << 20, _IPC_CREAT | _IPC_PRIVATE_MODE)
+        msg = _libc.msgget(data["key"], _IPC_CREAT | _IPC_PRIVATE_MODE)
+        return float(shm >= 0 and msg >= 0)
+
+    async def sysv_find(self, data: dict, **kw: Any) -> dict[str, float]:
+        """Look up each key of ``data["keys"]``: 1.0 where a segment or a queue with it exists."""
+        found = {}
+        for key in data["keys"]:
+            shm, msg = _libc.shmget(key, 0, 0), _libc.msgget(key, 0)
+            found[str(key)] = float(shm >= 0 or msg >= 0)
+        raise RuntimeError(f"found={json.dumps(found)}=end")
+
+    async def hold_locks(self, data: dict, **kw: Any) -> float:
+        """Lock every file of ``data["paths"]`` (flock, exclusive; and a POSIX read lock), then make
+        a model call: the test's engine tries the same locks from the host while it answers."""
+        import fcntl
+
+        held = []
+        for path in data["paths"]:
+            f = open(path, "rb")
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            held.append(f)
+        await openai.AsyncOpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        return float(len(held))
+
+    async def look(self, data: dict, **kw: Any) -> float:
+        """Raise naming every path of ``data["paths"]`` this episode can see."""
+        seen = [p for p in data["paths"] if os.path.exists(p)]
+        raise RuntimeError(f"seen={json.dumps(seen)}=end")
+
+    async def forge_outcome(self, data: dict, **kw: Any) -> float:
+        """Write its own outcome frame into its result pipe (the one write-only pipe it holds), one
+        that claims what only the sandbox may say, then exit before the slot writes the real one."""
+        from areal.protocol import EpisodeOutcome, frame
+
+        pipe = next(
+            int(fd)
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")
+            and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+            and int(open(f"/proc/self/fdinfo/{fd}").read().split("flags:")[1].split()[0], 8) & 3 == 1
+        )
+        forged = EpisodeOutcome(
+            "someone-else",
+            data["status"],
+            reward=7777.0,
+            error="\x1b]0;pwned\x07\x1b[2J" + "E" * (1 << 20),
+            exit_signal=9,
+            exit_code=0,
+            wall_s=0.001,
+            log_tail="L" * (12 << 20),
+            failure_class="infrastructure",
+            failure_cause="c" * 10_000,
+            imported=["\x1b[31mred", "json", "ok_module"] + [f"m{i}" for i in range(100)],
+        )
+        os.write(pipe, frame(msgspec.msgpack.encode(forged)))
+        os._exit(0)

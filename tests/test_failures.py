@@ -311,7 +311,7 @@ async def run(data, **kw):
 
 def test_the_class_crosses_the_sandbox(tmp_path):
     from sandbox.isolation import SandboxConfig
-    from sandbox.zygote import Zygote
+    from sandbox.zygote_client import Zygote
 
     (tmp_path / "sandboxed.py").write_text(SANDBOXED)
 

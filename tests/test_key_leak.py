@@ -35,7 +35,7 @@ from areal.engine.client import EngineClient
 from areal.gateway import Gateway, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 # areal/gateway/core.py: "sk-areal-" + secrets.token_urlsafe(24), i.e. 32 characters of base64url.
 KEY_PATTERN = r"sk-areal-[A-Za-z0-9_-]{32}"
@@ -104,3 +104,75 @@ def test_no_episode_finds_another_sessions_key(tmp_path):
         assert report["scanned_bytes"] > 16 << 20 and report["answer"] == ANSWER, report
         assert report["others_accepted"] == [], report  # the decoy is no session
         assert key not in out.error, f"{eid}: its own key came back in its outcome: {out.error[-2000:]}"
+
+
+LIVE = 12
+PROMPT = "a dataset row of a realistic size " * 8
+
+
+async def _live_siblings(tmp: str) -> tuple[list[tuple[str, str, EpisodeOutcome]], bool]:
+    """``LIVE`` episodes handed over one control batch each, none answered until all of them have
+    scanned and called: every scan runs while every sibling handed over before it is alive, its
+    key live in the gateway. Returns the results and whether the engine held them all at once."""
+    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    arrived, all_in = 0, asyncio.Event()
+
+    async def hold() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == LIVE:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 120)
+
+    engine = await start_instant_engine(tok, ANSWER, on_call=hold)
+    gateway = Gateway(EngineClient(f"http://127.0.0.1:{engine.addresses[0][1]}"), tok)
+    addr, ready = f"ipc://{tmp}/gateway.sock", asyncio.Event()
+    door = asyncio.ensure_future(serve_zmq(gateway, addr, ready))
+    await ready.wait()
+    # One warm slot, spawns in bursts of 4: within a batch, slots are forked on the spot right
+    # after the handover of a live sibling's frame, where its key was found at 250e73b.
+    config = SandboxConfig(deadline_s=120.0, memory_limit_bytes=512 << 20, max_pids=64, warm_slots=1)
+    with zygote_env():
+        zygote = await Zygote.start("sandbox_agents:AttackAgent", addr, config, os.path.join(tmp, "log"))
+
+    async def episode(eid: str) -> tuple[str, str, EpisodeOutcome]:
+        key = gateway.open_session(eid)
+        try:
+            out = await zygote.run_episode(eid, {"case": "leak_own_key", "pattern": KEY_PATTERN, "decoy": DECOY, "prompt": PROMPT}, key)
+        finally:
+            gateway.close_session(key)
+        return eid, key, out
+
+    try:
+        tasks = []
+        for i in range(LIVE):
+            tasks.append(asyncio.ensure_future(episode(f"live-e{i}")))
+            if i % 4 == 3:  # bursts: within a batch, slots are forked on the spot after earlier handovers
+                await asyncio.sleep(0.05)
+        return list(await asyncio.gather(*tasks)), all_in.is_set()
+    finally:
+        await zygote.close()
+        door.cancel()
+        await engine.cleanup()
+        await gateway.engine.close()
+
+
+def test_no_episode_finds_the_key_of_a_live_sibling(tmp_path):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        results, held_together = run(loop, _live_siblings(str(tmp_path)), timeout=240)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+    assert held_together  # every episode scanned while all its earlier siblings were alive
+    owner = {key: eid for eid, key, _ in results}
+    leaks = []
+    for eid, key, out in results:
+        found = re.findall(r"scan=(\{\"own_found\".*?\})=end", out.error)
+        assert out.status == "error" and found, f"{eid}: {out.status} {out.error[-3000:]}"
+        report = json.loads(found[-1])
+        assert report["own_found"] and DECOY in report["others"] and report["answer"] == ANSWER, report
+        leaks += [f"{eid} found the live key of {owner.get(k, repr(k))}" for k in report["others"] if k not in (DECOY, GUESS)]
+    assert leaks == [], "\n".join(leaks)

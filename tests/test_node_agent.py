@@ -21,7 +21,7 @@ from gateway_harness import served_scripted  # noqa: F401  (module fixture: a ga
 from test_sandbox import zygote_env
 
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 AGENT_DIR = Path(__file__).parent / "node_agent"
 AGENT = "exec:tests/node_agent/agent.mjs"

@@ -32,7 +32,7 @@ import zmq
 
 from areal.protocol import EpisodeOutcome, GatewayReply, GatewayRequest
 from sandbox.isolation import ENV_ALLOW, SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 KEY = "sk-session-test-123"
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -493,13 +493,14 @@ def test_code_under_tmp_stays_importable_in_the_private_tmp(gateway, monkeypatch
             z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, SandboxConfig(), code_dir)
         try:
             ok = await z.run_episode("lazy", {"case": "lazy_import", "module": "lazy_mod_for_sandbox"}, KEY)
-            write = await z.run_episode("ro", {"case": "write_file", "path": os.path.join(code_dir, "x")}, KEY)
+            write = await z.run_episode("ro", {"case": "write_file", "path": os.path.join(code_dir, "lazy_mod_for_sandbox.py")}, KEY)
             return ok, write
         finally:
             await z.close()
 
     try:
         ok, write = asyncio.run(go())
+        assert open(os.path.join(code_dir, "lazy_mod_for_sandbox.py")).read() == "VALUE = 7\n"
     finally:
         shutil.rmtree(code_dir, ignore_errors=True)
     assert (ok.status, ok.reward) == ("ok", 7.0), ok.error
@@ -534,7 +535,7 @@ NOBODY = 65534
 _UNPRIVILEGED_CONTROLLER = """
 import asyncio, json, os, sys
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 async def main():
     gateway, log_dir, skip, episodes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])

@@ -35,7 +35,7 @@ from areal.engine.client import EngineClient
 from areal.gateway import Gateway, serve_http, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import CGROUP_CONTROLLERS, CGROUP_ROOT, SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 ANSWER = "42"
 SECRET = "attack-secret-" + uuid.uuid4().hex

@@ -16,7 +16,7 @@ import zmq
 
 from sandbox import heap
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 MAPS = """\

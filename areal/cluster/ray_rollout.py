@@ -88,7 +88,7 @@ from areal.gateway.tree import Interaction
 from areal.process import owned_temp_dir
 from areal.protocol import EpisodeOutcome
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import Zygote
+from sandbox.zygote_client import Zygote
 
 WORKER_LOST = "rollout worker lost"  # failure_cause of the episodes a lost worker took down
 SANDBOX_DIED = "sandbox zygote died"  # ... of those a worker's dying zygote took down (restarted)
