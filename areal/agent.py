@@ -334,3 +334,16 @@ class InlineRunner:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+
+def workflow_kind(obj: Any) -> str:
+    """``"rollout"`` for an object with ``async arun_episode``, ``"agent"`` for one with
+    ``async run`` (or an async function); ``TypeError`` naming what was found otherwise."""
+    if inspect.iscoroutinefunction(getattr(obj, "arun_episode", None)):
+        return "rollout"
+    if inspect.iscoroutinefunction(getattr(obj, "run", None)) or (inspect.iscoroutinefunction(obj) and not inspect.isclass(obj)):
+        return "agent"
+    raise TypeError(
+        f"{obj!r} is not a workflow: it needs `async def run(data, **extra_kwargs)` (AgentWorkflow) "
+        f"or `async def arun_episode(engine, data)` (RolloutWorkflow)"
+    )

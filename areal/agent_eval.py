@@ -13,6 +13,7 @@ statistics of an episode read off the gateway's recorded calls.
     score: the episode's reward (a policy failure's is rollout.policy_failure_reward; an agent or
            infrastructure failure scores 0); ``failed_episodes`` counts the episodes not ok
     tool use: episode_tool_use(its interactions)
+        ├► the console          a line as it starts, then one per tenth of its episodes done (areal.evaluation.Progress)
         ├► eval_episodes.jsonl  one line per evaluation episode, with its decoded replies
         └► the result: ``areal.evaluation.evaluate``'s keys (sampled_acc, greedy_acc,
            per_problem_sampled, per_problem_greedy, served_versions), "mode": "agent", and the
@@ -50,6 +51,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from areal.evaluation import Progress, eval_label
 from areal.failures import POLICY
 from areal.gateway.tree import Interaction
 from areal.jsonl import json_line
@@ -128,6 +130,8 @@ class AgentEvaluation:
         version, t0 = self.version(), time.monotonic()
         gate = asyncio.Semaphore(self.concurrency)
         lines: list[str] = []
+        n, k = len(self.problems), self.samples
+        progress = Progress(eval_label(name, version), n * (k + 1), "episodes", self.log, f"agent: {n} problems x {k} sampled + 1 greedy")
 
         async def one(i: int, sample: int | None) -> tuple[float, dict[str, float], EvalEpisode]:
             temperature = 0.0 if sample is None else self.temperature
@@ -136,9 +140,9 @@ class AgentEvaluation:
                 ep = await self.run_episode(episode_id, self.problems[i], temperature)
             score, use = episode_score(ep.outcome, ep.interactions), episode_tool_use(ep.interactions)
             lines.append(self._line(name, version, i, sample, ep, score, use))
+            progress.advance()
             return score, use, ep
 
-        n, k = len(self.problems), self.samples
         episodes = await asyncio.gather(*(one(i, j) for i in range(n) for j in range(k)), *(one(i, None) for i in range(n)))
         sampled, greedy = episodes[: n * k], episodes[n * k :]
         with open(self.log_path, "a") as f:  # whole evaluations only: a cancelled one writes nothing

@@ -23,17 +23,17 @@ rewards lie (not finite, outside ``rollout.reward_range``, of a wrong type, or n
 that are not its own) is an agent failure, its error naming the bad entries: it affects neither
 the other episodes of its group nor the run. A group with nothing to train on is replaced by a
 new prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
-failure's reason rather than spinning. A dead engine or trainer stops the
-run with a named error and the tail of its log.
+failure's reason rather than spinning. A dead engine or trainer stops the run within a second,
+whatever the controller is doing (the evaluation before training included), with a named error
+and the tail of its log.
 
 Around the loop, each in its own module: the engines (``areal/engine/serving.py``), the trainer
 process (``areal/trainer/launch.py``) and its messages read back (``areal/trainer_reports.py``),
 one agent episode from its gateway session to its settled outcome, infrastructure losses and
 zygote restarts included (``areal/episodes.py``), episodes as trajectories
-(``areal/trajectories.py``) and the run's files and trackers (``areal/run_records.py``). What
-stays here (past 600 lines) is the loop's own state, which admission, groups, failure accounting
-and the trainer's reports all read and write on one event loop: split further, it would be one
-object passed around.
+(``areal/trajectories.py``) and the run's files and trackers (``areal/run_records.py``). What stays
+here (past 600 lines) is the loop's own state, which admission, groups, failure accounting and
+the trainer's reports all read and write on one event loop: split, it would be one object passed around.
 """
 
 from __future__ import annotations
@@ -51,24 +51,24 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import InlineRunner, agent_object_spec, load_reward_fn
+from areal.agent import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.agent_eval import AgentEvaluation
-from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig
 from areal.dataset import load_rows, normalize_row, stratified_order
+from areal.embedded.resolve import resolve_model_path
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
 from areal.engine.serving import start_engines, weight_loader
 from areal.episodes import Episodes, episode_record
-from areal.evaluation import evaluate
+from areal.evaluation import Progress, eval_label, evaluate
 from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
 from areal.periodic_eval import PeriodicEval, check_eval_rows
@@ -81,10 +81,12 @@ from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trainer_reports import TrainerExited, step_row, trainer_messages
 from areal.trajectories import trajectory_from_episode, trajectory_from_row
-from areal.utils.hf_utils import resolve_model_path
 from areal.workflow_groups import AdvantageWatch, WorkflowGrouping
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote_client import Zygote
+
+T = TypeVar("T")
+PUT_SLICE_S = 1.0  # a put into a full ring re-checks the run's failure this often
 
 
 class RunFailed(RuntimeError):
@@ -200,7 +202,12 @@ class Controller:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.tokenizer = tokenizer
             self.records.vocabulary(tokenizer)  # vocab.json: the viewer decodes without the model
-            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write, cfg.cluster, self.run_id)
+            place = None
+            if cfg.cluster.engine_resources:  # each launched server on a Ray node of its own
+                from areal.cluster.ray_engines import RayEnginePlacement
+
+                place = functools.partial(RayEnginePlacement.place, cfg.cluster, self.run_id, cfg.engine, run_dir=self.run_dir)
+            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write, place)
             engine, urls, model_dir, self.fleet = engines.client, engines.urls, engines.model_dir, engines.fleet
             if self.fleet is not None:
                 supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, model_dir))
@@ -238,6 +245,9 @@ class Controller:
                 pull.bind(f"ipc://{sock_dir}/trainer.sock")
                 trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
                 stack.callback(stop_group, trainer_proc, 5.0)
+            # Watched from its start, whatever the run does meanwhile: its death stops the run within a second.
+            listener = asyncio.create_task(self._listen(pull, trainer_proc))
+            stack.callback(listener.cancel)
 
             episodes = await self._start_runner(gateway_addr, http_url, gateway, urls, model_dir)
             if episodes is not None:
@@ -259,8 +269,8 @@ class Controller:
                 eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
             if eval_before is not None:
                 tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
-            elif eval_set:
-                eval_before = await evaluate_as("before")
+            elif eval_set:  # the trainer waits for its first records meanwhile, however long this takes
+                eval_before = await self._unless_stopped(evaluate_as("before"))
                 tqdm.write(
                     f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
                 )
@@ -271,8 +281,6 @@ class Controller:
             evaluate_now = functools.partial(evaluate_as, "periodic")
             self.periodic_eval = PeriodicEval(cfg, self.run_dir, self.records, evaluate_now if eval_set else None, tqdm.write)
             stack.callback(self.periodic_eval.cancel)
-            listener = asyncio.create_task(self._listen(pull, trainer_proc))
-            stack.callback(listener.cancel)
             if self.dataset is not None:  # no difficulty levels: one level, so the order is a shuffle
                 problems, levels = self.dataset, [0] * len(self.dataset)
             else:
@@ -284,10 +292,9 @@ class Controller:
             while self.done is None and self.failure is None:
                 await self._wait()
             if self.failure:
-                await self._settle_engine_death()
-                raise RunFailed(self._with_engine_death(self.failure))
+                await self._raise_failure()
             await self.periodic_eval.drain()  # not beside the "after" evaluation
-            eval_after = await evaluate_as("after") if eval_set else None
+            eval_after = await self._unless_stopped(evaluate_as("after")) if eval_set else None  # an engine may still die
             if eval_after:
                 self.records.evaluation("after", eval_after, self.version)
             best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
@@ -577,6 +584,27 @@ class Controller:
         self.failure = self._with_engine_death(self.failure or "")
         self.wake.set()
 
+    async def _raise_failure(self) -> NoReturn:
+        """Stop the run with its failure (``RunFailed``), led by an engine's death when one died."""
+        await self._settle_engine_death()
+        raise RunFailed(self._with_engine_death(self.failure or "the run failed"))
+
+    async def _unless_stopped(self, work: Awaitable[T]) -> T:
+        """``work``'s result, unless the run fails first: the trainer's listener and the engines'
+        supervisor set ``failure`` within a second of a death, and the controller's own long work
+        outside the rollout loop (the evaluations before and after training) must not outlast
+        it. Then ``work`` is cancelled and the run stops with that failure."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done() and self.failure is None:
+                await asyncio.wait({task}, timeout=0.5)
+        finally:
+            task.cancel()  # a no-op once it is done
+            await asyncio.gather(task, return_exceptions=True)  # its error, if any, retrieved (the failure comes first)
+        if self.failure is not None:
+            await self._raise_failure()
+        return task.result()
+
     def _fail(self, why: str) -> None:
         """Stop the run with ``why``, unless it is stopping already (the first reason stands)."""
         self.failure = self.failure or why
@@ -599,11 +627,23 @@ class Controller:
             ring = rings[self.groups_written % len(rings)]
             self.groups_written += 1
             for traj in trajectories:
-                await asyncio.to_thread(ring.put_trajectory, traj, 600.0)  # waits while the ring is full (back-pressure)
+                await self._put(ring, traj)
                 self.published.append(traj.episode_id)
                 self.records.trajectory(traj)
         self.accepted_groups += 1
         self.advantage_watch.add(trajectories[0].group_id, trajectories)
+
+    async def _put(self, ring: RingWriter, traj: Trajectory) -> None:
+        """Put ``traj`` into ``ring``; while the ring is full (back-pressure: the trainer is still on
+        earlier records), wait as long as the trainer runs, in slices that each re-check the run's
+        failure, so a trainer that died with the ring full stops the run, not a fixed timeout."""
+        while True:
+            try:
+                await asyncio.to_thread(ring.put_trajectory, traj, PUT_SLICE_S)
+                return
+            except TimeoutError:  # RingFull, or a remote ring's HopTimeout: the record was not put
+                if self.failure is not None:
+                    raise RunFailed(self.failure) from None
 
     async def _replay(self, rings: list[RingWriter]) -> None:
         """A resumed run's first records: the killed run's published groups no checkpoint holds,
@@ -648,7 +688,11 @@ class Controller:
         temperature = self.config.rollout.temperature if d.eval_temperature is None else d.eval_temperature
 
         async def single_turn(name: str) -> dict[str, Any]:
-            return await evaluate(engine, tokenizer, eval_set, temperature, d.eval_samples, reward_fn=self.reward_fn)
+            n, k = len(eval_set), d.eval_samples
+            progress = Progress(
+                eval_label(name, self.version), n * (k + 1), "replies", tqdm.write, f"{n} problems x {k} sampled + 1 greedy"
+            )
+            return await evaluate(engine, tokenizer, eval_set, temperature, k, reward_fn=self.reward_fn, progress=progress)
 
         return single_turn
 

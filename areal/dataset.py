@@ -23,12 +23,31 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal.api.cli_args import DatasetConfig
-
 DEFAULT_SIZES = {"train": 4000, "test": 500}
+
+
+@dataclass
+class DatasetConfig:
+    """A dataset (``train_dataset`` / ``valid_dataset``); see ``areal.dataset.get_custom_dataset``."""
+
+    path: str = "embedded"  # "embedded" (the built-in arithmetic task), a .jsonl/.json file, or a dir of <split>.jsonl
+    type: str = "rl"
+    batch_size: int = 8  # prompts per training step
+    shuffle: bool = True
+    max_length: int | None = None  # drop prompts longer than this many tokens
+    size: int | None = None  # rows to take (the embedded task: rows to generate; default 4000 train / 500 test)
+
+    def __post_init__(self) -> None:
+        if self.type != "rl":
+            raise ValueError(f"dataset type must be 'rl' (the only kind this system trains on), got {self.type!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"dataset batch_size must be >= 1, got {self.batch_size}")
+        if self.size is not None and self.size < 0:
+            raise ValueError(f"dataset size must be >= 0, got {self.size}")
 
 
 class EmbeddedDataset(list):

@@ -2,6 +2,8 @@
 
 ``evaluate`` scores the policy the engine serves now on held-out problems, straight through the
 engine (chat template -> /generate), once sampled at the training temperature and once greedy.
+``Progress`` prints its console lines while it runs (and the agent's evaluation's,
+areal/agent_eval.py): an evaluation of a real model on many problems takes minutes.
 ``reward_trend`` and ``paired_test`` turn "the curve went up" into a number with a p-value,
 so a run's summary can say whether the rise is more than noise.
 """
@@ -9,6 +11,7 @@ so a run's summary can say whether the rise is more than noise.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +19,33 @@ import numpy as np
 
 from areal.embedded.corpus import math_reward
 from areal.engine.interface import InferenceEngine
+
+
+def eval_label(name: str, version: int) -> str:
+    """How the console names the evaluation ``name`` (before, periodic, after) of ``version``."""
+    if name == "before":
+        return "before training"
+    return f"after training (v{version})" if name == "after" else f"{name} (v{version})"
+
+
+class Progress:
+    """An evaluation's console lines: one as it starts (``detail`` says what it runs), then one
+    each time another tenth of its ``total`` replies or episodes is done, and between tenths one
+    for the first done ``heartbeat_s`` or more after the last line (a slow one shows it moves)."""
+
+    def __init__(self, what: str, total: int, unit: str, write: Callable[[str], None], detail: str = "", heartbeat_s: float = 30.0) -> None:
+        self.what, self.total, self.unit, self.write, self.heartbeat_s = what, total, unit, write, heartbeat_s
+        self.done = self.tenths = 0
+        self.t0 = self.last_line = time.monotonic()
+        write(f"[eval] {what}: 0/{total} {unit}" + (f" ({detail})" if detail else ""))
+
+    def advance(self) -> None:
+        """One more reply or episode done."""
+        self.done += 1
+        now, tenths = time.monotonic(), self.done * 10 // max(1, self.total)
+        if tenths > self.tenths or now - self.last_line >= self.heartbeat_s:
+            self.tenths, self.last_line = tenths, now
+            self.write(f"[eval] {self.what}: {self.done}/{self.total} {self.unit}, {now - self.t0:.0f} s")
 
 
 async def evaluate(
@@ -26,13 +56,15 @@ async def evaluate(
     samples: int = 4,
     max_tokens: int = 64,
     reward_fn: Callable[..., float] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Accuracy on ``problems`` (rows with messages/answer): ``samples`` seeded draws at the
     training temperature per problem, plus one greedy answer, each a single reply to the row's
     messages scored by ``reward_fn`` (AReaL's signature; default: the embedded task's answer
     check). Per-problem scores are kept so a later evaluation of the same problems can be
     compared pairwise. ``served_versions``: the numbered weight versions that generated the
-    answers (one, unless the trainer published a new version while this ran)."""
+    answers (one, unless the trainer published a new version while this ran). ``progress``
+    advances once per scored reply (``len(problems) x (samples + 1)`` in all)."""
     stop = sorted(
         {
             t
@@ -52,9 +84,13 @@ async def evaluate(
         served.update(result.output_versions or [result.weight_version])
         completion = tokenizer.decode(result.output_ids, skip_special_tokens=True)
         if reward_fn is None:
-            return math_reward(completion, problem["answer"])
-        row = {k: v for k, v in problem.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
-        return float(await asyncio.to_thread(reward_fn, text, completion, ids, list(result.output_ids), **row))
+            reward = math_reward(completion, problem["answer"])
+        else:
+            row = {k: v for k, v in problem.items() if k not in ("prompt", "completions", "prompt_ids", "completion_ids")}
+            reward = float(await asyncio.to_thread(reward_fn, text, completion, ids, list(result.output_ids), **row))
+        if progress is not None:
+            progress.advance()
+        return reward
 
     sampled = await asyncio.gather(*(score(p, temperature, i * samples + j) for i, p in enumerate(problems) for j in range(samples)))
     greedy = await asyncio.gather(*(score(p, 0.0, i) for i, p in enumerate(problems)))

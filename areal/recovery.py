@@ -55,11 +55,11 @@ from pathlib import Path
 from typing import Any
 
 from areal.protocol import Trajectory, encode_trajectory, frame
+from areal.trainer.layout import latest_checkpoint
 
 MODES = ("auto", "off")
 # AReaL's recover.mode and verl's trainer.resume_mode spellings
 ALIASES = {"disabled": "off", "disable": "off", "fault": "auto", "resume": "auto"}
-PREFIX = "step-"  # checkpoints/step-00000012
 JOURNAL = "resume_journal.bin"
 RECORD_FILES = ("metrics.jsonl", "trainer_metrics.jsonl")  # one line per step, cut back to the checkpoint
 _GROUP = re.compile(r"^g(\d+)-p(\d+)")
@@ -75,22 +75,6 @@ class RecoverConfig:
         self.mode = ALIASES.get(self.mode, self.mode)
         if self.mode not in MODES:
             raise ValueError(f"recover.mode must be one of {MODES}, got {self.mode!r}")
-
-
-# ---- checkpoints (the layout; areal/trainer/checkpoint.py writes them) -------------------------
-
-
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"{PREFIX}{step:08d}"
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``, or None (a checkpoint
-    exists under its final name only once complete: the rename is the commit point)."""
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit())
-    return done[-1] if done else None
 
 
 # ---- the journal -----------------------------------------------------------------------------

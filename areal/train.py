@@ -29,9 +29,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from areal.aio import run as run_loop
 from areal.config import TrainConfig, to_dict
 from areal.controller import train
-from areal.utils.aio import run as run_loop
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 

@@ -7,9 +7,10 @@
     TrainerReport + the episodes logged since the previous one ─► step_row ─► metrics.jsonl and the trackers
 
 One typed decoder (``TrainerMessage``, areal/protocol.py) reads the socket. It is polled every half
-second, so a trainer that dies without a word is noticed whatever the rollouts are doing. What
-each message does to the run (the policy version, checkpoints, periodic evaluation, the run's
-failure) is the controller's to decide (``Controller._listen``); this module only reads and words.
+second from the trainer's start, so a trainer that dies without a word is noticed whatever the
+controller is doing (the evaluation before training, the rollouts). What each message does to
+the run (the policy version, checkpoints, periodic evaluation, the run's failure) is the
+controller's to decide (``Controller._listen``); this module only reads and words.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Self
 
-from areal.utils.aio import run as run_loop
+from areal.aio import run as run_loop
 from benchmarks.gateway_clients import _engine_body, _prompt_ids
 
 # ---- the instant engine ----------------------------------------------------------------------

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import launch_embedded_engine
 from areal.trainer.publish import push_weights, save_atomically
-from areal.trainer.weight_sync import CollectiveWeightPush, free_port, named_tensors_to_send
+from areal.weights.collective import CollectiveWeightPush, free_port, named_tensors_to_send
 
 
 def _larger_model(path: Path) -> Path:

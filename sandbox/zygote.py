@@ -94,7 +94,7 @@ REPORT_LIMIT_S = 10.0  # how long a reporter may take (it reads agents' logs: a 
 RESULT_LIMIT = 16 << 20  # result bytes kept per episode; an agent cannot make the zygote buffer without bound
 RESULT_INITIAL_BYTES = 64 << 10
 AGENT_STATUSES = ("ok", "error")  # what an episode may report of itself; the others are the zygote's verdicts
-ERROR_LIMIT = 16 << 10  # characters of an episode's own error text kept (the end: a traceback's last frames)
+ERROR_LIMIT = 64 << 10  # characters of an episode's own error text kept, from its head (the run's records keep less)
 CAUSE_LIMIT = 200
 IMPORTED_LIMIT = 20  # as many as sandbox/episode.py's run_time_imports reports
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
@@ -138,7 +138,7 @@ def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOu
         error = f"the episode reported status {printable(status[:40])!r}, which only the sandbox decides; {error}"
         status = "error"
     if len(error) > ERROR_LIMIT:
-        error = f"[{len(error) - ERROR_LIMIT} characters cut] " + error[-ERROR_LIMIT:]
+        error = f"{error[:ERROR_LIMIT]}... ({len(error) - ERROR_LIMIT} more characters)"
     return EpisodeOutcome(
         verdict.episode_id,
         status,

@@ -1,7 +1,7 @@
 """A real Gateway serving HTTP and ZeroMQ from its own event-loop thread, for tests whose clients
 block (sync SDKs, hypothesis) or run their own loops (async SDKs via asyncio.run).
 
-The thread runs the loop production runs the gateway on (``areal.utils.aio.loop_factory``:
+The thread runs the loop production runs the gateway on (``areal.aio.loop_factory``:
 uvloop), so every SDK, fuzz and multi-turn test goes through the same loop as a training run.
 
 Only this thread touches the Gateway; tests read its state through ``call`` (which runs a
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from areal.aio import loop_factory
 from areal.engine.client import EngineClient
 from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
-from areal.utils.aio import loop_factory
 
 
 class GatewayThread:

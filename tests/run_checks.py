@@ -1,7 +1,8 @@
 """The end-to-end checks of a finished 3-step run (tests/test_e2e.py, and the tests that place its
 parts on Ray nodes: tests/test_ray_cluster.py, tests/test_ray_rollout.py): the tokens the engine
 sampled are the tokens trained, versions advance 1..3, and every published episode is trained
-exactly once; and the command of such a run."""
+exactly once; the command of such a run; and a running run's child processes (the tests that
+kill one: tests/test_faults.py, tests/test_long_evaluation.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,24 @@ def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
         "data.eval_size=0",
         *overrides,
     ]
+
+
+def children(pid: int, module: bytes) -> list[int]:
+    """Child processes of ``pid`` running ``module`` (read from /proc, over all its threads: a
+    child started from a worker thread is listed under that thread; killed by PID only)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        for child in pids:
+            try:
+                if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+            except FileNotFoundError:
+                pass
+    return sorted(out)
 
 
 def ray_torn_down(address: str) -> tuple[dict, dict, dict]:

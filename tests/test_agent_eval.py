@@ -123,6 +123,7 @@ def test_one_episodes_statistics_and_score_from_its_interactions():
     assert episode_score(EpisodeOutcome("e", "crashed", reward=1.0, failure_class=AGENT), calls) == 0.0
 
 
+@pytest.mark.e2e
 def test_the_mode_is_single_turn_by_default_agent_in_the_agentic_demo_and_checked(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -174,6 +175,7 @@ async def _stand_in_engine(tok, answers: list[str], seen: list[dict]) -> web.App
     return runner
 
 
+@pytest.mark.e2e
 def test_the_gateway_records_what_each_reply_did_with_tools_and_a_sessions_temperature():
     tok = AutoTokenizer.from_pretrained(ensure_embedded_model(progress=False))
     answers = [MALFORMED[2].format(e="23*7"), CALL, "The calculator says 161. \\boxed{161}", "\\boxed{161}"]
@@ -253,6 +255,7 @@ def _reply(text: str) -> str:
     return text
 
 
+@pytest.mark.e2e
 def test_the_run_scores_its_agent_before_during_and_after_with_the_paired_test(run):
     run_dir, proc = run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -277,6 +280,7 @@ def test_the_run_scores_its_agent_before_during_and_after_with_the_paired_test(r
     assert "held-out agent" in proc.stdout and "held-out tool use per episode" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_the_statistics_are_those_of_the_recorded_evaluation_episodes(run):
     """Each evaluation's row equals what its lines in eval_episodes.jsonl hold, counted here again
     from the decoded replies with the gateway's parser (not from the Interaction fields)."""
@@ -319,6 +323,7 @@ def test_the_statistics_are_those_of_the_recorded_evaluation_episodes(run):
             assert e["used_tool_result"] in (0, 1) and 0 <= e["score"] <= 1
 
 
+@pytest.mark.e2e
 def test_evaluation_episodes_are_never_trained_nor_counted_with_the_training_episodes(run):
     run_dir, proc = run
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -336,6 +341,7 @@ def test_evaluation_episodes_are_never_trained_nor_counted_with_the_training_epi
     assert sum(v for m in metrics for k, v in m.items() if k.startswith("episodes_")) <= len(episodes) < len(evaluated)
 
 
+@pytest.mark.e2e
 def test_training_episodes_carry_their_malformed_calls_and_each_step_the_mean(run):
     """episodes.jsonl's tool_calls / malformed_tool_calls equal the counts in the episode's calls
     in calls.jsonl (decoded with vocab.json and parsed here); metrics.jsonl has the per-step means."""
@@ -360,6 +366,7 @@ def test_training_episodes_carry_their_malformed_calls_and_each_step_the_mean(ru
     assert means and all(0 <= x <= max(e["malformed_tool_calls"] for e in episodes) for x in means)
 
 
+@pytest.mark.e2e
 def test_an_inline_agent_is_evaluated_inline(tmp_path):
     """rollout.openai.mode=inline: the evaluation runs the agent on the controller's loop, as the
     training episodes do; the same rows and lines, nothing sandboxed."""

@@ -163,6 +163,7 @@ def _check_handoffs(trajectories: list, tokenizer) -> None:
         assert '"name": "transfer_to_math_agent"' in later and "<tool_response>" in later and '"calculator"' in later
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("agent,kind", AGENTS)
 def test_agent_trains_end_to_end_in_the_sandbox(tmp_path, tokenizer, agent, kind):
     run_dir = tmp_path / "run"

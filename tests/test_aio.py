@@ -1,4 +1,4 @@
-"""The event loop of this project's own processes (``areal.utils.aio``)."""
+"""The event loop of this project's own processes (``areal.aio``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from areal.utils import aio
+from areal import aio
 
 
 async def _which() -> str:

@@ -287,6 +287,7 @@ def test_areal_config_maps_onto_the_controllers_train_config():
 # ---- the launcher's environment ----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_local_launcher_runs_the_script_with_config_overrides_and_env(tmp_path):
     import subprocess
 

@@ -77,6 +77,7 @@ def _calls_per_group(run_dir: Path) -> dict[str, list[int]]:
     return groups
 
 
+@pytest.mark.e2e
 def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path):
     proc, run_dir = _launch("agent_workflow/train.py", "agent_workflow/config.yaml", tmp_path, "~perf_tracer")
     ignored = _ignored(proc.stderr)
@@ -111,6 +112,7 @@ def test_the_agent_workflow_script_runs_sandboxed_with_every_areal_key(tmp_path)
     _check_trains(proc, run_dir)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("one_per_call", [False, True], ids=["group_per_call", "one_trajectory_per_call"])
 def test_the_openai_agents_script_runs_in_both_workflow_styles(tmp_path, one_per_call):
     overrides = ["~launcher", f"one_trajectory_per_call={str(one_per_call).lower()}"]

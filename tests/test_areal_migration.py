@@ -43,6 +43,7 @@ def _with_engine(tok, fn):
 # ---- 1. imports ------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_areal_import_paths(tok, tmp_path):
     from areal import PPOTrainer, workflow_context
     from areal.api.cli_args import GRPOConfig
@@ -493,6 +494,7 @@ def test_areal_openai_in_a_run_keeps_the_runs_context_limit(tok):
     assert capped.context_length == 96  # engine_max_tokens never beyond what the run's engine holds
 
 
+@pytest.mark.e2e
 def test_the_local_launcher_puts_the_users_directory_before_the_project(tmp_path, monkeypatch):
     """AReaL's scripts name their own ``examples.*`` workflows: run from AReaL's tree, those must
     load, not this project's files of the same dotted name."""

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import zmq
 from test_trainer import TEMPERATURE, make_group, make_model
@@ -46,6 +47,7 @@ def trained(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.e2e
 def test_sigkill_at_a_random_step_then_resume_trains_every_trajectory_once(tmp_path):
     model_dir = tmp_path / "model"
     model = make_model(model_dir, with_tokenizer=False)

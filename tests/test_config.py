@@ -47,6 +47,7 @@ def test_a_bad_value_is_refused_by_its_dataclass_naming_the_field():
         OmegaConf.to_object(cfg)
 
 
+@pytest.mark.e2e
 def test_the_key_listing_names_every_field_with_its_type():
     lines = describe()
     assert "trainer.lr: float = 3e-05" in lines and "engine.launch.command: str = ''" in lines

@@ -29,6 +29,7 @@ def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["subproc", "inline"])
 def test_train_end_to_end(tmp_path, mode):
     model_dir = ensure_embedded_model()
@@ -68,12 +69,14 @@ def test_train_end_to_end(tmp_path, mode):
     assert all(e["status"] == "ok" for e in episodes), [e for e in episodes if e["status"] != "ok"][:2]
 
 
+@pytest.mark.e2e
 def test_bad_override_is_named(tmp_path):
     proc = _train(tmp_path / "run", "trainer.stpes=3")
     assert proc.returncode != 0
     assert "trainer.stpes" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_two_trainer_ranks_with_ppo_and_checkpoints(tmp_path):
     """The main entry launches torchrun with one ring per rank; both ranks train every step."""
     run_dir = tmp_path / "run"

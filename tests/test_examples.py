@@ -40,6 +40,7 @@ def _run(cmd: list[str], tmp_path: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.e2e
 def test_agent_workflow_example_via_the_local_launcher_sandboxed(tmp_path):
     summary = _run(
         [
@@ -129,6 +130,7 @@ def test_openai_agents_example_workflow_records_every_trajectory_with_its_reward
     assert sorted(r.reward for r in rows.values()) == pytest.approx([0.9, 0.9, 1.0, 1.0])
 
 
+@pytest.mark.e2e
 def test_openai_agents_example_via_the_local_launcher(tmp_path):
     """A RolloutWorkflow object: the controller calls its arun_episode once per group."""
     summary = _run(
@@ -149,6 +151,7 @@ def test_openai_agents_example_via_the_local_launcher(tmp_path):
     assert summary["steps"] == 2
 
 
+@pytest.mark.e2e
 def test_camel_example_via_the_local_launcher(tmp_path):
     """CAMEL ChatAgent on AReaLOpenAICompatibleModel over ArealOpenAI, in a RolloutWorkflow object."""
     summary = _run(

@@ -398,6 +398,7 @@ EXPECTED = {  # role -> (class, cause head, completions recorded, trained)
 PENALTY = -0.25
 
 
+@pytest.mark.e2e
 def test_a_run_trains_policy_failures_and_leaves_the_others_out_of_their_group(tmp_path):
     (tmp_path / "every_class.py").write_text(EVERY_CLASS)
     run_dir, n = tmp_path / "run", len(EXPECTED)

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from run_checks import children
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = """
@@ -36,26 +37,8 @@ async def run(data, **kw):
 """
 
 
-def _children(pid: int, module: bytes) -> list[int]:
-    """Child processes of ``pid`` running ``module`` (read from /proc, over all its threads: a
-    child started from a worker thread is listed under that thread; killed by PID only)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:  # the thread ended
-            continue
-        for child in children:
-            try:
-                if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                    out.append(int(child))
-            except FileNotFoundError:
-                pass
-    return sorted(out)
-
-
 def _zygotes(pid: int) -> list[int]:
-    return _children(pid, b"sandbox.zygote")
+    return children(pid, b"sandbox.zygote")
 
 
 def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -91,6 +74,7 @@ def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subproc
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), [json.loads(x) for x in log.read_text().splitlines()]
 
 
+@pytest.mark.e2e
 def test_a_killed_zygote_is_restarted_and_its_groups_run_again(tmp_path):
     proc, episodes = _run_and_kill(tmp_path, 1, [])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -101,6 +85,7 @@ def test_a_killed_zygote_is_restarted_and_its_groups_run_again(tmp_path):
     assert [m["step"] for m in steps] == [1, 2, 3]
 
 
+@pytest.mark.e2e
 def test_past_its_restart_bound_the_run_stops_naming_the_zygote(tmp_path):
     proc, episodes = _run_and_kill(tmp_path, 2, ["rollout.max_zygote_restarts=1"])
     assert proc.returncode != 0
@@ -124,6 +109,7 @@ async def run(data, **kw):
 """
 
 
+@pytest.mark.e2e
 def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp_path):
     """The old stop rule fired only while no group had been accepted: a run that had accepted some
     and then failed every episode replaced failed groups for ever."""
@@ -156,6 +142,7 @@ def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp
     assert 16 <= len(episodes) <= 8 + 8 + 4 * 2  # the 8 good ones, the window of failures, groups in flight
 
 
+@pytest.mark.e2e
 def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     """The trainer waits for data (bound 0) while slow episodes run: nothing else would notice."""
     (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
@@ -183,7 +170,7 @@ def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     deadline, engine = time.monotonic() + 120, None
     while engine is None and proc.poll() is None and time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
-        engines = _children(proc.pid, b"areal.engine.server")
+        engines = children(proc.pid, b"areal.engine.server")
         if engines and metrics.exists() and metrics.read_text():  # a step trained: mid-run
             engine = engines[0]
             os.kill(engine, signal.SIGKILL)
@@ -228,6 +215,7 @@ async def run(data, **kw):
 """
 
 
+@pytest.mark.e2e
 def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
     """Before, the record kept the last 2,000 characters of reason + log: a long log left only
     'xxxx...'. Now the reason leads (cut only past 16,000 characters, saying so) and the log
@@ -262,6 +250,7 @@ def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
         assert e["log_tail"].startswith("--- ") and e["log_tail"].rstrip().endswith("x" * 100) and len(e["log_tail"]) < 5_000
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("component", ["zygote", "engine", "trainer"])
 def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, component):
     """SIGKILL one component at a random point of a short run (the seed is in every message).
@@ -299,7 +288,7 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
         if log.exists() and len(log.read_text().splitlines()) >= after_lines:
             time.sleep(extra_s)
-            victims = _children(proc.pid, module)
+            victims = children(proc.pid, module)
             if victims:
                 os.kill(victims[0], signal.SIGKILL)
                 killed = victims[0]
@@ -329,6 +318,7 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"areal-*-{proc.pid}-*")), why
 
 
+@pytest.mark.e2e
 def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path):
     """One of two launched engines killed mid-run: its sessions move to the other, the trainer's
     pushes skip it while it is down, it comes back at the newest version, and the run finishes."""
@@ -357,7 +347,7 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     deadline, killed = time.monotonic() + 180, None
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
-        engines = _children(proc.pid, b"areal.engine.server")
+        engines = children(proc.pid, b"areal.engine.server")
         if len(engines) == 2 and metrics.exists() and metrics.read_text():  # a step trained: mid-run
             killed = engines[0]
             os.kill(killed, signal.SIGKILL)
@@ -375,6 +365,7 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
     assert not Path(f"/proc/{back}").exists()  # the run stopped the restarted engine too (no orphan)
 
 
+@pytest.mark.e2e
 def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path):
     """engine.launch: the run starts two servers from a command template (here our own engine,
     which speaks SGLang's HTTP API), each with its share of engine.launch.gpus as its

@@ -213,7 +213,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelnam
 from transformers import AutoTokenizer
 from areal.engine.client import EngineClient
 from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
-from areal.utils.aio import run
+from areal.aio import run
 engine_url, model_dir, address, admin_key = sys.argv[1:5]
 
 async def main() -> None:

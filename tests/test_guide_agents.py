@@ -16,7 +16,7 @@ import httpx2
 import pytest
 
 from areal.agent import hand_out
-from areal.utils.aio import run as run_loop
+from areal.aio import run as run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGE = {
@@ -76,6 +76,7 @@ GUIDE_AGENTS = [  # (agent, model calls per episode; None: as many as the agent'
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["inline", "subproc"])
 @pytest.mark.parametrize(
     ("agent", "calls"), GUIDE_AGENTS, ids=[a.rpartition("/")[2].removeprefix("areal.workflow.").replace(":", ".") for a, _ in GUIDE_AGENTS]

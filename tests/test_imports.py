@@ -116,3 +116,63 @@ def test_the_controller_and_the_config_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# Layers, from the bottom: components (one per process boundary) < the controller and the
+# cluster layer that compose them < the AReaL-compatible surface, which re-exports the one
+# implementation under AReaL's import paths. Imports run downwards only.
+COMPONENTS = ("areal.gateway", "areal.engine", "areal.ring", "areal.trainer", "areal.weights", "sandbox")
+CONTROLLER = (
+    "areal.controller",
+    "areal.episodes",
+    "areal.trajectories",
+    "areal.trainer_reports",
+    "areal.run_records",
+    "areal.recovery",
+    "areal.trackers",
+    "areal.plots",
+    "areal.evaluation",
+    "areal.agent_eval",
+    "areal.periodic_eval",
+    "areal.train",
+    "areal.sweep",
+    "areal.cluster",
+)
+# The package itself counts: ``from areal import PPOTrainer`` is AReaL's path.
+AREAL_SURFACE = ("areal.api", "areal.experimental", "areal.launcher", "areal.workflow", "areal.utils", "areal.reward")
+
+
+def _in(module: str, tops: tuple[str, ...]) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in tops)
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _in(module, COMPONENTS) and _in(target, CONTROLLER):
+                out.append(f"{module} -> {target}: a component imports the controller or cluster layer")
+            if _in(module, ("areal.engine",)) and _in(target, ("areal.trainer",)):
+                out.append(f"{module} -> {target}: the engine imports the trainer")
+            if _in(target, AREAL_SURFACE) and not (_in(module, AREAL_SURFACE) or module == "areal"):
+                out.append(f"{module} -> {target}: only the AReaL surface imports the AReaL surface")
+    return out
+
+
+def test_layers_run_one_way():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _layer_violations(graph) == []
+
+
+def test_the_layer_check_names_each_kind_of_climb():
+    graph = {
+        "areal.engine.batch": {"areal.trainer.step", "areal.controller"},
+        "areal.controller": {"areal.api.cli_args", "areal.engine.batch"},
+        "areal.api.cli_args": {"areal.config"},
+    }
+    assert [line.split(":")[0] for line in _layer_violations(graph)] == [
+        "areal.controller -> areal.api.cli_args",
+        "areal.engine.batch -> areal.controller",
+        "areal.engine.batch -> areal.trainer.step",
+    ]

@@ -36,7 +36,7 @@ from areal.trainer.config import LoraConfig, TrainerConfig
 from areal.trainer.lora import ADAPTER_DIR, AdaptersOff, MergedWeights, attach_adapters, lora_layers
 from areal.trainer.packing import PolicyScorer, pack_rows
 from areal.trainer.rank import train
-from areal.trainer.weight_sync import named_tensors_to_send
+from areal.weights.collective import named_tensors_to_send
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "areal" / "conf"
@@ -58,6 +58,7 @@ def _expected_merge(base: dict[str, torch.Tensor], adapter_dir: Path) -> dict[st
     return out
 
 
+@pytest.mark.e2e
 def test_a_lora_run_trains_adapters_and_publishes_merged_weights(tmp_path):
     model_dir = Path(ensure_embedded_model())
     run_dir = tmp_path / "run"

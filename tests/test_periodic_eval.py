@@ -51,6 +51,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.e2e
 def test_a_run_evaluates_every_step_and_keeps_the_best_steps_weights(tmp_path):
     run_dir = tmp_path / "run"
     proc = _train(run_dir, "data.eval_every=1", "trainer.keep_versions=8", "data.eval_best_metric=greedy_acc")
@@ -90,6 +91,7 @@ def test_a_run_evaluates_every_step_and_keeps_the_best_steps_weights(tmp_path):
     assert not list(run_dir.glob(".best-*"))  # no stage left behind
 
 
+@pytest.mark.e2e
 def test_off_by_default_and_bad_settings_are_refused_naming_the_field(tmp_path):
     assert DataConfig().eval_every == 0
     for kwargs, field in (

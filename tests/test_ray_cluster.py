@@ -55,6 +55,7 @@ def _run_on(address: str, run_dir: Path, *overrides: str) -> list[str]:
     )
 
 
+@pytest.mark.e2e
 def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path, three_nodes):
     cluster, trainer_node_id = three_nodes
     run_dir = tmp_path / "run"
@@ -66,6 +67,7 @@ def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path,
     check_trained_as_sampled(run_dir)
 
 
+@pytest.mark.e2e
 def test_a_trainer_no_node_can_hold_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
     cmd = one_step_run(
@@ -91,6 +93,7 @@ def test_cluster_config_refuses_ray_client_and_unknown_kinds():
         ClusterConfig(kind="ray", trainer_resources={"GPU": 0})
 
 
+@pytest.mark.e2e
 def test_two_trainer_nodes_run_one_rank_each_and_train_every_published_episode_once(tmp_path, three_nodes):
     cluster, _ = three_nodes
     run_dir = tmp_path / "run"
@@ -165,6 +168,7 @@ def test_a_trainer_node_whose_torchrun_dies_fails_the_trainer_naming_that_node(t
         ray.shutdown()
 
 
+@pytest.mark.e2e
 def test_more_trainer_nodes_than_the_cluster_has_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
     cmd = one_step_run(
@@ -198,6 +202,7 @@ def test_trainer_ranks_must_split_evenly_over_the_trainer_nodes():
     assert TrainConfig(trainer=TrainerConfig(ranks=4), cluster=ClusterConfig(kind="ray", trainer_nodes=2)).cluster.trainer_nodes == 2
 
 
+@pytest.mark.e2e
 def test_trainer_command_joins_node_zero_on_several_nodes_and_keeps_the_one_host_command():
     from areal.trainer.launch import Rendezvous, trainer_command
 

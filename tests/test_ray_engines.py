@@ -51,6 +51,7 @@ def _ppid(pid: int) -> int:
         return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
 
 
+@pytest.mark.e2e
 def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path, two_nodes):
     cluster, engine_node = two_nodes
     run_dir, log_path = tmp_path / "run", tmp_path / "controller.log"
@@ -92,6 +93,7 @@ def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path,
     assert free == total
 
 
+@pytest.mark.e2e
 def test_engine_resources_no_node_has_fail_the_run_naming_them(tmp_path, two_nodes):
     cluster, _ = two_nodes
     cmd = one_step_run(

@@ -151,6 +151,7 @@ def _run(names: dict[int, str], addrs: dict[int, str], env: dict[str, str], run_
     return subprocess.run(["ip", "netns", "exec", names[1], *cmd], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.e2e
 def test_the_map_across_three_hosts_in_network_namespaces(tmp_path):
     with _hosts(tmp_path) as (names, addrs, env):
         run_dir = tmp_path / "run"

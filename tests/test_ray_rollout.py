@@ -79,6 +79,7 @@ def _placed(out: str) -> dict[int, str]:
     return {int(i): node for i, node in re.findall(r"\[cluster\] rollout worker (\d+) on node (\w+) \([^)]*\)\n", out)}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("gateway", ["worker", "controller"])
 def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path, gateway):
     """Each worker's agents call the worker's own gateway (cluster.gateway=worker: the engines are
@@ -117,6 +118,7 @@ def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path, ga
         assert all(e["status"] == "ok" and e["replies"] for e in evals), evals[:2]
 
 
+@pytest.mark.e2e
 def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_run_again(tmp_path):
     (tmp_path / "slow_agent.py").write_text(SLOW_AGENT)
     run_dir, log_path = tmp_path / "run", tmp_path / "controller.log"
@@ -159,6 +161,7 @@ def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_
     assert not set(trained) & {e["episode_id"] for e in lost}
 
 
+@pytest.mark.e2e
 def test_a_lost_worker_is_replaced_on_a_node_that_joins_and_the_run_waits_for_it(tmp_path):
     """The run's only rollout worker's node is killed mid-run: with no worker left, the episodes wait
     for its replacement (not fail); a node with the worker resources joins, the replacement starts
@@ -219,6 +222,7 @@ def _zygote_of(log_dir: Path) -> int | None:
     return None
 
 
+@pytest.mark.e2e
 def test_a_worker_restarts_its_dead_zygote_and_the_cut_groups_run_again(tmp_path):
     (tmp_path / "slow_agent.py").write_text(SLOW_AGENT)
     run_dir = tmp_path / "run"

@@ -128,6 +128,7 @@ def check_continued(run_dir: Path, stderr: str) -> dict:
     return plan
 
 
+@pytest.mark.e2e
 def test_the_same_command_after_a_sigkill_at_a_random_point_continues_the_run(tmp_path):
     seed = int(os.environ.get("RESUME_SEED", random.randrange(1 << 30)))  # RESUME_SEED=<printed seed> replays a case
     rng = random.Random(seed)
@@ -156,6 +157,7 @@ def test_the_same_command_after_a_sigkill_at_a_random_point_continues_the_run(tm
     print(f"seed={seed}: resumed from step {plan['step']}, {len(plan['replayed'])} replayed, {len(plan['rerun'])} rerun")
 
 
+@pytest.mark.e2e
 def test_a_run_killed_with_one_trainer_rank_resumes_with_two(tmp_path):
     run_dir = tmp_path / "run"
     cmd = command(f"hydra.run.dir={run_dir}")

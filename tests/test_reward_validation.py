@@ -223,6 +223,7 @@ NAMED = {
 }
 
 
+@pytest.mark.e2e
 def test_a_run_with_lying_episodes_goes_on_and_logs_strict_json(tmp_path):
     """Real `python -m areal.train` (inline agents, embedded engine, trainer): the lying episodes
     are errors naming their entries, the honest ones ok and trained on, the run exits 0."""

@@ -22,6 +22,7 @@ def _train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_a_cut_file_keeps_its_complete_records_and_a_run_dir_holds_one_run(tmp_path):
     run_dir = tmp_path / "run"
     first = _train(run_dir)

@@ -1,4 +1,4 @@
-"""Every agent SDK in shared/notes/dependencies.md, unchanged, through a real Gateway (HTTP) to
+"""Every agent SDK the project supports (requirements.txt pins them), unchanged, through a real Gateway (HTTP) to
 the real engine: a plain, a streaming and a tool-call request each.
 
 The engine serves the scripted model (``areal.embedded.scripted``), whose greedy reply is fixed by

@@ -56,8 +56,8 @@ from areal.gateway import Gateway, GatewayConfig
 from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
 from areal.trainer.publish import push_weights
-from areal.trainer.weight_sync import CollectiveWeightPush
-from areal.trainer.weight_sync import free_port as sync_free_port
+from areal.weights.collective import CollectiveWeightPush
+from areal.weights.collective import free_port as sync_free_port
 from benchmarks.sglang_env import SERVE, sglang_python
 
 PROMPT = [11, 12, 13, 14]

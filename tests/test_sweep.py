@@ -14,11 +14,14 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from areal.sweep import collect_runs, write_sweep_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_two_run_sweep_writes_a_table_and_a_plot(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [

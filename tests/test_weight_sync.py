@@ -24,7 +24,7 @@ from http_json import post
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from areal.engine.client import EngineClient, launch_embedded_engine
-from areal.trainer.weight_sync import (
+from areal.weights.collective import (
     CollectiveWeightPush,
     WeightUpdateError,
     free_port,

@@ -18,9 +18,9 @@ user classes that do not subclass these still work.
 from __future__ import annotations
 
 import abc
-import inspect
 from typing import Any
 
+from areal.agent import workflow_kind  # noqa: F401  -- AReaL's import path; the one implementation is areal/agent.py
 from areal.gateway.tree import InteractionWithTokenLogpReward
 
 
@@ -38,16 +38,3 @@ class RolloutWorkflow(abc.ABC):
     @abc.abstractmethod
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, InteractionWithTokenLogpReward] | None:
         """Run one episode (possibly several trajectories) on ``data``; ``None`` rejects it."""
-
-
-def workflow_kind(obj: Any) -> str:
-    """``"rollout"`` for an object with ``async arun_episode``, ``"agent"`` for one with
-    ``async run`` (or an async function); ``TypeError`` naming what was found otherwise."""
-    if inspect.iscoroutinefunction(getattr(obj, "arun_episode", None)):
-        return "rollout"
-    if inspect.iscoroutinefunction(getattr(obj, "run", None)) or (inspect.iscoroutinefunction(obj) and not inspect.isclass(obj)):
-        return "agent"
-    raise TypeError(
-        f"{obj!r} is not a workflow: it needs `async def run(data, **extra_kwargs)` (AgentWorkflow) "
-        f"or `async def arun_episode(engine, data)` (RolloutWorkflow)"
-    )

@@ -21,7 +21,7 @@ always. Invariants:
 - Every call text is the Qwen2.5 format the gateway parses (``<tool_call>\\n{json}\\n</tool_call>``);
   a malformed call is text that parser leaves as content (bad JSON, string arguments, no closer),
   so the agent sees no ``tool_calls``; a tool error is the exact text the agent's calculator
-  returns (``areal.workflow.common.execute_tool_call``).
+  returns (``areal.embedded.calculator.execute_tool_call``).
 - Deterministic for a config on a given machine (seeded RNGs, ``num_threads`` torch threads).
 - Cached like the other variants under ``$AREAL_CACHE/embedded/<key>/``; ``<key>`` hashes this
   file, the config and the base model's key. (It is not in ``areal.embedded._SOURCES``: adding
@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.embedded.calculator import execute_tool_call
 from areal.embedded.config import BUILD_INFO, EmbeddedConfig
 from areal.embedded.corpus import (
     CALCULATOR_TOOL,
@@ -114,7 +115,6 @@ def _call(expression: str, key: str = "expression") -> dict[str, Any]:
 
 def _bad_expression(rng: random.Random, p: Problem) -> tuple[dict[str, Any], str]:
     """A call the calculator answers with an error: "x" for "*", or the wrong argument name."""
-    from areal.workflow.common import execute_tool_call  # the agent's calculator: its exact error text
 
     spaced = p.expression.replace("+", " + ").replace("-", " - ").replace("*", " x ")
     call = _call(spaced) if "x" in spaced and rng.random() < 0.5 else _call(p.expression, key="expr")
@@ -176,7 +176,6 @@ def probe_agent(
     import torch
 
     from areal.gateway.parsers import parse_output
-    from areal.workflow.common import execute_tool_call
 
     torch.manual_seed(seed)
     tok.padding_side = "left"

@@ -7,7 +7,7 @@
                                              2. pending update and (paused or nothing running):
                                                 load it (SGLang's writer lock): from disk, or
                                                 received over a weight-update process group
-                                                (``init_weights_group``, areal/trainer/weight_sync.py)
+                                                (``init_weights_group``, areal/weights/collective.py)
                                              3. not paused: admit waiting rows (<= max_batch),
                                                 prefill them as a group, merge into the running
                                                 batch; one decode step for the running batch
@@ -299,7 +299,7 @@ class Engine:
         """Join a weight-update group (blocks until every rank joined; call it off the event loop).
 
         Generation keeps running meanwhile: joining touches no model state."""
-        from areal.trainer.weight_sync import join_weight_group  # torch.distributed: only engines that sync this way
+        from areal.weights.collective import join_weight_group  # torch.distributed: only engines that sync this way
 
         with self._groups_lock:
             if group_name in self._groups:
@@ -312,7 +312,7 @@ class Engine:
         return f"Succeeded to initialize group {group_name!r} as rank {rank} of {world_size} ({backend})."
 
     def destroy_weights_group(self, group_name: str) -> str:
-        from areal.trainer.weight_sync import leave_weight_group
+        from areal.weights.collective import leave_weight_group
 
         with self._groups_lock:
             if group_name not in self._groups:

@@ -1,7 +1,7 @@
 """Sampling for the embedded engine: SGLang's ``sampling_params`` validated, and one token per row.
 
 Invariants:
-- Validation follows SGLang (shared/notes/sglang_api.md): unknown keys are a 400 naming the key;
+- Validation follows SGLang's own (its sampling_params.py): unknown keys are a 400 naming the key;
   valid SGLang keys that the embedded engine does not implement are accepted only at their
   SGLang default value (a no-op), any other value is a 400 naming the key.
 - Logprobs are ``log_softmax(logits / temperature)`` over the full vocabulary, i.e. temperature

@@ -38,9 +38,8 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from areal.cluster.config import ClusterConfig
 from areal.config import EngineConfig
 from areal.engine.client import EngineClient, update_weights_from_disk_sync
 from areal.engine.fleet import KINDS, EngineFleet, Launcher, WeightLoader, server_launcher
@@ -77,6 +76,16 @@ def engine_client(kind: str, urls: list[str], request_log: Path | None = None) -
     return make(urls[0]) if len(urls) == 1 else EngineRouter(urls, client=make)
 
 
+class Placement(Protocol):
+    """Servers placed elsewhere than this process's machine (areal/cluster/ray_engines.py)."""
+
+    def launch(self, index: int, port: int, log_path: Path) -> Any: ...  # a Launcher (engine/fleet.py)
+
+    def close(self) -> None: ...
+
+    def placed(self) -> list[str]: ...
+
+
 def weight_loader(kind: str) -> WeightLoader:
     """The blocking call that has one server load a weights dir as a version."""
     return vllm_update_weights_sync if kind == "vllm" else update_weights_from_disk_sync
@@ -88,11 +97,12 @@ async def start_engines(
     run_dir: Path,
     stack: contextlib.AsyncExitStack,
     report: Callable[[str], None] = print,
-    cluster: ClusterConfig | None = None,
-    run_id: str = "",
+    place: Callable[[Path, int], Placement] | None = None,
 ) -> RunEngines:
     """Launch (or reach) the run's servers and make their client; ``stack`` stops and closes them.
-    ``cluster.engine_resources`` set: each launched server on a Ray node (areal/cluster/ray_engines.py)."""
+    ``place``: where launched servers run when not here, ``place(model_dir=..., count=...)`` (the cluster
+    layer's, e.g. one Ray node per server: areal/cluster/ray_engines.py); the engine never
+    imports the cluster layer."""
     if cfg.kind == "vllm" and ties_embeddings(model_dir):
         if cfg.urls:
             raise ValueError(
@@ -110,11 +120,9 @@ async def start_engines(
     urls, fleet = list(cfg.urls), None
     if not urls:  # servers this run starts and watches
         placement = None
-        if cluster is not None and cluster.engine_resources:  # one bundle and actor per server, launched there
-            from areal.cluster.ray_engines import RayEnginePlacement
-
+        if place is not None:  # one bundle and actor per server, launched there
             count = cfg.replicas if cfg.kind == "embedded" else cfg.launch.count
-            placement = await asyncio.to_thread(RayEnginePlacement.place, cluster, run_id, cfg, model_dir, run_dir, count)
+            placement = await asyncio.to_thread(place, model_dir=model_dir, count=count)
             stack.callback(placement.close)  # after the fleet's stop (callbacks run last-in first)
             launch: Launcher = placement.launch
         else:

@@ -6,7 +6,7 @@
             │  workflow ─► an agent spec "MODULE:ATTR" or ".py:ATTR" (runs sandboxed or inline)
             │            └► an object (AgentWorkflow / RolloutWorkflow) handed over as ``agent=``
             ▼
-        areal.utils.aio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
+        areal.aio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
 
 Workflows, and where they run:
 - a string path (``"areal.workflow.openai.math_agent.MathAgent"``) or a class: becomes the agent
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from areal.agent import class_spec
+from areal.aio import run as run_loop
 from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
 from areal.config import TrainConfig, to_dict
 from areal.dataclass_config import build_dataclass
 from areal.dataset import EmbeddedDataset
-from areal.utils.aio import run as run_loop
 from areal.utils.dynamic_import import import_from_string
 
 GATEWAY_MAX_TOKENS_CAP = 1024  # the gateway's default cap; raised when gconfig asks for more

@@ -26,6 +26,10 @@ class RecordSource(Protocol):
         """The next record, or None when ``timeout_s`` passed without one."""
         ...
 
+    def writer_alive(self) -> bool:
+        """Whether the producer still runs: a rank waits for records only while it does."""
+        ...
+
     def commit(self, seq: int) -> None:
         """Release every record up to ``seq``: a later reader will not be given them again."""
         ...

@@ -7,10 +7,11 @@
     loss.py         advantages and policy losses (GRPO, decoupled PPO, KL estimators)
     packing.py      rows → packed micro-batches; PolicyScorer (logprobs, lm head in chunks)
     publish.py      save a version atomically, push it to the engines, prune; Reporter → controller
-    weight_sync.py  the collective weight push (SGLang's NCCL path; gloo on CPU)
     checkpoint.py   atomic checkpoints and the ring position they hold
+    layout.py       where checkpoints live (no torch: the controller reads it to plan a resume)
     fsdp.py         FSDP2 sharding per decoder layer, full-weight gathers
 
 Run as ``python -m areal.trainer --config <run_dir>/trainer_config.json`` (the controller does);
-importing this package (or ``config``) does not import torch.
+importing this package (or ``config``) does not import torch. The collective weight push is
+areal/weights/collective.py, with the engine's end of it.
 """

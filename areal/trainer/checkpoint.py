@@ -50,7 +50,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from areal.recovery import PREFIX, checkpoint_dir, latest_checkpoint
+from areal.trainer.layout import PREFIX, checkpoint_dir, latest_checkpoint
 
 __all__ = ["PREFIX", "DataPosition", "checkpoint_dir", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 

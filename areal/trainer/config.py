@@ -118,7 +118,11 @@ class TrainerConfig:
     # verl's spelling of recover.mode (auto | disable): when set, it decides recover.mode (areal/recovery.py)
     resume_mode: str = ""
     keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
-    record_timeout_s: float = 600.0  # fail if the ring yields no record for this long
+    # How long a rank waits for its next record once records flow (None: as long as the ring's writer
+    # runs). The wait for a rank's first record is never bounded by it: before its first records the
+    # controller may evaluate the initial weights for as long as that takes. Either way a rank stops
+    # within a second when the ring's writer (the controller, or a trainer node's receiver) is gone.
+    record_timeout_s: float | None = None
     engine_timeout_s: float = 300.0  # HTTP timeout of one weight update call
     pause_for_update: bool = True  # pause (abort + client resubmit) generation around each weight update
     head_chunk_elems: int = 1 << 24  # rows x vocab floats per lm-head chunk (memory is flat in the vocabulary)
@@ -145,9 +149,13 @@ class TrainerConfig:
         ):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("lr", "max_grad_norm", "record_timeout_s", "engine_timeout_s", "adv_eps"):
+        for name in ("lr", "max_grad_norm", "engine_timeout_s", "adv_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"trainer.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.record_timeout_s is not None and (isinstance(self.record_timeout_s, bool) or not self.record_timeout_s > 0):
+            raise ValueError(
+                f"trainer.record_timeout_s must be > 0 seconds, or None (wait while the ring's writer runs), got {self.record_timeout_s!r}"
+            )
         if self.lr_scheduler not in LR_SCHEDULERS:
             raise ValueError(f"trainer.lr_scheduler must be one of {LR_SCHEDULERS}, got {self.lr_scheduler!r}")
         updates = self.steps * self.minibatches

@@ -28,7 +28,7 @@ from areal.curve import CurveKeys, connect_curve
 from areal.engine.client import EngineError, EngineUnavailable
 from areal.engine.vllm import vllm_update_weights_sync
 from areal.protocol import TrainerMessage
-from areal.trainer.weight_sync import WeightUpdateError
+from areal.weights.collective import WeightUpdateError
 
 TOKENIZER_FILES = (
     "tokenizer*",

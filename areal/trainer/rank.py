@@ -38,7 +38,7 @@ model before the scorer wraps it and are all the optimizer holds; what rank 0 pu
 merged model (same HF names and shapes) with the adapter beside it in ``adapter/``.
 
 Weights reach the engines from disk (``weight_sync="disk"``) or over a collective
-(``"collective"``: areal/trainer/weight_sync.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
+(``"collective"``: areal/weights/collective.py, SGLang's NCCL path; gloo on CPU), rank 0 either way.
 
 Not covered: a learned critic; resuming with another world size or another ``parallel``.
 """
@@ -67,18 +67,21 @@ from areal.trainer.fsdp import FullWeights, shard_policy
 from areal.trainer.packing import PolicyScorer
 from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
 from areal.trainer.step import GroupCollector, all_reduce, train_step
-from areal.trainer.weight_sync import CollectiveWeightPush, free_port, local_address_towards
+from areal.weights.collective import CollectiveWeightPush, free_port, local_address_towards
 
 
-def open_reader(name: str, timeout_s: float, resume: bool, checkpointed: bool) -> tuple[RingReader, bool]:
+def open_reader(name: str, resume: bool, checkpointed: bool) -> tuple[RingReader, bool]:
     """A RingReader for ``name``; returns (reader, whether this trainer commits records itself).
+
+    The ring exists before the trainer starts (the controller, or a trainer node's host, makes
+    it): attaching waits only RingReader's default 30 s, as a missing ring is a misnamed one.
 
     With checkpoints, records are committed only after the checkpoint that holds them (trained,
     or held in a pending group) is complete, so a killed trainer gets every later record again:
     exactly once into training. Without checkpoints each record is committed as it is read.
     ``resume=False`` makes the ring refuse a fresh trainer on a ring an earlier one consumed from.
     """
-    return RingReader(name, timeout_s=timeout_s, resume=resume, auto_commit=not checkpointed), checkpointed
+    return RingReader(name, resume=resume, auto_commit=not checkpointed), checkpointed
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainerConfig) -> torch.optim.lr_scheduler.LRScheduler:
@@ -171,9 +174,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     barrier = dist.barrier if world > 1 else (lambda: None)
     # A run's controller journals every record no checkpoint holds (areal/recovery.py), so its
     # trainer commits records as it reads them; a trainer alone commits them after a checkpoint.
-    reader, commits = open_reader(
-        job.ring_for(rank, world), config.record_timeout_s, config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled
-    )
+    reader, commits = open_reader(job.ring_for(rank, world), config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled)
     collector = GroupCollector(reader, config.record_timeout_s)
     episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
     start = 0

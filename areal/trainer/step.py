@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -31,17 +32,29 @@ from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
 from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate
 from areal.trainer.packing import MicroBatch, pack_rows
 
+WRITER_CHECK_S = 1.0  # a rank waiting for a record checks this often that the ring's writer still runs
+
+
+class WriterGone(RuntimeError):
+    """The ring's writer (the controller, or a trainer node's receiver) is gone: no record will come."""
+
 
 class GroupCollector:
     """Reads records from a ring and hands out complete groups, holding partial ones for later.
 
     ``last_seq`` is the ring sequence number of the last record read; records with
     ``seq <= skip_through`` (already in a checkpoint, re-delivered by the ring) are dropped.
+
+    A wait for a record lasts as long as the ring's writer runs (``WriterGone`` within
+    ``WRITER_CHECK_S`` once it is gone): the controller decides when a run has stalled, and its
+    work before the first records (the evaluation before training) takes what it takes. Once
+    records have arrived, ``record_timeout_s`` (None: no bound) also bounds each wait.
     """
 
-    def __init__(self, reader: RecordSource, record_timeout_s: float, skip_through: int = -1) -> None:
+    def __init__(self, reader: RecordSource, record_timeout_s: float | None, skip_through: int = -1) -> None:
         self.reader = reader
         self.record_timeout_s = record_timeout_s
+        self.receiving = False  # a record arrived: from now on record_timeout_s bounds each wait
         self.consumed = 0
         self.last_seq = skip_through
         self.skip_through = skip_through
@@ -52,11 +65,7 @@ class GroupCollector:
     def next_batch(self, groups: int) -> list[Trajectory]:
         """Block until ``groups`` groups are complete; return their trajectories, group by group."""
         while len(self.complete) < groups:
-            buf = self.reader.get(timeout_s=self.record_timeout_s)
-            if buf is None:
-                raise TimeoutError(
-                    f"no trajectory arrived in {self.record_timeout_s}s ({self.consumed} consumed, {len(self.pending)} groups pending)"
-                )
+            buf = self._next_record()
             seq = self.reader.last_seq
             seq = self.last_seq + 1 if seq is None else seq
             if seq <= self.skip_through:
@@ -68,6 +77,29 @@ class GroupCollector:
         for g in taken:
             del self._raw[g]
         return [t for g in taken for t in self.pending.pop(g)]
+
+    def _next_record(self) -> bytes:
+        """The next record: waited for in slices while the ring's writer runs (see the class)."""
+        bound = self.record_timeout_s if self.receiving else None
+        deadline = None if bound is None else time.monotonic() + bound
+        while True:
+            wait_s = WRITER_CHECK_S if deadline is None else max(0.0, min(WRITER_CHECK_S, deadline - time.monotonic()))
+            buf = self.reader.get(timeout_s=wait_s)
+            if buf is None and not self.reader.writer_alive():
+                buf = self.reader.get(timeout_s=0)  # published just before the writer went
+                if buf is None:
+                    raise WriterGone(
+                        f"the ring's writer is gone (the controller, or this node's receiver, exited): no trajectory will come "
+                        f"({self.consumed} consumed, {len(self.pending)} groups pending)"
+                    )
+            if buf is not None:
+                self.receiving = True
+                return buf
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"no trajectory arrived in {bound}s (trainer.record_timeout_s) while the ring's writer ran "
+                    f"({self.consumed} consumed, {len(self.pending)} groups pending)"
+                )
 
     def _add(self, buf: bytes) -> None:
         traj = decode_trajectory(buf)

@@ -4,40 +4,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-
-def resolve_model_path(path: str) -> str:
-    """An HF model directory for ``path``: the embedded or the scripted model's (each built on
-    first use), ``path`` itself when it is a directory, else a hub id (``Qwen/Qwen3-0.6B``)
-    resolved through the HF cache (``huggingface_hub.snapshot_download``: no network when it is
-    cached; ``HF_HUB_OFFLINE=1`` forbids the network altogether)."""
-    if path == "embedded":
-        from areal.embedded import ensure_embedded_model
-
-        return str(ensure_embedded_model())
-    if path == "scripted":
-        from areal.embedded import ensure_scripted_model
-
-        return str(ensure_scripted_model())
-    if path == "embedded-agent":  # the default model fine-tuned for the calculator agent (make demo)
-        from areal.embedded.agentic import ensure_agent_model
-
-        return str(ensure_agent_model())
-    if os.path.isdir(path) or os.path.isabs(path) or path.startswith(".") or path.count("/") != 1:
-        return path
-    from huggingface_hub import snapshot_download  # deferred: only hub ids need it
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return snapshot_download(path)
-    except LocalEntryNotFoundError as e:
-        raise FileNotFoundError(
-            f"model.path {path!r} is neither a local directory nor in the HF cache "
-            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and it could not be downloaded "
-            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {e}"
-        ) from None
+from areal.embedded.resolve import resolve_model_path  # noqa: F401  -- AReaL-era import path
 
 
 def load_hf_tokenizer(path: str, fast_tokenizer: bool = True, padding_side: str | None = None) -> Any:

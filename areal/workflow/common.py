@@ -5,9 +5,7 @@
 - ``gateway_kwargs(extra_kwargs)``: ``base_url`` / ``api_key`` / ``http_client`` from the
   system (``extra_kwargs``), else from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (set inside the
   sandbox), so an agent also runs by hand against any OpenAI-compatible server.
-- ``calculator(expression)``: the embedded model's tool (``areal.embedded.corpus.CALCULATOR_TOOL``),
-  evaluated over the AST with + - * / and parentheses only; anything else is an error string the
-  model sees as the tool's answer (a bad call is the policy's mistake, not a crash).
+- ``calculator(expression)``, ``execute_tool_call``: the embedded model's tool (areal/embedded/calculator.py).
 - ``math_reward``: ``gsm8k_reward_fn`` in a process pool (``AsyncRewardWrapper``), one pool per process.
 - ``Sampling``: the keyword arguments every agent class takes, AReaL's ``workflow_kwargs``
   (``temperature``, ``top_p``, ``max_tokens``, ``max_completion_tokens``, ``max_turns``).
@@ -15,28 +13,25 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
-import operator
 import os
 from typing import Any
 
 from areal.api.reward_api import AsyncRewardWrapper
+from areal.embedded.calculator import calculator, execute_tool_call
 from areal.embedded.corpus import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT
 from areal.reward.gsm8k import gsm8k_reward_fn
 
-__all__ = ["CALCULATOR_TOOL", "TOOL_SYSTEM_PROMPT", "Sampling", "calculator", "gateway_kwargs", "math_reward", "question"]
-
-_OPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-_MAX_EXPR = 200
+__all__ = [
+    "CALCULATOR_TOOL",
+    "TOOL_SYSTEM_PROMPT",
+    "Sampling",
+    "calculator",
+    "execute_tool_call",
+    "gateway_kwargs",
+    "math_reward",
+    "question",
+]
 
 math_reward = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=15.0, max_workers=1)
 
@@ -88,41 +83,6 @@ def gateway_kwargs(extra_kwargs: dict[str, Any]) -> dict[str, Any]:
         "api_key": extra_kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY", "none"),
         "http_client": extra_kwargs.get("http_client"),
     }
-
-
-def calculator(expression: str) -> str:
-    """The value of an arithmetic expression, or ``error: ...``."""
-    if not isinstance(expression, str) or len(expression) > _MAX_EXPR:
-        return "error: expression must be a short string"
-    try:
-        value = _eval(ast.parse(expression.replace("×", "*"), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError) as e:
-        return f"error: {e}"
-    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
-
-
-def _eval(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.left), _eval(node.right))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))
-    raise ValueError(f"unsupported expression element {type(node).__name__}")
-
-
-def execute_tool_call(name: str, arguments: str) -> str:
-    """The calculator's answer to one call, or an ``error: ...`` string the model sees: a bad call
-    is the policy's mistake, scored by the final answer, not a crash."""
-    if name != "calculator":
-        return f"error: unknown tool {name!r}"
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError as e:
-        return f"error: arguments are not JSON ({e})"
-    if not isinstance(args, dict):
-        return "error: arguments must be a JSON object"
-    return calculator(args.get("expression", ""))
 
 
 async def solve_with_calculator(client: Any, data: dict[str, Any], sampling: Sampling) -> str:

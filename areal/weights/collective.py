@@ -2,7 +2,7 @@
 
 Both ends of the boundary live here: ``join_weight_group`` is what the trainer (rank 0) and every
 engine (rank ``rank_offset + tp_rank``) call to form the group, and ``CollectiveWeightPush`` is the
-trainer's side of SGLang's three endpoints (shared/notes/sglang_api.md).
+trainer's side of SGLang's three endpoints (their shapes: tests/test_sglang_protocol.py).
 
     trainer, rank 0                                      engine i, rank 1 + sum(world sizes before i)
     init()   POST /init_weights_update_group ──────────► join_weight_group(...)  (blocks until all join)
