@@ -113,7 +113,7 @@ class OpenAIRolloutConfig:
 
 @dataclass
 class RolloutConfig:
-    agent: str = "agents.openai_math:MathAgent"  # MODULE:ATTR, a class, object or async function
+    agent: str = "agents/openai_math.py:MathAgent"  # MODULE:ATTR or FILE.py:ATTR: a class, object or async function
     # keyword arguments a class named by `agent` is built with (AReaL's workflow_kwargs: temperature,
     # top_p, max_tokens, max_turns, ...); JSON values. Empty: built with no arguments.
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
