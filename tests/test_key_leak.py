@@ -21,10 +21,13 @@ besides those it may find only ``GUESS``, a constant of the agent module's code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 from instant_engine import start_instant_engine
 from test_sandbox import run, zygote_env
@@ -45,31 +48,34 @@ WAVES, WAVE = 4, 6
 ANSWER = "42"
 
 
-async def _waves(tmp: str) -> list[tuple[str, str, EpisodeOutcome]]:
-    """(episode id, key, outcome) of every episode, each wave started once the last one ended."""
+Episode = Callable[[str, dict], Awaitable[tuple[str, str, EpisodeOutcome]]]
+
+
+@contextlib.asynccontextmanager
+async def _world(tmp: str, warm_slots: int, on_call: Callable[[], Awaitable[None] | None] | None = None) -> AsyncIterator[Episode]:
+    """Gateway, stand-in engine and a zygote of AttackAgent; yields ``episode(eid, data)``, which
+    opens its session, runs ``leak_own_key`` with ``data`` and closes the session, as the
+    controller does: ``(episode id, key, outcome)``."""
     tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
-    engine = await start_instant_engine(tok, ANSWER)
+    engine = await start_instant_engine(tok, ANSWER, on_call=on_call)
     gateway = Gateway(EngineClient(f"http://127.0.0.1:{engine.addresses[0][1]}"), tok)
     addr, ready = f"ipc://{tmp}/gateway.sock", asyncio.Event()
     door = asyncio.ensure_future(serve_zmq(gateway, addr, ready))
     await ready.wait()
-    config = SandboxConfig(deadline_s=30.0, memory_limit_bytes=512 << 20, max_pids=64, warm_slots=WAVE)
+    config = SandboxConfig(deadline_s=120.0, memory_limit_bytes=512 << 20, max_pids=64, warm_slots=warm_slots)
     with zygote_env():
         zygote = await Zygote.start("sandbox_agents:AttackAgent", addr, config, os.path.join(tmp, "log"))
 
-    async def episode(eid: str) -> tuple[str, str, EpisodeOutcome]:
+    async def episode(eid: str, data: dict) -> tuple[str, str, EpisodeOutcome]:
         key = gateway.open_session(eid)
         try:
-            out = await zygote.run_episode(eid, {"case": "leak_own_key", "pattern": KEY_PATTERN, "decoy": DECOY}, key)
+            out = await zygote.run_episode(eid, {"case": "leak_own_key", "pattern": KEY_PATTERN, "decoy": DECOY, **data}, key)
         finally:
             gateway.close_session(key)
         return eid, key, out
 
     try:
-        results = []
-        for w in range(WAVES):
-            results += await asyncio.gather(*(episode(f"wave{w}-e{i}") for i in range(WAVE)))
-        return results
+        yield episode
     finally:
         await zygote.close()
         door.cancel()
@@ -77,15 +83,29 @@ async def _waves(tmp: str) -> list[tuple[str, str, EpisodeOutcome]]:
         await gateway.engine.close()
 
 
-def test_no_episode_finds_another_sessions_key(tmp_path):
+def _in_a_thread(work: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``work`` on an event loop of its own thread (the zygote's subprocess needs a running loop)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        results = run(loop, _waves(str(tmp_path)), timeout=240)
+        return run(loop, work, timeout=240)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
+
+
+async def _waves(tmp: str) -> list[tuple[str, str, EpisodeOutcome]]:
+    """(episode id, key, outcome) of every episode, each wave started once the last one ended."""
+    async with _world(tmp, warm_slots=WAVE) as episode:
+        results = []
+        for w in range(WAVES):
+            results += await asyncio.gather(*(episode(f"wave{w}-e{i}", {}) for i in range(WAVE)))
+        return results
+
+
+def test_no_episode_finds_another_sessions_key(tmp_path):
+    results = _in_a_thread(_waves(str(tmp_path)))
     owner = {key: eid for eid, key, _ in results}
     reports, leaks = {}, []
     for eid, key, out in results:
@@ -111,10 +131,9 @@ PROMPT = "a dataset row of a realistic size " * 8
 
 
 async def _live_siblings(tmp: str) -> tuple[list[tuple[str, str, EpisodeOutcome]], bool]:
-    """``LIVE`` episodes handed over one control batch each, none answered until all of them have
-    scanned and called: every scan runs while every sibling handed over before it is alive, its
-    key live in the gateway. Returns the results and whether the engine held them all at once."""
-    tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    """``LIVE`` episodes, none answered until all of them have scanned and called: every scan runs
+    while every sibling handed over before it is alive, its key live in the gateway. Returns the
+    results and whether the engine held them all at once."""
     arrived, all_in = 0, asyncio.Event()
 
     async def hold() -> None:
@@ -124,48 +143,19 @@ async def _live_siblings(tmp: str) -> tuple[list[tuple[str, str, EpisodeOutcome]
             all_in.set()
         await asyncio.wait_for(all_in.wait(), 120)
 
-    engine = await start_instant_engine(tok, ANSWER, on_call=hold)
-    gateway = Gateway(EngineClient(f"http://127.0.0.1:{engine.addresses[0][1]}"), tok)
-    addr, ready = f"ipc://{tmp}/gateway.sock", asyncio.Event()
-    door = asyncio.ensure_future(serve_zmq(gateway, addr, ready))
-    await ready.wait()
     # One warm slot, spawns in bursts of 4: within a batch, slots are forked on the spot right
     # after the handover of a live sibling's frame, where its key was found at 250e73b.
-    config = SandboxConfig(deadline_s=120.0, memory_limit_bytes=512 << 20, max_pids=64, warm_slots=1)
-    with zygote_env():
-        zygote = await Zygote.start("sandbox_agents:AttackAgent", addr, config, os.path.join(tmp, "log"))
-
-    async def episode(eid: str) -> tuple[str, str, EpisodeOutcome]:
-        key = gateway.open_session(eid)
-        try:
-            out = await zygote.run_episode(eid, {"case": "leak_own_key", "pattern": KEY_PATTERN, "decoy": DECOY, "prompt": PROMPT}, key)
-        finally:
-            gateway.close_session(key)
-        return eid, key, out
-
-    try:
+    async with _world(tmp, warm_slots=1, on_call=hold) as episode:
         tasks = []
         for i in range(LIVE):
-            tasks.append(asyncio.ensure_future(episode(f"live-e{i}")))
+            tasks.append(asyncio.ensure_future(episode(f"live-e{i}", {"prompt": PROMPT})))
             if i % 4 == 3:  # bursts: within a batch, slots are forked on the spot after earlier handovers
                 await asyncio.sleep(0.05)
         return list(await asyncio.gather(*tasks)), all_in.is_set()
-    finally:
-        await zygote.close()
-        door.cancel()
-        await engine.cleanup()
-        await gateway.engine.close()
 
 
 def test_no_episode_finds_the_key_of_a_live_sibling(tmp_path):
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        results, held_together = run(loop, _live_siblings(str(tmp_path)), timeout=240)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+    results, held_together = _in_a_thread(_live_siblings(str(tmp_path)))
     assert held_together  # every episode scanned while all its earlier siblings were alive
     owner = {key: eid for eid, key, _ in results}
     leaks = []
