@@ -55,9 +55,9 @@ import msgspec
 import torch
 from aiohttp import web
 
+from areal.aio import run as run_loop
 from areal.engine.batch import FORWARDS, Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
 from areal.engine.sampling import RequestError, SamplingParams, is_int, parse_sampling_params
-from areal.aio import run as run_loop
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 GROUP_BACKENDS = ("gloo", "nccl")
