@@ -173,7 +173,12 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
     from areal.gateway.contract import Reply
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
-    gateway = Gateway(EngineClient(engine_url), tokenizer, GatewayConfig(session_idle_s=0, max_inflight_per_session=1024))
+    # one session carries the whole benchmark: no lifetime budgets
+    gateway = Gateway(
+        EngineClient(engine_url),
+        tokenizer,
+        GatewayConfig(session_idle_s=0, max_inflight_per_session=1024, max_calls_per_session=0, max_sampled_tokens_per_session=0),
+    )
     if core == "none":
         prompt_ids = _prompt_ids()
         params = {"max_new_tokens": 64, "temperature": 0.0, "top_p": 1.0, "stop_token_ids": gateway.stop_token_ids}
@@ -184,9 +189,7 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
 
         gateway.dispatch = engine_only  # type: ignore[method-assign]  (this process only)
     elif core == "raw":
-        from areal.engine.client import (
-            _Answer,  # the engine client's connection, without the client
-        )
+        from areal.engine.http1 import Connection  # the engine client's connection, without the client
 
         url = urllib.parse.urlsplit(engine_url)
         body = _engine_body(_prompt_ids(), 64)
@@ -194,7 +197,7 @@ async def _serve_gateway(engine_url: str, ipc_dir: str, core: str = "full") -> N
             f"POST /generate HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: _Answer(loop), url.hostname, url.port)
+        _, conn = await loop.create_connection(lambda: Connection(loop), url.hostname, url.port)
 
         async def raw_exchange(req: Any) -> Reply:
             try:

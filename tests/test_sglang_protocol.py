@@ -1,4 +1,4 @@
-"""SGLang native HTTP protocol conformance, over raw HTTP (shapes from shared/notes/sglang_api.md).
+"""SGLang native HTTP protocol conformance, over raw HTTP (the shapes SGLang's own server answers with).
 
 Runs against the embedded engine (a tiny random Qwen2 model built here) by default, and unchanged
 against a real SGLang server when ``AREAL_SGLANG_URL`` is set (e.g. on a GPU machine:
@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -268,3 +272,42 @@ def test_context_overflow_zero_budget_and_final_meta(url: str) -> None:
 def test_abort_request_without_a_rid_is_ignored(url: str) -> None:
     assert call(url, "POST", "/abort_request", {})[0] == 200
     assert call(url, "POST", "/abort_request", {"rid": ""})[0] == 200
+
+
+@embedded_only
+def test_a_client_that_hangs_up_has_its_rows_aborted(url: str) -> None:
+    """As SGLang: a non-streamed /generate whose client hangs up is aborted (its row leaves the
+    engine, counted in ``aborted``), and the request beside it is still served. The engine is
+    paused in place meanwhile, so both rows wait in its queue whatever it would sample."""
+
+    def info() -> dict:
+        """The engine's counters; ``held``: rows it took in and has not finished."""
+        counters = call(url, "GET", "/get_server_info")[1]
+        return {**counters, "held": counters["requests_received"] - counters["requests_served"]}
+
+    def until(condition: Callable[[dict], bool], what: str) -> None:
+        for _ in range(600):  # bounded: an engine that never does it fails here
+            if condition(info()):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"never: {what}")
+
+    before = info()
+    body = json.dumps({"input_ids": PROMPT, "sampling_params": LONG}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    call(url, "POST", "/pause_generation", {"mode": "in_place"})
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            gone = socket.create_connection((host, int(port)))
+            gone.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: e\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            beside = pool.submit(call, url, "POST", "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+            until(lambda s: s["held"] - before["held"] == 2, "the engine holds both requests")
+            gone.close()
+            until(lambda s: s["aborted"] - before["aborted"] == 1, "the engine aborts the row of the client that hung up")
+            assert info()["held"] - before["held"] == 1
+        finally:
+            call(url, "POST", "/continue_generation", {})
+        status, out = beside.result()
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] in ("length", "stop"), out

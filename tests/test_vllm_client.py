@@ -324,6 +324,36 @@ def test_abort_drops_the_request_and_returns_tokens_so_far():
     asyncio.run(go())
 
 
+def test_cancelling_a_generation_drops_its_request():
+    """A reader cancelled mid-stream (the gateway closing its session): the HTTP request is
+    dropped, which is how vLLM aborts, and the cancellation reaches the caller as one."""
+
+    async def go():
+        stand_in = StandIn(token_delay_s=0.05)
+        runner, url = await stand_in.start()
+        client = VLLMClient(url)
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for _ in client.generate_stream([1, 2], {"max_new_tokens": 200}, rid="job-9"):
+                first.set()
+
+        task = asyncio.ensure_future(read())
+        await asyncio.wait_for(first.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):  # the server notices the dropped connection on its next write
+            if stand_in.disconnected:
+                break
+            await asyncio.sleep(0.05)
+        assert stand_in.disconnected == ["job-9"] and len(stand_in.bodies) == 1
+        await client.close()
+        await runner.cleanup()
+
+    asyncio.run(go())
+
+
 def test_errors_are_typed_and_name_what_the_server_lacks(tmp_path):
     async def go():
         stand_in = StandIn()

@@ -138,6 +138,8 @@ class Counters:
     weight_updates: int = 0
     aborted: int = 0
     retracted: int = 0
+    # rows the worker took in: less requests_served, the rows it holds (waiting or running), exactly
+    requests_received: int = 0
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -290,6 +292,11 @@ class Engine:
         return self._queue.qsize() + len(self._waiting)
 
     def submit(self, item: GenerationRequest | WeightUpdate | DistributedUpdate | Control) -> concurrent.futures.Future:
+        """Queue ``item`` for the worker; its future is already running, so cancelling an asyncio
+        wrapper of it (a handler whose client went away, a timed-out health probe) leaves it to
+        the worker: a cancelled future would raise in the worker's ``set_result`` and fail the
+        whole batch. Work is stopped with an abort ``Control``, never by cancelling a future."""
+        item.future.set_running_or_notify_cancel()
         self._queue.put(item)
         return item.future
 
@@ -371,6 +378,7 @@ class Engine:
 
     def _accept(self, item: GenerationRequest | WeightUpdate | DistributedUpdate | Control) -> None:
         if isinstance(item, GenerationRequest):
+            self.counters.requests_received += 1
             self._waiting.append(item)
         elif isinstance(item, (WeightUpdate, DistributedUpdate)):
             self._updates.append(item)

@@ -8,30 +8,31 @@ so the gateway and controller stay light.
 Invariants:
 - ``EngineClient`` creates its connections lazily inside the running loop, and new ones if it is
   later awaited from a different loop (a connection is bound to its loop).
-- Non-streamed requests (``/generate`` and the control routes) go over ``_Http1Pool``: persistent
-  HTTP/1.1 keep-alive connections on raw asyncio protocols, bodies encoded with msgspec. aiohttp's
-  client spends most of its CPU per call on machinery a fixed JSON POST does not need (cookies,
-  middleware, header objects), and this client is on every gateway call; streams (SSE, chunked)
-  stay on aiohttp. A request on a reused connection that the server
-  had closed while idle (no byte of an answer received) is retried once on a fresh connection.
+- Non-streamed requests (``/generate`` and the control routes) go over ``http1.Pool``:
+  persistent HTTP/1.1 keep-alive connections on raw asyncio protocols, bodies encoded with
+  msgspec; streams (SSE, chunked) stay on aiohttp.
 - ``generate`` is one plain coroutine per call (no async generators), with one watchdog timer per
   pool instead of a timer per request, and rids from a per-client random prefix + counter (no
   system call): each removes work done once per call.
 - Errors are typed: an HTTP error answer raises ``EngineError(status, message)`` with the
   server's own message; no answer at all (refused, reset, timed out) raises ``EngineUnavailable``.
+- Cancelling a ``generate`` (or closing a ``generate_stream`` before its end) aborts it at the
+  engine: a request still waiting for a pool connection is never sent, and one that was sent is
+  aborted with ``/abort_request`` by its rid (SGLang matches a known rid exactly), from a task
+  of its own. Dropping the connection alone is not enough: the embedded engine finished a
+  non-streamed request for nobody, and SGLang notices a gone client only at its next check.
 - ``launch_embedded_engine`` runs the server as a real subprocess in its own session (process
   group); ``EngineProcess.stop`` signals that group only, never anything found by name.
 
-The module is past 600 lines because the HTTP/1.1 pool and the stream parser belong to this one
-client, and the embedded engine's launcher shares its error types; splitting the pool out is
-the next step if it grows again.
+The module is past 600 lines because the stream parser belongs to this one client and the
+embedded engine's launcher shares its error types; the HTTP/1.1 pool is ``http1``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -43,14 +44,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 
+from areal.engine.http1 import Pool
 from areal.process import die_with_parent, log_tail, owned_temp_dir, stop_group
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(Exception):
@@ -120,213 +124,18 @@ def _error_message(body: bytes) -> str:
     return str(data)
 
 
-class _Answer(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 client connection; answers one request at a time.
-
-    Parses a status line, headers, and a body framed by Content-Length or chunked encoding
-    (what aiohttp's and uvicorn's servers send). ``Connection: close`` marks it not reusable.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.waiter: asyncio.Future | None = None
-        self.status = 0
-        self.body_start = -1  # index in buf after the head, once parsed
-        self.length = -1  # Content-Length; -1 chunked or unknown
-        self.chunked = False
-        self.reusable = True
-        self.got_bytes = False
-        self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost, self.reusable = True, False
-        if self.waiter is None or self.waiter.done():
-            return
-        if exc is None and self.body_start >= 0 and not self.chunked and self.length < 0:
-            self.waiter.set_result((self.status, bytes(self.buf[self.body_start :])))  # body ended by close
-        else:
-            self.waiter.set_exception(ConnectionResetError(f"engine closed the connection: {exc!r}"))
-
-    def send(self, head: bytes, body: bytes) -> asyncio.Future:
-        assert self.transport is not None and self.waiter is None
-        self.buf.clear()
-        self.status, self.body_start, self.length, self.chunked, self.got_bytes = 0, -1, -1, False, False
-        self.waiter = self.loop.create_future()
-        self.transport.write(head + body)
-        return self.waiter
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        self.buf += data
-        if self.body_start < 0 and not self._parse_head():
-            return
-        body = self._body()
-        if body is not None and self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result((self.status, body))
-
-    def _parse_head(self) -> bool:
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            return False
-        lines = bytes(self.buf[:end]).split(b"\r\n")
-        self.status = int(lines[0].split(b" ", 2)[1])
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                self.length = int(value)
-            elif name == b"transfer-encoding" and b"chunked" in value.lower():
-                self.chunked = True
-            elif name == b"connection" and value.strip().lower() == b"close":
-                self.reusable = False
-        if self.status in (204, 304) or self.status < 200:
-            self.length = 0
-        self.body_start = end + 4
-        return True
-
-    def _body(self) -> bytes | None:
-        """The whole body once it has arrived, else None."""
-        start = self.body_start
-        if self.chunked:
-            out, pos = bytearray(), start
-            while True:
-                eol = self.buf.find(b"\r\n", pos)
-                if eol < 0:
-                    return None
-                size = int(bytes(self.buf[pos:eol]).split(b";", 1)[0], 16)
-                if size == 0:  # last chunk; no trailers are sent by the servers we talk to
-                    return bytes(out) if self.buf.find(b"\r\n", eol + 2) >= 0 else None
-                if len(self.buf) < eol + 2 + size + 2:
-                    return None
-                out += self.buf[eol + 2 : eol + 2 + size]
-                pos = eol + 2 + size + 2
-        if self.length >= 0:
-            return bytes(self.buf[start : start + self.length]) if len(self.buf) >= start + self.length else None
-        self.reusable = False  # no framing: the body ends when the server closes
-        return None
-
-
-class _Http1Pool:
-    """Keep-alive HTTP/1.1 connections to one host, created on demand, bound to one loop.
-
-    At most ``limit`` connections are open; further requests wait for one to come back (FIFO).
-    Timeouts: one watchdog timer per pool, running only while answers are awaited, checks their
-    deadlines every ``tick`` s (a timer per request cost a heap push and a cancel per call), so
-    an answer times out between ``timeout_s`` and ``timeout_s + tick`` after its request was sent.
-    """
-
-    def __init__(self, host: str, port: int, headers: dict[str, str], timeout_s: float, limit: int = 256) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.host, self.port, self.timeout_s, self.limit = host, port, timeout_s, limit
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._fixed = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n{extra}".encode()
-        self.idle: list[_Answer] = []
-        self.open = 0  # connections open, idle or busy
-        self.waiting: collections.deque[asyncio.Future] = collections.deque()
-        self.deadlines: dict[_Answer, float] = {}  # connections awaiting an answer -> when it is overdue
-        self.tick = min(1.0, timeout_s / 4)
-        self._watchdog: asyncio.TimerHandle | None = None
-
-    async def request(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        head = b"%s %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % (method.encode(), path.encode(), self._fixed, len(body))
-        while self.open >= self.limit and not self.idle:
-            waiter = self.loop.create_future()
-            self.waiting.append(waiter)
-            await waiter  # woken when a connection comes back or closes
-        while self.idle:
-            conn = self.idle.pop()
-            if conn.lost:
-                self.open -= 1
-                continue
-            try:
-                return await self._exchange(conn, head, body)
-            except ConnectionResetError:
-                if conn.got_bytes:
-                    raise
-                # the server closed this idle connection before reading the request: retry fresh
-        self.open += 1
-        try:
-            _, conn = await asyncio.wait_for(self.loop.create_connection(lambda: _Answer(self.loop), self.host, self.port), self.timeout_s)
-        except BaseException:
-            self._released()
-            raise
-        return await self._exchange(conn, head, body)
-
-    def _released(self) -> None:
-        """A connection closed: its slot may go to a waiting request."""
-        self.open -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self.waiting:
-            waiter = self.waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    async def _exchange(self, conn: _Answer, head: bytes, body: bytes) -> tuple[int, bytes]:
-        waiter = conn.send(head, body)
-        self.deadlines[conn] = self.loop.time() + self.timeout_s
-        if self._watchdog is None:
-            self._watchdog = self.loop.call_later(self.tick, self._check_deadlines)
-        try:
-            answer = await waiter
-        except BaseException:  # timed out, reset or cancelled mid-answer: the stream is unusable
-            conn.reusable = False
-            if conn.transport is not None:
-                conn.transport.close()
-            self._released()
-            raise
-        finally:
-            del self.deadlines[conn]
-            conn.waiter = None
-        if conn.reusable:
-            self.idle.append(conn)
-            self._wake()
-        else:
-            if conn.transport is not None:
-                conn.transport.close()
-            self._released()
-        return answer
-
-    def _check_deadlines(self) -> None:
-        now = self.loop.time()
-        for conn, deadline in self.deadlines.items():
-            if deadline <= now and conn.waiter is not None:
-                _expire(conn.waiter)  # the exchange's own except/finally clean up, after this loop
-        self._watchdog = self.loop.call_later(self.tick, self._check_deadlines) if self.deadlines else None
-
-    def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        for conn in self.idle:
-            if conn.transport is not None:
-                conn.transport.close()
-        self.open -= len(self.idle)
-        self.idle.clear()
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
 class EngineClient:
     """Async client for one engine URL."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600, max_connections: int = 256) -> None:
         self.base_url = base_url.rstrip("/")
+        # non-streamed requests on the wire at once; more wait in this client (FIFO), unsent
+        self.max_connections = max_connections
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None  # streams only
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool: _Http1Pool | None = None  # everything else, when the URL is plain http
+        self._pool: Pool | None = None  # everything else, when the URL is plain http
         url = urllib.parse.urlsplit(self.base_url)
         self._plain = url.scheme == "http" and url.hostname is not None
         self._host, self._port, self._prefix = url.hostname or "", url.port or 80, url.path
@@ -336,6 +145,7 @@ class EngineClient:
         self._abort_all_count = 0
         self._rid_prefix = os.urandom(8).hex()  # rids of this client: prefix + counter (``_new_rid``)
         self._rid_count = 0
+        self._aborting: set[asyncio.Task] = set()  # aborts of cancelled generations, on their way
 
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -344,23 +154,27 @@ class EngineClient:
             self._loop = loop
         return self._session
 
-    def _get_pool(self) -> _Http1Pool:
+    def _get_pool(self) -> Pool:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._pool.loop is not loop:
-            self._pool = _Http1Pool(self._host, self._port, self._pool_headers, self._timeout_s)
+            self._pool = Pool(self._host, self._port, self._pool_headers, self._timeout_s, self.max_connections)
         return self._pool
 
-    async def _request(self, method: str, path: str, body: Any = None) -> bytes:
+    async def _request(self, method: str, path: str, body: Any = None, on_send: Callable[[], None] | None = None) -> bytes:
+        """One non-streamed exchange; ``on_send`` as in ``Pool.request`` (over aiohttp it is
+        called before the request: whether it left is not known there)."""
         if self._plain:
             try:
                 status, data = await self._get_pool().request(
-                    method, self._prefix + path, b"" if body is None else _json_encoder.encode(body)
+                    method, self._prefix + path, b"" if body is None else _json_encoder.encode(body), on_send
                 )
             except (TimeoutError, OSError) as exc:  # refused, reset, unreachable, timed out
                 raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
             if status >= 400:
                 raise EngineError(status, _error_message(data))
             return data
+        if on_send is not None:
+            on_send()
         try:
             async with self._get_session().request(method, self.base_url + path, json=body) as resp:
                 data = await resp.read()
@@ -391,10 +205,16 @@ class EngineClient:
         abort_all_seen = self._abort_all_count
         budget = sampling_params.get("max_new_tokens", 128)
         done: GenerateResult | None = None  # tokens of finished (aborted) segments
+        sent = False
+
+        def on_send() -> None:
+            nonlocal sent
+            sent = True
+
         try:
             while True:
                 body = _segment(input_ids, done, sampling_params, budget, rid, return_logprob, top_logprobs_num, False)
-                resp = _response_decoder.decode(await self._request("POST", "/generate", body))
+                resp = _response_decoder.decode(await self._request("POST", "/generate", body, on_send))
                 if resp.meta_info.finish_reason is None:
                     raise EngineError(200, "the engine ended the stream without a final chunk")
                 final = _stitch(done, resp, len(input_ids))
@@ -402,6 +222,10 @@ class EngineClient:
                 if result is not None:
                     return result
                 done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
+        except asyncio.CancelledError:
+            if sent:
+                self._abort_abandoned(rid)
+            raise
         finally:
             self._aborted.discard(rid)
 
@@ -436,11 +260,27 @@ class EngineClient:
                     raise EngineError(200, "the engine ended the stream without a final chunk")
                 settled = self._settle(final, rid, abort_all_seen, budget, resubmit_aborted)
                 if settled is not None:
-                    yield settled
-                    return
+                    break
                 done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
+        except (asyncio.CancelledError, GeneratorExit):  # cancelled, or closed by its reader before the end
+            self._abort_abandoned(rid)
+            raise
         finally:
             self._aborted.discard(rid)
+        yield settled  # the engine is done with it: a reader that stops here leaves nothing to abort
+
+    def _abort_abandoned(self, rid: str) -> None:
+        """Abort at the engine a generation its caller cancelled, so that it stops sampling for
+        nobody. In a task of its own: the cancelled caller cannot wait for it."""
+        task = asyncio.get_running_loop().create_task(self._abort_quietly(rid))
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _abort_quietly(self, rid: str) -> None:
+        try:
+            await self._request("POST", "/abort_request", {"rid": rid})
+        except EngineError as e:  # nobody waits for this answer: an engine that cannot take it is logged
+            log.warning("engine at %s: abort of cancelled request %s failed: %s", self.base_url, rid, e)
 
     def _new_rid(self) -> str:
         """32 hex digits, as uuid4().hex: this client's random prefix + a fixed-width counter, so no

@@ -12,6 +12,9 @@ abort the caller did not ask for (a pause around a weight update) is recovered b
 (``resubmit_aborted``), so callers never see it. No answer at all is ``EngineUnavailable``; an
 error answer is ``EngineError`` (both in ``client.py``). ``session_key`` names the conversation
 (the gateway passes the episode id): a router keeps one on one server, for its prefix cache.
+Cancelling a ``generate`` task, or closing a ``generate_stream`` before its last result, aborts
+the generation at the engine (a request not yet sent is never sent): the gateway ends a
+session's work that way when its episode ends or its client goes.
 """
 
 from __future__ import annotations

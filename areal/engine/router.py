@@ -26,6 +26,7 @@ prompt prefix (SGLang's router does both).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -159,9 +160,13 @@ class EngineRouter:
             self._in_flight[i] += 1
             started = False
             try:
-                async for chunk in self.clients[i].generate_stream(input_ids, sampling_params, return_logprob, rid, **kwargs):
-                    started = True
-                    yield chunk
+                # closed with this stream: a reader that stops early aborts the server's generation now
+                async with contextlib.aclosing(
+                    self.clients[i].generate_stream(input_ids, sampling_params, return_logprob, rid, **kwargs)
+                ) as chunks:
+                    async for chunk in chunks:
+                        started = True
+                        yield chunk
                 return
             except EngineUnavailable:
                 self.mark_down(i)

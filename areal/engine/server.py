@@ -4,7 +4,7 @@ A real engine, not a stand-in: an HF causal LM (fp32, ``torch.inference_mode``) 
 continuous batching and a KV cache (``batch.py``; a lean forward over a slot cache, ``model.py``,
 for Qwen2/Llama-family models, HF's forward otherwise: ``--forward``, ``forward`` in
 /get_server_info), sampled as SGLang does (``sampling.py``),
-behind an aiohttp app that answers exactly as SGLang does (shared/notes/sglang_api.md), so the
+behind an aiohttp app that answers exactly as SGLang does (tests/test_sglang_protocol.py), so the
 one ``EngineClient`` drives this process on CPU and a real SGLang server on GPUs.
 
     POST /generate ── parse + validate ─► Engine.submit ─► worker thread (batch.py)
@@ -26,6 +26,9 @@ Invariants:
   uses ``sampling_seed + j`` so the copies differ but stay reproducible.
 - Protocol errors are 400 ``{"error": msg}``; anything unexpected is 500; the server never dies
   on a bad request.
+- A request is aborted (``/abort_request``, by rid prefix) in the waiting queue or mid-decode,
+  and so is one whose client hangs up, streamed or not (SGLang aborts both): the engine never
+  generates for nobody.
 - Weight endpoints answer ``{"success", "message"}``: 200 on success, 400 on any failure (as
   SGLang). ``backend="nccl"`` without CUDA is refused with a 400 that says to use gloo.
 - ``text`` needs a tokenizer: it is decoded when the model dir holds tokenizer files, else "";
@@ -292,7 +295,13 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
         rows, is_batch = parse_generate(body, engine)
         if body.get("stream", False):
             return await stream_generate(request, rows, is_batch, engine)
-        await asyncio.gather(*(asyncio.wrap_future(engine.submit(r)) for r in rows))
+        futures = [asyncio.wrap_future(engine.submit(r)) for r in rows]
+        try:
+            await asyncio.gather(*futures)
+        except asyncio.CancelledError:  # the client went away (the handler is cancelled): as SGLang, stop generating for it
+            for r in rows:
+                engine.submit(Control("abort", rid=r.rid))
+            raise
         out = [format_generate(r, engine) for r in rows]
         return _json(out if is_batch else out[0])
 
@@ -505,7 +514,8 @@ async def serve(cfg: ServerConfig) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
-    runner = web.AppRunner(build_app(engine, cfg.api_key), access_log=None)
+    # handler_cancellation: a client that hangs up cancels its handler, which aborts its rows
+    runner = web.AppRunner(build_app(engine, cfg.api_key), access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     url = f"http://{cfg.host}:{sock.getsockname()[1]}"

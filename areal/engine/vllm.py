@@ -31,6 +31,7 @@ Invariants:
 - ``abort_request(rid)`` cancels this client's requests whose rid starts with ``rid``: the HTTP
   request is dropped, which makes vLLM abort the generation; the caller gets
   ``finish_reason="abort"`` with the tokens received so far (none for a non-streaming call).
+  Cancelling a ``generate`` (or closing its stream early) drops its HTTP request the same way.
 - An abort the caller did not ask for (``/pause?mode=abort`` from the trainer) is resubmitted
   as prompt + tokens so far with the budget left (``resubmit_aborted``), as ``EngineClient`` does;
   the resubmission waits in vLLM's queue until ``/resume``.
@@ -61,6 +62,7 @@ dev mode also opens ``/collective_rpc`` to anyone who can reach the port, so it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -270,8 +272,12 @@ class VLLMClient:
         session_key: str | None = None,
     ) -> AsyncIterator[GenerateResult]:
         """Cumulative ``GenerateResult`` per chunk, ``finish_reason`` "" until the last one."""
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num, resubmit_aborted):
-            yield result
+        # closed with this stream: a reader that stops early drops the HTTP request now
+        async with contextlib.aclosing(
+            self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num, resubmit_aborted)
+        ) as results:
+            async for result in results:
+                yield result
 
     async def _generate(
         self,
@@ -302,6 +308,7 @@ class VLLMClient:
                 acc.start_segment()
                 received: list[dict] = []  # this segment's raw choices, for the request log
                 chunks = self._post(body, stream)
+                step: asyncio.Future | None = None
                 try:
                     while True:
                         # Race every step (connect, headers, each chunk) with the caller's abort.
@@ -322,6 +329,9 @@ class VLLMClient:
                         if stream and not acc.finish_reason and (chunk.get("choices") or []):
                             yield acc.result(return_logprob)
                 finally:
+                    if step is not None and not step.done():  # the caller cancelled: closing the connection aborts it in vLLM
+                        step.cancel()
+                        await asyncio.gather(step, return_exceptions=True)
                     await chunks.aclose()
                 if self.request_log is not None:
                     self._log({"url": self.base_url, "rid": rid, "input_ids": body["token_ids"], "choices": received})

@@ -20,6 +20,11 @@ Invariants:
 - Bad input is a 4xx in the API's own error shape (Anthropic's on /v1/messages, OpenAI's
   elsewhere); an unreachable engine is a 503. Nothing raised while serving one request reaches
   the server loops, and a refused request records nothing.
+- A session's work ends with it. ``close_session`` cancels the engine calls of its requests in
+  flight, which aborts them at the engine (``areal.engine.interface``: one still waiting for a
+  connection is never sent), and answers those requests 401; nothing is recorded into a session
+  after it closed. A request whose client goes away (``server``) has its engine calls cancelled
+  the same way.
 
 ``tool_choice`` "required" or a named function is honoured by a forced prefix, not by constrained
 decoding: the opening of a tool call in the model's format (``parsers.forced_tool_prefix``; for
@@ -34,9 +39,14 @@ Deliberately not honoured: streaming needs an engine with ``generate_stream``; w
 
 Work a request may cost (an episode must not starve the gateway, which serves every episode from
 one loop): the ZeroMQ door's budgets (connections, bytes held, requests in flight) are in
-``server.serve_zmq`` and ``door``. Here: a prompt whose text already holds more characters
-than the context could hold tokens (``PromptBuilder.min_tokens``) is a 400 before it is
-tokenised; text longer than ``tokenize_off_loop_chars`` is tokenised in a worker thread (the Rust
+``server.serve_zmq`` and ``door``. Here, the budgets of a session's whole life, whatever door
+its requests take: completions admitted (``max_calls_per_session``) and sampled tokens
+(``max_sampled_tokens_per_session``: n x max_tokens charged at admission, what the engine did
+not generate refunded as each choice ends, so the charge is the tokens generated plus those
+still reserved; a stream cut at a stop string is refunded what it had received, so the few
+tokens its abort takes to land go uncharged); over either, a 429 naming the field. A prompt
+whose text already holds more characters than the context could hold tokens
+(``PromptBuilder.min_tokens``) is a 400 before it is tokenised; text longer than ``tokenize_off_loop_chars`` is tokenised in a worker thread (the Rust
 tokenizer releases the GIL), one such text per session at a time, so the loop goes on serving;
 the shared render cache is bounded in bytes and a session's entries go when it closes or expires.
 """
@@ -53,13 +63,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway import families, tree
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn
 from areal.gateway.generation import (
+    all_or_none,
     choice_ids,
     engine_kwargs,
     engine_params,
     finish_choice,
     forced_text,
+    session_closed,
     stream_choices,
     validate_turn,
 )
@@ -100,6 +112,12 @@ class GatewayConfig:
     max_buffered_bytes: int = 256 << 20  # partial frames + bodies of requests being served, all together
     max_buffered_bytes_per_session: int = 32 << 20  # the same for one session; at least one largest frame
     max_inflight_per_session: int = 64  # requests of one session being served at once; more: 429
+    # Budgets of a session's whole life (any door): a session is one episode. Over one: a 429
+    # naming the field. 0: no limit (benchmarks that drive one session without end).
+    max_calls_per_session: int = 2048  # completions admitted (a request with n choices is one)
+    # sampled tokens: n x max_tokens charged at admission, the unused part refunded as each choice
+    # ends; bounds what the engine generates for one episode (512 calls at max_tokens 1024)
+    max_sampled_tokens_per_session: int = 1 << 19
     # The door's memory guard (``door``): growth of the process's anonymous memory over its level when
     # the door opened, past which the door cuts the connections that may hold unfinished messages.
     # It must exceed max_buffered_bytes and what the rest of the process may grow by.
@@ -137,6 +155,9 @@ class GatewayConfig:
                 raise ValueError(f"gateway.{name} must be positive, got {getattr(self, name)}")
         if self.max_connections < 0:
             raise ValueError(f"gateway.max_connections must be >= 0 (0: half of RLIMIT_NOFILE), got {self.max_connections}")
+        for name in ("max_calls_per_session", "max_sampled_tokens_per_session"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"gateway.{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if self.max_buffered_bytes_per_session < self.zmq_frame_bytes:
             raise ValueError(
                 f"gateway.max_buffered_bytes_per_session ({self.max_buffered_bytes_per_session}) must hold one "
@@ -176,6 +197,15 @@ class Session:
     # evaluation of its agent samples at data.eval_temperature, or greedily)
     temperature: float | None = None
     tokenizing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one off-loop tokenisation at a time
+    closed: bool = False  # by close_session: its requests still in flight are answered 401
+    # tasks awaiting the engine for it (requests, stream pumps): close_session cancels them
+    engine_tasks: set[asyncio.Task] = field(default_factory=set, repr=False)
+    calls_made: int = 0  # completions admitted over its life (gateway.max_calls_per_session)
+    tokens_charged: int = 0  # generated + still reserved (gateway.max_sampled_tokens_per_session)
+
+    def refund(self, reserved: int, generated: int) -> None:
+        """A choice charged ``reserved`` tokens at admission has ended with ``generated``."""
+        self.tokens_charged -= max(0, reserved - generated)
 
     @property
     def drift(self) -> int:
@@ -228,9 +258,14 @@ class Gateway:
         return key
 
     def close_session(self, key: str) -> Session:
-        """Remove and return a session, live or expired; KeyError if neither."""
+        """Remove and return a session, live or expired; KeyError if neither. Its engine calls
+        in flight are cancelled, which aborts them at the engine: its episode is over, and what
+        it still asked for would only keep other episodes waiting."""
         session = self.sessions.pop(key, None) or self.expired.pop(key)
         self.prompts.release(session.index)
+        session.closed = True
+        for task in session.engine_tasks:
+            task.cancel()
         return session
 
     def expire_idle(self, now: float | None = None) -> list[Session]:
@@ -258,6 +293,7 @@ class Gateway:
             "render_cache_bytes": self.prompts.cache_bytes,
             "tokenizing_off_loop": self._tokenizing,
             "tokenized_off_loop": self._tokenized_off_loop,
+            "awaiting_engine": sum(len(s.engine_tasks) for s in live),  # requests and stream choices
             "zmq_connections": sum(d.open for d in self.doors),
             "zmq_inflight_bytes": sum(d.inflight_bytes for d in self.doors),
             "zmq_cut_off": sum(d.cut for d in self.doors),
@@ -346,17 +382,60 @@ class Gateway:
         self._tokenized_off_loop += 1
         return ids
 
+    def _admit(self, session: Session, s: Sampling) -> None:
+        """Charge one completion to its session's lifetime budgets, or refuse it (429 naming the
+        field). A session closed while its prompt was prepared is refused as its key now is."""
+        if session.closed:
+            raise session_closed()
+        c, who = self.config, f"session {session.episode_id!r}"
+        if c.max_calls_per_session and session.calls_made >= c.max_calls_per_session:
+            raise RequestError(
+                429,
+                f"{who} has made {session.calls_made} completion calls, its budget "
+                f"(gateway.max_calls_per_session={c.max_calls_per_session})",
+                kind="rate_limit_error",
+            )
+        cost = s.n * s.max_tokens
+        if c.max_sampled_tokens_per_session and session.tokens_charged + cost > c.max_sampled_tokens_per_session:
+            raise RequestError(
+                429,
+                f"{who} has been charged {session.tokens_charged} sampled tokens (generated, or reserved by calls in flight); "
+                f"n x max_tokens = {s.n} x {s.max_tokens} more exceed its budget "
+                f"(gateway.max_sampled_tokens_per_session={c.max_sampled_tokens_per_session})",
+                param="max_tokens",
+                kind="rate_limit_error",
+            )
+        session.calls_made += 1
+        session.tokens_charged += cost
+        self._n_calls += 1
+
     async def complete(self, session: Session, turn: Turn, *, response_id: str | None = None) -> list[Choice]:
         """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
         prompt, params, forced = await self._prepare(session, turn)
         s = turn.sampling
-        self._n_calls += 1
+        self._admit(session, s)
         calls = [
             self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn, session))
             for i in range(s.n)
         ]
-        # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
-        results = [await calls[0]] if s.n == 1 else await asyncio.gather(*calls)
+        # This request's task is the session's while it awaits the engine: close_session cancels
+        # it, and the cancellation reaches the engine calls.
+        task = asyncio.current_task()
+        assert task is not None
+        session.engine_tasks.add(task)
+        try:
+            # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
+            results = [await calls[0]] if s.n == 1 else await all_or_none(calls)
+        except asyncio.CancelledError:
+            if session.closed and task.uncancel() == 0:  # cancelled by close_session alone: answered
+                raise session_closed() from None
+            raise  # the request itself was cancelled (its client went away, the server stops)
+        finally:
+            session.engine_tasks.discard(task)
+        if session.closed:  # closed as the answers came in: nothing is recorded into a closed session
+            raise session_closed()
+        for r in results:
+            session.refund(s.max_tokens, len(r.output_ids))
         ids = choice_ids(s.n, response_id)
         return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
 
@@ -366,7 +445,7 @@ class Gateway:
         if not hasattr(self.engine, "generate_stream"):
             raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
         prompt, params, forced = await self._prepare(session, turn)
-        self._n_calls += 1
+        self._admit(session, turn.sampling)
         deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced)
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
             async for delta in deltas:

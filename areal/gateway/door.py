@@ -221,12 +221,21 @@ def _peer_identity(fd: int) -> tuple[Hashable, str]:
 
 class Door:
     """A ROUTER bound to ``address``; ``on_message(conn, payload)`` is called on the loop for every
-    one-frame message and answers with ``door.send(conn, payload)``. ``await Door.bind(...)``,
-    then ``close()``."""
+    one-frame message and answers with ``door.send(conn, payload)``; ``on_closed(conn)`` once a
+    connection is gone (closed by its peer or libzmq, or cut), so that the application stops the
+    work its requests started. ``await Door.bind(...)``, then ``close()``."""
 
-    def __init__(self, address: str, on_message: Callable[[Conn, bytes], None], max_frame: int, limits: DoorLimits | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        on_message: Callable[[Conn, bytes], None],
+        max_frame: int,
+        limits: DoorLimits | None = None,
+        on_closed: Callable[[Conn], None] | None = None,
+    ) -> None:
         self.address = address
         self.on_message = on_message
+        self.on_closed = on_closed
         self.max_frame = max_frame
         self.limits = limits or DoorLimits()
         self.cap = self.limits.connection_cap()
@@ -278,9 +287,15 @@ class Door:
 
     @classmethod
     async def bind(
-        cls, address: str, on_message: Callable[[Conn, bytes], None], *, max_frame: int = 16 << 20, limits: DoorLimits | None = None
+        cls,
+        address: str,
+        on_message: Callable[[Conn, bytes], None],
+        *,
+        max_frame: int = 16 << 20,
+        limits: DoorLimits | None = None,
+        on_closed: Callable[[Conn], None] | None = None,
     ) -> Door:
-        return cls(address, on_message, max_frame, limits)
+        return cls(address, on_message, max_frame, limits, on_closed)
 
     # ---- messages ---------------------------------------------------------------------------
 
@@ -414,6 +429,8 @@ class Door:
             return
         if conn.identity is not None:
             self.by_identity.pop(conn.identity, None)
+        if self.on_closed is not None:
+            self.on_closed(conn)
         if not conn.cut:
             if failure is not None:
                 self.report(conn.owner, "closed by libzmq", f"the ZMTP handshake failed: {failure}")

@@ -11,7 +11,8 @@ Invariants:
 - Streaming forwards each engine update as it arrives; text is held back only while it ends in
   an incomplete UTF-8 sequence or could be the start of a stop string.
 - n choices are n engine requests (a seeded request gives choice i the seed + i), each its own
-  Interaction with the same parent.
+  Interaction with the same parent. The first to fail, or a cancelled request, cancels the
+  others, which aborts them at the engine; so does the session's close (its tasks).
 - Each Interaction says what its reply did with tools, for the run's statistics: the well-formed
   calls the agent received, the call markup the parser could not read, and whether its content
   uses a tool result of its history (``used_tool_result``).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, new_id
@@ -36,6 +37,24 @@ if TYPE_CHECKING:
 _ROLES = ("system", "user", "assistant", "tool", "developer")
 _MAX_STOPS = 4
 _MAX_TOP_LOGPROBS = 20
+
+
+def session_closed() -> RequestError:
+    """The answer to a request of a session closed while it was served (its episode ended)."""
+    return RequestError(
+        401, "session closed while this request was served (its episode ended); its generation was aborted", kind="authentication_error"
+    )
+
+
+async def all_or_none(calls: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Every call's result. The first failure, or this coroutine's cancellation, cancels the
+    calls still running: each is an engine generation nobody would read."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()  # a no-op on those that finished
 
 
 def validate_turn(turn: Turn, config: GatewayConfig) -> None:
@@ -308,7 +327,8 @@ async def stream_choices(
     gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, interaction_ids: list[str], forced: str = ""
 ) -> AsyncIterator[ChoiceDelta]:
     """Merge the n engine streams into ChoiceDeltas; cancels the engine streams when abandoned.
-    ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token."""
+    ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token.
+    The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
     n, stops = turn.sampling.n, turn.sampling.stop
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
@@ -318,6 +338,8 @@ async def stream_choices(
             async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn, session)):
                 await queue.put((i, result))
         except asyncio.CancelledError:
+            if session.closed:  # by close_session: the consumer answers with that
+                queue.put_nowait((i, session_closed()))
             raise
         except Exception as e:  # handed to the consumer, which raises it inside the request
             await queue.put((i, e))
@@ -335,10 +357,13 @@ async def stream_choices(
     last: list[Any] = [None] * n
     hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
     tasks = [asyncio.ensure_future(pump(i)) for i in range(n)]
+    session.engine_tasks.update(tasks)
     open_ = n
     try:
         while open_:
             i, item = await queue.get()
+            if session.closed:  # nothing is recorded into a closed session
+                raise session_closed()
             if parsers[i] is None:
                 continue  # this choice already ended at a stop string
             if isinstance(item, Exception):
@@ -364,6 +389,7 @@ async def stream_choices(
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
                 emitted[i] = visible
             if final:
+                session.refund(params["max_new_tokens"], len(result.output_ids))
                 events, parsed = parsers[i].finish()
                 for ev in events:
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
@@ -374,3 +400,4 @@ async def stream_choices(
     finally:
         for t in tasks:
             t.cancel()
+        session.engine_tasks.difference_update(tasks)

@@ -19,12 +19,16 @@ Invariants:
   held, requests in flight per session; ``door`` for the connection budgets and the bounds): a
   connection counts against its peer process until a request on it carries a live session
   key, then against that session. The HTTP door serves the controller's own clients (inline
-  agents, admin) and is bounded by aiohttp's body limit only.
+  agents, admin) and is bounded by aiohttp's body limit only. A session's lifetime budgets
+  hold on both (``core``).
+- A request whose connection goes (the agent died, or the door cut it) is cancelled, on either
+  door: its engine calls are aborted at the engine (``core``), no answer is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -45,10 +49,12 @@ _JSON = {"content-type": "application/json"}
 
 
 async def _guarded(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The stream's chunks; a failure after the status was sent becomes a final SSE error event."""
+    """The stream's chunks; a failure after the status was sent becomes a final SSE error event.
+    Closing this closes the stream at once (its engine streams with it)."""
     try:
-        async for chunk in stream:
-            yield chunk
+        async with contextlib.aclosing(stream):  # the front-ends' streams are async generators
+            async for chunk in stream:
+                yield chunk
     except (RequestError, EngineError) as e:
         payload = openai_error(getattr(e, "status", 502) or 502, str(e), "engine_error")
         yield b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
@@ -101,6 +107,7 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
     loop = asyncio.get_running_loop()
     config = gateway.config
     tasks: set[asyncio.Task] = set()
+    serving: dict[Conn, set[asyncio.Task]] = {}  # the requests being answered, by the connection they came on
 
     async def answer(peer: Conn, req: GatewayRequest) -> None:
         try:
@@ -166,9 +173,15 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
         door.inflight_bytes += size
         task = loop.create_task(answer(peer, req))
         tasks.add(task)
+        serving.setdefault(peer, set()).add(task)
 
         def done(task: asyncio.Task) -> None:
             tasks.discard(task)
+            mine = serving.get(peer)
+            if mine is not None:
+                mine.discard(task)
+                if not mine:
+                    del serving[peer]
             owner.inflight -= 1
             door.finish(peer)
             owner.inflight_bytes -= size
@@ -177,12 +190,17 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
 
         task.add_done_callback(done)
 
+    def on_closed(peer: Conn) -> None:
+        # nobody is left to read the answers: stop the work (and the engine's) of its requests
+        for task in serving.pop(peer, ()):
+            task.cancel()
+
     limits = DoorLimits(
         max_connections=config.max_connections,
         max_connections_per_session=config.max_connections_per_session,
         memory_budget=config.door_memory_bytes,
     )
-    door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits)
+    door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits, on_closed=on_closed)
     gateway.doors.append(door)
     if ready is not None:
         ready.set()
@@ -217,14 +235,16 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
             return web.Response(status=reply.status, body=msgspec.json.encode(reply.body), headers={**_JSON, **reply.headers})
         resp = web.StreamResponse(status=reply.status, headers=reply.headers)
         await resp.prepare(request)
-        async for chunk in _guarded(reply.stream):
-            await resp.write(chunk)
+        async with contextlib.aclosing(_guarded(reply.stream)) as chunks:  # a client gone mid-write closes the engine streams
+            async for chunk in chunks:
+                await resp.write(chunk)
         await resp.write_eof()
         return resp
 
     app = web.Application(client_max_size=gateway.config.max_body_bytes + 1024)
     app.router.add_route("*", "/{tail:.*}", any_route)
-    runner = web.AppRunner(app, access_log=None)
+    # handler_cancellation: a client that hangs up cancels its request, and with it the engine's work
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
