@@ -50,32 +50,6 @@ ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return ensure_embedded_model()
-
-
-@pytest.fixture(scope="module")
-def engine_url(model_dir: Path) -> Iterator[str]:
-    engine = launch_embedded_engine(str(model_dir))
-    yield engine.url
-    engine.stop()
-
-
-@pytest.fixture()
-def gateway(engine_url: str, model_dir: Path) -> Iterator[Callable[..., GatewayThread]]:
-    """``gateway(**config)``: a GatewayThread (HTTP + ZeroMQ, on uvloop) of its own, stopped after the test."""
-    started: list[GatewayThread] = []
-
-    def start(**config: Any) -> GatewayThread:
-        started.append(GatewayThread(engine_url, model_dir, **config))
-        return started[-1]
-
-    yield start
-    for gw in started:
-        gw.stop()
-
-
 # ---- clients --------------------------------------------------------------------------------------
 
 

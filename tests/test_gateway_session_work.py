@@ -40,32 +40,6 @@ QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 _decode = msgspec.msgpack.Decoder(GatewayMessage).decode
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return ensure_embedded_model()
-
-
-@pytest.fixture(scope="module")
-def engine_url(model_dir: Path) -> Iterator[str]:
-    engine = launch_embedded_engine(str(model_dir))
-    yield engine.url
-    engine.stop()
-
-
-@pytest.fixture()
-def gateway(engine_url: str, model_dir: Path) -> Iterator[Callable[..., GatewayThread]]:
-    """``gateway(**config)``: a GatewayThread of its own, stopped after the test."""
-    started: list[GatewayThread] = []
-
-    def start(**config: Any) -> GatewayThread:
-        started.append(GatewayThread(engine_url, model_dir, **config))
-        return started[-1]
-
-    yield start
-    for gw in started:
-        gw.stop()
-
-
 # ---- the engine's own state -------------------------------------------------------------------------
 
 
