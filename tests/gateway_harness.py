@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,13 @@ def served_scripted():
     from areal.embedded import ensure_scripted_model
 
     yield from _serve(ensure_scripted_model())
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; an AssertionError naming ``what`` after ``timeout_s``
+    (a bound on a hang, not a timing assertion: the condition is the engine's or gateway's state)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.05)

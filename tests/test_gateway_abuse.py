@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from gateway_harness import GatewayThread
+from gateway_harness import GatewayThread, wait_for
 from raw_zmtp import PeakMemory, RawDealer, frame_header
 from transformers import AutoTokenizer
 
@@ -101,14 +101,6 @@ def _post_raw(url: str, body: bytes, key: str) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 # ---- abusers (separate processes: one episode each) -----------------------------------------------
@@ -281,7 +273,7 @@ def test_partial_frames_are_closed_by_the_heartbeat(
             abuser.stdin.flush()
             return int(abuser.stdout.readline().split()[1]) == 60
 
-        _wait_for(all_closed, "the gateway closes all 60 connections holding partial frames")
+        wait_for(all_closed, "the gateway closes all 60 connections holding partial frames")
         named = [r for r in caplog.records if r.name == "areal.gateway.door" and f"pid {abuser.pid} " in r.getMessage()]
         assert named and all(r.levelno == logging.WARNING and "closed by libzmq" in r.getMessage() for r in named)
         assert gw.call(gw.gateway.metrics)["zmq_connections"] == 0

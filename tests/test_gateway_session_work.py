@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from gateway_harness import GatewayThread
+from gateway_harness import GatewayThread, wait_for
 
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import launch_embedded_engine
@@ -74,14 +74,6 @@ class _Paused:
 
     def __exit__(self, *exc: object) -> None:
         _engine(self.url, "/continue_generation", {})
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 # ---- clients ----------------------------------------------------------------------------------------
@@ -152,7 +144,7 @@ def test_closing_a_session_aborts_its_work_at_the_engine_and_drops_what_was_queu
             for i in range(requests):
                 sock.send(_request(i, abuser, _chat("Count from one to a thousand.", max_tokens=1024, n=n, temperature=1.0)))
             # stable once both hold: the engine is paused, and the engine client sends no more
-            _wait_for(
+            wait_for(
                 lambda: (
                     _since(engine_url, before)["requests_received"] == at_engine
                     and gw.call(lambda: len(gw.gateway.sessions[abuser].engine_tasks)) == requests
@@ -167,7 +159,7 @@ def test_closing_a_session_aborts_its_work_at_the_engine_and_drops_what_was_queu
             for reply in replies:
                 assert reply.status == 401 and not reply.more, reply
                 assert "session closed" in json.loads(reply.body)["error"]["message"]
-            _wait_for(lambda: _since(engine_url, before)["held"] == 0, "the engine holds no row of the closed session")
+            wait_for(lambda: _since(engine_url, before)["held"] == 0, "the engine holds no row of the closed session")
             aborted = _since(engine_url, before)
             assert aborted["aborted"] == at_engine and aborted["requests_served"] == at_engine and aborted["tokens_generated"] == 0
         assert closed.interactions == {} and gw.call(lambda: gw.gateway.metrics()["awaiting_engine"]) == 0
@@ -212,9 +204,9 @@ def test_a_client_that_hangs_up_has_its_engine_requests_aborted(gateway: Callabl
     send = _hang_up_over_zmq if door == "zmq" else _hang_up_over_http
     with _Paused(engine_url):
         hang_up = send(gw, key, _chat(max_tokens=1024, n=2, temperature=1.0))
-        _wait_for(lambda: _since(engine_url, before)["held"] == 2, "both rows held by the engine")
+        wait_for(lambda: _since(engine_url, before)["held"] == 2, "both rows held by the engine")
         hang_up()
-        _wait_for(lambda: _since(engine_url, before)["aborted"] == 2, "the engine aborts the rows of the gone client")
+        wait_for(lambda: _since(engine_url, before)["aborted"] == 2, "the engine aborts the rows of the gone client")
         assert _since(engine_url, before)["held"] == 0
     assert gw.interactions(key) == []
     _healthy_call(gw, key)
