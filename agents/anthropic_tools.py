@@ -5,7 +5,7 @@
 ``AsyncAnthropic`` points at the gateway's Messages API. The SDK appends ``/v1/messages`` to its
 base URL itself, so the URL is the bare gateway address: ``base_url`` without its ``/v1`` (in
 the sandbox, the in-sandbox relay), else ``ANTHROPIC_BASE_URL``. No ``http_client`` is passed
-(passing the handed one works too, see areal/httpx2_bridge.py): the SDK makes its own pool,
+(passing the handed one works too, see areal/agent/httpx2_bridge.py): the SDK makes its own pool,
 closed with the client, and the relay carries plain HTTP to the gateway.
 
 The tool is the embedded model's calculator (its schema as an Anthropic ``input_schema``) under

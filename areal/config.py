@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.cluster.config import ClusterConfig
+from areal.controller.recovery import RecoverConfig
+from areal.controller.trackers import TrackerConfig, check_loggers
 from areal.gateway import GatewayConfig
-from areal.recovery import RecoverConfig
-from areal.trackers import TrackerConfig, check_loggers
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
 
@@ -130,7 +130,7 @@ class RolloutConfig:
     # one more death stops the run, naming it.
     max_zygote_restarts: int = 3
     # The reward of an episode the policy failed (a call to a tool the agent lacks, arguments the
-    # SDK rejects, the turn limit, a context its own outputs overflowed; areal/failures.py): its
+    # SDK rejects, the turn limit, a context its own outputs overflowed; areal/agent/failures.py): its
     # recorded completions are trained with it, in its group's statistics. Within reward_range.
     policy_failure_reward: float = 0.0
     # The run stops when agent and infrastructure failures (error, timeout, crash, oom; not policy
@@ -174,7 +174,7 @@ class RolloutConfig:
             raise ValueError(f"rollout.failure_window must be >= 0 (0: automatic), got {self.failure_window}")
 
 
-# The scalar metrics of a held-out evaluation (areal.evaluation.evaluate's accuracies: the mean
+# The scalar metrics of a held-out evaluation (areal.controller.evaluation.evaluate's accuracies: the mean
 # reward of the sampled answers, and of the greedy one).
 EVAL_METRICS = ("sampled_acc", "greedy_acc")
 
@@ -196,11 +196,11 @@ class DataConfig:
     eval_temperature: float | None = None
     # Evaluate the held-out rows also every this many steps during training (0: only before and
     # after), a line each in evals.jsonl; the best step's weights are kept in <run_dir>/best/
-    # (areal/periodic_eval.py). AReaL: evaluator.freq_steps.
+    # (areal/controller/periodic_eval.py). AReaL: evaluator.freq_steps.
     eval_every: int = 0
     eval_best_metric: str = "sampled_acc"  # what "best" means: one of EVAL_METRICS
     eval_best_mode: str = "max"  # "max" | "min"
-    # What the held-out evaluations score (areal/agent_eval.py): single_turn (one reply to the bare
+    # What the held-out evaluations score (areal/controller/agent_eval.py): single_turn (one reply to the bare
     # question, no tools, straight on the engine) | agent (the run's own agent, rollout.agent with
     # rollout.agent_kwargs, through the run's runner and gateway; with tool-use statistics).
     eval_mode: str = "single_turn"
@@ -227,7 +227,7 @@ class TrainConfig:
     ring_capacity_mb: int = 64
     save_trajectories: bool = False  # also append every trajectory put into the ring to <run_dir>/trajectories.bin
     # <run_dir>/calls.jsonl: each episode's conversation tree, token by token, for `python -m areal.view`;
-    # at most this many MiB, spread evenly over the steps (areal/run_records.py). 0: not recorded.
+    # at most this many MiB, spread evenly over the steps (areal/controller/records.py). 0: not recorded.
     view_record_mb: int = 64
     # MODULE:ATTR or file.py:name of a reward function with AReaL's signature, fn(prompt, completions,
     # prompt_ids, completion_ids, **row) -> float, scoring an episode whose agent returned no reward.
@@ -239,7 +239,7 @@ class TrainConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    # Where the run's numbers go (areal/trackers.py): any of jsonl (metrics.jsonl, evals.jsonl),
+    # Where the run's numbers go (areal/controller/trackers.py): any of jsonl (metrics.jsonl, evals.jsonl),
     # console, wandb, tensorboard; the settings of each are under `tracker`.
     logger: list[str] = field(default_factory=lambda: ["jsonl"])
     tracker: TrackerConfig = field(default_factory=TrackerConfig)

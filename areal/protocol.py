@@ -95,7 +95,7 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     "timeout" (deadline passed; the process group was killed), "crashed" (died by a signal or
     a non-zero exit without reporting), "oom" (killed by the memory limit).
     failure_class / failure_cause: why it failed ("policy", "agent" or "infrastructure", and the
-    exception or status that decided; ``areal/failures.py``), "" while undecided or ok.
+    exception or status that decided; ``areal/agent/failures.py``), "" while undecided or ok.
     """
 
     episode_id: str

@@ -3,7 +3,7 @@
 Composes `areal/conf/config.yaml` over the `TrainConfig` schema (registered with Hydra's ConfigStore:
 an unknown key or a wrong type fails at composition, and `--cfg job` prints every key), converts
 it at once into the typed `TrainConfig` (`OmegaConf.to_object`), saves the resolved
-config as JSON in the run directory, and runs the loop of `areal.controller`. In a multirun
+config as JSON in the run directory, and runs the loop of `areal.controller.loop`. In a multirun
 (`-m`), the sweep's runs share one tracker group (`tracker.wandb.group`, by default
 `<experiment_name>/<sweep dir name>`), and each run then rebuilds the sweep summary
 (`areal.sweep`) in the sweep directory. Runs are
@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from areal.aio import run as run_loop
 from areal.config import TrainConfig, to_dict
-from areal.controller import train
+from areal.controller.loop import train
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
@@ -69,8 +69,8 @@ def main(cfg: DictConfig) -> dict:
 def _killed_run_of_this_command(run_dir: Path, config: TrainConfig) -> Path:
     """Hydra made a new time-stamped ``run_dir`` for this command: where an earlier start of the
     same command was killed (same resolved config, no summary), the run continues there instead
-    (``recover.mode=auto``, areal/recovery.py), and the new directory is removed."""
-    from areal.recovery import find_unfinished, holds_run
+    (``recover.mode=auto``, areal/controller/recovery.py), and the new directory is removed."""
+    from areal.controller.recovery import find_unfinished, holds_run
 
     if holds_run(run_dir):
         return run_dir
@@ -99,7 +99,7 @@ def _print_summary(s: dict) -> None:
     print(f"\nrun directory: {s['run_dir']}")
     print(f"final model:   {s['final_model']}")
     t = s["reward_trend"]
-    if t["steps"] < 4:  # a trend needs at least 4 steps (areal.evaluation.reward_trend)
+    if t["steps"] < 4:  # a trend needs at least 4 steps (areal.controller.evaluation.reward_trend)
         print(f"batch reward:  {t['steps']} step(s), too few for a trend test (4 or more)")
     else:
         print(

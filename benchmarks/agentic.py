@@ -19,7 +19,7 @@ Figures, from one run:
 The run evaluates the agent itself too (agentic.yaml sets data.eval_mode=agent): its summary.json
 and evals.jsonl hold the agent's held-out accuracy before and after (the sandboxed agent through
 the gateway, on the run's own held-out problems) with the paired test, and the tool-use statistics
-counted by the gateway (areal/agent_eval.py). This benchmark scores more problems, in-process,
+counted by the gateway (areal/controller/agent_eval.py). This benchmark scores more problems, in-process,
 with the figures the run does not count (tool errors, unaided answers); ``run_eval`` below is
 the run's own evaluation, in its mode.
 """
@@ -93,8 +93,8 @@ def training_tool_use(run_dir: Path, parts: int = 5) -> list[dict[str, Any]]:
 
 
 def measure(run_dir: Path, overrides: list[str], problems: int, samples: int, timeout_s: float) -> dict[str, Any]:
+    from areal.controller.evaluation import paired_test
     from areal.embedded.agentic import ensure_agent_model
-    from areal.evaluation import paired_test
 
     initial = ensure_agent_model(progress=False)  # built before the clock starts
     wall = train_run(["--config-name", "agentic", *overrides], run_dir, timeout_s=timeout_s) if timeout_s else float("nan")

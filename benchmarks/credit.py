@@ -33,7 +33,7 @@ leave-one-out mean of the other episodes' returns at the same call depth, scaled
 RMS), so a call at depth 2 of a successful episode is compared with other episodes' third calls,
 not with episodes that answered at once. Figures, from the run directories:
 
-  * the run's own held-out evaluation of the agent (data.eval_mode=agent, areal/agent_eval.py:
+  * the run's own held-out evaluation of the agent (data.eval_mode=agent, areal/controller/agent_eval.py:
     the sandboxed agent through the gateway, the config's 100 problems × 2 sampled episodes, quick
     20 × 1; summary.json): sampled accuracy before and after, and the paired sign-flip p-value
     of the change (summary.json's eval_test);
@@ -59,7 +59,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from areal.trajectories import read_saved_trajectories
+from areal.controller.trajectories import read_saved_trajectories
 from benchmarks.e2e import train_run
 
 AGENT = "agents/openai_multiturn.py:MultiTurnMathAgent"
@@ -137,7 +137,7 @@ def math_rows(quick: bool, runs: Path) -> list[dict]:
             "acc points",
             BASE,
             evals["episode"][1] - evals["episode"][0],
-            note="sampled single-call answers, areal/evaluation.py; before = the same embedded model in both arms",
+            note="sampled single-call answers, areal/controller/evaluation.py; before = the same embedded model in both arms",
         ),
     ]
     for name, unit in (("first-call accuracy", "share"), ("episode success", "share"), ("calls per episode", "calls")):
@@ -174,7 +174,7 @@ CURVES = {  # metrics.jsonl key -> (curve name, unit)
     "tool_calls_per_episode": ("well-formed tool calls per episode", "calls"),
     "malformed_tool_calls_per_episode": ("malformed tool calls per episode", "calls"),
 }
-TOOL_USE = {  # eval result key (areal/agent_eval.py:tool_use_means) -> (figure, unit)
+TOOL_USE = {  # eval result key (areal/controller/agent_eval.py:tool_use_means) -> (figure, unit)
     "calls_per_episode": ("LLM calls per episode", "calls"),
     "tool_calls_per_episode": ("well-formed tool calls per episode", "calls"),
     "malformed_tool_calls_per_episode": ("malformed tool calls per episode", "calls"),
@@ -259,7 +259,7 @@ def agentic_rows(quick: bool, runs: Path) -> list[dict]:
                 unit,
                 BASE,
                 after["episode"][key],
-                note="the held-out sampled episodes after training, as the gateway counted them (areal/agent_eval.py); "
+                note="the held-out sampled episodes after training, as the gateway counted them (areal/controller/agent_eval.py); "
                 f"before training: turn arm {before['turn'][key]:.3f}, episode arm {before['episode'][key]:.3f}",
             )
         )

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from areal.trajectories import read_saved_trajectories
+from areal.controller.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "agents/openai_tools.py:CalculatorAgent"

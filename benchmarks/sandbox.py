@@ -154,7 +154,7 @@ def _memory_of_running(zygote_pid: int, log_dir: str) -> tuple[list[int], list[i
 
 
 async def _sandboxed(quick: bool, tmp: str) -> dict[str, Any]:
-    from areal.agent import load_agent
+    from areal.agent.spec import load_agent
     from sandbox import SandboxConfig, Zygote
 
     world = _InstantWorld()

@@ -63,7 +63,7 @@ from benchmarks.trl_env import TRL_PIN, ensure_trl_env
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "trl_grpo_worker.py"
 AGENT = "agents/openai_math.py:MathAgent"  # the single-turn task
-MAX_TOKENS = 64  # MathAgent's max_tokens, and areal.evaluation.evaluate's
+MAX_TOKENS = 64  # MathAgent's max_tokens, and areal.controller.evaluation.evaluate's
 N_SAMPLES = 8  # rollout.n_samples of conf/config.yaml
 GROUPS_PER_STEP = 8  # rollout.groups_per_step of conf/config.yaml
 TRL_MICRO_BATCH = 16  # completions per TRL forward/backward (4 accumulated per step of 64)

@@ -8,7 +8,7 @@ step, max completion tokens, temperature, lr, micro-batch size, the training pro
 our run draws them, the held-out problems, eval samples. OUT.json: per-step wall and CPU times
 (between consecutive optimizer steps' ends, generation included), the logged reward per step, and
 held-out accuracy before and after training (``sampled_acc``: ``eval_samples`` draws at the
-training temperature per problem; ``greedy_acc``: one greedy answer), as ``areal.evaluation``
+training temperature per problem; ``greedy_acc``: one greedy answer), as ``areal.controller.evaluation``
 scores it.
 
 Imports only what the TRL venv has. The answer check is the project's own ``math_reward``, loaded
@@ -53,7 +53,7 @@ def reward_fn(prompts: list, completions: list, answer: list[str], **_: Any) -> 
 
 @torch.no_grad()
 def evaluate(model: Any, tokenizer: Any, problems: list[dict], temperature: float, samples: int, max_tokens: int) -> dict[str, Any]:
-    """Held-out accuracy as ``areal.evaluation.evaluate`` computes it: ``samples`` draws at
+    """Held-out accuracy as ``areal.controller.evaluation.evaluate`` computes it: ``samples`` draws at
     ``temperature`` per problem plus one greedy answer, each a single reply scored by ``math_reward``
     (transformers' ``generate`` in left-padded batches; no top-k / top-p, as our engine samples)."""
     model.eval()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from areal.agent import AgentRun, hand_out, outcome_from_result
+from areal.agent.spec import AgentRun, hand_out, outcome_from_result
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, SpawnEpisode, ZygoteInbound
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def agent_paths(spec: str) -> list[str]:
     """What of the agent's own its episodes must read: the directory of an exec program or of a
     .py file (its helpers, a node_modules beside it), and the embedded models' cache (an agent may
     load the embedded tokenizer). A module named by import path lives on sys.path, exposed anyway."""
-    from areal.agent import EXEC_PREFIX, PROJECT_ROOT
+    from areal.agent.spec import EXEC_PREFIX, PROJECT_ROOT
     from areal.embedded import embedded_cache_root
 
     out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []

@@ -9,7 +9,7 @@ interactions (POST /v1/rewards), read its interactions' ids, logprobs and reward
 charged to that session (areal/gateway/routes.py). A closed key is useless: ``close_session``
 removes the session and ``session_for`` answers 401 for any key not live (an expired one too),
 and the controller closes every episode's session as soon as its outcome arrives
-(areal/controller.py). So a key is worth stealing while its episode runs; a finished episode's
+(areal/controller/loop.py). So a key is worth stealing while its episode runs; a finished episode's
 key in another's memory breaks the invariant below but opens nothing, as long as the caller of
 ``Zygote.run_episode`` closes the session when it returns.
 

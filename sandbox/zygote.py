@@ -80,8 +80,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from areal.agent import AgentRun, load_agent
-from areal.failures import CLASSES, INFRASTRUCTURE, classify_exception
+from areal.agent.failures import CLASSES, INFRASTRUCTURE, classify_exception
+from areal.agent.spec import AgentRun, load_agent
 from areal.process import log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, heap, isolation, keys, rootfs

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from areal.controller.trajectories import read_saved_trajectories
 from areal.protocol import Trajectory
-from areal.trajectories import read_saved_trajectories
 
 
 def check_trained_as_sampled(run_dir: Path, ranks: int = 1) -> list[Trajectory]:

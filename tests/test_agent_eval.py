@@ -1,4 +1,4 @@
-"""The run evaluating its own agent (data.eval_mode=agent, areal/agent_eval.py) and the tool-use
+"""The run evaluating its own agent (data.eval_mode=agent, areal/controller/agent_eval.py) and the tool-use
 statistics read off the gateway's records.
 
 - Unit: the parser's count of call markup it could not read (``ParsedOutput.malformed``), streamed
@@ -28,19 +28,19 @@ import pytest
 from aiohttp import web
 from transformers import AutoTokenizer
 
-from areal.agent_eval import episode_score, episode_tool_use, tool_use_means
+from areal.agent.failures import AGENT, POLICY
+from areal.controller.agent_eval import episode_score, episode_tool_use, tool_use_means
+from areal.controller.evaluation import paired_test
+from areal.controller.trajectories import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
 from areal.embedded.agentic import MALFORMED, ensure_agent_model
 from areal.embedded.corpus import CALCULATOR_TOOL
 from areal.engine.client import EngineClient
-from areal.evaluation import paired_test
-from areal.failures import AGENT, POLICY
 from areal.gateway import Gateway, GatewayConfig, serve_http
 from areal.gateway.generation import used_tool_result
 from areal.gateway.parsers import StreamParser, parse_output
 from areal.gateway.tree import Interaction
 from areal.protocol import EpisodeOutcome
-from areal.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23*7"}}\n</tool_call>'
@@ -131,7 +131,7 @@ def test_the_mode_is_single_turn_by_default_agent_in_the_agentic_demo_and_checke
     import areal.train  # noqa: F401  (registers the schema with Hydra's ConfigStore)
     from areal.api.workflow_api import RolloutWorkflow
     from areal.config import DataConfig, TrainConfig
-    from areal.controller import Controller
+    from areal.controller.loop import Controller
 
     with initialize_config_dir(str(ROOT / "areal" / "conf"), version_base=None):
         assert OmegaConf.to_object(compose(config_name="config")).data.eval_mode == "single_turn"

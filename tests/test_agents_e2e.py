@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from areal.controller.trajectories import read_saved_trajectories
 from areal.embedded import ensure_scripted_model
 from areal.embedded.corpus import RETRY_PROMPTS
 from areal.gateway.parsers import forced_tool_prefix
-from areal.trajectories import read_saved_trajectories
 from areal.workflow.common import calculator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -199,7 +199,7 @@ class _WholeGroup(_OneTrajectory):
 
 
 def test_workflow_grouping_follows_both_areal_styles(tok):
-    from areal.workflow_groups import WorkflowGrouping
+    from areal.agent.groups import WorkflowGrouping
 
     async def run(engine):
         per_call, whole = _OneTrajectory(tok), _WholeGroup(tok)
@@ -217,8 +217,8 @@ def test_workflow_grouping_follows_both_areal_styles(tok):
 
 
 def test_steps_whose_groups_cannot_train_are_reported():
+    from areal.agent.groups import AdvantageWatch
     from areal.protocol import TokenRow, Trajectory
-    from areal.workflow_groups import AdvantageWatch
 
     def traj(group: str, reward: float) -> Trajectory:
         row = TokenRow(input_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -1.0], versions=[-1, 0], reward=reward)
@@ -239,7 +239,7 @@ def test_steps_whose_groups_cannot_train_are_reported():
 
 
 def test_workflow_kwargs_reach_agent_classes_in_both_modes():
-    from areal.agent import load_agent
+    from areal.agent.spec import load_agent
     from areal.api.cli_args import GRPOConfig
     from areal.experimental.trainer import plan_workflow, to_train_config, with_workflow_temperatures
 
@@ -310,7 +310,7 @@ def test_session_in_the_url_path_reaches_that_session_only(tok):
 
 
 def test_inline_agents_get_the_session_in_their_base_url():
-    from areal.agent import InlineRunner
+    from areal.agent.spec import InlineRunner
 
     seen = {}
 
@@ -329,7 +329,7 @@ def test_inline_agents_get_the_session_in_their_base_url():
 
 def test_an_inline_agent_that_builds_its_client_with_no_key_reaches_its_session(tok, monkeypatch):
     """AReaL's guide-era agents: AsyncOpenAI(base_url=..., http_client=...) and no key anywhere."""
-    from areal.agent import InlineRunner
+    from areal.agent.spec import InlineRunner
     from areal.gateway import Gateway, GatewayConfig, serve_http
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -430,7 +430,7 @@ def test_a_real_agents_prompt_reaches_the_embedded_engine_within_the_limit_it_ho
     import openai
 
     from areal.config import TrainConfig
-    from areal.controller import Controller
+    from areal.controller.loop import Controller
     from areal.embedded import ensure_embedded_model
     from areal.embedded.config import EmbeddedConfig, ScriptedConfig
     from areal.engine.client import launch_embedded_engine

@@ -9,17 +9,17 @@ import math
 import numpy as np
 import pytest
 
-from areal.agent import load_agent, outcome_from_result
+from areal.agent.spec import load_agent, outcome_from_result
 from areal.api.workflow_api import RolloutWorkflow
 from areal.config import TrainConfig
-from areal.controller import Controller, train
+from areal.controller.evaluation import paired_test, reward_trend
+from areal.controller.loop import Controller, train
+from areal.controller.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.dataclass_config import build_dataclass
-from areal.evaluation import paired_test, reward_trend
 from areal.experimental.openai import ArealOpenAI
 from areal.gateway import Interaction, Session
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.protocol import EpisodeOutcome, decode_trajectory, encode_trajectory
-from areal.trajectories import trajectory_from_episode, trajectory_from_row
 
 
 def _session() -> Session:
@@ -193,7 +193,7 @@ def test_rollout_workflow_object_with_a_custom_dataset_trains(tmp_path):
 
 
 def test_the_gateway_advertises_no_more_context_than_the_model_holds(tmp_path):
-    from areal.controller import Controller
+    from areal.controller.loop import Controller
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from areal.controller.trajectories import trajectory_from_episode
 from areal.gateway import Interaction, Session
 from areal.protocol import EpisodeOutcome, TokenRow, Trajectory, decode_trajectory, encode_trajectory
 from areal.trainer.config import TrainerConfig
 from areal.trainer.credit import chain_parents, tree_depths, tree_returns, turn_advantages, turn_baselines
 from areal.trainer.loss import episode_advantages, group_advantages, turn_returns
 from areal.trainer.step import compute_advantages
-from areal.trajectories import trajectory_from_episode
 
 
 def _row(reward: float) -> TokenRow:

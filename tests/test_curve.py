@@ -12,7 +12,7 @@ import zmq
 
 from areal.curve import ENV, CurveKeys, serve_curve
 from areal.protocol import TrainerDone, TrainerMessage
-from areal.trainer.publish import Reporter
+from areal.trainer.reports import Reporter
 
 
 def _pull(keys: CurveKeys) -> tuple[zmq.Context, zmq.Socket, object, str]:

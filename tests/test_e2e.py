@@ -18,8 +18,8 @@ import torch
 from run_checks import sampled_as_served, three_step_run
 from safetensors.torch import load_file
 
+from areal.controller.trajectories import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
-from areal.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

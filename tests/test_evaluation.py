@@ -10,9 +10,9 @@ import pytest
 from instant_engine import start_instant_engine
 from transformers import AutoTokenizer
 
+from areal.controller.evaluation import Progress, evaluate, reward_trend
 from areal.embedded import ensure_embedded_model
 from areal.engine.client import EngineClient
-from areal.evaluation import Progress, evaluate, reward_trend
 
 
 def test_trend_fits_a_line_through_the_step_rewards() -> None:

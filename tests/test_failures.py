@@ -1,4 +1,4 @@
-"""Failed episodes told apart (areal/failures.py): the policy's, the agent's, the infrastructure's.
+"""Failed episodes told apart (areal/agent/failures.py): the policy's, the agent's, the infrastructure's.
 
 Per SDK, the exceptions are the SDKs' own, raised by their own code: the OpenAI, Anthropic,
 LangChain and CAMEL clients against a real gateway whose engine is down (a prompt past the context
@@ -25,14 +25,14 @@ import pytest
 import zmq
 from gateway_harness import GatewayThread
 
-from areal.agent import outcome_from_exception
+from areal.agent.failures import AGENT, INFRASTRUCTURE, POLICY, classify_exception, classify_outcome
+from areal.agent.spec import outcome_from_exception
 from areal.config import TrainConfig
-from areal.controller import Controller
+from areal.controller.loop import Controller
+from areal.controller.trajectories import read_saved_trajectories
 from areal.dataclass_config import build_dataclass
-from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_exception, classify_outcome
 from areal.protocol import EpisodeOutcome
 from areal.trainer.step import compute_advantages
-from areal.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = "word " * 5000  # past any context the gateway allows the test models

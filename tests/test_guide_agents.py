@@ -1,7 +1,7 @@
 """The guide's agents run the way a training run calls them: handed the runner's ``http_client``
 (an ``httpx`` client), inline and sandboxed. anthropic >= 2.11 is built on ``httpx2`` and refuses
 httpx clients, which failed every episode of an Anthropic agent that passes the handed client on,
-as AReaL's does (80 of 80); areal/httpx2_bridge.py gives the SDK a bridge to that very client."""
+as AReaL's does (80 of 80); areal/agent/httpx2_bridge.py gives the SDK a bridge to that very client."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import httpx2
 import pytest
 
-from areal.agent import hand_out
+from areal.agent.spec import hand_out
 from areal.aio import run as run_loop
 
 ROOT = Path(__file__).resolve().parents[1]

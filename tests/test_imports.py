@@ -111,7 +111,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_controller_and_the_config_import_no_torch():
     code = (
-        "import sys, areal.controller, areal.config, areal.trainer.config; "
+        "import sys, areal.controller.loop, areal.config, areal.trainer.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -121,25 +121,18 @@ def test_the_controller_and_the_config_import_no_torch():
 # Layers, from the bottom: components (one per process boundary) < the controller and the
 # cluster layer that compose them < the AReaL-compatible surface, which re-exports the one
 # implementation under AReaL's import paths. Imports run downwards only.
-COMPONENTS = ("areal.gateway", "areal.engine", "areal.ring", "areal.trainer", "areal.weights", "sandbox")
-CONTROLLER = (
-    "areal.controller",
-    "areal.episodes",
-    "areal.trajectories",
-    "areal.trainer_reports",
-    "areal.run_records",
-    "areal.recovery",
-    "areal.trackers",
-    "areal.plots",
-    "areal.evaluation",
-    "areal.agent_eval",
-    "areal.periodic_eval",
-    "areal.train",
-    "areal.sweep",
-    "areal.cluster",
-)
+COMPONENTS = ("areal.agent", "areal.gateway", "areal.engine", "areal.ring", "areal.trainer", "areal.weights", "sandbox")
+CONTROLLER = ("areal.controller", "areal.train", "areal.sweep", "areal.cluster")
 # The package itself counts: ``from areal import PPOTrainer`` is AReaL's path.
-AREAL_SURFACE = ("areal.api", "areal.experimental", "areal.launcher", "areal.workflow", "areal.utils", "areal.reward")
+AREAL_SURFACE = (
+    "areal.api",
+    "areal.experimental",
+    "areal.launcher",
+    "areal.workflow",
+    "areal.workflow_context",
+    "areal.utils",
+    "areal.reward",
+)
 
 
 def _in(module: str, tops: tuple[str, ...]) -> bool:
@@ -167,12 +160,12 @@ def test_layers_run_one_way():
 
 def test_the_layer_check_names_each_kind_of_climb():
     graph = {
-        "areal.engine.batch": {"areal.trainer.step", "areal.controller"},
-        "areal.controller": {"areal.api.cli_args", "areal.engine.batch"},
+        "areal.engine.batch": {"areal.trainer.step", "areal.controller.loop"},
+        "areal.controller.loop": {"areal.api.cli_args", "areal.engine.batch"},
         "areal.api.cli_args": {"areal.config"},
     }
     assert [line.split(":")[0] for line in _layer_violations(graph)] == [
-        "areal.controller -> areal.api.cli_args",
-        "areal.engine.batch -> areal.controller",
+        "areal.controller.loop -> areal.api.cli_args",
+        "areal.engine.batch -> areal.controller.loop",
         "areal.engine.batch -> areal.trainer.step",
     ]

@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from areal.config import DataConfig, TrainConfig
+from areal.controller.periodic_eval import PeriodicEval
+from areal.controller.records import RunRecords
 from areal.embedded import ensure_embedded_model
-from areal.periodic_eval import PeriodicEval
-from areal.run_records import RunRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -104,7 +104,7 @@ def test_off_by_default_and_bad_settings_are_refused_naming_the_field(tmp_path):
         with pytest.raises(ValueError, match=field):
             DataConfig(**kwargs)
     # Nothing to evaluate: refused before any process starts, from Python and from the command line.
-    from areal.controller import train
+    from areal.controller.loop import train
 
     rows = [{"question": "1+1?", "answer": "2"}]
     with pytest.raises(ValueError, match="data.eval_every=2 .*no held-out rows"):

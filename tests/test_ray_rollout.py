@@ -282,7 +282,7 @@ def test_cluster_config_checks_the_rollout_worker_keys(monkeypatch):
     # A relative agent file is made absolute for the workers; module specs are left alone.
     monkeypatch.chdir(ROOT)
     assert node_agent_spec("agents/openai_math.py:MathAgent") == f"{ROOT}/agents/openai_math.py:MathAgent"
-    assert node_agent_spec("areal.agent:nothing") == "areal.agent:nothing"
+    assert node_agent_spec("areal.agent.spec:nothing") == "areal.agent.spec:nothing"
 
 
 def test_a_worker_gateway_refuses_engines_on_the_controller_hosts_loopback(tmp_path):

@@ -1,5 +1,5 @@
 """A whole run SIGKILLed at a random point continues when the same command runs again
-(``recover.mode=auto``, areal/recovery.py): every step is logged once, no trajectory is trained
+(``recover.mode=auto``, areal/controller/recovery.py): every step is logged once, no trajectory is trained
 twice, none is skipped, the prompts keep their order, and the engine serves the checkpoint's
 weights; and a run killed with one trainer rank resumes with two (the checkpoint is in
 torch.distributed.checkpoint format, the ring positions come from the journal)."""
@@ -171,7 +171,7 @@ def test_a_run_killed_with_one_trainer_rank_resumes_with_two(tmp_path):
 
 
 def test_recover_mode_is_checked():
-    from areal.recovery import RecoverConfig
+    from areal.controller.recovery import RecoverConfig
 
     with pytest.raises(ValueError, match=r"recover.mode must be one of \('auto', 'off'\), got 'sometimes'"):
         RecoverConfig(mode="sometimes")
@@ -207,7 +207,7 @@ def test_a_group_admitted_before_the_last_seen_that_left_no_line_runs_again(tmp_
     """Groups finish out of order: at the kill, group 1 (admitted before group 3) had no episode
     ended, so nothing names it in episodes.jsonl or the journal; it is run again all the same,
     its id made from the prompt order by the rollout loop, and the prompt order goes on after 3."""
-    from areal.recovery import plan_resume
+    from areal.controller.recovery import plan_resume
 
     rows = [
         {"episode_id": "g0-p7-e0", "group_id": "g0-p7", "status": "ok"},
@@ -224,7 +224,7 @@ def test_a_group_admitted_before_the_last_seen_that_left_no_line_runs_again(tmp_
 def test_a_trained_group_whose_lines_the_kill_cut_is_not_run_again(tmp_path):
     """episodes.jsonl may lose its last lines to the kill while the trainer's own record says
     group 1 was trained at step 1 (the checkpoint's): position 1 is neither missing nor rerun."""
-    from areal.recovery import plan_resume
+    from areal.controller.recovery import plan_resume
 
     ckpt = tmp_path / "checkpoints" / "step-00000001"
     ckpt.mkdir(parents=True)

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from areal.agent import check_episode_rewards, outcome_from_result
+from areal.agent.spec import check_episode_rewards, outcome_from_result
 from areal.config import RolloutConfig, TrainConfig
-from areal.controller import Controller
+from areal.controller.loop import Controller
 from areal.dataclass_config import build_dataclass
 from areal.gateway import Interaction, Session, tree
 from areal.jsonl import json_line

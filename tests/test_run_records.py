@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from run_checks import one_step_run
 
-from areal.trajectories import read_saved_trajectories
+from areal.controller.trajectories import read_saved_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -711,7 +711,7 @@ def test_anthropic_imported_after_the_bridge_install_takes_a_handed_client():
     from the handed httpx one (the bridge wraps the SDK when it is imported)."""
     code = """
 import sys, asyncio, httpx
-from areal.agent import hand_out
+from areal.agent.spec import hand_out
 hand_out(httpx.AsyncClient())  # installs the bridge, as the zygote's warm-up does
 assert "anthropic" not in sys.modules, "install() imported anthropic"
 import anthropic

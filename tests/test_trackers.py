@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from areal.config import TrainConfig
-from areal.trackers import TrackerConfig, Trackers, WandbConfig
+from areal.controller.trackers import TrackerConfig, Trackers, WandbConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

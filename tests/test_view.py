@@ -36,9 +36,9 @@ from pathlib import Path
 import pytest
 
 from areal.config import TrainConfig
+from areal.controller.records import RunRecords
+from areal.controller.trajectories import read_saved_trajectories
 from areal.gateway.tree import Interaction
-from areal.run_records import RunRecords
-from areal.trajectories import read_saved_trajectories
 from areal.view.data import RunView
 from areal.view.server import write_html
 

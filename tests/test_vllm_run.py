@@ -32,6 +32,7 @@ from test_vllm_client import StandIn, script
 from transformers import AutoModelForCausalLM
 
 from areal.config import EngineConfig, EngineLaunchConfig, TrainConfig
+from areal.controller.trajectories import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
@@ -39,7 +40,6 @@ from areal.engine.serving import engine_client, server_launcher, start_engines, 
 from areal.engine.vllm import VLLMClient
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.publish import push_weights
-from areal.trajectories import read_saved_trajectories
 from areal.weights.collective import WeightUpdateError
 from benchmarks.vllm_env import venv_dir, vllm_python
 

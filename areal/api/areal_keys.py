@@ -32,7 +32,7 @@ REASONS = {
     "sglang": "SGLang server arguments: start servers yourself and give rollout.server_urls",
     "vllm": "vLLM server arguments: vLLM is not selectable for a run",
     "saver": "the trained model is saved at the end (final/); checkpoints: trainer.checkpoint_every",
-    "recover": "recover.mode and recover.freq_steps are honoured (areal/recovery.py); the rest has no counterpart",
+    "recover": "recover.mode and recover.freq_steps are honoured (areal/controller/recovery.py); the rest has no counterpart",
     "recover.freq_epochs": "checkpoints are taken every recover.freq_steps steps",
     "recover.freq_secs": "checkpoints are taken every recover.freq_steps steps",
     "recover.retries": "a killed run continues when its command runs again (recover.mode=auto)",

@@ -255,7 +255,7 @@ class EvaluatorConfig:
 class RecoverConfig:
     """``recover``: AReaL's resume settings. ``mode``: ``disabled`` starts afresh (``recover.mode=off``
     here); ``auto``, ``fault`` and ``resume`` continue a killed run from its last checkpoint
-    (``recover.mode=auto``, areal/recovery.py). ``freq_steps``: steps between checkpoints
+    (``recover.mode=auto``, areal/controller/recovery.py). ``freq_steps``: steps between checkpoints
     (``trainer.checkpoint_every``)."""
 
     mode: str = "disabled"

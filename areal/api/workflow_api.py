@@ -3,7 +3,7 @@
 - ``AgentWorkflow``: ``async run(data, **extra_kwargs) -> float | dict[str, float]``. The agent
   talks to the gateway through ``extra_kwargs`` (``base_url``, ``api_key``, ``http_client``) or
   the environment (``OPENAI_BASE_URL`` ...) and returns the episode's reward, or a reward per
-  completion/response id. This is the system's own agent interface (``areal/agent.py``), so it
+  completion/response id. This is the system's own agent interface (``areal/agent/spec.py``), so it
   runs sandboxed (``rollout.openai.mode=subproc``) or in the controller's loop (``inline``).
   Any object with such a ``run`` works; subclassing is optional.
 - ``RolloutWorkflow``: ``async arun_episode(engine, data) -> {id: InteractionWithTokenLogpReward}``.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from areal.agent import workflow_kind  # noqa: F401  -- AReaL's import path; the one implementation is areal/agent.py
+from areal.agent.spec import workflow_kind  # noqa: F401  -- AReaL's import path; the one implementation is areal/agent/spec.py
 from areal.gateway.tree import InteractionWithTokenLogpReward
 
 

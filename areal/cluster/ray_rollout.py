@@ -78,10 +78,10 @@ import msgspec
 import ray
 from ray.util.placement_group import placement_group
 
-from areal.agent import EXEC_PREFIX
+from areal.agent.failures import INFRASTRUCTURE
+from areal.agent.spec import EXEC_PREFIX
 from areal.cluster.config import ClusterConfig
 from areal.cluster.placement import bundle_options, release
-from areal.failures import INFRASTRUCTURE
 from areal.gateway import Gateway, serve_zmq
 from areal.gateway.core import GatewayConfig, Session
 from areal.gateway.tree import Interaction

@@ -1,4 +1,4 @@
-"""``PPOTrainer``: AReaL's trainer entry, a thin layer over ``areal.controller.train``.
+"""``PPOTrainer``: AReaL's trainer entry, a thin layer over ``areal.controller.loop.train``.
 
     with PPOTrainer(config, train_dataset=, valid_dataset=) as trainer:
         trainer.train(workflow, eval_workflow)
@@ -6,7 +6,7 @@
             │  workflow ─► an agent spec "MODULE:ATTR" or ".py:ATTR" (runs sandboxed or inline)
             │            └► an object (AgentWorkflow / RolloutWorkflow) handed over as ``agent=``
             ▼
-        areal.aio.run(areal.controller.train(train_config, run_dir, **extra))  ─► summary dict
+        areal.aio.run(areal.controller.loop.train(train_config, run_dir, **extra))  ─► summary dict
 
 Workflows, and where they run:
 - a string path (``"areal.workflow.openai.math_agent.MathAgent"``) or a class: becomes the agent
@@ -21,7 +21,7 @@ Datasets: the embedded task (``EmbeddedDataset``) maps onto ``data.train_size`` 
 any other rows go to the controller as ``dataset=`` / ``eval_dataset=``.
 
 Not covered: ``eval_workflow`` is accepted for AReaL compatibility but held-out evaluation is the
-controller's own (``areal.evaluation``: greedy and sampled accuracy before and after training).
+controller's own (``areal.controller.evaluation``: greedy and sampled accuracy before and after training).
 The run directory is ``<cluster.fileroot>/<experiment_name>/<trial_name>``.
 """
 
@@ -35,7 +35,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from areal.agent import class_spec
+from areal.agent.spec import class_spec
 from areal.aio import run as run_loop
 from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
@@ -239,7 +239,7 @@ class PPOTrainer:
         eval_workflow_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
-        from areal.controller import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
+        from areal.controller.loop import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
 
         plan = plan_workflow(workflow, workflow_kwargs)
         embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)

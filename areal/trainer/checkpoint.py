@@ -22,7 +22,7 @@ renames; barrier. Only after the last barrier may a rank tell its ring that the 
 Two ways to load (``load_checkpoint(positions=...)``):
 - the trainer alone restarted on the same rings (``--resume``): everything, the ring positions
   included, so the world size must be the one that wrote it;
-- a whole run resumed (areal/recovery.py): model, optimizer, schedule and step only; the
+- a whole run resumed (areal/controller/recovery.py): model, optimizer, schedule and step only; the
   controller replays the records no checkpoint holds into new rings, so the world size may
   differ (a rank with no RNG file of its own keeps its seeded generator).
 

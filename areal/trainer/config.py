@@ -115,7 +115,7 @@ class TrainerConfig:
     checkpoint_every: int = 10  # steps between atomic checkpoints under run_dir/checkpoints (0: never; a killed run resumes from the last)
     keep_checkpoints: int = 2  # complete checkpoints kept (newest first)
     resume: bool = False  # start from the latest checkpoint in run_dir
-    # verl's spelling of recover.mode (auto | disable): when set, it decides recover.mode (areal/recovery.py)
+    # verl's spelling of recover.mode (auto | disable): when set, it decides recover.mode (areal/controller/recovery.py)
     resume_mode: str = ""
     keep_versions: int = 2  # weight dirs kept under run_dir/weights (newest first)
     # How long a rank waits for its next record once records flow (None: as long as the ring's writer
@@ -221,7 +221,7 @@ class TrainerJob:
     ring_names: list[str] = field(default_factory=list)  # one ring per rank when launched with N > 1 ranks
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     engine_kind: str = "embedded"  # engine.kind: which routes load weights ("vllm": vLLM's, else SGLang's)
-    # A whole run resumed (areal/recovery.py): the checkpoint dir whose model, optimizer and schedule
+    # A whole run resumed (areal/controller/recovery.py): the checkpoint dir whose model, optimizer and schedule
     # this trainer starts from, at any world size (its ring positions are not used: new rings).
     resume_from: str = ""
     # The controller journals every record no checkpoint holds (resume_journal.bin), so records are

@@ -3,7 +3,7 @@
     weights of step s ─► run_dir/weights/.tmp-vs ─rename─► vs ─► POST /update_weights_from_disk
                      (every engine; vLLM: its reload routes; a failure is WeightUpdateError)
                      ─► prune to keep_versions
-    Reporter: TrainerReport / TrainerDone / TrainerFailed ─ZeroMQ PUSH─► controller
+    then TrainerReport to the controller (areal/trainer/reports.py)
 
 Invariant: ``TrainerReport(version=s)`` is sent only after every engine answered success for
 version ``s``; a failed update is an error and a non-zero exit, never a skip.
@@ -20,14 +20,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import msgspec
 import torch
-import zmq
 
-from areal.curve import CurveKeys, connect_curve
 from areal.engine.client import EngineError, EngineUnavailable
 from areal.engine.vllm import vllm_update_weights_sync
-from areal.protocol import TrainerMessage
 from areal.weights.collective import WeightUpdateError
 
 TOKENIZER_FILES = (
@@ -140,23 +136,3 @@ def prune_versions(weights_dir: Path, version: int, keep: int) -> None:
         k = path.name[1:]
         if k.isdigit() and int(k) <= version - keep:
             shutil.rmtree(path)
-
-
-class Reporter:
-    """PUSH socket to the controller; close() lingers so the last message is delivered."""
-
-    def __init__(self, addr: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
-        keys = CurveKeys.from_env()  # set by a run on Ray nodes with cluster.encrypt (areal/curve.py)
-        if keys is not None:
-            connect_curve(self.sock, keys)
-        self.sock.connect(addr)
-        self.encoder = msgspec.msgpack.Encoder()
-
-    def send(self, msg: TrainerMessage) -> None:
-        self.sock.send(self.encoder.encode(msg))
-
-    def close(self, linger_s: float = 10.0) -> None:
-        self.sock.close(linger=int(linger_s * 1000))
-        self.ctx.term()

@@ -65,7 +65,8 @@ from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_ch
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.fsdp import FullWeights, shard_policy
 from areal.trainer.packing import PolicyScorer
-from areal.trainer.publish import Reporter, prune_versions, push_weights, save_atomically
+from areal.trainer.publish import prune_versions, push_weights, save_atomically
+from areal.trainer.reports import Reporter
 from areal.trainer.step import GroupCollector, all_reduce, train_step
 from areal.weights.collective import CollectiveWeightPush, free_port, local_address_towards
 
@@ -172,7 +173,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         return published if rank == 0 else None
 
     barrier = dist.barrier if world > 1 else (lambda: None)
-    # A run's controller journals every record no checkpoint holds (areal/recovery.py), so its
+    # A run's controller journals every record no checkpoint holds (areal/controller/recovery.py), so its
     # trainer commits records as it reads them; a trainer alone commits them after a checkpoint.
     reader, commits = open_reader(job.ring_for(rank, world), config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled)
     collector = GroupCollector(reader, config.record_timeout_s)

@@ -1,6 +1,6 @@
-"""AReaL's ``areal.utils.stats_tracker``: the process's ``areal.workflow_stats.Tracker``."""
+"""AReaL's ``areal.utils.stats_tracker``: the process's ``areal.agent.stats.Tracker``."""
 
-from areal.workflow_stats import DEFAULT, Tracker
+from areal.agent.stats import DEFAULT, Tracker
 
 get, scalar, stat, scope, record_timing, export = (
     DEFAULT.get,

@@ -17,7 +17,7 @@ new branch because the agent rewrote its history (the gateway counts it as drift
 G = r + γ · mean(G of the children), r the call's own reward (set through the gateway or named by
 run()'s {id: reward}); an episode whose reward came as one float has it on its last call.
 
-Covered: runs written by ``areal/run_records.py`` (calls.jsonl may be absent: episodes are then
+Covered: runs written by ``areal/controller/records.py`` (calls.jsonl may be absent: episodes are then
 listed without trees). Not covered: trajectories.bin (the trained rows; this reads the calls).
 """
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from openai import AsyncOpenAI
 
-from areal import workflow_context
+from areal.agent import context as workflow_context
 from areal.gateway.core import Gateway, GatewayConfig, Session
 from areal.gateway.server import reply_frames
 from areal.gateway.tree import Interaction, InteractionWithTokenLogpReward
@@ -87,7 +87,7 @@ class ArealOpenAI(AsyncOpenAI):
         if chat_template_type not in ("hf", "concat"):
             raise ValueError(f"chat_template_type must be 'hf' or 'concat', got {chat_template_type!r}")
         # In a run's workflow call, the run's gateway settings: its context capped at what the
-        # engine's model holds (areal.workflow_context); AReaL's client cuts max_tokens to what fits.
+        # engine's model holds (areal.agent.context); AReaL's client cuts max_tokens to what fits.
         run = workflow_context.gateway_config()
         base = gateway_config or (dataclasses.replace(run, fit_max_tokens=True) if run else GatewayConfig(fit_max_tokens=True))
         config = dataclasses.replace(base, tool_parser=tool_call_parser, reasoning_parser=reasoning_parser, session_idle_s=0)

@@ -3,7 +3,7 @@
 The Anthropic SDK appends ``/v1/messages`` to its base URL itself, so the gateway's ``/v1``
 suffix is removed from ``base_url`` (in the sandbox ``ANTHROPIC_BASE_URL`` is already bare). The
 runner's ``http_client`` is passed as it is, as AReaL's agent does: anthropic >= 2.11 (httpx2)
-gets a bridge to it (``areal/httpx2_bridge.py``).
+gets a bridge to it (``areal/agent/httpx2_bridge.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``evaluate`` scores the policy the engine serves now on held-out problems, straight through the
 engine (chat template -> /generate), once sampled at the training temperature and once greedy.
 ``Progress`` prints its console lines while it runs (and the agent's evaluation's,
-areal/agent_eval.py): an evaluation of a real model on many problems takes minutes.
+areal/controller/agent_eval.py): an evaluation of a real model on many problems takes minutes.
 ``reward_trend`` and ``paired_test`` turn "the curve went up" into a number with a p-value,
 so a run's summary can say whether the rise is more than noise.
 """

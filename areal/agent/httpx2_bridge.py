@@ -12,7 +12,7 @@
 So an agent that passes the handed client on, as AReaL's do (``AsyncAnthropic(base_url=...,
 api_key=..., http_client=extra_kwargs["http_client"])``), gets a working client in both modes.
 
-Invariants: only the clients the runners hand out (``areal.agent.hand_out`` adds them to
+Invariants: only the clients the runners hand out (``areal.agent.spec.hand_out`` adds them to
 ``HANDED``; matched by identity) are replaced, so a client the agent makes itself reaches the
 SDK untouched (an httpx one is refused by the SDK as before); closing the SDK's client never
 closes H, which the runner owns and shares between episodes; transport errors keep their kind

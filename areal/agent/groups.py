@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from areal import workflow_context
-from areal.agent import check_episode_rewards, outcome_from_exception
+from areal.agent import context as workflow_context
+from areal.agent.spec import check_episode_rewards, outcome_from_exception
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.protocol import EpisodeOutcome, Trajectory
 

@@ -111,7 +111,7 @@ class Journal:
 
 def read_journal(path: Path) -> list[Trajectory]:
     """Every complete record of the journal (a record cut by the kill is dropped, and said)."""
-    from areal.trajectories import read_saved_trajectories
+    from areal.controller.trajectories import read_saved_trajectories
 
     if not path.is_file():
         return []

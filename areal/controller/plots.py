@@ -22,7 +22,7 @@ def plot_reward_curve(
     held-out accuracy before, during (``periodic``: rows with ``step``, data.eval_every) and
     after. The y-axis zooms on the data: the rises RL makes on the tiny
     embedded model are a few points, invisible on a 0..1 axis."""
-    from areal.evaluation import reward_trend  # numpy only; kept local so plots stays importable alone
+    from areal.controller.evaluation import reward_trend  # numpy only; kept local so plots stays importable alone
 
     xs = [m["step"] for m in steps]
     ys = [m["reward_mean"] for m in steps]

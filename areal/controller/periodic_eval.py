@@ -5,9 +5,9 @@
         │   (the trainer prunes v{s} once v{s + trainer.keep_versions} is published)
         ▼ a task beside the rollout loop (one at a time; episodes keep running meanwhile)
     the evaluation (data.eval_mode: evaluate() on the engine, or the run's agent through its runner,
-    areal/agent_eval.py), the engine serving v{s} since the report
+    areal/controller/agent_eval.py), the engine serving v{s} since the report
         ─► records.evaluation("periodic", {version: s, served_version_min/max, sampled_acc, ...}, step=s)
-           (evals.jsonl, the console, W&B, TensorBoard: areal/run_records.py)
+           (evals.jsonl, the console, W&B, TensorBoard: areal/controller/records.py)
         ─► better than best/best.json by data.eval_best_metric (data.eval_best_mode)?
              yes: best.json into the stage; best/ ─rename─► .best-old; stage ─rename─► best/
              no:  the stage is removed
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.config import TrainConfig
-from areal.run_records import RunRecords
+from areal.controller.records import RunRecords
 
 Evaluate = Callable[[], Awaitable[dict[str, Any]]]
 

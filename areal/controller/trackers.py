@@ -22,7 +22,7 @@ is ``tracker.wandb.name``, else the run directory's name (a sweep's job number).
 live in each run's own directory, so ``tensorboard --logdir <sweep dir>`` shows a sweep's runs together.
 
 Covered: W&B offline (no network: ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later) or
-online when asked; TensorBoard through ``torch.utils.tensorboard``. A resumed run (areal/recovery.py)
+online when asked; TensorBoard through ``torch.utils.tensorboard``. A resumed run (areal/controller/recovery.py)
 continues its W&B run: the id drawn at the first start is kept in ``<run_dir>/wandb_run_id``. Not
 covered: SwanLab; AReaL's ``stats_logger.wandb.config`` and ``id_suffix`` (areal/api/areal_keys.py
 names them).
@@ -143,7 +143,7 @@ class Trackers:
                     b.log_table("episodes", table, step)
 
     def log_eval(self, name: str, result: dict[str, Any], step: int) -> None:
-        """An evaluation's numbers (``areal.evaluation.evaluate``'s dict; lists are left out)."""
+        """An evaluation's numbers (``areal.controller.evaluation.evaluate``'s dict; lists are left out)."""
         scalars = {k: v for k, v in result.items() if _is_number(v)}
         for b in self.backends:
             b.log_eval(name, scalars, step)

@@ -4,9 +4,9 @@
                              ├► calls.jsonl              each episode's conversation tree, token by token (the viewer's)
                              ├► vocab.json               every token id's text, so the run dir decodes on its own
                              ├► trajectories.bin         every published Trajectory (save_trajectories)
-                             ├► trackers (areal/trackers.py): metrics.jsonl, evals.jsonl, console, W&B, TensorBoard
+                             ├► trackers (areal/controller/trackers.py): metrics.jsonl, evals.jsonl, console, W&B, TensorBoard
                              ├► untrained_episodes.json  accepted episodes no step trained (the run ended first)
-                             │  (eval_episodes.jsonl, the agent's evaluation episodes: areal/agent_eval.py)
+                             │  (eval_episodes.jsonl, the agent's evaluation episodes: areal/controller/agent_eval.py)
                              └► summary.json, reward_curve.png   at the end
 
 Invariants: every line is strict JSON (``areal/jsonl.py``); a failure's reason is kept whole up
@@ -34,11 +34,11 @@ from typing import Any
 from tqdm import tqdm
 
 from areal.config import TrainConfig, to_dict
-from areal.evaluation import paired_test, reward_trend
+from areal.controller.evaluation import paired_test, reward_trend
+from areal.controller.plots import plot_reward_curve
+from areal.controller.trackers import open_trackers
 from areal.jsonl import json_line
-from areal.plots import plot_reward_curve
 from areal.protocol import EpisodeOutcome, Trajectory, encode_trajectory, frame
-from areal.trackers import open_trackers
 
 REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
 
@@ -106,7 +106,7 @@ class RunRecords:
     def __init__(self, config: TrainConfig, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
-        # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/trackers.py)
+        # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/controller/trackers.py)
         self.tracker = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
         self.step_metrics: list[dict[str, Any]] = []
         self.periodic_evals: list[dict[str, Any]] = []  # evaluations during training (the plot's points)
@@ -155,7 +155,7 @@ class RunRecords:
             self.call_log.flush()
 
     def continued(self, step: int) -> None:
-        """A killed run resumed at ``step`` (areal/recovery.py cut its files back): the steps and
+        """A killed run resumed at ``step`` (areal/controller/recovery.py cut its files back): the steps and
         evaluations it logged before stay in the summary and the plot, and the calls it recorded
         count against the viewer's budget."""
         rows = [json.loads(line) for line in _lines(self.run_dir / "metrics.jsonl")]

@@ -15,7 +15,7 @@ where ``version`` is the trainer's latest published policy. With a bound of 0 th
 synchronous; with 1, the next step's rollouts overlap the current optimizer step.
 
 Failure policy: a failed episode (error, timeout, crash) is logged with its reason and its class
-in ``episodes.jsonl`` and counted per class in the metrics (``areal/failures.py`` decides the
+in ``episodes.jsonl`` and counted per class in the metrics (``areal/agent/failures.py`` decides the
 class). A policy failure (the model's output made the agent fail) is trained on with
 ``rollout.policy_failure_reward``, in its group; an agent or infrastructure failure is not trained
 on and is left out of its group, whose advantages are normalised over the rest. An episode whose
@@ -28,10 +28,10 @@ whatever the controller is doing (the evaluation before training included), with
 and the tail of its log.
 
 Around the loop, each in its own module: the engines (``areal/engine/serving.py``), the trainer
-process (``areal/trainer/launch.py``) and its messages read back (``areal/trainer_reports.py``),
+process (``areal/trainer/launch.py``) and its messages read back (``areal/controller/metrics.py``),
 one agent episode from its gateway session to its settled outcome, infrastructure losses and
-zygote restarts included (``areal/episodes.py``), episodes as trajectories
-(``areal/trajectories.py``) and the run's files and trackers (``areal/run_records.py``). What stays
+zygote restarts included (``areal/controller/episodes.py``), episodes as trajectories
+(``areal/controller/trajectories.py``) and the run's files and trackers (``areal/controller/records.py``). What stays
 here (past 600 lines) is the loop's own state, which admission, groups, failure accounting and
 the trainer's reports all read and write on one event loop: split, it would be one object passed around.
 """
@@ -58,30 +58,31 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
-from areal.agent_eval import AgentEvaluation
+from areal.agent.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
+from areal.agent.groups import AdvantageWatch, WorkflowGrouping
+from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import TrainConfig
+from areal.controller.agent_eval import AgentEvaluation
+from areal.controller.episodes import Episodes, episode_record
+from areal.controller.evaluation import Progress, eval_label, evaluate
+from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
+from areal.controller.records import RunRecords, episode_table_row, reason, row_rewards
+from areal.controller.recovery import Journal, Resume, holds_run, plan_resume, prepare_records, trained_episodes
+from areal.controller.metrics import step_row
+from areal.controller.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.dataset import load_rows, normalize_row, stratified_order
 from areal.embedded.resolve import resolve_model_path
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
 from areal.engine.serving import start_engines, weight_loader
-from areal.episodes import Episodes, episode_record
-from areal.evaluation import Progress, eval_label, evaluate
-from areal.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
-from areal.periodic_eval import PeriodicEval, check_eval_rows
 from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import EpisodeOutcome, TrainerDone, TrainerFailed, TrainerReport, Trajectory
-from areal.recovery import Journal, Resume, holds_run, plan_resume, prepare_records, trained_episodes
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
-from areal.run_records import RunRecords, episode_table_row, reason, row_rewards
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
-from areal.trainer_reports import TrainerExited, step_row, trainer_messages
-from areal.trajectories import trajectory_from_episode, trajectory_from_row
-from areal.workflow_groups import AdvantageWatch, WorkflowGrouping
+from areal.trainer.reports import TrainerExited, trainer_messages
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote_client import Zygote
 
@@ -110,7 +111,7 @@ class Controller:
     ):
         self.config = config
         self.run_dir = run_dir
-        self.resume = resume  # a killed run continued (areal/recovery.py), its records already cut back
+        self.resume = resume  # a killed run continued (areal/controller/recovery.py), its records already cut back
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         if dataset is not None and not dataset:
@@ -301,7 +302,7 @@ class Controller:
             return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
     async def _start_runner(self, gateway_addr: str, http_url: str, gateway: Gateway, urls: list[str], model_dir: Path) -> Episodes | None:
-        """The agent runner, as the run's episodes use it (areal/episodes.py says what each kind
+        """The agent runner, as the run's episodes use it (areal/controller/episodes.py says what each kind
         brings): the sandbox zygote (subproc), zygotes on Ray nodes (``cluster.rollout_workers``,
         each with its own gateway on the engines at ``urls`` unless ``cluster.gateway=controller``),
         the inline runner, or None for a RolloutWorkflow object, which the rollout loop calls itself
@@ -493,7 +494,7 @@ class Controller:
         await self._publish(rings, [trajectory_from_episode(o, s, group_id, len(good)) for o, s in good])
 
     async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
-        """One group of ``arun_episode`` calls (``areal/workflow_groups.py`` decides how many):
+        """One group of ``arun_episode`` calls (``areal/agent/groups.py`` decides how many):
         each call gets its line in episodes.jsonl; each row of the ok calls is one Trajectory, all
         normalised together (group_size = rows); no rows at all fails the group."""
         calls = await self.grouping.run_group(engine, problem, group_id)
@@ -675,8 +676,8 @@ class Controller:
         self, episodes: Episodes | None, engine: Any, tokenizer: Any, eval_set: list[dict]
     ) -> Callable[[str], Awaitable[dict[str, Any]]]:
         """The held-out evaluation, called by name (before, periodic, after): one reply per problem
-        straight on the engine (data.eval_mode=single_turn, areal/evaluation.py), or the run's own
-        agent's episodes (agent, areal/agent_eval.py: ``Episodes.evaluate``)."""
+        straight on the engine (data.eval_mode=single_turn, areal/controller/evaluation.py), or the run's own
+        agent's episodes (agent, areal/controller/agent_eval.py: ``Episodes.evaluate``)."""
         d = self.config.data
         if d.eval_mode == "agent":
             log_path = self.run_dir / "eval_episodes.jsonl"
@@ -793,7 +794,7 @@ async def train(
     ``agent``: an object replacing ``rollout.agent`` (``async run(data, **extra_kwargs)``, or a
     RolloutWorkflow's ``async arun_episode(engine, data)``). ``dataset`` / ``eval_dataset``: rows
     ({question|messages, answer}) replacing the embedded train / held-out problems. A directory
-    holding a killed run continues it (``recover.mode=auto``, areal/recovery.py).
+    holding a killed run continues it (``recover.mode=auto``, areal/controller/recovery.py).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = plan_continuation(config, run_dir)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from areal.failures import classify_exception
+from areal.agent.failures import classify_exception
 from areal.protocol import EpisodeOutcome
 
 
@@ -45,7 +45,7 @@ class EpisodeRunner(Protocol):
     ``areal.cluster.ray_rollout.RayRunner`` (zygotes on Ray nodes).
     ``api_key`` is the episode's gateway session key; ``deadline_s`` its wall-clock limit.
     What a kind brings beyond this (sessions on gateways of its own, a zygote to restart, crashes
-    it names as lost) is handed to ``areal.episodes.Episodes`` where the controller starts it."""
+    it names as lost) is handed to ``areal.controller.episodes.Episodes`` where the controller starts it."""
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome: ...
 
@@ -54,7 +54,7 @@ class EpisodeRunner(Protocol):
 
 AgentRun = Callable[..., Awaitable[Any]]
 EXEC_PREFIX = "exec:"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> AgentRun:
@@ -263,7 +263,7 @@ def _listed(problems: list[str]) -> str:
 
 
 def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -> EpisodeOutcome:
-    """An error outcome holding the traceback and the failure's class (``areal/failures.py``)."""
+    """An error outcome holding the traceback and the failure's class (``areal/agent/failures.py``)."""
     text = "".join(traceback.format_exception(exc))
     failure_class, failure_cause = classify_exception(exc)
     return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s, failure_class=failure_class, failure_cause=failure_cause)
@@ -293,9 +293,9 @@ def agent_object_spec(agent: Any) -> str | None:
 def hand_out(client: httpx.AsyncClient) -> httpx.AsyncClient:
     """``client``, noted as the ``http_client`` the runners hand agents, so that SDKs built on
     ``httpx2`` (anthropic >= 2.11), which refuse httpx clients, take it too: they get an httpx2
-    client sending through it (``areal/httpx2_bridge.py``). Without httpx2 every SDK takes it."""
+    client sending through it (``areal/agent/httpx2_bridge.py``). Without httpx2 every SDK takes it."""
     if importlib.util.find_spec("httpx2") is not None:
-        from areal import httpx2_bridge
+        from areal.agent import httpx2_bridge
 
         httpx2_bridge.install()
         httpx2_bridge.HANDED.add(client)

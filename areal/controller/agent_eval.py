@@ -13,9 +13,9 @@ statistics of an episode read off the gateway's recorded calls.
     score: the episode's reward (a policy failure's is rollout.policy_failure_reward; an agent or
            infrastructure failure scores 0); ``failed_episodes`` counts the episodes not ok
     tool use: episode_tool_use(its interactions)
-        ├► the console          a line as it starts, then one per tenth of its episodes done (areal.evaluation.Progress)
+        ├► the console          a line as it starts, then one per tenth of its episodes done (areal.controller.evaluation.Progress)
         ├► eval_episodes.jsonl  one line per evaluation episode, with its decoded replies
-        └► the result: ``areal.evaluation.evaluate``'s keys (sampled_acc, greedy_acc,
+        └► the result: ``areal.controller.evaluation.evaluate``'s keys (sampled_acc, greedy_acc,
            per_problem_sampled, per_problem_greedy, served_versions), "mode": "agent", and the
            tool-use means of the sampled episodes (``tool_use_means``)
 
@@ -51,8 +51,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from areal.evaluation import Progress, eval_label
-from areal.failures import POLICY
+from areal.agent.failures import POLICY
+from areal.controller.evaluation import Progress, eval_label
 from areal.gateway.tree import Interaction
 from areal.jsonl import json_line
 from areal.protocol import EpisodeOutcome

@@ -8,11 +8,11 @@
           │     not the agent's ─► Episodes.recover: a dead sandbox zygote restarted
           ▼
     Episodes.settle: the reward function (the agent gave no reward), the rewards checked against the
-        episode's own completions and rollout.reward_range, the failure class (areal/failures.py)
+        episode's own completions and rollout.reward_range, the failure class (areal/agent/failures.py)
 
 Both of the controller's episode paths go through this one object: a training group's episodes
 (logged, counted and trained by the controller) and the held-out evaluation's
-(``data.eval_mode=agent``, areal/agent_eval.py: settled the same way, never trained or logged
+(``data.eval_mode=agent``, areal/controller/agent_eval.py: settled the same way, never trained or logged
 with them). What kind of runner the run has is said once, where the controller starts it
 (``Controller._start_runner``), by the arguments it builds this with; neither path asks:
 
@@ -43,13 +43,13 @@ from typing import Any
 
 import msgspec
 
-from areal.agent import EpisodeRunner, check_episode_rewards
-from areal.agent_eval import EvalEpisode
+from areal.agent.failures import POLICY, classify_outcome
+from areal.agent.spec import EpisodeRunner, check_episode_rewards
 from areal.config import TrainConfig
-from areal.failures import POLICY, classify_outcome
+from areal.controller.agent_eval import EvalEpisode
+from areal.controller.records import reason
 from areal.gateway import Gateway, Session
 from areal.protocol import EpisodeOutcome
-from areal.run_records import reason
 from sandbox.zygote_client import Zygote
 
 
@@ -112,7 +112,7 @@ class Episodes:
         return outcome, self.gateway.close_session(key)
 
     async def evaluate(self, episode_id: str, problem: dict, temperature: float | None) -> EvalEpisode:
-        """One held-out episode of the run's agent (areal/agent_eval.py), sampled at ``temperature``
+        """One held-out episode of the run's agent (areal/controller/agent_eval.py), sampled at ``temperature``
         (None: the agent's own), run and settled as a training episode is but never trained or
         logged with them; run again when it was lost to the infrastructure, as a group is."""
         for attempt in range(self.config.rollout.max_zygote_restarts + 1):
