@@ -18,6 +18,7 @@ RUN apt-get update \
 WORKDIR /opt/areal-lite
 COPY requirements.lock constraints.txt pyproject.toml setup.py README.md ./
 COPY areal areal
+COPY conf conf
 COPY sandbox sandbox
 COPY agents agents
 COPY examples examples

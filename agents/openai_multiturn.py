@@ -26,25 +26,23 @@ from openai import AsyncOpenAI
 
 from areal.embedded.corpus import RETRY_PROMPTS
 from areal.reward.gsm8k import gsm8k_reward_fn
-from areal.workflow.common import gateway_kwargs, question
+from areal.workflow.common import Sampling, gateway_kwargs, question
 
 
 class MultiTurnMathAgent:
     def __init__(self, max_turns: int = 3, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.temperature, self.max_tokens = max_turns, temperature, max_tokens
+        self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
         messages: list[dict[str, str]] = [{"role": "user", "content": question(data)}]
         rewards: dict[str, float] = {}
-        for turn in range(self.max_turns):
+        for turn in range(self.sampling.max_turns):
             completion = await client.chat.completions.create(
                 model="default",
                 messages=messages,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
+                temperature=self.sampling.temperature,
+                max_tokens=self.sampling.max_tokens,
             )
             text = completion.choices[0].message.content or ""
             rewards[completion.id] = gsm8k_reward_fn(completions=text, answer=data["answer"])

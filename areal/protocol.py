@@ -275,25 +275,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
         row_parents: list[int] | None = None,
     ) -> Trajectory:
         """Build a record from numpy (or list) rows; ``created`` defaults to now."""
-
-        def cat(name: str) -> memoryview:
-            parts = [np.asarray(getattr(r, name), dtype=_DTYPES[name]) for r in rows]
-            joined = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[name])
-            return memoryview(joined.tobytes())
-
-        if interaction_ids is not None and len(interaction_ids) != len(rows):
-            raise ValueError(f"interaction_ids has {len(interaction_ids)} entries for {len(rows)} rows")
-        if row_turns is not None and len(row_turns) != len(rows):
-            raise ValueError(f"row_turns has {len(row_turns)} entries for {len(rows)} rows")
-        if row_parents is not None:
-            if len(row_parents) != len(rows):
-                raise ValueError(f"row_parents has {len(row_parents)} entries for {len(rows)} rows")
-            # A parent precedes its child (calls are recorded in order), so the tree has no cycle.
-            if any(not -1 <= p < k for k, p in enumerate(row_parents)):
-                raise ValueError(f"row_parents must name an earlier row or -1, got {list(row_parents)}")
-        lens = np.array([len(r.input_ids) for r in rows], dtype="<i4")
-        rewards = np.array([r.reward for r in rows], dtype="<f4")
-        turns = np.array(row_turns if row_turns is not None else [], dtype="<i4")
+        _check_row_lists(len(rows), interaction_ids=interaction_ids, row_turns=row_turns, row_parents=row_parents)
         return cls(
             schema_version=TRAJECTORY_SCHEMA,
             episode_id=episode_id,
@@ -301,12 +283,12 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             group_size=group_size,
             reward=float(reward),
             status=status,
-            input_ids=cat("input_ids"),
-            loss_mask=cat("loss_mask"),
-            logprobs=cat("logprobs"),
-            versions=cat("versions"),
-            row_lens=memoryview(lens.tobytes()),
-            row_rewards=memoryview(rewards.tobytes()),
+            input_ids=_concat(rows, "input_ids"),
+            loss_mask=_concat(rows, "loss_mask"),
+            logprobs=_concat(rows, "logprobs"),
+            versions=_concat(rows, "versions"),
+            row_lens=_int32([len(r.input_ids) for r in rows]),
+            row_rewards=memoryview(np.array([r.reward for r in rows], dtype="<f4").tobytes()),
             timings=timings or {},
             error=error,
             drift=drift,
@@ -315,8 +297,8 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             policy_version_end=policy_version_end,
             created=time.time() if created is None else created,
             interaction_ids=list(interaction_ids or []),
-            row_turns=memoryview(turns.tobytes()),
-            row_parents=memoryview(np.array(row_parents if row_parents is not None else [], dtype="<i4").tobytes()),
+            row_turns=_int32(row_turns if row_turns is not None else []),
+            row_parents=_int32(row_parents if row_parents is not None else []),
         )
 
     def rows(self) -> list[TokenRow]:
@@ -328,6 +310,28 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             out.append(TokenRow(ids[s], mask[s], lp[s], ver[s], r))
             start += n
         return out
+
+
+def _concat(rows: list[TokenRow], name: str) -> memoryview:
+    """Field ``name`` of every row, concatenated as its wire dtype."""
+    parts = [np.asarray(getattr(r, name), dtype=_DTYPES[name]) for r in rows]
+    joined = np.concatenate(parts) if parts else np.zeros(0, _DTYPES[name])
+    return memoryview(joined.tobytes())
+
+
+def _int32(values: list[int]) -> memoryview:
+    return memoryview(np.array(values, dtype="<i4").tobytes())
+
+
+def _check_row_lists(n: int, **lists: list | None) -> None:
+    """Each per-row list given (``interaction_ids``, ``row_turns``, ``row_parents``) has one entry
+    per row; a parent precedes its child (calls are recorded in order), so the tree has no cycle."""
+    for name, values in lists.items():
+        if values is not None and len(values) != n:
+            raise ValueError(f"{name} has {len(values)} entries for {n} rows")
+    parents = lists.get("row_parents")
+    if parents is not None and any(not -1 <= p < k for k, p in enumerate(parents)):
+        raise ValueError(f"row_parents must name an earlier row or -1, got {list(parents)}")
 
 
 class TokenRow(msgspec.Struct):

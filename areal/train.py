@@ -1,6 +1,6 @@
 """Entry point: `python -m areal.train [key=value ...]` (Hydra; `-m` for sweeps).
 
-Composes `areal/conf/config.yaml` over the `TrainConfig` schema (registered with Hydra's ConfigStore:
+Composes `conf/config.yaml` (``conf_dir()``) over the `TrainConfig` schema (registered with Hydra's ConfigStore:
 an unknown key or a wrong type fails at composition, and `--cfg job` prints every key), converts
 it at once into the typed `TrainConfig` (`OmegaConf.to_object`), saves the resolved
 config as JSON in the run directory, and runs the loop of `areal.controller.loop`. In a multirun
@@ -36,7 +36,16 @@ from areal.controller.loop import train
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-@hydra.main(config_path="conf", config_name="config", version_base=None)
+def conf_dir() -> Path:
+    """The run's YAMLs: the copy ``pip install .`` put inside the package (setup.py maps
+    ``areal.conf`` onto the repository's top-level ``conf/``), else that ``conf/`` itself, beside
+    the package (a source checkout, an editable install)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "conf"
+    return installed if installed.is_dir() else package.parent / "conf"
+
+
+@hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
 def main(cfg: DictConfig) -> dict:
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, TrainConfig)

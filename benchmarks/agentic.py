@@ -1,4 +1,4 @@
-"""The agentic demo, measured: `make demo`'s run (areal/conf/agentic.yaml: the calculator agent on
+"""The agentic demo, measured: `make demo`'s run (conf/agentic.yaml: the calculator agent on
 the embedded model's agentic variant), then the agent's held-out accuracy before and after RL.
 
     python -m benchmarks.agentic [--steps N] [--problems N] [--out DIR] [key=value ...]
@@ -171,7 +171,7 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=2, help="episodes per held-out problem")
     parser.add_argument("--out", default="", help="run directory (default: a new one under runs/bench-agentic/)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="of the run; 0: measure the finished run in --out again")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of areal/conf/agentic.yaml")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/agentic.yaml")
     args = parser.parse_args()
     out = Path(args.out or f"runs/bench-agentic/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)

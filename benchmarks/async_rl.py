@@ -20,25 +20,18 @@ ideal here is (wait + generation + step + push) / max(wait + generation, step + 
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.e2e import run_stats, small_run, train_run
+from benchmarks.report import figure
 
 AGENT = "benchmarks/slow_agent.py:SlowAgent"
 
 
-def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: object) -> dict:
-    return {
-        "benchmark": "async_rl",
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "baseline": baseline,
-        "baseline_value": baseline_value,
-        **extra,
-    }
+_row = functools.partial(figure, "async_rl")
 
 
 def main(quick: bool) -> list[dict]:

@@ -54,6 +54,7 @@ calls form a chain), per-call rewards on the demo (its agent returns one float).
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -61,6 +62,7 @@ from typing import Any
 
 from areal.controller.trajectories import read_saved_trajectories
 from benchmarks.e2e import train_run
+from benchmarks.report import figure
 
 AGENT = "agents/openai_multiturn.py:MultiTurnMathAgent"
 ARMS = ("episode", "turn")
@@ -157,7 +159,7 @@ def math_rows(quick: bool, runs: Path) -> list[dict]:
 
 
 def agentic_overrides(quick: bool, credit: str) -> list[str]:
-    """The agentic demo's run of one arm (areal/conf/agentic.yaml): only ``trainer.credit`` differs."""
+    """The agentic demo's run of one arm (conf/agentic.yaml): only ``trainer.credit`` differs."""
     quick_size = ["trainer.steps=4", "rollout.groups_per_step=4", "data.eval_size=20", "data.eval_samples=1"]
     return [
         "--config-name",
@@ -280,16 +282,7 @@ def agentic_rows(quick: bool, runs: Path) -> list[dict]:
     return rows
 
 
-def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
-    return {
-        "benchmark": "credit",
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "baseline": baseline,
-        "baseline_value": baseline_value,
-        **extra,
-    }
+_row = functools.partial(figure, "credit")
 
 
 if __name__ == "__main__":

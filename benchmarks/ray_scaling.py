@@ -15,8 +15,8 @@ engine itself and returns the session's record with the outcome) or the worker's
 process's gateway over TCP. Baseline: N x the 1-worker figure of the same mode (linear scaling).
 
 This drives the RayRunner directly (no trainer, no rings, no admission by staleness) to stay
-bounded in time; the whole-run path is tested by tests/test_ray_rollout.py and
-tests/test_ray_hosts.py. All "nodes" share this machine's cores: with 2 cores, the sandboxes' spawn
+bounded in time; the whole-run path is tested by tests/e2e/test_ray_rollout.py and
+tests/e2e/test_ray_hosts.py. All "nodes" share this machine's cores: with 2 cores, the sandboxes' spawn
 and exit cost (kernel time per episode, see the ``sandbox_kernel`` benchmark) and the gateways'
 CPU cap the curve long before real nodes would. Not measured: real network latency between nodes,
 many controllers.

@@ -65,6 +65,20 @@ FIGURE_FIELDS = (
 )
 
 
+def figure(benchmark: str, metric: str, value: float, unit: str, baseline: str, baseline_value: float, **extra: Any) -> dict[str, Any]:
+    """One row a benchmark module returns: its figure beside the same-run baseline's (``extra``:
+    ``note``, ``curves``, ``plot``, ...). Modules bind their name once: ``partial(figure, "e2e")``."""
+    return {
+        "benchmark": benchmark,
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        **extra,
+    }
+
+
 def check_row(row: dict[str, Any], module: str) -> None:
     """Reject a malformed row early, naming the module and the field (a typo must not vanish)."""
     for field in ROW_FIELDS:

@@ -68,7 +68,7 @@ from areal.ring.layout import NATIVE
 
 SIZES = (1024, 8192, 32768)
 RING_BYTES = 4 << 20  # cache-resident (see the docstring); holds 37 8k-token records
-DEFAULT_RING_BYTES = 64 << 20  # areal/conf/config.yaml ring_capacity_mb
+DEFAULT_RING_BYTES = 64 << 20  # TrainConfig.ring_capacity_mb
 WARMUP = 200
 
 

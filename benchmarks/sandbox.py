@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import glob
 import os
 import statistics
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from benchmarks.report import figure
 
 AGENT = "benchmarks/sandbox.py:bench_agent"
 
@@ -56,8 +59,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _row(metric: str, value: float, unit: str, baseline: str, baseline_value: float) -> dict:
-    return {"benchmark": "sandbox", "metric": metric, "value": value, "unit": unit, "baseline": baseline, "baseline_value": baseline_value}
+_row = functools.partial(figure, "sandbox")
 
 
 def _cold_import_ms(n: int) -> tuple[list[float], int]:
@@ -90,7 +92,7 @@ class _InstantWorld:
     """Gateway over ZeroMQ + a stand-in engine that answers /generate at once."""
 
     async def start(self, tmp: str) -> None:
-        from aiohttp import web
+        from instant_engine import start_instant_engine
         from transformers import AutoTokenizer
 
         from areal.embedded import ensure_embedded_model
@@ -98,30 +100,7 @@ class _InstantWorld:
         from areal.gateway import Gateway, serve_zmq
 
         tok = AutoTokenizer.from_pretrained(ensure_embedded_model())
-        ids = tok.encode("42", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-
-        async def generate(request: web.Request) -> web.Response:
-            body = await request.json()
-            return web.json_response(
-                {
-                    "text": "42",
-                    "output_ids": ids,
-                    "meta_info": {
-                        "finish_reason": {"type": "stop"},
-                        "prompt_tokens": len(body["input_ids"]),
-                        "completion_tokens": len(ids),
-                        "weight_version": "0",
-                        "output_token_logprobs": [[-0.5, t, None] for t in ids],
-                    },
-                }
-            )
-
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
+        self.runner = await start_instant_engine(tok, "42")
         self.engine_url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         self.gateway = Gateway(EngineClient(self.engine_url), tok)
         self.addr = f"ipc://{tmp}/gateway.sock"

@@ -38,6 +38,7 @@ agents that use the handed ``http_client`` never pay it (~2 ms of CPU per episod
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import resource
 import statistics
@@ -46,6 +47,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+from benchmarks.report import figure
 from benchmarks.sandbox import AGENT, _InstantWorld, bench_agent
 
 LAYERS = ("netns", "mountns", "readonly_root", "pidns", "cgroup", "seccomp")
@@ -198,15 +200,7 @@ def main(quick: bool) -> list[dict]:
     ms = 1000.0
     full, inline, small, bare = per["all"], per["inline"], per["4k_pages"], per["no_call"]
 
-    def row(metric: str, value: float, unit: str, baseline: str, baseline_value: float) -> dict:
-        return {
-            "benchmark": "sandbox_kernel",
-            "metric": metric,
-            "value": value,
-            "unit": unit,
-            "baseline": baseline,
-            "baseline_value": baseline_value,
-        }
+    row = functools.partial(figure, "sandbox_kernel")
 
     rows = [
         row(

@@ -3,7 +3,7 @@
 TRL does not belong in the project's venv: it pulls accelerate, datasets, pandas and pyarrow at
 versions of its own choosing, and nothing of the project needs it. So it lives in its own venv,
 outside the repository (default ``$AREAL_CACHE/trl-venv``, ``AREAL_CACHE`` defaulting to
-``~/.cache/areal``; ``AREAL_TRL_VENV`` overrides), built once by ``benchmarks/private_venv.py``
+``~/.cache/areal``; ``AREAL_TRL_VENV`` overrides), built once by ``tests/support/private_venv.py``
 (stamped when complete, rebuilt when a pin changes):
 
     python -m venv VENV
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.private_venv import PrivateVenv, Run
+from private_venv import PrivateVenv, Run
 
 TRL_PIN = "trl==1.16.0"
 DEPS = ("torch==2.13.0", "transformers==5.23.0", "tokenizers==0.23.3", "safetensors==0.8.0")

@@ -111,7 +111,7 @@ def resolved_config(overrides: list[str]) -> dict[str, Any]:
     import areal.train  # noqa: F401  registers the TrainConfig schema the YAML is composed over
     from areal.config import to_dict
 
-    with initialize_config_dir(config_dir=str(ROOT / "areal" / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         return to_dict(OmegaConf.to_object(compose(config_name="config", overrides=overrides)))
 
 

@@ -27,27 +27,19 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen2
+from transformers import AutoModelForCausalLM
 
 from areal.embedded import ensure_embedded_model
-from areal.engine.client import launch_embedded_engine
-from areal.trainer.publish import push_weights, save_atomically
-from areal.weights.collective import CollectiveWeightPush, free_port, named_tensors_to_send
+from areal.engine.launch import free_port, launch_embedded_engine
+from areal.weights.collective import CollectiveWeightPush, named_tensors_to_send
+from areal.weights.disk import push_weights, save_atomically
 
 
 def _larger_model(path: Path) -> Path:
     """A random Qwen2 of ~30 M parameters (~120 MB fp32), where bytes rather than fixed costs count."""
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=8192,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    shape = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8)
+    tiny_qwen2(**shape, max_position_embeddings=512).save_pretrained(path)
     return path
 
 

@@ -38,9 +38,9 @@ root may read, such as an interpreter installed under /root (as on this machine)
 What an episode reaches is held to an allow-list (the REACH_* constants below): sandbox/reach.py
 surveys an episode from inside (descriptors, shared mappings, namespaces, IPC objects, mounts,
 processes) and names whatever the list does not allow, whatever put it there; the survey runs in
-tests/test_sandbox_reach.py under both event loops the controller may use.
+tests/integration/sandbox/test_sandbox_reach.py under both event loops the controller may use.
 
-What is covered (each line has an attack in tests/test_sandbox_attacks.py):
+What is covered (each line has an attack in tests/integration/sandbox/test_sandbox_attacks.py):
 - network: no interface but its own loopback; the host's loopback ports (gateway HTTP, engine)
   and outside addresses are unreachable. The only way out is the gateway's ipc:// socket *file*
   (a filesystem path; the abstract namespace is per network namespace), where the agent's
@@ -58,7 +58,7 @@ What is covered (each line has an attack in tests/test_sandbox_attacks.py):
 - memory: cgroup v1 memory limit on the pages really used (OOM kills are reported as "oom";
   tmpfs pages count too). RLIMIT_AS is off by default (``address_space_bytes``): Node, Bun and
   other runtimes reserve tens of GiB of address space they never touch, and a cap on it fails
-  them in every episode (tests/test_node_agent.py).
+  them in every episode (tests/integration/sandbox/test_node_agent.py).
 - CPU time (RLIMIT_CPU and the wall-clock deadline), open files, file size (also caps the
   per-episode log, so a stdout flood ends with EFBIG), no core dumps.
 - files: the episode's root is minimal (sandbox/rootfs.py): the system's programs and libraries,

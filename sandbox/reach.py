@@ -9,7 +9,7 @@ The allow-list is written by kind, not by case: a descriptor is allowed because 
 (its own log, its result pipe, a socket of its own network namespace, a file it can open by path
 anyway), never because of its number. So a leak fails ``unlisted`` whatever caused it: an event
 loop that ignores ``close_fds``, a launcher's shell, a new buffer, a new mount. Any agent can call
-``survey()``; tests/test_sandbox_reach.py does, under both event loops the controller may run.
+``survey()``; tests/integration/sandbox/test_sandbox_reach.py does, under both event loops the controller may run.
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
-"""What every test shares: the tiers and the helpers' import path.
+"""What every test shares: the fixtures of more than one folder (the tiers' marker, ``e2e``, is
+registered in pyproject.toml, so that benchmarks/tests sees it too).
 
-Tiers (``make test-fast`` runs all but the last):
-- unit tests: one part, in-process (losses, packing, parsers, Struct round trips, configs);
-- integration tests: one boundary with its real processes and sockets (the gateway against the
-  embedded engine, the sandbox's zygote and its attacks, the trainer's ranks on a ring);
-- ``e2e``: whole runs (``python -m areal.train``, its AReaL-style scripts, Ray clusters), marked
-  ``@pytest.mark.e2e``: the slowest tier, where a run's own outputs are checked.
+The tiers are folders (tests/README.md says how to run each):
+- ``unit/<part>/``: one part, in-process (losses, packing, parsers, Struct round trips, configs);
+- ``integration/<boundary>/``: one boundary with its real processes and sockets (the gateway
+  against the embedded engine, the sandbox's zygote and its attacks, a trainer subprocess on a ring);
+- ``e2e/``: whole runs (``python -m areal.train``, its AReaL-style scripts, Ray clusters, torchrun
+  ranks), every one marked ``@pytest.mark.e2e``: the slowest tier, which ``make test-fast`` skips.
+  A whole run elsewhere (a trainer subprocess trained to its end, a benchmark's quick run) carries
+  the marker too.
 
-Harnesses (stand-in engines, agents for the sandbox, run checks) are plain modules beside the
-tests, importable by name: this directory is on ``sys.path`` (pytest's rootdir-relative import).
+Harnesses and helpers (stand-in engines, agents for the sandbox, run checks, the trainer's test
+world) are plain modules in ``support/``, imported by bare name: pyproject.toml puts that folder
+on ``sys.path`` (pytest's ``pythonpath``).
 """
 
 from __future__ import annotations
@@ -20,26 +24,62 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    from areal.embedded import ensure_embedded_model
-
-    return ensure_embedded_model()
-
-
-@pytest.fixture(scope="module")
-def engine_url(model_dir: Path) -> Iterator[str]:
-    """A real embedded engine server (a subprocess) for the module's tests."""
-    from areal.engine.client import launch_embedded_engine
+def _engine(model_dir: Path) -> Iterator[str]:
+    from areal.engine.launch import launch_embedded_engine
 
     engine = launch_embedded_engine(str(model_dir))
     yield engine.url
     engine.stop()
 
 
+def _gateway_thread(engine_url: str, model_dir: Path) -> Iterator[Any]:
+    from gateway_harness import GatewayThread
+
+    gw = GatewayThread(engine_url, model_dir)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """The embedded model (built once, then a cache hit)."""
+    from areal.embedded import ensure_embedded_model
+
+    return ensure_embedded_model()
+
+
+@pytest.fixture(scope="session")
+def embedded_engine_url() -> Iterator[str]:
+    """One embedded engine server (a subprocess) on the embedded model, for the whole session: the
+    modules that use it leave its weights as they found them."""
+    from areal.embedded import ensure_embedded_model
+
+    yield from _engine(ensure_embedded_model())
+
+
+@pytest.fixture(scope="session")
+def scripted_engine_url() -> Iterator[str]:
+    """The same on the scripted model (``areal.embedded.scripted``): greedy replies by contract."""
+    from areal.embedded import ensure_scripted_model
+
+    yield from _engine(ensure_scripted_model())
+
+
+@pytest.fixture(scope="module")
+def engine_url(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An embedded engine server serving ``model_dir``: the session's one on the embedded model, or
+    one of the module's own on a model the module chose (a ``model_dir`` fixture of its own)."""
+    from areal.embedded import ensure_embedded_model
+
+    if Path(model_dir) == Path(ensure_embedded_model()):
+        yield request.getfixturevalue("embedded_engine_url")
+    else:
+        yield from _engine(model_dir)
+
+
 @pytest.fixture()
 def gateway(engine_url: str, model_dir: Path) -> Iterator[Callable[..., Any]]:
-    """``gateway(**config)``: a GatewayThread (HTTP + ZeroMQ, on uvloop; tests/gateway_harness.py)
+    """``gateway(**config)``: a GatewayThread (HTTP + ZeroMQ, on uvloop; support/gateway_harness.py)
     of its own over the module's embedded engine, stopped after the test."""
     from gateway_harness import GatewayThread
 
@@ -54,5 +94,16 @@ def gateway(engine_url: str, model_dir: Path) -> Iterator[Callable[..., Any]]:
         gw.stop()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "e2e: a whole training run (the slowest tier; make test-fast skips it)")
+@pytest.fixture(scope="module")
+def served(engine_url: str, model_dir: Path) -> Iterator[Any]:
+    """One GatewayThread over the module's embedded engine (default model), shared by the module."""
+    yield from _gateway_thread(engine_url, model_dir)
+
+
+@pytest.fixture(scope="module")
+def served_scripted(scripted_engine_url: str) -> Iterator[Any]:
+    """The same over the scripted model (``areal.embedded.scripted``): greedy replies by contract,
+    for tests that need a tool call, a tool loop that ends, or a given text, on every build."""
+    from areal.embedded import ensure_scripted_model
+
+    yield from _gateway_thread(scripted_engine_url, ensure_scripted_model())

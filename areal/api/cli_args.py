@@ -12,6 +12,12 @@ AReaL keys with no meaning here (``cluster.n_gpus_per_node``, ``sglang.*``, ``sa
 named, each with its reason, in one ``AReaLKeysIgnored`` warning (``areal/api/areal_keys.py``),
 never dropped silently; a key typed on the command line that neither system knows is an error. Guides extend the configs by subclassing
 (``@dataclass class AgentRLConfig(GRPOConfig): ...``), which ``load_expr_config`` supports.
+
+Defaults: a key that becomes one run field defaults to that field's default, read off its
+dataclass (``lr: float = TrainerConfig.lr``), so the value is written once; the keys whose
+default is this layer's own (``gconfig.n_samples``, ``gconfig.max_tokens``, ``actor.lora_rank``
+...) differ from the run's on purpose. The values stay concrete: AReaL's scripts read them
+(``config.gconfig.temperature``) and ``areal_config.json`` records them.
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 
 from areal.api.areal_keys import UNKNOWN_KEY, map_areal_keys
+from areal.config import DataConfig, ModelConfig, OpenAIRolloutConfig, RolloutConfig, TrainConfig
 from areal.dataclass_config import build_dataclass
 from areal.dataset import DatasetConfig  # the loader's own config; here for AReaL's import path
+from areal.engine.config import EngineConfig
+from areal.gateway import GatewayConfig
+from areal.trainer.config import LoraConfig, TrainerConfig
 from sandbox.isolation import SandboxConfig
 
 T = TypeVar("T")
@@ -37,11 +47,11 @@ class GenerationHyperparameters:
     """Sampling settings of rollouts (``gconfig``)."""
 
     n_samples: int = 4  # trajectories per prompt (one GRPO group)
-    max_new_tokens: int = 256  # tokens one LLM call may sample
+    max_new_tokens: int = GatewayConfig.default_max_tokens  # tokens one LLM call may sample (gateway.default_max_tokens)
     max_tokens: int = 2048  # prompt + sampled tokens of one call (the context limit)
     min_new_tokens: int = 0
     greedy: bool = False
-    temperature: float = 1.0
+    temperature: float = RolloutConfig.temperature  # rollout.temperature
     top_p: float = 1.0
     top_k: int = -1
     stop_token_ids: list[int] = field(default_factory=list)
@@ -84,10 +94,10 @@ class GenerationHyperparameters:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-5
-    gradient_clipping: float = 1.0
-    weight_decay: float = 0.0  # AdamW weight decay (trainer.weight_decay)
-    lr_scheduler_type: str = "constant"  # "constant" | "linear" | "cosine" (trainer.lr_scheduler)
+    lr: float = TrainerConfig.lr  # trainer.lr
+    gradient_clipping: float = TrainerConfig.max_grad_norm  # trainer.max_grad_norm
+    weight_decay: float = TrainerConfig.weight_decay  # AdamW weight decay (trainer.weight_decay)
+    lr_scheduler_type: str = TrainerConfig.lr_scheduler  # "constant" | "linear" | "cosine" (trainer.lr_scheduler)
     warmup_steps_proportion: float = 0.001  # of the optimizer updates (trainer.warmup_steps, rounded down)
 
     def __post_init__(self) -> None:
@@ -103,7 +113,7 @@ class OptimizerConfig:
 
 @dataclass
 class MicroBatchSpec:
-    max_tokens_per_mb: int = 1024  # tokens packed into one forward pass
+    max_tokens_per_mb: int = TrainerConfig.micro_batch_tokens  # tokens packed into one forward pass (trainer.micro_batch_tokens)
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_mb < 1:
@@ -114,19 +124,19 @@ class MicroBatchSpec:
 class ActorConfig:
     """The policy being trained."""
 
-    path: str = "embedded"  # "embedded" (built offline on first use) or an HF model directory
+    path: str = ModelConfig.path  # "embedded" (built offline on first use) or an HF model directory (model.path)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    eps_clip: float = 0.2
+    eps_clip: float = TrainerConfig.clip_eps  # trainer.clip_eps
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
-    threads: int = 1  # torch threads of the trainer process
-    kl_ctl: float = 0.0  # KL(policy || initial weights) coefficient (trainer.kl_coef)
-    ppo_n_minibatches: int = 1  # optimizer updates per step (trainer.minibatches)
+    threads: int = TrainerConfig.threads  # torch threads of the trainer process (trainer.threads)
+    kl_ctl: float = TrainerConfig.kl_coef  # KL(policy || initial weights) coefficient (trainer.kl_coef)
+    ppo_n_minibatches: int = TrainerConfig.minibatches  # optimizer updates per step (trainer.minibatches)
     use_decoupled_loss: bool = False  # decoupled PPO with recomputed proximal logprobs (trainer.loss=ppo), else GRPO
     behav_imp_weight_cap: float | None = None  # decoupled PPO: cap of the behaviour importance weight
     c_clip: float | None = None  # dual-clip bound for negative advantages
     use_lora: bool = False  # LoRA adapters instead of full fine-tuning (trainer.lora; the engines get merged weights)
     lora_rank: int = 32  # trainer.lora.rank when use_lora
-    lora_alpha: float = 16.0  # trainer.lora.alpha
+    lora_alpha: float = LoraConfig.alpha  # trainer.lora.alpha
     target_modules: list[str] = field(default_factory=list)  # trainer.lora.target_modules; empty: every linear layer
     peft_type: str = "lora"  # the only method
 
@@ -143,10 +153,10 @@ class ActorConfig:
 class OpenAIProxyConfig:
     """``rollout.openai``: where agents run and how the gateway parses their model's output."""
 
-    mode: str = "subproc"  # "subproc": sandboxed agent processes; "inline": the controller's event loop
-    tool_call_parser: str | None = "qwen25"
-    reasoning_parser: str | None = "think"  # SGLang's names too ("qwen3", "deepseek-r1")
-    turn_discount: float = 1.0  # gamma of per-turn returns (trainer.turn_discount)
+    mode: str = OpenAIRolloutConfig.mode  # "subproc": sandboxed agent processes; "inline": the controller's event loop
+    tool_call_parser: str | None = GatewayConfig.tool_parser  # gateway.tool_parser
+    reasoning_parser: str | None = GatewayConfig.reasoning_parser  # SGLang's names too ("qwen3", "deepseek-r1")
+    turn_discount: float = TrainerConfig.turn_discount  # gamma of per-turn returns (trainer.turn_discount)
     export_style: str = "individual"  # one training row per call (the only style agents' episodes export)
     chat_template_type: str = "hf"  # multi-turn prompts always extend the recorded tokens (ArealOpenAI)
     engine_max_tokens: int | None = None  # prompt + sampled tokens of one call (caps the gateway's context)
@@ -168,12 +178,14 @@ class OpenAIProxyConfig:
 class InferenceEngineConfig:
     """``rollout``: the inference servers and the asynchronous rollout loop."""
 
-    backend: str = "embedded"  # "embedded": our CPU engine; "sglang": running servers at server_urls
+    backend: str = EngineConfig.kind  # "embedded": our CPU engine; "sglang": running servers at server_urls
     server_urls: list[str] = field(default_factory=list)
-    max_concurrent_rollouts: int = 64
-    max_head_offpolicyness: int = 1
-    request_timeout: float = 60.0  # wall-clock limit of one episode, seconds
-    context_length: int = 4096  # prompt + sampled tokens of a call; the run caps it at the model's positions
+    max_concurrent_rollouts: int = RolloutConfig.max_concurrent_episodes  # rollout.max_concurrent_episodes
+    max_head_offpolicyness: int = RolloutConfig.max_head_offpolicyness
+    request_timeout: float = RolloutConfig.deadline_s  # wall-clock limit of one episode, seconds (rollout.deadline_s)
+    # prompt + sampled tokens of a call (gateway.context_length, within gconfig.max_tokens); the run
+    # caps it at the model's positions
+    context_length: int = GatewayConfig.context_length
     openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
 
     def __post_init__(self) -> None:
@@ -272,11 +284,11 @@ class PPOConfig:
 
     experiment_name: str = "areal"
     trial_name: str = "trial0"
-    seed: int = 1
+    seed: int = TrainConfig.seed
     total_train_epochs: int = 1
     total_train_steps: int | None = None  # overrides epochs when set
     tokenizer_path: str = "embedded"
-    eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
+    eval_samples: int = DataConfig.eval_samples  # sampled answers per held-out problem, plus one greedy (data.eval_samples)
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)

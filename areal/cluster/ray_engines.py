@@ -51,10 +51,10 @@ from ray.util.placement_group import placement_group
 
 from areal.cluster.config import ClusterConfig
 from areal.cluster.placement import bundle_options, join_ray, release
-from areal.config import EngineConfig
 from areal.dataclass_config import build_dataclass
-from areal.engine.client import EngineProcess, exit_status
+from areal.engine.config import EngineConfig
 from areal.engine.fleet import server_launcher
+from areal.engine.launch import EngineProcess, exit_status
 
 
 class EngineHost:

@@ -377,23 +377,12 @@ class RayRunner:
             if own_gateway is None:
                 ready = asyncio.Event()
                 door = asyncio.create_task(serve_zmq(gateway, f"tcp://{ip}:0", ready))
-                waiter = asyncio.create_task(ready.wait())
-                await asyncio.wait([door, waiter], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if door.done():
-                    door.result()  # it could not bind: raise why
-                endpoint = next(d.address for d in gateway.doors if d.address.startswith(f"tcp://{ip}:"))
+                endpoint = await _door_endpoint(gateway, door, ready, ip)
             else:
                 own_gateway = dataclasses.replace(own_gateway, controller_ip=ip)
             res, n = dict(config.worker_resources), config.rollout_workers
             pg = placement_group([res] * n, strategy="SPREAD", name=f"areal-rollout-{run_id}")
-            try:
-                await asyncio.wait_for(pg.ready(), config.placement_timeout_s)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"cluster.rollout_workers={n} x cluster.worker_resources={res}: the Ray cluster could not hold them "
-                    f"within cluster.placement_timeout_s={config.placement_timeout_s}s (cluster: {ray.cluster_resources()})"
-                ) from None
+            await _placed(pg, config)
             spawner = _Spawner(
                 pg,
                 res,
@@ -550,6 +539,29 @@ class RayRunner:
             if self.door is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.door
+
+
+async def _door_endpoint(gateway: Gateway, door: asyncio.Task, ready: asyncio.Event, ip: str) -> str:
+    """The TCP address the ``door`` task (``serve_zmq`` on ``tcp://{ip}:0``) bound, once ``ready``;
+    raises why it could not bind."""
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([door, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if door.done():
+        door.result()  # it could not bind: raise why
+    return next(d.address for d in gateway.doors if d.address.startswith(f"tcp://{ip}:"))
+
+
+async def _placed(pg: Any, config: ClusterConfig) -> None:
+    """Wait for Ray to place the rollout workers' placement group ``pg``, up to ``placement_timeout_s``."""
+    try:
+        await asyncio.wait_for(pg.ready(), config.placement_timeout_s)
+    except TimeoutError:
+        raise TimeoutError(
+            f"cluster.rollout_workers={config.rollout_workers} x cluster.worker_resources={dict(config.worker_resources)}: "
+            f"the Ray cluster could not hold them within cluster.placement_timeout_s={config.placement_timeout_s}s "
+            f"(cluster: {ray.cluster_resources()})"
+        ) from None
 
 
 def _release(actors: list[ray.actor.ActorHandle], pg: Any | None, door: asyncio.Task | None) -> None:

@@ -50,7 +50,6 @@ cluster (not Ray Client).
 from __future__ import annotations
 
 import dataclasses
-import socket
 import subprocess
 from pathlib import Path
 
@@ -62,6 +61,7 @@ from areal.cluster.config import ClusterConfig
 from areal.cluster.placement import bundle_options, join_ray, release
 from areal.curve import ENV as CURVE_ENV
 from areal.curve import CurveKeys, serve_curve
+from areal.engine.launch import free_port
 from areal.process import stop_group
 from areal.protocol import Trajectory
 from areal.ring.buffer import RingWriter, ring_name
@@ -90,9 +90,7 @@ class TrainerHost:
 
     def free_port(self) -> int:
         """A free TCP port on this node's IP (node 0: torchrun's rendezvous)."""
-        with socket.socket() as s:
-            s.bind((self.ip, 0))
-            return s.getsockname()[1]
+        return free_port(self.ip)
 
     def start(
         self, job_json: str, nnodes: int = 1, node_rank: int = 0, master_addr: str = "", master_port: int = 0, client_keys: str = ""

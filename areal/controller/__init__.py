@@ -3,6 +3,8 @@
     loop.py           the RL loop: admission under the staleness bound, groups, failures, the
                       trainer's reports (``Controller``, ``train``)
     episodes.py       one agent episode, from its gateway session to its settled outcome
+    problems.py       the run's training rows (with difficulty levels) and held-out rows
+    run_setup.py      what a run settles once: its directory, model, gateway and sandbox settings (``RunFailed``)
     trajectories.py   finished episodes as ``Trajectory`` records for the rings
     metrics.py        each step's metrics row (the trainer's report + the episodes since the last)
     records.py        the run directory's files (episodes.jsonl, metrics.jsonl, calls, plots)

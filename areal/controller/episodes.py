@@ -29,7 +29,8 @@ with them). What kind of runner the run has is said once, where the controller s
   zygote died under the episode). It drops a lost worker on its own, so nothing is restarted here.
 
 A runner with neither (inline agents) loses no episode to the infrastructure: its crashes are the
-agent's. ``episode_record`` is a training episode's line in episodes.jsonl.
+agent's. ``episode_record`` is a training episode's line in episodes.jsonl, ``workflow_call_record``
+an ``arun_episode`` call's.
 
 What is not covered: a crash a runner cannot attribute (it stays the agent's failure);
 RolloutWorkflow objects, which have no runner (the controller calls them with its engine client).
@@ -44,8 +45,9 @@ from typing import Any
 import msgspec
 
 from areal.agent.failures import POLICY, classify_outcome
+from areal.agent.groups import WorkflowCall
 from areal.agent.spec import EpisodeRunner, check_episode_rewards
-from areal.config import TrainConfig
+from areal.config import RolloutConfig
 from areal.controller.agent_eval import EvalEpisode
 from areal.controller.records import reason
 from areal.gateway import Gateway, Session
@@ -55,14 +57,18 @@ from sandbox.zygote_client import Zygote
 
 class Episodes:
     """The run's runner and gateway as its episode paths use them; built by ``Controller._start_runner``.
-    ``write`` prints a console line; ``fail`` stops the run with a reason (the first one stands)."""
+    ``rollout``: the run's rollout settings (deadline_s, reward_range, policy_failure_reward,
+    max_zygote_restarts); ``reward_fn``: the run's reward function (``reward``, named by
+    ``reward_name``), or None. ``write`` prints a console line; ``fail`` stops the run with a
+    reason (the first one stands)."""
 
     def __init__(
         self,
         runner: EpisodeRunner,
         gateway: Gateway,
-        config: TrainConfig,
+        rollout: RolloutConfig,
         reward_fn: Callable[..., float] | None,
+        reward_name: str,
         tokenizer: Any,
         write: Callable[[str], None],
         fail: Callable[[str], None],
@@ -71,8 +77,8 @@ class Episodes:
         zygote: Zygote | None = None,
         lost: Callable[[EpisodeOutcome], bool] | None = None,
     ) -> None:
-        self.runner, self.gateway, self.config = runner, gateway, config
-        self.reward_fn, self.tokenizer, self.write, self.fail = reward_fn, tokenizer, write, fail
+        self.runner, self.gateway, self.rollout = runner, gateway, rollout
+        self.reward_fn, self.reward_name, self.tokenizer, self.write, self.fail = reward_fn, reward_name, tokenizer, write, fail
         self.run_session, self.zygote, self.worker_lost = run_session, zygote, lost
         self.restarts = 0
         self.generation = 0  # bumped by every zygote restart: what ``lost`` compares an attempt's mark with
@@ -90,7 +96,7 @@ class Episodes:
         the agent's own); its outcome (not yet settled) and the session, closed. An error
         propagates with the session closed; cancelled (the run is stopping), ``cancelled`` first
         gets what the session recorded (an empty one for the runner's own session)."""
-        deadline = self.config.rollout.deadline_s
+        deadline = self.rollout.deadline_s
         if self.run_session is not None:
             try:
                 return await self.run_session(episode_id, problem, deadline, temperature)
@@ -115,7 +121,7 @@ class Episodes:
         """One held-out episode of the run's agent (areal/controller/agent_eval.py), sampled at ``temperature``
         (None: the agent's own), run and settled as a training episode is but never trained or
         logged with them; run again when it was lost to the infrastructure, as a group is."""
-        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
+        for attempt in range(self.rollout.max_zygote_restarts + 1):
             mark = self.generation
             attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
             outcome, session = await self.run(attempt_id, problem, temperature)
@@ -144,7 +150,7 @@ class Episodes:
         async with self.restart_lock:
             if self.zygote.alive:  # another group restarted it already
                 return True
-            limit = self.config.rollout.max_zygote_restarts
+            limit = self.rollout.max_zygote_restarts
             if self.restarts >= limit:
                 self.fail(
                     f"the sandbox zygote died {self.restarts + 1} times (rollout.max_zygote_restarts={limit}); last: {reason[-2000:]}"
@@ -174,10 +180,10 @@ class Episodes:
                 )
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
-        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.config.rollout.reward_range)
+        outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.rollout.reward_range)
         outcome = classify_outcome(outcome, bool(session.interactions))
         if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
-            outcome = msgspec.structs.replace(outcome, reward=self.config.rollout.policy_failure_reward, rewards_by_id={})
+            outcome = msgspec.structs.replace(outcome, reward=self.rollout.policy_failure_reward, rewards_by_id={})
         return outcome
 
     async def score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
@@ -194,7 +200,7 @@ class Episodes:
             value = await asyncio.to_thread(self.reward_fn, *args, **extra)
             reward = float(value)
         except Exception as e:  # the user's function failed on this episode: the episode's error, not the run's
-            return msgspec.structs.replace(outcome, status="error", error=f"reward function {self.config.reward} failed: {e!r}")
+            return msgspec.structs.replace(outcome, status="error", error=f"reward function {self.reward_name} failed: {e!r}")
         return msgspec.structs.replace(outcome, reward=reward)
 
 
@@ -218,4 +224,25 @@ def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str) -> 
         "drift": session.drift,
         "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
         "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
+    }
+
+
+def workflow_call_record(call: WorkflowCall, outcome: EpisodeOutcome, group_id: str) -> dict[str, Any]:
+    """An ``arun_episode`` call's line in episodes.jsonl (``outcome``: its outcome, classified): how
+    it ended and the rows it exported (areal/agent/groups.py), as ``episode_record`` for an episode."""
+    rows = call.rows
+    return {
+        "episode_id": call.outcome.episode_id,
+        "group_id": group_id,
+        "status": call.outcome.status,
+        "failure_class": outcome.failure_class,
+        "failure_cause": outcome.failure_cause,
+        "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
+        "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
+        "interactions": len(rows),
+        "output_tokens": sum(sum(r.loss_mask) for r in rows.values()),
+        "wall_s": round(call.outcome.wall_s, 4),
+        "exit_signal": 0,
+        "error": reason(call.outcome.error),
+        "log_tail": call.outcome.log_tail,
     }

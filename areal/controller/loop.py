@@ -31,9 +31,12 @@ Around the loop, each in its own module: the engines (``areal/engine/serving.py`
 process (``areal/trainer/launch.py``) and its messages read back (``areal/controller/metrics.py``),
 one agent episode from its gateway session to its settled outcome, infrastructure losses and
 zygote restarts included (``areal/controller/episodes.py``), episodes as trajectories
-(``areal/controller/trajectories.py``) and the run's files and trackers (``areal/controller/records.py``). What stays
-here (past 600 lines) is the loop's own state, which admission, groups, failure accounting and
-the trainer's reports all read and write on one event loop: split, it would be one object passed around.
+(``areal/controller/trajectories.py``), the run's files and trackers (``areal/controller/records.py``),
+its problems (``areal/controller/problems.py``) and what it settles once around the loop: the run
+directory, the model, the gateway's and the sandbox's settings, a resumed run's weights
+(``areal/controller/run_setup.py``). What stays here (past 600 lines) is the loop's own state, which
+starting the processes, admission, groups, failure accounting and the trainer's reports all read
+and write on one event loop: split, it would be one object passed around.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -61,37 +63,34 @@ from tqdm import tqdm
 from areal.agent.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
-from areal.config import TrainConfig
+from areal.config import TrainConfig, to_dict
 from areal.controller.agent_eval import AgentEvaluation
-from areal.controller.episodes import Episodes, episode_record
+from areal.controller.episodes import Episodes, episode_record, workflow_call_record
 from areal.controller.evaluation import Progress, eval_label, evaluate
-from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
-from areal.controller.records import RunRecords, episode_table_row, reason, row_rewards
-from areal.controller.recovery import Journal, Resume, holds_run, plan_resume, prepare_records, trained_episodes
 from areal.controller.metrics import step_row
+from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
+from areal.controller.problems import held_out_count, held_out_problems, train_problems, user_rows
+from areal.controller.records import RunRecords, episode_table_row, row_rewards
+from areal.controller.recovery import Journal, Resume, trained_episodes
+from areal.controller.run_setup import RunFailed, gateway_config, hf_model_dir, load_resumed_weights, plan_continuation, sandbox_config
+from areal.controller.trackers import open_trackers
 from areal.controller.trajectories import trajectory_from_episode, trajectory_from_row
-from areal.dataset import load_rows, normalize_row, stratified_order
-from areal.embedded.resolve import resolve_model_path
+from areal.dataset import stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
 from areal.engine.router import EngineRouter
-from areal.engine.serving import start_engines, weight_loader
-from areal.gateway import Gateway, GatewayConfig, Session, serve_http, serve_zmq
-from areal.process import log_tail, owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
+from areal.engine.serving import RunEngines, start_engines
+from areal.gateway import Gateway, Session, serve_http, serve_zmq
+from areal.process import owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
 from areal.protocol import EpisodeOutcome, TrainerDone, TrainerFailed, TrainerReport, Trajectory
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
 from areal.trainer.reports import TrainerExited, trainer_messages
-from sandbox.isolation import SandboxConfig
 from sandbox.zygote_client import Zygote
 
 T = TypeVar("T")
 PUT_SLICE_S = 1.0  # a put into a full ring re-checks the run's failure this often
-
-
-class RunFailed(RuntimeError):
-    """The run could not continue; the message names the component and the reason."""
 
 
 class Controller:
@@ -114,17 +113,9 @@ class Controller:
         self.resume = resume  # a killed run continued (areal/controller/recovery.py), its records already cut back
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
-        if dataset is not None and not dataset:
-            raise ValueError("dataset is empty: give at least one {question|messages, answer} row")
         d = config.data
-        if dataset is None and d.train:  # data.train: the user's file or folder (areal/dataset.py)
-            dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key)
-            if eval_dataset is None and d.eval:
-                eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
-        self.dataset = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
-        self.eval_dataset = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
-        n_eval = len(self.eval_dataset) if self.eval_dataset else 0 if self.dataset is not None else d.eval_size
-        check_eval_rows(config, n_eval)  # data.eval_every needs held-out rows
+        self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset)  # None: the embedded task's
+        check_eval_rows(d.eval_every, held_out_count(self.dataset, self.eval_dataset, d.eval_size))  # data.eval_every needs held-out rows
         if d.eval_mode == "agent" and self.workflow_kind == "rollout":
             raise ValueError(
                 "data.eval_mode=agent runs the agent's episodes through the run's runner, and a RolloutWorkflow object has none: "
@@ -132,15 +123,42 @@ class Controller:
             )
         self.periodic_eval: PeriodicEval | None = None  # evaluation during training; made at the start (it needs the engine)
         self.reward_fn = load_reward_fn(config.reward) if config.reward else None
-        self.agent_spec = config.rollout.agent  # what the zygote imports in subproc mode
-        if self.workflow_kind == "agent" and config.rollout.openai.mode == "subproc":
-            self.agent_spec = agent_object_spec(agent)
-            if self.agent_spec is None:
-                raise ValueError(
-                    f"rollout.openai.mode=subproc needs an agent the sandbox can import by path, and {agent!r} is not "
-                    "(its class takes constructor arguments or is defined inside a function); "
-                    "name it with rollout.agent=MODULE:ATTR or use rollout.openai.mode=inline"
-                )
+        self.agent_spec = self._agent_spec(agent)  # what the zygote imports in subproc mode
+        self._init_loop_state()
+        trackers = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
+        self.records = RunRecords(  # episodes.jsonl, trajectories.bin, the trackers
+            run_dir,
+            trackers,
+            save_trajectories=config.save_trajectories,
+            view_record_mb=config.view_record_mb,
+            steps=config.trainer.steps,
+        )
+        # Every published trajectory no checkpoint holds yet: what a resumed run replays.
+        self.journal = Journal(run_dir) if config.trainer.checkpoint_every else None
+        if resume is not None:
+            self.version = resume.step
+            self.records.continued(resume.step)
+        r = config.rollout
+        self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
+        self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
+
+    def _agent_spec(self, agent: Any | None) -> str:
+        """What the zygote imports in subproc mode: ``rollout.agent``, or the import path of an
+        AgentWorkflow object's class (an error when the sandbox cannot import it by path)."""
+        if self.workflow_kind != "agent" or self.config.rollout.openai.mode != "subproc":
+            return self.config.rollout.agent
+        spec = agent_object_spec(agent)
+        if spec is None:
+            raise ValueError(
+                f"rollout.openai.mode=subproc needs an agent the sandbox can import by path, and {agent!r} is not "
+                "(its class takes constructor arguments or is defined inside a function); "
+                "name it with rollout.agent=MODULE:ATTR or use rollout.openai.mode=inline"
+            )
+        return spec
+
+    def _init_loop_state(self) -> None:
+        """The loop's own state: admission counts, the failure, the engines' and trainer's news,
+        the step's window of outcomes, and what reached the rings."""
         self.run_id = f"{os.getpid()}{secrets.token_hex(3)}"
         self.t0 = time.monotonic()
         self.version = 0
@@ -154,7 +172,7 @@ class Controller:
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
-        r = config.rollout
+        r = self.config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
         self.recent_classes: collections.deque[str] = collections.deque(
@@ -163,14 +181,6 @@ class Controller:
         self.groups_written = 0
         self.published: list[str] = []  # episode ids put into the rings, in order
         self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
-        self.records = RunRecords(config, run_dir)  # episodes.jsonl, trajectories.bin, the trackers
-        # Every published trajectory no checkpoint holds yet: what a resumed run replays.
-        self.journal = Journal(run_dir) if config.trainer.checkpoint_every else None
-        if resume is not None:
-            self.version = resume.step
-            self.records.continued(resume.step)
-        self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
-        self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -191,115 +201,140 @@ class Controller:
                     self.journal.path.unlink(missing_ok=True)
 
     async def _run(self) -> dict[str, Any]:
+        """The run's steps: its processes started, the evaluation before training, the rollouts
+        until the trainer's last step, the evaluation after it, the summary."""
         cfg = self.config
         for folder in reclaim_temp_dirs():  # socket folders and engine scratch of runs that were killed
             tqdm.write(f"[run] removed the stale temp folder {folder}")
         sock_dir = Path(owned_temp_dir("run"))  # ipc paths must stay short
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(shutil.rmtree, sock_dir, True)
-            model_dir = self._model_dir()
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            self.tokenizer = tokenizer
-            self.records.vocabulary(tokenizer)  # vocab.json: the viewer decodes without the model
-            place = None
-            if cfg.cluster.engine_resources:  # each launched server on a Ray node of its own
-                from areal.cluster.ray_engines import RayEnginePlacement
-
-                place = functools.partial(RayEnginePlacement.place, cfg.cluster, self.run_id, cfg.engine, run_dir=self.run_dir)
-            engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write, place)
-            engine, urls, model_dir, self.fleet = engines.client, engines.urls, engines.model_dir, engines.fleet
-            if self.fleet is not None:
-                supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, model_dir))
-                stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
-            gateway = Gateway(engine, tokenizer, self._gateway_config(model_dir))
-            if self.grouping is not None:  # ArealOpenAI clients of the workflow keep the run's limits
-                self.grouping.gateway_config = gateway.config
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
-            zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
-            stack.callback(zmq_task.cancel)
-            http_runner, http_url = await serve_http(gateway)
-            stack.push_async_callback(http_runner.cleanup)
-
-            for name in reclaim_stale("areal-"):  # segments of runs that crashed before unlinking
-                tqdm.write(f"[ring] removed stale shared-memory segment {name}")
-            pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
-            stack.callback(pull.close, 0)
-            if cfg.cluster.kind == "ray":  # rings and trainer on a Ray node, fed over TCP (areal/cluster/ray_trainer.py)
-                from areal.cluster.ray_trainer import RayTrainerPlacement
-
-                placement = await asyncio.to_thread(
-                    RayTrainerPlacement.place, cfg.cluster, self.run_id, cfg.trainer.ranks, cfg.ring_capacity_mb << 20
-                )
-                stack.callback(placement.close)
-                for line in placement.placed():  # one per trainer node (cluster.trainer_nodes)
-                    tqdm.write(f"[cluster] {line}")
-                rings = placement.rings  # same surface as a RingWriter's for _publish
-                report_addr = placement.bind_report(pull)
-                trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, report_addr, placement.start_trainer)
-            else:
-                rings = []  # one per trainer rank; whole groups go round-robin, so each rank gets its share
-                for rank in range(cfg.trainer.ranks):
-                    rings.append(RingWriter(ring_name(self.run_id, rank), cfg.ring_capacity_mb << 20))
-                    stack.callback(rings[-1].close, unlink=True)
-                pull.bind(f"ipc://{sock_dir}/trainer.sock")
-                trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
-                stack.callback(stop_group, trainer_proc, 5.0)
-            # Watched from its start, whatever the run does meanwhile: its death stops the run within a second.
-            listener = asyncio.create_task(self._listen(pull, trainer_proc))
-            stack.callback(listener.cancel)
-
-            episodes = await self._start_runner(gateway_addr, http_url, gateway, urls, model_dir)
+            engines, gateway, http_url = await self._start_serving(stack, gateway_addr)
+            rings, trainer_proc = await self._start_trainer_side(stack, sock_dir, engines.model_dir, engines.urls)
+            episodes = await self._start_runner(gateway_addr, http_url, gateway, engines.urls, engines.model_dir)
             if episodes is not None:
                 stack.push_async_callback(episodes.close)
-
-            from areal.embedded.corpus import make_leveled_problems, make_problems
-
-            if self.eval_dataset is not None:
-                eval_set = self.eval_dataset
-            elif self.dataset is not None:  # the user's data without a held-out split: nothing to score
-                eval_set = []
-            else:
-                eval_set = make_problems("test", cfg.data.eval_size, seed=cfg.seed) if cfg.data.eval_size else []
-            evaluate_as = self._evaluator(episodes, engine, tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
-            # Before training: the initial weights scored once per run (a resumed run reads the score
-            # its first start saved; the engines load the checkpoint's weights after it).
-            eval_before = self.records.saved_eval_before() if self.resume is not None else None
-            if eval_before is not None and eval_before.get("mode", "single_turn") != cfg.data.eval_mode:
-                eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
-            if eval_before is not None:
-                tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
-            elif eval_set:  # the trainer waits for its first records meanwhile, however long this takes
-                eval_before = await self._unless_stopped(evaluate_as("before"))
-                tqdm.write(
-                    f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
-                )
-                self.records.evaluation("before", eval_before, 0)
+            eval_set = held_out_problems(self.dataset, self.eval_dataset, cfg.data.eval_size, cfg.seed)
+            evaluate_as = self._evaluator(episodes, engines.client, self.tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
+            eval_before = await self._evaluate_before(evaluate_as, eval_set)
             if self.resume is not None and self.resume.step > 0:
-                await self._load_resumed_weights(engines.urls, trainer_proc)
-
-            evaluate_now = functools.partial(evaluate_as, "periodic")
-            self.periodic_eval = PeriodicEval(cfg, self.run_dir, self.records, evaluate_now if eval_set else None, tqdm.write)
+                s, timeout_s = self.resume.step, cfg.trainer.engine_timeout_s
+                await load_resumed_weights(self.run_dir, s, engines.urls, trainer_proc, cfg.engine.kind, timeout_s, tqdm.write)
+            d = cfg.data
+            self.periodic_eval = PeriodicEval(
+                self.run_dir,
+                self.records,
+                functools.partial(evaluate_as, "periodic") if eval_set else None,
+                tqdm.write,
+                every=d.eval_every,
+                steps=cfg.trainer.steps,
+                metric=d.eval_best_metric,
+                mode=d.eval_best_mode,
+            )
             stack.callback(self.periodic_eval.cancel)
-            if self.dataset is not None:  # no difficulty levels: one level, so the order is a shuffle
-                problems, levels = self.dataset, [0] * len(self.dataset)
-            else:
-                train_set = make_leveled_problems("train", cfg.data.train_size, seed=cfg.seed)
-                # ``messages`` too: AReaL-style workflows read data["messages"], ours data["question"].
-                problems = [normalize_row({"question": p.question, "answer": p.answer}, i) for i, p in enumerate(train_set)]
-                levels = [p.level for p in train_set]
-            await self._rollout_loop(episodes, rings, problems, levels, engine)
-            while self.done is None and self.failure is None:
-                await self._wait()
-            if self.failure:
-                await self._raise_failure()
-            await self.periodic_eval.drain()  # not beside the "after" evaluation
-            eval_after = await self._unless_stopped(evaluate_as("after")) if eval_set else None  # an engine may still die
-            if eval_after:
-                self.records.evaluation("after", eval_after, self.version)
-            best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
-            return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
+            problems, levels = train_problems(self.dataset, d.train_size, cfg.seed)
+            await self._rollout_loop(episodes, rings, problems, levels, engines.client)
+            return await self._finish(evaluate_as, eval_set, eval_before)
+
+    async def _start_serving(self, stack: contextlib.AsyncExitStack, gateway_addr: str) -> tuple[RunEngines, Gateway, str]:
+        """The model's tokenizer, the engines (launched, a launched fleet supervised, or reached) and
+        the gateway in front of them, serving the sandboxes at ``gateway_addr`` (ZeroMQ) and inline
+        agents over HTTP; ``stack`` stops them. Returns the engines, the gateway, its HTTP URL."""
+        cfg, model_dir = self.config, hf_model_dir(self.config.model.path)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.records.vocabulary(self.tokenizer)  # vocab.json: the viewer decodes without the model
+        place = None
+        if cfg.cluster.engine_resources:  # each launched server on a Ray node of its own
+            from areal.cluster.ray_engines import RayEnginePlacement
+
+            place = functools.partial(RayEnginePlacement.place, cfg.cluster, self.run_id, cfg.engine, run_dir=self.run_dir)
+        engines = await start_engines(cfg.engine, model_dir, self.run_dir, stack, tqdm.write, place)  # its model_dir: what they serve
+        self.fleet = engines.fleet
+        if self.fleet is not None:
+            supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, engines.model_dir))
+            stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
+        gateway = Gateway(engines.client, self.tokenizer, gateway_config(cfg.gateway, engines.model_dir, tqdm.write))
+        if self.grouping is not None:  # ArealOpenAI clients of the workflow keep the run's limits
+            self.grouping.gateway_config = gateway.config
+        zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
+        stack.callback(zmq_task.cancel)
+        http_runner, http_url = await serve_http(gateway)
+        stack.push_async_callback(http_runner.cleanup)
+        return engines, gateway, http_url
+
+    async def _start_trainer_side(
+        self, stack: contextlib.AsyncExitStack, sock_dir: Path, model_dir: Path, urls: list[str]
+    ) -> tuple[list[RingWriter], subprocess.Popen]:
+        """The rings (one per trainer rank; whole groups go round-robin, so each rank gets its share)
+        and the trainer reading them: here, or on Ray nodes (cluster.kind=ray, the rings fed over
+        TCP: areal/cluster/ray_trainer.py). Its reports are listened to from its start: its death
+        stops the run within a second, whatever the run does meanwhile."""
+        cfg = self.config
+        for name in reclaim_stale("areal-"):  # segments of runs that crashed before unlinking
+            tqdm.write(f"[ring] removed stale shared-memory segment {name}")
+        pull = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        stack.callback(pull.close, 0)
+        if cfg.cluster.kind == "ray":
+            from areal.cluster.ray_trainer import RayTrainerPlacement
+
+            placement = await asyncio.to_thread(
+                RayTrainerPlacement.place, cfg.cluster, self.run_id, cfg.trainer.ranks, cfg.ring_capacity_mb << 20
+            )
+            stack.callback(placement.close)
+            for line in placement.placed():  # one per trainer node (cluster.trainer_nodes)
+                tqdm.write(f"[cluster] {line}")
+            rings = placement.rings  # same surface as a RingWriter's for _publish
+            report_addr = placement.bind_report(pull)
+            trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, report_addr, placement.start_trainer)
+        else:
+            rings = []
+            for rank in range(cfg.trainer.ranks):
+                rings.append(RingWriter(ring_name(self.run_id, rank), cfg.ring_capacity_mb << 20))
+                stack.callback(rings[-1].close, unlink=True)
+            pull.bind(f"ipc://{sock_dir}/trainer.sock")
+            trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, f"ipc://{sock_dir}/trainer.sock")
+            stack.callback(stop_group, trainer_proc, 5.0)
+        listener = asyncio.create_task(self._listen(pull, trainer_proc))
+        stack.callback(listener.cancel)
+        return rings, trainer_proc
+
+    async def _evaluate_before(
+        self, evaluate_as: Callable[[str], Awaitable[dict[str, Any]]], eval_set: list[dict]
+    ) -> dict[str, Any] | None:
+        """The initial weights scored once per run: a resumed run reads the score its first start
+        saved (the engines load the checkpoint's weights after it), unless data.eval_mode changed
+        since. The trainer waits for its first records meanwhile, however long this takes."""
+        eval_before = self.records.saved_eval_before() if self.resume is not None else None
+        if eval_before is not None and eval_before.get("mode", "single_turn") != self.config.data.eval_mode:
+            eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
+        if eval_before is not None:
+            tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
+        elif eval_set:
+            eval_before = await self._unless_stopped(evaluate_as("before"))
+            tqdm.write(
+                f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
+            )
+            self.records.evaluation("before", eval_before, 0)
+        return eval_before
+
+    async def _finish(
+        self, evaluate_as: Callable[[str], Awaitable[dict[str, Any]]], eval_set: list[dict], eval_before: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """After the rollouts: the trainer's last step (or the run's failure), the evaluation during
+        training still in flight, then the "after" evaluation, the best step, the summary."""
+        while self.done is None and self.failure is None:
+            await self._wait()
+        if self.failure:
+            await self._raise_failure()
+        await self.periodic_eval.drain()  # not beside the "after" evaluation
+        eval_after = await self._unless_stopped(evaluate_as("after")) if eval_set else None  # an engine may still die
+        if eval_after:
+            self.records.evaluation("after", eval_after, self.version)
+        best = self.periodic_eval.after(eval_after, self.version, self.done.model_dir)  # the last step's candidacy
+        return self.records.summary(self.done.model_dir, eval_before, eval_after, time.monotonic() - self.t0, best=best)
 
     async def _start_runner(self, gateway_addr: str, http_url: str, gateway: Gateway, urls: list[str], model_dir: Path) -> Episodes | None:
         """The agent runner, as the run's episodes use it (areal/controller/episodes.py says what each kind
@@ -313,12 +348,19 @@ class Controller:
                 raise ValueError("cluster.rollout_workers runs sandboxed agents; a RolloutWorkflow object runs in the controller")
             return None
         episodes = functools.partial(
-            Episodes, gateway=gateway, config=cfg, reward_fn=self.reward_fn, tokenizer=self.tokenizer, write=tqdm.write, fail=self._fail
+            Episodes,
+            gateway=gateway,
+            rollout=cfg.rollout,
+            reward_fn=self.reward_fn,
+            reward_name=cfg.reward,
+            tokenizer=self.tokenizer,
+            write=tqdm.write,
+            fail=self._fail,
         )
         if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py
             from areal.cluster.ray_rollout import RayRunner, WorkerGatewaySpec
 
-            sandbox, log_dir = self._sandbox_config(), self.run_dir / "sandbox"
+            sandbox, log_dir = sandbox_config(cfg.sandbox, self.run_dir), self.run_dir / "sandbox"
             r = cfg.rollout
             own = None
             if cfg.cluster.gateway == "worker":
@@ -328,9 +370,8 @@ class Controller:
             )
             return episodes(workers, run_session=workers.run_session if workers.owns_sessions else None, lost=workers.lost)
         if cfg.rollout.openai.mode == "subproc":
-            zygote = await Zygote.start(
-                self.agent_spec, gateway_addr, self._sandbox_config(), str(self.run_dir / "sandbox"), cfg.rollout.agent_kwargs
-            )
+            sandbox, sandbox_logs = sandbox_config(cfg.sandbox, self.run_dir), str(self.run_dir / "sandbox")
+            zygote = await Zygote.start(self.agent_spec, gateway_addr, sandbox, sandbox_logs, cfg.rollout.agent_kwargs)
             for w in zygote.ready.warnings:
                 tqdm.write(f"[sandbox] warning: {w}")
             zygote.on_warning = lambda w: tqdm.write(f"[sandbox] warning: {w}")
@@ -338,34 +379,6 @@ class Controller:
         if self.agent is not None:
             return episodes(InlineRunner(self.agent, http_url))
         return episodes(InlineRunner(cfg.rollout.agent, http_url, cfg.rollout.agent_kwargs))
-
-    def _sandbox_config(self) -> SandboxConfig:
-        """The configured sandbox, with this run's directory masked in every episode's root, and
-        the top-level directory holding it when that lies in the working directory (``runs/``
-        with Hydra's default layout): other runs' checkpoints and logs are not the agent's."""
-        run_dir, cwd = self.run_dir.resolve(), Path.cwd().resolve()
-        hide = [str(run_dir)]
-        if run_dir.is_relative_to(cwd) and run_dir != cwd:
-            hide.append(str(cwd / run_dir.relative_to(cwd).parts[0]))
-        return dataclasses.replace(self.config.sandbox, hide=[*self.config.sandbox.hide, *hide])
-
-    def _gateway_config(self, model_dir: Path) -> GatewayConfig:
-        """``gateway``, its context length capped at what the model holds (``max_position_embeddings``),
-        so that the gateway refuses a prompt the engine could not take, with a 400 naming it."""
-        gw = self.config.gateway
-        limit = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
-        if isinstance(limit, int) and 0 < limit < gw.context_length:
-            tqdm.write(f"[gateway] context_length {gw.context_length} capped at the model's {limit} positions")
-            return dataclasses.replace(
-                gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit), default_max_tokens=min(gw.default_max_tokens, limit)
-            )
-        return gw
-
-    def _model_dir(self) -> Path:
-        path = Path(resolve_model_path(self.config.model.path))  # "embedded" / "scripted": built on first use
-        if not (path / "config.json").is_file():
-            raise RunFailed(f"model.path {path} is not an HF model directory (no config.json)")
-        return path
 
     def _start_trainer(
         self, model_dir: Path, rings: list[str], urls: list[str], report_addr: str, start: Callable[[TrainerJob, Path], Any] = start_trainer
@@ -387,24 +400,6 @@ class Controller:
             journaled=self.journal is not None,
         )
         return start(job, self.run_dir)  # start_trainer here, or on a Ray node (RayTrainerPlacement.start_trainer)
-
-    async def _load_resumed_weights(self, urls: list[str], trainer: subprocess.Popen) -> None:
-        """Have every engine serve the checkpoint's weights as version S before any rollout: the
-        trainer, resumed, writes ``weights/v<S>`` first when the killed run had not published it."""
-        step = self.resume.step
-        path = self.run_dir / "weights" / f"v{step}"
-        while not (path / "config.json").is_file():
-            if trainer.poll() is not None:
-                raise RunFailed(
-                    f"the trainer exited (code {trainer.returncode}) before writing the weights of checkpoint step {step}; "
-                    f"log tail:\n{log_tail(self.run_dir / 'trainer.log') or '(empty log)'}"
-                )
-            await asyncio.sleep(0.2)
-        load = weight_loader(self.config.engine.kind)
-        await asyncio.gather(
-            *(asyncio.to_thread(load, url, str(path), str(step), timeout_s=self.config.trainer.engine_timeout_s) for url in urls)
-        )
-        tqdm.write(f"[resume] the engines serve version {step}, the checkpoint's weights")
 
     # ---- rollouts -------------------------------------------------------------------------
 
@@ -503,24 +498,9 @@ class Controller:
         self._count_failures(outcomes)
         for c, outcome in zip(calls, outcomes):
             self.window.append(outcome)
-            rows = c.rows
-            record = {
-                "episode_id": c.outcome.episode_id,
-                "group_id": group_id,
-                "status": c.outcome.status,
-                "failure_class": outcome.failure_class,
-                "failure_cause": outcome.failure_cause,
-                "reward": sum(r.reward for r in rows.values()) / max(1, len(rows)),
-                "versions": sorted({v for r in rows.values() for v in r.versions if v >= 0}),
-                "interactions": len(rows),
-                "output_tokens": sum(sum(r.loss_mask) for r in rows.values()),
-                "wall_s": round(c.outcome.wall_s, 4),
-                "exit_signal": 0,
-                "error": reason(c.outcome.error),
-                "log_tail": c.outcome.log_tail,
-            }
-            inters = [r.interaction for r in rows.values()]
-            rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in rows.values()}
+            record = workflow_call_record(c, outcome, group_id)
+            inters = [r.interaction for r in c.rows.values()]
+            rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in c.rows.values()}
             self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, rewards)
         rows = [row for c in calls for row in c.rows.values()]
         if not rows:
@@ -745,42 +725,6 @@ class Controller:
         self.wake.clear()
 
 
-def check_fresh_run_dir(run_dir: Path) -> None:
-    """A run directory holds one run: refuse one that already holds a run's records (a rerun
-    into it would append a second run's steps and episodes to the first's)."""
-    held = {
-        name: sum(1 for _ in open(run_dir / name))
-        for name in ("metrics.jsonl", "episodes.jsonl")
-        if (run_dir / name).is_file() and (run_dir / name).stat().st_size
-    }
-    if held:
-        what = ", ".join(f"{name} with {n} lines" for name, n in held.items())
-        raise RunFailed(
-            f"run directory {run_dir} already holds a run ({what}); a run directory holds one run: "
-            "choose another (hydra.run.dir=...) or remove it, or continue it from its last checkpoint with recover.mode=auto"
-        )
-
-
-def plan_continuation(config: TrainConfig, run_dir: Path) -> Resume | None:
-    """What a run in ``run_dir`` continues from: None for a fresh directory; the killed run's
-    plan with ``recover.mode=auto`` (its records are cut back to the checkpoint); otherwise, or
-    for a finished run, a ``RunFailed`` naming what to do."""
-    if not holds_run(run_dir):
-        return None
-    if config.recover.mode != "auto":
-        check_fresh_run_dir(run_dir)
-        return None
-    if (run_dir / "summary.json").is_file():
-        raise RunFailed(
-            f"run directory {run_dir} holds a finished run (summary.json); a run directory holds one run: "
-            "choose another (hydra.run.dir=...) or remove it"
-        )
-    plan = plan_resume(run_dir, config.rollout.n_samples)
-    prepare_records(run_dir, plan)
-    tqdm.write(f"[resume] {run_dir}: {plan.describe()}")
-    return plan
-
-
 async def train(
     config: TrainConfig,
     run_dir: Path,
@@ -797,5 +741,5 @@ async def train(
     holding a killed run continues it (``recover.mode=auto``, areal/controller/recovery.py).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    resume = plan_continuation(config, run_dir)
+    resume = plan_continuation(config.recover.mode, config.rollout.n_samples, run_dir, tqdm.write)
     return await Controller(config, run_dir, agent=agent, dataset=dataset, eval_dataset=eval_dataset, resume=resume).run()

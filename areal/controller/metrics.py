@@ -2,6 +2,8 @@
 
     TrainerReport (areal/trainer/reports.py) + the episodes logged since the previous one
         ─► step_row ─► metrics.jsonl and the trackers
+
+One row per report, written by the controller's records (areal/controller/records.py).
 """
 
 from __future__ import annotations

@@ -42,15 +42,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from areal.config import TrainConfig
 from areal.controller.records import RunRecords
 
 Evaluate = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def check_eval_rows(config: TrainConfig, eval_rows: int) -> None:
-    """``data.eval_every`` needs held-out rows to score; ``eval_rows`` is how many the run has."""
-    every = config.data.eval_every
+def check_eval_rows(every: int, eval_rows: int) -> None:
+    """``data.eval_every`` (``every``) needs held-out rows to score; ``eval_rows`` is how many the run has."""
     if every and not eval_rows:
         raise ValueError(
             f"data.eval_every={every} evaluates during training, but the run has no held-out rows: "
@@ -59,15 +57,26 @@ def check_eval_rows(config: TrainConfig, eval_rows: int) -> None:
 
 
 class PeriodicEval:
-    """The controller's evaluation during training; inert when ``data.eval_every`` is 0."""
+    """The controller's evaluation during training; inert when ``every`` (data.eval_every) is 0 or
+    there is nothing to ``evaluate``. ``steps``: the run's last step (trainer.steps), which the
+    controller's "after" evaluation covers; "best" is by ``metric`` (data.eval_best_metric) and
+    ``mode`` (data.eval_best_mode)."""
 
     def __init__(
-        self, config: TrainConfig, run_dir: Path, records: RunRecords, evaluate: Evaluate | None, log: Callable[[str], None]
+        self,
+        run_dir: Path,
+        records: RunRecords,
+        evaluate: Evaluate | None,
+        log: Callable[[str], None],
+        *,
+        every: int,
+        steps: int,
+        metric: str,
+        mode: str,
     ) -> None:
-        d = config.data
-        self.every = d.eval_every if evaluate is not None else 0
-        self.last_step = config.trainer.steps  # the controller's "after" evaluation covers it
-        self.metric, self.mode = d.eval_best_metric, d.eval_best_mode
+        self.every = every if evaluate is not None else 0
+        self.last_step = steps  # the controller's "after" evaluation covers it
+        self.metric, self.mode = metric, mode
         self.run_dir, self.records, self.evaluate, self.log = run_dir, records, evaluate, log
         self.best_dir = run_dir / "best"
         self.task: asyncio.Task | None = None

@@ -33,10 +33,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from areal.config import TrainConfig, to_dict
 from areal.controller.evaluation import paired_test, reward_trend
 from areal.controller.plots import plot_reward_curve
-from areal.controller.trackers import open_trackers
+from areal.controller.trackers import Trackers
 from areal.jsonl import json_line
 from areal.protocol import EpisodeOutcome, Trajectory, encode_trajectory, frame
 
@@ -101,18 +100,21 @@ def call_tree_line(episode_id: str, calls: Sequence[Any], rewards: dict[str, tup
 
 
 class RunRecords:
-    """The run directory's files and the trackers, opened at the run's start."""
+    """The run directory's files and the trackers, opened at the run's start. ``tracker``: the run's
+    trackers (metrics.jsonl with logger=[jsonl], the console, W&B, TensorBoard: one object,
+    areal/controller/trackers.py), closed with the records. ``save_trajectories``,
+    ``view_record_mb``: the run's settings of those names; ``steps``: trainer.steps, over which
+    calls.jsonl's budget is spread."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, tracker: Trackers, *, save_trajectories: bool, view_record_mb: int, steps: int) -> None:
         self.run_dir = run_dir
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
-        # metrics.jsonl (logger=[jsonl]), the console, W&B, TensorBoard: one object (areal/controller/trackers.py)
-        self.tracker = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
+        self.tracker = tracker
         self.step_metrics: list[dict[str, Any]] = []
         self.periodic_evals: list[dict[str, Any]] = []  # evaluations during training (the plot's points)
-        self.saved = open(run_dir / "trajectories.bin", "ab") if config.save_trajectories else None
-        self.call_log = open(run_dir / "calls.jsonl", "a") if config.view_record_mb > 0 else None
-        self.call_budget = (config.view_record_mb << 20, max(1, config.trainer.steps))  # bytes in all, steps
+        self.saved = open(run_dir / "trajectories.bin", "ab") if save_trajectories else None
+        self.call_log = open(run_dir / "calls.jsonl", "a") if view_record_mb > 0 else None
+        self.call_budget = (view_record_mb << 20, max(1, steps))  # bytes in all, steps
         self.call_bytes = 0
 
     def vocabulary(self, tokenizer: Any) -> None:

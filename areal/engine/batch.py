@@ -24,7 +24,7 @@ Invariants:
   ``DecodeBatch`` over HF's forward (any causal LM): left-padded, the KV cache is a
   DynamicCache (B, heads, L, dim) with an attention mask (B, L); merging a prefilled group
   left-pads the shorter cache; retiring rows drops their cache rows and then any leading columns
-  no live row uses. Both answer the same logits to float noise (tests/test_engine_lean.py).
+  no live row uses. Both answer the same logits to float noise (tests/unit/engine/test_engine_lean.py).
 - Each row owns a ``RowRandom`` (a ``torch.Generator`` seeded by ``sampling_seed``) created at
   first admission and kept across retraction, so a seeded request samples the same tokens
   whatever shares the batch (up to float noise on exact near-ties).

@@ -1,7 +1,7 @@
-"""Client for SGLang's native HTTP API, and the launcher of the embedded CPU engine.
+"""Client for SGLang's native HTTP API: ``EngineClient``, its typed errors, and ``request_json``.
 
 One client serves both back ends: a real SGLang server on GPUs and ``areal.engine.server`` on
-CPU speak the same protocol (tests/test_sglang_protocol.py pins its shapes, and runs against a
+CPU speak the same protocol (tests/integration/sglang/test_sglang_protocol.py pins its shapes, and runs against a
 real server when ``AREAL_SGLANG_URL`` is set). This module imports no torch,
 so the gateway and controller stay light.
 
@@ -21,11 +21,13 @@ Invariants:
   aborted with ``/abort_request`` by its rid (SGLang matches a known rid exactly), from a task
   of its own. Dropping the connection alone is not enough: the embedded engine finished a
   non-streamed request for nobody, and SGLang notices a gone client only at its next check.
-- ``launch_embedded_engine`` runs the server as a real subprocess in its own session (process
-  group); ``EngineProcess.stop`` signals that group only, never anything found by name.
+- ``request_json`` is the one blocking request to an engine (the trainer's weight pushes, the
+  fleet's catch-up, vLLM's reload routes, the collective's control routes): standard library
+  only, with the same typed errors as ``EngineClient``.
 
-The module is past 600 lines because the stream parser belongs to this one client and the
-embedded engine's launcher shares its error types; the HTTP/1.1 pool is ``http1``.
+The HTTP/1.1 pool is ``http1``; starting servers is ``launch``; loading a version from disk is
+``areal.weights.disk`` (its body and its check are ``update_body`` and ``check_update`` here,
+which ``EngineClient.update_weights_from_disk`` sends over the pool).
 """
 
 from __future__ import annotations
@@ -34,25 +36,17 @@ import asyncio
 import json
 import logging
 import os
-import shlex
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 
 from areal.engine.http1 import Pool
-from areal.process import die_with_parent, log_tail, owned_temp_dir, stop_group
+from areal.engine.interface import GenerateRequest, InferenceEngine
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +118,10 @@ def _error_message(body: bytes) -> str:
     return str(data)
 
 
-class EngineClient:
-    """Async client for one engine URL."""
+class EngineClient(InferenceEngine):
+    """Async client for one engine URL (``generate`` and ``generate_stream``: ``InferenceEngine``'s,
+    which hand each call here as one ``GenerateRequest``; one server: ``session_key`` has nothing to
+    route, ``EngineRouter`` keeps a session on one)."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600, max_connections: int = 256) -> None:
         self.base_url = base_url.rstrip("/")
@@ -184,26 +180,16 @@ class EngineClient:
         except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise EngineUnavailable(None, f"engine at {self.base_url} unavailable: {exc!r}") from exc
 
-    async def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        top_logprobs_num: int = 0,
-        resubmit_aborted: bool = True,
-        session_key: str | None = None,  # one server: nothing to route (EngineRouter keeps a session on one)
-    ) -> GenerateResult:
+    async def _generate(self, req: GenerateRequest) -> GenerateResult:
         """One generation. An abort the caller did not ask for (a pause around a weight update)
         is recovered by resubmitting prompt + tokens so far with ``max_new_tokens`` reduced.
 
         One plain coroutine per call (no async generators: each call would pay their hooks and
         frames); the resubmission rules are shared with ``generate_stream`` (``_segment``, ``_settle``).
         """
-        rid = rid if rid is not None else self._new_rid()
+        rid = req.rid if req.rid is not None else self._new_rid()
         abort_all_seen = self._abort_all_count
-        budget = sampling_params.get("max_new_tokens", 128)
+        budget = req.sampling_params.get("max_new_tokens", 128)
         done: GenerateResult | None = None  # tokens of finished (aborted) segments
         sent = False
 
@@ -213,12 +199,12 @@ class EngineClient:
 
         try:
             while True:
-                body = _segment(input_ids, done, sampling_params, budget, rid, return_logprob, top_logprobs_num, False)
+                body = _segment(req, done, budget, rid, False)
                 resp = _response_decoder.decode(await self._request("POST", "/generate", body, on_send))
                 if resp.meta_info.finish_reason is None:
                     raise EngineError(200, "the engine ended the stream without a final chunk")
-                final = _stitch(done, resp, len(input_ids))
-                result = self._settle(final, rid, abort_all_seen, budget, resubmit_aborted)
+                final = _stitch(done, resp, len(req.input_ids))
+                result = self._settle(final, rid, abort_all_seen, budget, req.resubmit_aborted)
                 if result is not None:
                     return result
                 done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
@@ -229,36 +215,26 @@ class EngineClient:
         finally:
             self._aborted.discard(rid)
 
-    async def generate_stream(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        top_logprobs_num: int = 0,
-        resubmit_aborted: bool = True,
-        session_key: str | None = None,  # one server: nothing to route (EngineRouter keeps a session on one)
-    ) -> AsyncIterator[GenerateResult]:
+    async def _generate_stream(self, req: GenerateRequest) -> AsyncIterator[GenerateResult]:
         """Stream a generation: a cumulative ``GenerateResult`` per chunk, ``finish_reason`` ""
         until the last one. Aborts are recovered as in ``generate``, invisibly to the reader."""
-        rid = rid if rid is not None else self._new_rid()
+        rid = req.rid if req.rid is not None else self._new_rid()
         abort_all_seen = self._abort_all_count
-        budget = sampling_params.get("max_new_tokens", 128)
+        budget = req.sampling_params.get("max_new_tokens", 128)
         done: GenerateResult | None = None
         try:
             while True:
-                body = _segment(input_ids, done, sampling_params, budget, rid, return_logprob, top_logprobs_num, True)
+                body = _segment(req, done, budget, rid, True)
                 final = None
                 async for resp in self._stream(body):
-                    result = _stitch(done, resp, len(input_ids))
+                    result = _stitch(done, resp, len(req.input_ids))
                     if resp.meta_info.finish_reason is None:
                         yield result
                     else:
                         final = result
                 if final is None:
                     raise EngineError(200, "the engine ended the stream without a final chunk")
-                settled = self._settle(final, rid, abort_all_seen, budget, resubmit_aborted)
+                settled = self._settle(final, rid, abort_all_seen, budget, req.resubmit_aborted)
                 if settled is not None:
                     break
                 done = msgspec.structs.replace(final, resubmits=final.resubmits + 1)
@@ -339,12 +315,8 @@ class EngineClient:
         await self._request("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
-        body: dict[str, Any] = {"model_path": model_path}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        answer = json.loads(await self._request("POST", "/update_weights_from_disk", body))
-        if not answer.get("success", False):
-            raise EngineError(200, str(answer.get("message", answer)))
+        """``areal.weights.disk.update_weights_from_disk_sync``'s request, over this client's pool."""
+        check_update(json.loads(await self._request("POST", "/update_weights_from_disk", update_body(model_path, weight_version))))
 
     async def health(self) -> bool:
         try:
@@ -368,61 +340,71 @@ class EngineClient:
         self._session = None
 
 
-def update_weights_from_disk_sync(
-    base_url: str,
-    model_path: str,
-    weight_version: str | None,
-    *,
-    api_key: str | None = None,
+def request_json(
+    url: str,
+    path: str,
+    body: Any = None,
     timeout_s: float = 600,
-) -> None:
-    """Blocking weight update with the standard library only (for the trainer process)."""
-    body = {"model_path": model_path}
-    if weight_version is not None:
-        body["weight_version"] = weight_version
+    *,
+    method: str = "POST",
+    api_key: str | None = None,
+    server: str = "engine",
+    needs: str = "",
+) -> Any:
+    """One blocking JSON request to a server, standard library only (for the trainer process and
+    threads): ``body`` sent as JSON (no body if None), the answer parsed ({} when empty). An error
+    answer raises ``EngineError`` with the server's own message (a 404 names the route and
+    ``needs``, what the server must be started with, when given); no answer at all (refused,
+    reset, timed out) raises ``EngineUnavailable``, the ``OSError`` under it as its cause."""
+    base = url.rstrip("/")
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(
-        base_url.rstrip("/") + "/update_weights_from_disk", data=json.dumps(body).encode(), headers=headers, method="POST"
-    )
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            answer = json.loads(resp.read())
+            answer = resp.read()
     except urllib.error.HTTPError as exc:
+        if exc.code == 404 and needs:
+            raise EngineError(404, f"{server} at {base} has no {path.split('?')[0]}: {needs}") from exc
         raise EngineError(exc.code, _error_message(exc.read())) from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise EngineUnavailable(None, f"engine at {base_url} unavailable: {exc!r}") from exc
+        raise EngineUnavailable(None, f"{server} at {base} unavailable: {exc!r}") from exc
+    return json.loads(answer) if answer else {}
+
+
+def update_body(model_path: str | os.PathLike, weight_version: str | int | None) -> dict[str, Any]:
+    """The ``/update_weights_from_disk`` request: load ``model_path`` as ``weight_version``."""
+    body = {"model_path": str(model_path)}
+    if weight_version is not None:
+        body["weight_version"] = str(weight_version)
+    return body
+
+
+def check_update(answer: Any) -> None:
+    """A weight update's answer: ``EngineError`` unless it says ``success``."""
     if not answer.get("success", False):
         raise EngineError(200, str(answer.get("message", answer)))
 
 
-def _segment(
-    input_ids: list[int],
-    done: GenerateResult | None,
-    sampling_params: dict,
-    budget: int | None,
-    rid: str,
-    return_logprob: bool,
-    top_logprobs_num: int,
-    stream: bool,
-) -> dict[str, Any]:
+def _segment(req: GenerateRequest, done: GenerateResult | None, budget: int | None, rid: str, stream: bool) -> dict[str, Any]:
     """The ``/generate`` body of one segment: the prompt plus the tokens of earlier segments, with
     the budget that is left."""
     if done is None:
-        ids: Any = input_ids if type(input_ids) is list else list(input_ids)  # msgspec encodes a list as is
+        ids: Any = req.input_ids if type(req.input_ids) is list else list(req.input_ids)  # msgspec encodes a list as is
         remaining = budget
     else:
-        ids = list(input_ids) + done.output_ids
+        ids = list(req.input_ids) + done.output_ids
         remaining = None if budget is None else budget - len(done.output_ids)
     body: dict[str, Any] = {
         "input_ids": ids,
         "rid": rid,
-        "return_logprob": return_logprob,
-        "sampling_params": dict(sampling_params, max_new_tokens=remaining),
+        "return_logprob": req.return_logprob,
+        "sampling_params": dict(req.sampling_params, max_new_tokens=remaining),
     }
-    if top_logprobs_num:
-        body["top_logprobs_num"] = top_logprobs_num
+    if req.top_logprobs_num:
+        body["top_logprobs_num"] = req.top_logprobs_num
     if stream:
         body["stream"] = True
     return body
@@ -462,172 +444,3 @@ def _stitch(done: GenerateResult | None, resp: _GenerateResponse, prompt_tokens:
         output_top_logprobs=done.output_top_logprobs + tops,
         resubmits=done.resubmits,
     )
-
-
-# ------------------------------------------------------------------------------------------
-# The embedded engine as a subprocess.
-# ------------------------------------------------------------------------------------------
-
-
-def exit_status(returncode: int) -> str:
-    """``exit status N``, or ``signal NAME`` for a negative return code."""
-    return f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
-
-
-class EngineProcess:
-    """A running ``areal.engine.server`` subprocess, leader of its own process group."""
-
-    def __init__(self, popen: subprocess.Popen, url: str, log_path: str, scratch_dir: str | None = None) -> None:
-        self.popen = popen
-        self.url = url
-        self.log_path = log_path
-        self.scratch_dir = scratch_dir  # ready file (and the log, unless one was named); removed by stop()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def exit_status(self) -> str:
-        """How the exited server ended, for ``death_of``."""
-        return exit_status(self.popen.returncode)
-
-    def stop(self, timeout_s: float = 10) -> None:
-        """SIGTERM the process group, then SIGKILL it if it has not exited in ``timeout_s``."""
-        stop_group(self.popen, timeout_s)
-        if self.scratch_dir is not None:
-            shutil.rmtree(self.scratch_dir, ignore_errors=True)
-
-    def __enter__(self) -> EngineProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def wait_healthy(proc: EngineProcess, name: str, timeout_s: float) -> EngineProcess:
-    """Poll ``GET /health`` of a just-started server until it answers 200; stop it and raise,
-    with its log tail, if it exits or the deadline passes first."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if not proc.alive():
-            raise RuntimeError(f"{name} exited with {proc.popen.returncode}; log tail:\n{log_tail(proc.log_path)}")
-        try:
-            with urllib.request.urlopen(proc.url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            pass  # not listening yet: poll again until the deadline
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise TimeoutError(f"{name} not healthy after {timeout_s}s; log tail:\n{log_tail(proc.log_path)}")
-        time.sleep(0.25)
-
-
-def launch_command(
-    template: str,
-    model_path: str,
-    port: int,
-    log_path: str,
-    *,
-    host: str = "127.0.0.1",
-    timeout_s: float = 900,
-    fields: dict[str, str] | None = None,
-    env: dict[str, str] | None = None,
-) -> EngineProcess:
-    """Start an inference server from a command template (``{python}``, ``{model}``, ``{host}``,
-    ``{port}`` and the extra ``fields`` filled in; e.g. ``python -m sglang.launch_server
-    --model-path {model} --port {port}``) in its own process group, with ``env`` added to this
-    process's environment, logging to ``log_path``, and wait until ``/health`` answers 200."""
-    fields = {"python": sys.executable, "model": model_path, "host": host, "port": port, **(fields or {})}
-    try:
-        cmd = shlex.split(template.format(**fields))
-    except (KeyError, IndexError, ValueError) as e:
-        names = ", ".join(f"{{{k}}}" for k in fields)
-        raise ValueError(f"engine.launch.command {template!r}: only {names} can be filled in ({e!r})") from None
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env} if env else None,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-    return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path), cmd[0], timeout_s)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (bind(0)); the server started on it binds it itself."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def launch_embedded_engine(
-    model_path: str,
-    *,
-    threads: int = 1,
-    log_path: str | None = None,
-    timeout_s: float = 120,
-    max_batch: int = 32,
-    weight_version: str = "default",
-    api_key: str | None = None,
-    request_log: str | None = None,
-    port: int = 0,
-    host: str = "127.0.0.1",
-) -> EngineProcess:
-    """Start the embedded engine and wait until it has written its URL to the ready file.
-    ``port`` 0 takes a free one; a restarted engine is given its predecessor's. ``host``: the
-    address it listens on (a node's own address when other nodes call it)."""
-    run_dir = owned_temp_dir("engine")
-    ready = os.path.join(run_dir, "ready")
-    log_path = log_path or os.path.join(run_dir, "engine.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal.engine.server",
-        "--model-path",
-        model_path,
-        "--ready-file",
-        ready,
-        "--threads",
-        str(threads),
-        "--max-batch",
-        str(max_batch),
-        "--weight-version",
-        weight_version,
-        "--port",
-        str(port),
-        "--host",
-        host,
-    ]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    if request_log:
-        cmd += ["--request-log", request_log]
-    env = dict(os.environ)
-    # The child must import this very package even when it is not installed.
-    repo_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True, preexec_fn=die_with_parent
-        )
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(ready):
-        failure = None
-        if popen.poll() is not None:
-            failure = RuntimeError(f"embedded engine exited with {popen.returncode}; log tail:\n{log_tail(log_path)}")
-        elif time.monotonic() > deadline:
-            failure = TimeoutError(f"embedded engine not ready after {timeout_s}s; log tail:\n{log_tail(log_path)}")
-        if failure is not None:  # the log tail is in the error, so the scratch dir can go
-            EngineProcess(popen, "", log_path, scratch_dir=run_dir).stop()
-            raise failure
-        time.sleep(0.05)
-    with open(ready) as f:
-        url = f.read().strip()
-    return EngineProcess(popen, url, log_path, scratch_dir=run_dir)

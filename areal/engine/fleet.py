@@ -1,7 +1,8 @@
 """The inference servers a run launches: started together, watched, restarted when one dies.
 
-    EngineFleet.start ─► N × launch (the embedded CPU engine, or ``engine.launch.command``: an
-                          SGLang or vLLM server); ports fixed from then on: the
+    EngineFleet.start ─► N × launch (``server_launcher``: the embedded CPU engine, or
+                          ``engine.launch.command``: an SGLang or vLLM server; both started by
+                          areal/engine/launch.py); ports fixed from then on: the
                           trainer and the router know each server by its URL
     supervise ─► every 0.5 s: is each engine alive?
         one engine, dead ─► return why (exit status, log tail): the run stops, naming it
@@ -17,7 +18,7 @@ Invariants:
   catch-up's own and be overwritten by it; the next publish restores it (one version of extra
   staleness on that engine at most, recorded truthfully in each token's version).
 - While an engine is down, the trainer's weight push skips it (connection refused) as long as
-  another engine took the version (``areal.trainer.publish.push_weights``).
+  another engine took the version (``areal.weights.disk.push_weights``).
 
 Servers on Ray nodes (``cluster.engine_resources``) are the same fleet: its ``launch`` starts each
 through an actor on its node and returns a ``RemoteEngine`` (areal/cluster/ray_engines.py), so a
@@ -34,21 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from areal.engine.client import (
-    EngineError,
-    EngineProcess,
-    EngineUnavailable,
-    free_port,
-    launch_command,
-    launch_embedded_engine,
-    update_weights_from_disk_sync,
-)
+from areal.engine.client import EngineError, EngineUnavailable
+from areal.engine.launch import EngineProcess, Launcher, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
 from areal.engine.vllm import VLLM_SERVER_ENV, vllm_venv_python
 from areal.process import log_tail
+from areal.weights.disk import update_weights_from_disk_sync
 
 if TYPE_CHECKING:
-    from areal.config import EngineConfig
+    from areal.engine.config import EngineConfig
 
 KINDS = ("embedded", "sglang", "vllm")  # engine.kind
 
@@ -61,61 +56,8 @@ def death_of(proc: EngineProcess) -> str | None:
     return f"the inference engine (pid {proc.pid}) died ({proc.exit_status()}); log tail ({proc.log_path}):\n{log_tail(proc.log_path) or '(empty)'}"
 
 
-# (index, port or 0, log path) -> a healthy server: an EngineProcess here, or a RemoteEngine on a
-# Ray node (areal/cluster/ray_engines.py), which has the surface the fleet uses
-Launcher = Callable[[int, int, Path], EngineProcess]
 # (url, weights dir, version, timeout_s=...) -> None: one server loads a version, blocking
 WeightLoader = Callable[..., None]
-
-
-def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None, host: str = "127.0.0.1") -> Launcher:
-    """Our CPU engine (``areal.engine.server``), from the initial weights, listening on ``host``."""
-
-    def launch(index: int, port: int, log_path: Path) -> EngineProcess:
-        return launch_embedded_engine(
-            str(model_dir),
-            threads=threads,
-            max_batch=max_batch,
-            log_path=str(log_path),
-            request_log=str(request_log) if request_log else None,
-            port=port,
-            host=host,
-            weight_version="0",
-        )
-
-    return launch
-
-
-def command_launcher(
-    template: str,
-    model_dir: Path,
-    health_timeout_s: float,
-    *,
-    fields: dict[str, str] | None = None,
-    env: dict[str, str] | None = None,
-    gpus_of: Callable[[int], list[int]] = lambda index: [],
-    host: str = "127.0.0.1",
-) -> Launcher:
-    """Any server started by a command template (``engine.launch``): SGLang's, or vLLM's
-    (``areal.engine.serving`` adds its fields and environment), its ``{host}`` filled in with
-    ``host``. ``gpus_of(index)`` is server ``index``'s CUDA_VISIBLE_DEVICES (a restarted server
-    gets its predecessor's GPUs)."""
-
-    def launch(index: int, port: int, log_path: Path) -> EngineProcess:
-        gpus = gpus_of(index)
-        env_i = {**(env or {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else env
-        return launch_command(
-            template,
-            str(model_dir),
-            port or free_port(host),
-            str(log_path),
-            host=host,
-            timeout_s=health_timeout_s,
-            fields=fields,
-            env=env_i,
-        )
-
-    return launch
 
 
 def server_launcher(

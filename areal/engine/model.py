@@ -35,7 +35,7 @@ Invariants:
 - Weights that are used as they are (norms, embeddings, o/down projections, lm_head) are the HF
   model's own tensors, so in-place weight updates reach them; the fused projections are copies:
   call ``refresh()`` after every weight update.
-- Logits match HF's forward to float noise (~1e-6; tests/test_engine_lean.py checks 1e-4).
+- Logits match HF's forward to float noise (~1e-6; tests/unit/engine/test_engine_lean.py checks 1e-4).
 
 Covered: model_type qwen2 / llama, SiLU MLP, full attention, RoPE types whose frequencies are
 static (default, linear, llama3), tied or untied lm_head, q/k/v/o/MLP biases present or absent.

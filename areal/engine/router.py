@@ -1,4 +1,4 @@
-"""Several servers behind one client, and the launcher of a real SGLang server.
+"""Several servers behind one client.
 
 ``EngineRouter`` offers one engine client's interface over several base URLs (``EngineClient``
 for SGLang's protocol by default; ``VLLMClient`` or any other ``InferenceEngine`` by factory):
@@ -27,22 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import os
-import subprocess
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from areal.engine.client import EngineClient, EngineProcess, EngineUnavailable, GenerateResult, wait_healthy
-from areal.process import die_with_parent, owned_temp_dir
+from areal.engine.client import EngineClient, EngineUnavailable, GenerateResult
+from areal.engine.interface import GenerateRequest, InferenceEngine
 
 MAX_STICKY_KEYS = 100_000
 
 
-class EngineRouter:
+class EngineRouter(InferenceEngine):
     """One engine client's interface over several servers: sticky sessions, health failover.
 
     ``client(url)`` makes the client of one server (default: ``EngineClient``, SGLang's protocol);
@@ -124,46 +120,38 @@ class EngineRouter:
         await self._revive(only_if_none_up=not self._up())
         return self.route(session_key)
 
-    async def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        session_key: str | None = None,
-        **kwargs: Any,
-    ) -> GenerateResult:
+    @staticmethod
+    def _call(client: Any, method: str, req: GenerateRequest) -> Any:
+        """``client.generate`` or ``client.generate_stream`` for ``req``; the session stays here."""
+        return getattr(client, method)(
+            req.input_ids,
+            req.sampling_params,
+            req.return_logprob,
+            req.rid,
+            top_logprobs_num=req.top_logprobs_num,
+            resubmit_aborted=req.resubmit_aborted,
+        )
+
+    async def _generate(self, req: GenerateRequest) -> GenerateResult:
         for _ in range(len(self.clients)):
-            i = await self._pick(session_key)
+            i = await self._pick(req.session_key)
             self._in_flight[i] += 1
             try:
-                return await self.clients[i].generate(input_ids, sampling_params, return_logprob, rid, **kwargs)
+                return await self._call(self.clients[i], "generate", req)
             except EngineUnavailable:
                 self.mark_down(i)  # and try the next server
             finally:
                 self._in_flight[i] -= 1
         raise EngineUnavailable(None, f"every engine failed: {self.base_urls}")
 
-    async def generate_stream(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        session_key: str | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[GenerateResult]:
+    async def _generate_stream(self, req: GenerateRequest) -> AsyncIterator[GenerateResult]:
         for _ in range(len(self.clients)):
-            i = await self._pick(session_key)
+            i = await self._pick(req.session_key)
             self._in_flight[i] += 1
             started = False
             try:
                 # closed with this stream: a reader that stops early aborts the server's generation now
-                async with contextlib.aclosing(
-                    self.clients[i].generate_stream(input_ids, sampling_params, return_logprob, rid, **kwargs)
-                ) as chunks:
+                async with contextlib.aclosing(self._call(self.clients[i], "generate_stream", req)) as chunks:
                     async for chunk in chunks:
                         started = True
                         yield chunk
@@ -209,50 +197,3 @@ class EngineRouter:
 
     async def close(self) -> None:
         await self._all("close")
-
-
-# ------------------------------------------------------------------------------------------
-# A real SGLang server (GPU machines).
-# ------------------------------------------------------------------------------------------
-
-
-def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", **flags: Any) -> list[str]:
-    """``python -m sglang.launch_server`` argv. ``tp_size=2`` -> ``--tp-size 2``; True -> bare
-    flag; False/None -> omitted; a list -> the flag followed by every value."""
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host, "--port", str(port)]
-    for key, value in flags.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            cmd.append(flag)
-        elif isinstance(value, (list, tuple)):
-            cmd += [flag, *map(str, value)]
-        else:
-            cmd += [flag, str(value)]
-    return cmd
-
-
-def launch_sglang_server(
-    model_path: str, port: int, *, host: str = "127.0.0.1", timeout_s: float = 900, log_path: str | None = None, **flags: Any
-) -> EngineProcess:
-    """Start SGLang in its own process group and wait until ``/health`` answers 200."""
-    if importlib.util.find_spec("sglang") is None:
-        raise RuntimeError(
-            "sglang is not installed in this environment (it needs CUDA; on a GPU machine "
-            "`pip install sglang`); use launch_embedded_engine on CPU"
-        )
-    run_dir = owned_temp_dir("sglang")
-    log_path = log_path or os.path.join(run_dir, "sglang.log")
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            sglang_command(model_path, port, host, **flags),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-    url = f"http://{host}:{port}"
-    proc = EngineProcess(popen, url, log_path, scratch_dir=None)
-    return wait_healthy(proc, "sglang", timeout_s)

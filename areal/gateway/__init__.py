@@ -3,7 +3,8 @@
 Modules: ``contract`` (types the front-ends and the core exchange), ``core`` (config, sessions,
 the request core), ``render`` (incremental prompt ids), ``template`` (the chat template as the
 gateway renders it), ``generation`` (engine calls, stop strings, streaming, recording), ``tree``
-(conversation tree, rewards, export), ``chat`` / ``responses`` / ``anthropic`` (API front-ends),
+(conversation tree, rewards, export), ``chat`` / ``responses`` / ``anthropic`` (API front-ends;
+``sse``: the event streams of the latter two),
 ``parsers`` / ``toolcalls`` / ``harmony`` (tool-call and reasoning formats), ``families`` (what a
 model family's tokenizer tells: ``tool_parser=auto``, stop tokens, decoding), ``qwen`` (offline
 tokenizers for tests), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP doors).

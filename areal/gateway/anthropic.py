@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from areal.engine.client import EngineError
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, sampling_extensions
+from areal.gateway import contract
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+from areal.gateway.sse import relay_events, sse_event
 
 if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
@@ -56,11 +58,7 @@ _HONOURED = {
     "stream",
     "tools",
     "tool_choice",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "chat_template_kwargs",
-}  # min_p, repetition_penalty, chat_template_kwargs: extra_body
+} | contract.EXTENSION_FIELDS
 # Accepted without effect on what is sampled; thinking is checked below.
 _NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
 _ERROR_KINDS = {
@@ -95,11 +93,11 @@ def request_to_turn(body: dict) -> Turn:
         raise RequestError(400, "thinking budgets are not supported; the model thinks as it was trained to", param="thinking")
     if "max_tokens" not in body:
         raise RequestError(400, "max_tokens: field required", param="max_tokens")
-    _check_number("max_tokens", body["max_tokens"], 1, 1 << 31, integer=True)
+    contract.check_number("max_tokens", body["max_tokens"], 1, 1 << 31, integer=True)
     temperature = 1.0 if body.get("temperature") is None else body["temperature"]
     top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-    _check_number("temperature", temperature, 0.0, 1.0)
-    _check_number("top_p", top_p, 1e-9, 1.0)
+    contract.check_number("temperature", temperature, 0.0, 1.0)
+    contract.check_number("top_p", top_p, 1e-9, 1.0)
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 32:
         raise RequestError(400, "stop_sequences must be a list of at most 32 non-empty strings", param="stop_sequences")
@@ -108,7 +106,9 @@ def request_to_turn(body: dict) -> Turn:
 
     messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
     tools = _convert_tools(body.get("tools"))
-    sampling = Sampling(max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **sampling_extensions(body))
+    sampling = Sampling(
+        max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **contract.sampling_extensions(body)
+    )
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
     return Turn(messages, sampling, tools, tool_choice, chat_template_kwargs=body.get("chat_template_kwargs"))
 
@@ -139,19 +139,22 @@ def _chat_messages(messages: Any) -> list[dict]:
     return out
 
 
+def _typed_blocks(blocks: list, where: str) -> Iterator[tuple[str, str | None, Any]]:
+    """Each content block of message ``where``: where it stands, its type (None: not an object), the block."""
+    for j, block in enumerate(blocks):
+        yield f"{where}.content[{j}]", (block.get("type") if isinstance(block, dict) else None), block
+
+
 def _user_blocks(blocks: list, where: str) -> list[dict]:
     tool_results, texts = [], []
-    for j, block in enumerate(blocks):
-        at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
+    for at, kind, block in _typed_blocks(blocks, where):
         if kind == "text":
-            texts.append(_text_of(block, at))
+            texts.append(contract.string_field(block, "text", at))
         elif kind == "tool_result":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise RequestError(400, f"{at}.tool_use_id must be a string", param=f"{at}.tool_use_id")
+            tool_use_id = contract.string_field(block, "tool_use_id", at)
             content = block.get("content", "")
             text = content if isinstance(content, str) else _block_text(content, f"{at}.content", allowed=("text",))
-            tool_results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+            tool_results.append({"role": "tool", "tool_call_id": tool_use_id, "content": text})
         else:
             raise RequestError(400, f"{at}: block type {kind!r} is not supported in a user message", param=at)
     return tool_results + ([{"role": "user", "content": "".join(texts)}] if texts or not tool_results else [])
@@ -160,15 +163,11 @@ def _user_blocks(blocks: list, where: str) -> list[dict]:
 def _assistant_blocks(blocks: list, where: str) -> dict:
     msg: dict[str, Any] = {"role": "assistant", "content": None}
     texts: list[str] = []
-    for j, block in enumerate(blocks):
-        at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
+    for at, kind, block in _typed_blocks(blocks, where):
         if kind == "text":
-            texts.append(_text_of(block, at))
+            texts.append(contract.string_field(block, "text", at))
         elif kind == "thinking":
-            if not isinstance(block.get("thinking"), str):
-                raise RequestError(400, f"{at}.thinking must be a string", param=f"{at}.thinking")
-            msg["reasoning_content"] = block["thinking"]
+            msg["reasoning_content"] = contract.string_field(block, "thinking", at)
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
                 raise RequestError(400, f"{at}: tool_use needs string id and name and an object input", param=at)
@@ -183,12 +182,6 @@ def _assistant_blocks(blocks: list, where: str) -> dict:
     return msg
 
 
-def _text_of(block: dict, at: str) -> str:
-    if not isinstance(block.get("text"), str):
-        raise RequestError(400, f"{at}.text must be a string", param=f"{at}.text")
-    return block["text"]
-
-
 def _block_text(blocks: Any, where: str, allowed: tuple[str, ...]) -> str:
     if not isinstance(blocks, list):
         raise RequestError(400, f"{where} must be a string or a list of text blocks", param=where)
@@ -196,30 +189,20 @@ def _block_text(blocks: Any, where: str, allowed: tuple[str, ...]) -> str:
     for j, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") not in allowed:
             raise RequestError(400, f"{where}[{j}] must be a text block", param=f"{where}[{j}]")
-        texts.append(_text_of(block, f"{where}[{j}]"))
+        texts.append(contract.string_field(block, "text", f"{where}[{j}]"))
     return "".join(texts)
 
 
 def _convert_tools(tools: Any) -> list[dict] | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise RequestError(400, "tools must be a list", param="tools")
     out = []
-    for i, tool in enumerate(tools):
-        at = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise RequestError(400, f"{at}: only client tools are supported, got type {kind!r}", param=at)
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise RequestError(400, f"{at}.name must be a non-empty string", param=f"{at}.name")
+    for at, tool in contract.named_tools(tools, "custom", "client", default_type="custom"):
         if not isinstance(tool.get("input_schema"), dict):
             raise RequestError(400, f"{at}.input_schema: an object is required", param=f"{at}.input_schema")
         if tool.get("description") is not None and not isinstance(tool["description"], str):
             raise RequestError(400, f"{at}.description must be a string", param=f"{at}.description")
         function = {"name": tool["name"], "description": tool.get("description") or "", "parameters": tool["input_schema"]}
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
 
 
 def _convert_tool_choice(choice: Any, tools: list[dict] | None) -> str | dict | None:
@@ -240,13 +223,6 @@ def _convert_tool_choice(choice: Any, tools: list[dict] | None) -> str | dict | 
     if not isinstance(name, str) or not any(t["function"]["name"] == name for t in tools or []):
         raise RequestError(400, f"tool_choice.name {name!r} is not one of tools", param="tool_choice.name")
     return {"type": "function", "function": {"name": name}}
-
-
-def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
 
 
 # ---- Choice -> message body ------------------------------------------------------------------
@@ -324,39 +300,26 @@ async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
     return Reply(status=200, body=message_body(body, choice, matched_stop_sequence(gateway, session, choice, turn.sampling.stop)))
 
 
-def sse(event: dict) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
-
-
-async def _stream(body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], matched: Any) -> AsyncIterator[bytes]:
-    events = MessageEvents(body, message_id)
-    yield events.start()
-    delta: ChoiceDelta | None = first
-    try:
-        while delta is not None:
-            if delta.kind == "done":
-                assert delta.choice is not None, "a done delta carries its choice"
-                for frame in events.finish(delta.choice, matched(delta.choice)):
-                    yield frame
-                return
-            for frame in events.delta(delta.kind, delta.text):
-                yield frame
-            delta = await anext(rest, None)
-    except EngineError as e:  # the engine failed mid-stream: tell the client in the API's own shape
-        yield sse(error_body(503 if e.status is None else 502, str(e), "api_error"))
+def _stream(
+    body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], matched: Callable[[Choice], str | None]
+) -> AsyncIterator[bytes]:
+    """Turn the core's deltas into Messages stream events, in the order Anthropic sends them."""
+    return relay_events(MessageEvents(body, message_id, matched), first, rest)
 
 
 class MessageEvents:
-    """The event sequence of one streamed message."""
+    """The event sequence of one streamed message (``sse.ChoiceEvents``); ``matched`` names
+    the stop sequence that ended a choice, if one did."""
 
-    def __init__(self, body: dict, message_id: str) -> None:
+    def __init__(self, body: dict, message_id: str, matched: Callable[[Choice], str | None]) -> None:
         self.body, self.message_id = body, message_id  # = the interaction id the core records
+        self.matched = matched
         self.index = -1  # index of the open content block
         self.open: str | None = None  # "text" | "thinking" | None
         self.text = ""
         self.saw_text = False  # a text block was opened (so the message needs no empty one)
 
-    def start(self) -> bytes:
+    def start(self) -> list[bytes]:
         message = {
             "id": self.message_id,
             "type": "message",
@@ -367,7 +330,7 @@ class MessageEvents:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
-        return sse({"type": "message_start", "message": message})
+        return [sse_event({"type": "message_start", "message": message})]
 
     def delta(self, kind: str, text: str) -> list[bytes]:
         if not text:
@@ -379,7 +342,7 @@ class MessageEvents:
             frames.append(self._open(block))
         self.text += text
         payload = {"type": "thinking_delta", "thinking": text} if block == "thinking" else {"type": "text_delta", "text": text}
-        frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": payload}))
+        frames.append(sse_event({"type": "content_block_delta", "index": self.index, "delta": payload}))
         return frames
 
     def _open(self, block: str) -> bytes:
@@ -387,19 +350,25 @@ class MessageEvents:
         self.open, self.text = block, ""
         self.saw_text |= block == "text"
         start = {"type": "thinking", "thinking": "", "signature": ""} if block == "thinking" else {"type": "text", "text": ""}
-        return sse({"type": "content_block_start", "index": self.index, "content_block": start})
+        return sse_event({"type": "content_block_start", "index": self.index, "content_block": start})
 
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
         frames = []
         if self.open == "thinking":  # the SDK expects a signature before a thinking block ends
-            frames.append(sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
-        frames.append(sse({"type": "content_block_stop", "index": self.index}))
+            frames.append(
+                sse_event({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}})
+            )
+        frames.append(sse_event({"type": "content_block_stop", "index": self.index}))
         self.open = None
         return frames
 
-    def finish(self, choice: Choice, matched_stop: str | None) -> list[bytes]:
+    def error(self, error: EngineError) -> bytes:
+        return sse_event(error_body(503 if error.status is None else 502, str(error), "api_error"))
+
+    def finish(self, choice: Choice) -> list[bytes]:
+        matched_stop = self.matched(choice)
         parsed, frames = choice.parsed, []
         if self.open == "thinking":
             frames += self._close()
@@ -407,15 +376,15 @@ class MessageEvents:
             frames.append(self._open("text"))  # a message always has a text block or a tool_use
             if parsed.content:
                 frames.append(
-                    sse({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": parsed.content}})
+                    sse_event({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": parsed.content}})
                 )
         frames += self._close()
         for tc in parsed.tool_calls:
             self.index += 1
             start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
-            frames.append(sse({"type": "content_block_start", "index": self.index, "content_block": start}))
+            frames.append(sse_event({"type": "content_block_start", "index": self.index, "content_block": start}))
             frames.append(
-                sse(
+                sse_event(
                     {
                         "type": "content_block_delta",
                         "index": self.index,
@@ -423,10 +392,10 @@ class MessageEvents:
                     }
                 )
             )
-            frames.append(sse({"type": "content_block_stop", "index": self.index}))
+            frames.append(sse_event({"type": "content_block_stop", "index": self.index}))
         reason = stop_reason(choice, matched_stop)
         frames.append(
-            sse(
+            sse_event(
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": matched_stop if reason == "stop_sequence" else None},
@@ -434,5 +403,5 @@ class MessageEvents:
                 }
             )
         )
-        frames.append(sse({"type": "message_stop"}))
+        frames.append(sse_event({"type": "message_stop"}))
         return frames

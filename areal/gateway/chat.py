@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id, sampling_extensions
+from areal.gateway.contract import EXTENSION_FIELDS, Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id, sampling_extensions
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
@@ -44,11 +44,7 @@ _HONOURED = {
     "parallel_tool_calls",
     "stream",
     "stream_options",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "chat_template_kwargs",
-}  # the last four: SGLang's / vLLM's extensions (extra_body)
+} | EXTENSION_FIELDS
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0, None),

@@ -3,7 +3,9 @@
 A front-end (chat.py, responses.py, anthropic.py) turns its API's request body into a ``Turn``,
 calls ``Gateway.complete`` (-> list[Choice]) or ``Gateway.complete_stream`` (-> ChoiceDelta
 stream), and answers with a ``Reply``. Bad input raises ``RequestError``; the core turns it into
-the API's own error shape. ``core`` re-exports every name here.
+the API's own error shape. What every front-end checks alike: ``check_number`` (a parameter's
+range; the core's too), ``string_field``, ``named_tools`` (the request's tools, each named) and
+``EXTENSION_FIELDS`` (the sampling extensions a body may carry, ``sampling_extensions``).
 """
 
 from __future__ import annotations
@@ -47,12 +49,52 @@ class Sampling(msgspec.Struct):
     repetition_penalty: float = 1.0
 
 
+# SGLang's and vLLM's extensions of each API (the SDKs send them with ``extra_body``).
+EXTENSION_FIELDS = frozenset({"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"})
+
+
 def sampling_extensions(body: dict) -> dict:
     """``top_k`` / ``min_p`` / ``repetition_penalty`` of a request body, as SGLang's and vLLM's
     OpenAI servers accept them (top level; the SDKs send them with ``extra_body``); a null is unset.
     Validated with the rest of the turn (``generation.validate_turn``)."""
     defaults = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
     return {k: (d if body.get(k) is None else body[k]) for k, d in defaults.items()}
+
+
+def check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
+    """A 400 naming ``name`` unless ``value`` is a number (``integer``: an int) in [lo, hi]; a bool is neither."""
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
+
+
+def string_field(item: dict, key: str, where: str) -> str:
+    """``item[key]``, a string (else a 400 naming ``where.key``)."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise RequestError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
+    return value
+
+
+def named_tools(tools: Any, tool_type: str, what: str, default_type: str | None = None) -> list[tuple[str, dict]]:
+    """The request's ``tools`` as (where, tool) pairs ([] for none): each an object of type
+    ``tool_type`` (``default_type`` when it names none; ``what`` calls such tools in the 400 that
+    refuses another) with a non-empty string ``name``."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise RequestError(400, "tools must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", default_type) != tool_type:
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise RequestError(400, f"{at}: only {what} tools are supported, got type {kind!r}", param=at)
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise RequestError(400, f"{at}.name must be a non-empty string", param=f"{at}.name")
+        out.append((at, tool))
+    return out
 
 
 class Turn(msgspec.Struct):

@@ -88,7 +88,9 @@ class GatewayConfig:
     """Limits and names the gateway enforces on every request."""
 
     model_name: str = "areal"  # what /v1/models lists; the `model` field of requests is not checked
-    context_length: int = 2048  # prompt + max_tokens must fit, else 400 naming the limit
+    # prompt + max_tokens must fit, else 400 naming the limit: the embedded models' positions; a run
+    # caps it at its own model's (max_position_embeddings)
+    context_length: int = 4096
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # used when a request names no max_tokens
     # AReaL's meaning of a limit (its engine_max_tokens): a request's max_tokens is cut to

@@ -25,20 +25,21 @@ from typing import Any
 
 from areal.gateway import harmony
 from areal.gateway.generation import text_decoder as plain_text_decoder
-from areal.gateway.parsers import AUTO, LLAMA_OPEN, QWEN_CLOSE, QWEN_OPEN, THINK_CLOSE, THINK_OPEN, TOOL_PARSERS
-from areal.gateway.toolcalls import (
-    DS_CALL_CLOSE,
-    DS_CALL_OPEN,
-    DS_CALLS_CLOSE,
+from areal.gateway.parsers import (
+    AUTO,
     DS_CALLS_OPEN,
-    DS_SEP,
-    MISTRAL_ARGS,
-    MISTRAL_CALL_ID,
+    DS_MARKERS,
+    LLAMA_OPEN,
+    MISTRAL_MARKERS,
     MISTRAL_OPEN,
+    QWEN_CLOSE,
+    QWEN_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_PARSERS,
 )
 
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", harmony.CALL, harmony.RETURN, "<\uff5cend\u2581of\u2581sentence\uff5c>")
-_DS_MARKERS = (DS_CALLS_OPEN, DS_CALLS_CLOSE, DS_CALL_OPEN, DS_CALL_CLOSE, DS_SEP)
 _TOOL_PROBE = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -50,9 +51,9 @@ def _markers(tool_parser: str | None, reasoning_parser: str | None) -> tuple[str
         case "llama3":
             tool = (LLAMA_OPEN,)
         case "mistral":
-            tool = (MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID)
+            tool = MISTRAL_MARKERS
         case "deepseekv3" | "deepseekv31":
-            tool = _DS_MARKERS
+            tool = DS_MARKERS
         case _:  # None, or gpt-oss (its markers below)
             tool = ()
     if "gpt-oss" in (tool_parser, reasoning_parser):

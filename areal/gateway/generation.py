@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, new_id
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, check_number, new_id
 from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output, takes_no_arguments
 from areal.gateway.render import Prompt
 from areal.gateway.tree import Interaction
@@ -80,19 +80,19 @@ def validate_turn(turn: Turn, config: GatewayConfig) -> None:
         ):
             raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls", param=f"messages[{i}].tool_calls")
     s = turn.sampling
-    _check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
-    _check_number("temperature", s.temperature, 0.0, 2.0)
-    _check_number("top_p", s.top_p, 1e-9, 1.0)
+    check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
+    check_number("temperature", s.temperature, 0.0, 2.0)
+    check_number("top_p", s.top_p, 1e-9, 1.0)
     if s.top_k != -1:
-        _check_number("top_k", s.top_k, 1, 2**30, integer=True)
-    _check_number("min_p", s.min_p, 0.0, 1.0)
-    _check_number("repetition_penalty", s.repetition_penalty, 1e-9, 2.0)
-    _check_number("n", s.n, 1, config.max_n, integer=True)
+        check_number("top_k", s.top_k, 1, 2**30, integer=True)
+    check_number("min_p", s.min_p, 0.0, 1.0)
+    check_number("repetition_penalty", s.repetition_penalty, 1e-9, 2.0)
+    check_number("n", s.n, 1, config.max_n, integer=True)
     if s.seed is not None:
-        _check_number("seed", s.seed, -(2**63), 2**63 - 1, integer=True)
+        check_number("seed", s.seed, -(2**63), 2**63 - 1, integer=True)
     if not isinstance(s.stop, list) or len(s.stop) > _MAX_STOPS or not all(isinstance(x, str) and x for x in s.stop):
         raise RequestError(400, f"stop must be a string or a list of at most {_MAX_STOPS} non-empty strings", param="stop")
-    _check_number("top_logprobs", s.top_logprobs, 0, _MAX_TOP_LOGPROBS, integer=True)
+    check_number("top_logprobs", s.top_logprobs, 0, _MAX_TOP_LOGPROBS, integer=True)
     if s.top_logprobs and not s.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     _validate_tools(turn, config)
@@ -161,13 +161,6 @@ def forced_text(turn: Turn, config: GatewayConfig) -> str:
             no_arguments=takes_no_arguments(tool.get("parameters")),
         )
     return ""
-
-
-def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
 
 
 def _parsers(turn: Turn, config: GatewayConfig) -> tuple[str | None, str]:
@@ -252,8 +245,8 @@ def record_choice(
     finish: str,
     parsed: ParsedOutput,
 ) -> Choice:
-    """``keep``: how many of the result's tokens the client was answered with."""
-    """Record one finished choice as an Interaction and make it findable as a parent."""
+    """Record one finished choice as an Interaction and make it findable as a parent. ``keep``:
+    how many of the result's tokens the client was answered with."""
     ids, lps = result.output_ids[:keep], result.output_logprobs[:keep]  # slices: the interaction's own lists
     raw = getattr(result, "output_versions", [])[:keep]
     known = {v: parse_version(v) for v in set(raw)}  # one version per generation, usually: parse it once
@@ -311,16 +304,53 @@ def finish_choice(
     wrote after the prompt (its ids end ``prompt.ids``); it is parsed as the start of the output."""
     ids, keep, finish = result.output_ids, len(result.output_ids), result.finish_reason
     text = gateway.decode_text(ids)
-    stops = turn.sampling.stop
-    at = find_stop(text, stops) if stops else -1
-    if at >= 0:
-        matched = min((s for s in stops if text.startswith(s, at)), key=len)
-        keep, finish, text = _tokens_through(gateway.decode_text, ids, at + len(matched)), "stop", text[:at]
+    cut = _cut_at_stop(gateway.decode_text, ids, text, turn.sampling.stop)
+    if cut is not None:
+        (keep, text), finish = cut, "stop"
     tool_parser, reasoning_parser = _parsers(turn, gateway.config)
     # the request's tools type some formats' arguments; a prompt may leave a <think> block open
     opened = prompt.reasoning_open and not forced
     parsed = parse_output(forced + text, tool_parser, reasoning_parser, tools=turn.tools, reasoning_open=opened)
     return record_choice(gateway, session, turn, prompt, index, interaction_id, result, keep, finish, parsed)
+
+
+def _cut_at_stop(decode: Callable[[list[int]], str], ids: list[int], text: str, stops: list[str], start: int = 0) -> tuple[int, str] | None:
+    """Where ``text`` (``ids`` decoded) meets its earliest stop string at or after ``start``: the
+    ids kept (through the token that completed the stop string) and the text before it; None
+    when it meets none."""
+    at = find_stop(text, stops, start) if stops else -1
+    if at < 0:
+        return None
+    matched = min((s for s in stops if text.startswith(s, at)), key=len)
+    return _tokens_through(decode, ids, at + len(matched)), text[:at]
+
+
+async def _pump(
+    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, i: int, queue: asyncio.Queue[tuple[int, Any]]
+) -> None:
+    """Choice ``i``'s engine stream onto ``queue``: each result, then None at its end, or the
+    exception that ended it (a close of the session: its 401)."""
+    try:
+        sp = engine_params(params, turn.sampling.seed, i)
+        async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn, session)):
+            await queue.put((i, result))
+    except asyncio.CancelledError:
+        if session.closed:  # by close_session: the consumer answers with that
+            queue.put_nowait((i, session_closed()))
+        raise
+    except Exception as e:  # handed to the consumer, which raises it inside the request
+        await queue.put((i, e))
+        return
+    await queue.put((i, None))
+
+
+def _visible(text: str, final: bool, hold: int) -> int:
+    """How much of a choice's ``text`` may be shown: all once final; else not the last ``hold``
+    characters (a stop string may still be completing) nor an incomplete UTF-8 sequence."""
+    if final:
+        return len(text)
+    visible = len(text) - hold
+    return min(visible, len(text) - 1) if text.endswith("\ufffd") else visible
 
 
 async def stream_choices(
@@ -331,21 +361,6 @@ async def stream_choices(
     The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
     n, stops = turn.sampling.n, turn.sampling.stop
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-    async def pump(i: int) -> None:
-        try:
-            sp = engine_params(params, turn.sampling.seed, i)
-            async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn, session)):
-                await queue.put((i, result))
-        except asyncio.CancelledError:
-            if session.closed:  # by close_session: the consumer answers with that
-                queue.put_nowait((i, session_closed()))
-            raise
-        except Exception as e:  # handed to the consumer, which raises it inside the request
-            await queue.put((i, e))
-            return
-        await queue.put((i, None))
-
     tool_parser, reasoning_parser = _parsers(turn, gateway.config)
     opened = prompt.reasoning_open and not forced  # as in finish_choice
     parsers = [StreamParser(tool_parser, reasoning_parser, tools=turn.tools, reasoning_open=opened) for _ in range(n)]
@@ -356,7 +371,7 @@ async def stream_choices(
     emitted = [0] * n  # characters of decoded text already fed to the parser
     last: list[Any] = [None] * n
     hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
-    tasks = [asyncio.ensure_future(pump(i)) for i in range(n)]
+    tasks = [asyncio.ensure_future(_pump(gateway, session, turn, prompt, params, i, queue)) for i in range(n)]
     session.engine_tasks.update(tasks)
     open_ = n
     try:
@@ -369,21 +384,16 @@ async def stream_choices(
             if isinstance(item, Exception):
                 raise item
             final = item is None or item.finish_reason != ""
-            result = last[i] if item is None else item
-            last[i] = result
+            result = last[i] = last[i] if item is None else item
             if result is None:
                 raise RequestError(502, "the engine stream ended without a result", kind="engine_error")
             text = gateway.decode_text(result.output_ids)
             keep, finish = len(result.output_ids), result.finish_reason
-            at = find_stop(text, stops, max(0, emitted[i] - hold)) if stops else -1
-            if at >= 0:
-                matched = min((s for s in stops if text.startswith(s, at)), key=len)
-                keep = _tokens_through(gateway.decode_text, result.output_ids, at + len(matched))
-                finish, text, final = "stop", text[:at], True
+            cut = _cut_at_stop(gateway.decode_text, result.output_ids, text, stops, max(0, emitted[i] - hold))
+            if cut is not None:
+                (keep, text), finish, final = cut, "stop", True
                 tasks[i].cancel()  # the engine need not sample past the stop string
-            visible = len(text) if final else len(text) - hold
-            if not final and text.endswith("\ufffd"):
-                visible = min(visible, len(text) - 1)  # an incomplete UTF-8 sequence
+            visible = _visible(text, final, hold)
             if visible > emitted[i]:
                 for ev in parsers[i].feed(text[emitted[i] : visible]):
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)

@@ -37,14 +37,15 @@ stored responses by id.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from areal.engine.client import EngineError
-from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, sampling_extensions
+from areal.gateway import contract
+from areal.gateway.contract import Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn
+from areal.gateway.sse import relay_events, sse_event
 
 if TYPE_CHECKING:  # the core imports this module to route to it
     from areal.gateway.core import Gateway, Session
@@ -62,11 +63,7 @@ _HONOURED = {
     "store",
     "parallel_tool_calls",
     "top_logprobs",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "chat_template_kwargs",  # the last four: SGLang's / vLLM's extensions (extra_body)
-}
+} | contract.EXTENSION_FIELDS
 _NEUTRAL = {
     "model",
     "user",
@@ -106,13 +103,13 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
 
     max_tokens = body.get("max_output_tokens")
     max_tokens = default_max_tokens if max_tokens is None else max_tokens
-    _check_number("max_output_tokens", max_tokens, 1, 1 << 31, integer=True)
+    contract.check_number("max_output_tokens", max_tokens, 1, 1 << 31, integer=True)
     temperature = 1.0 if body.get("temperature") is None else body["temperature"]
     top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-    _check_number("temperature", temperature, 0.0, 2.0)
-    _check_number("top_p", top_p, 1e-9, 1.0)
+    contract.check_number("temperature", temperature, 0.0, 2.0)
+    contract.check_number("top_p", top_p, 1e-9, 1.0)
     top_logprobs = body.get("top_logprobs") or 0
-    _check_number("top_logprobs", top_logprobs, 0, 20, integer=True)
+    contract.check_number("top_logprobs", top_logprobs, 0, 20, integer=True)
     include = body.get("include") or []
     logprobs = "message.output_text.logprobs" in include or top_logprobs > 0
     sampling = Sampling(
@@ -121,7 +118,7 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
         top_p=top_p,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        **sampling_extensions(body),
+        **contract.sampling_extensions(body),
     )
     tools = _convert_tools(body.get("tools"))
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
@@ -179,12 +176,12 @@ def input_to_messages(items: Any) -> list[dict]:
             else:
                 messages.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind == "function_call":
-            call_id, name, arguments = (_string(item, k, where) for k in ("call_id", "name", "arguments"))
+            call_id, name, arguments = (contract.string_field(item, k, where) for k in ("call_id", "name", "arguments"))
             msg = _assistant(messages, reasoning, fresh=False)
             reasoning = None
             msg.setdefault("tool_calls", []).append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         elif kind == "function_call_output":
-            call_id = _string(item, "call_id", where)
+            call_id = contract.string_field(item, "call_id", where)
             output = item.get("output")
             content = output if isinstance(output, str) else _content_text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
@@ -233,37 +230,21 @@ def _content_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise RequestError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
-    return value
-
-
 def _convert_tools(tools: Any) -> list[dict] | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise RequestError(400, "tools must be a list", param="tools")
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise RequestError(400, f"tools[{i}]: only function tools are supported, got {kind!r}", param=f"tools[{i}]")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise RequestError(400, f"tools[{i}].name must be a non-empty string", param=f"tools[{i}].name")
+    for at, tool in contract.named_tools(tools, "function", "function"):
         params = tool.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise RequestError(400, f"tools[{i}].parameters must be an object", param=f"tools[{i}].parameters")
+            raise RequestError(400, f"{at}.parameters must be an object", param=f"{at}.parameters")
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
-            raise RequestError(400, f"tools[{i}].description must be a string", param=f"tools[{i}].description")
+            raise RequestError(400, f"{at}.description must be a string", param=f"{at}.description")
         function: dict[str, Any] = {"name": tool["name"]}
         if description is not None:
             function["description"] = description
         function["parameters"] = params if params is not None else {"type": "object", "properties": {}}
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
 
 
 def _convert_tool_choice(choice: Any, tools: list[dict] | None) -> str | dict | None:
@@ -274,13 +255,6 @@ def _convert_tool_choice(choice: Any, tools: list[dict] | None) -> str | dict | 
             raise RequestError(400, f"tool_choice names {choice['name']!r}, which is not in tools", param="tool_choice")
         return {"type": "function", "function": {"name": choice["name"]}}
     raise RequestError(400, "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}", param="tool_choice")
-
-
-def _check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise RequestError(400, f"{name} must be {kind} in [{lo}, {hi}], got {value!r}", param=name)
 
 
 # ---- Choice -> response body -----------------------------------------------------------------
@@ -434,38 +408,20 @@ async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
     return Reply(status=200, body=out)
 
 
-def sse(event: dict) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
-
-
-async def _stream(
-    body: dict, turn: Turn, response_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], remember: Any
+def _stream(
+    body: dict, turn: Turn, response_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], remember: Callable[[Choice], None]
 ) -> AsyncIterator[bytes]:
     """Turn the core's deltas into Responses stream events, in the order OpenAI sends them."""
-    events = ResponseEvents(body, turn, response_id)
-    for frame in events.start():
-        yield frame
-    delta: ChoiceDelta | None = first
-    try:
-        while delta is not None:
-            if delta.kind == "done":
-                assert delta.choice is not None, "a done delta carries its choice"
-                remember(delta.choice)
-                for frame in events.finish(delta.choice):
-                    yield frame
-                return
-            for frame in events.delta(delta.kind, delta.text):
-                yield frame
-            delta = await anext(rest, None)
-    except EngineError as e:  # the engine failed mid-stream: tell the client in the API's own shape
-        yield events.frame({"type": "error", "code": "engine_error", "message": str(e), "param": None})
+    return relay_events(ResponseEvents(body, turn, response_id, remember), first, rest)
 
 
 class ResponseEvents:
-    """The event sequence of one streamed response; ``frame`` numbers events in order."""
+    """The event sequence of one streamed response (``sse.ChoiceEvents``); ``frame`` numbers
+    events in order; ``remember`` stores the finished choice for a follow-up response."""
 
-    def __init__(self, body: dict, turn: Turn, response_id: str) -> None:
+    def __init__(self, body: dict, turn: Turn, response_id: str, remember: Callable[[Choice], None]) -> None:
         self.body, self.turn = body, turn
+        self.remember = remember
         self.response_id = response_id  # = the interaction id the core records
         self.created = time.time()
         self.seq = 0
@@ -476,7 +432,7 @@ class ResponseEvents:
     def frame(self, event: dict) -> bytes:
         event["sequence_number"] = self.seq
         self.seq += 1
-        return sse(event)
+        return sse_event(event)
 
     def start(self) -> list[bytes]:
         shell = response_body(self.body, self.turn, self.response_id, self.created, "in_progress", [], None)
@@ -578,8 +534,12 @@ class ResponseEvents:
         self.open = None
         return frames
 
+    def error(self, error: EngineError) -> bytes:
+        return self.frame({"type": "error", "code": "engine_error", "message": str(error), "param": None})
+
     def finish(self, choice: Choice) -> list[bytes]:
         """Close what is open with the parsed text, add tool calls, then the final response."""
+        self.remember(choice)
         status, reason = _status(choice)
         item_status = "incomplete" if status == "incomplete" else "completed"
         parsed, frames = choice.parsed, []

@@ -40,7 +40,7 @@ from aiohttp import web
 from areal.engine.client import EngineError
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.core import Gateway
-from areal.gateway.door import Conn, Door, DoorLimits
+from areal.gateway.door import Conn, Door, DoorLimits, Owner
 from areal.gateway.routes import error_reply, openai_error, request_key, route, split_session_path
 from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 
@@ -104,84 +104,127 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
     past ``max_buffered_bytes_per_session`` (or the door past ``max_buffered_bytes``): bytes of
     requests being served (libzmq does not expose those of partial frames; ``door`` bounds them).
     """
-    loop = asyncio.get_running_loop()
     config = gateway.config
-    tasks: set[asyncio.Task] = set()
-    serving: dict[Conn, set[asyncio.Task]] = {}  # the requests being answered, by the connection they came on
+    server = _ZmqServer(gateway)
+    limits = DoorLimits(
+        max_connections=config.max_connections,
+        max_connections_per_session=config.max_connections_per_session,
+        memory_budget=config.door_memory_bytes,
+    )
+    door = server.door = await Door.bind(
+        address, server.on_message, max_frame=config.zmq_frame_bytes, limits=limits, on_closed=server.on_closed
+    )
+    gateway.doors.append(door)
+    if ready is not None:
+        ready.set()
+    try:
+        await server.loop.create_future()  # until cancelled
+    finally:
+        gateway.doors.remove(door)
+        door.close()
+        for t in server.tasks:
+            t.cancel()
 
-    async def answer(peer: Conn, req: GatewayRequest) -> None:
+
+class _ZmqServer:
+    """``serve_zmq``'s callbacks and what they share: the door, and the requests being answered."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.config = gateway.config
+        self.loop = asyncio.get_running_loop()
+        self.door: Door  # set by serve_zmq once bound, before any message arrives
+        self.tasks: set[asyncio.Task] = set()
+        self.serving: dict[Conn, set[asyncio.Task]] = {}  # the requests being answered, by the connection they came on
+
+    async def answer(self, peer: Conn, req: GatewayRequest) -> None:
         try:
-            reply = await route(gateway, req)
+            reply = await route(self.gateway, req)
             if reply.stream is None:
-                door.send(peer, _encoder.encode(json_frame(req, reply)))
+                self.door.send(peer, _encoder.encode(json_frame(req, reply)))
                 return
             async for frame in stream_frames(req, reply):
-                door.send(peer, _encoder.encode(frame))
+                self.door.send(peer, _encoder.encode(frame))
         except Exception:  # the process boundary: a bug in the core still gets the client an answer
             log.exception("gateway: request %d (%s %s) failed", req.request_id, req.method, split_session_path(req.path)[1])
-            refuse(peer, req, 500, "internal error in the gateway (logged)", "internal_error")
+            self.refuse(peer, req, 500, "internal error in the gateway (logged)", "internal_error")
 
-    def refuse(peer: Conn, req: GatewayRequest, status: int, message: str, kind: str) -> None:
+    def refuse(self, peer: Conn, req: GatewayRequest, status: int, message: str, kind: str) -> None:
         body = msgspec.json.encode(error_reply(split_session_path(req.path)[1], status, message, kind).body)
-        door.send(peer, _encoder.encode(GatewayReply(request_id=req.request_id, status=status, headers=_JSON, body=body)))
+        self.door.send(peer, _encoder.encode(GatewayReply(request_id=req.request_id, status=status, headers=_JSON, body=body)))
 
-    def on_message(peer: Conn, frame: bytes) -> None:
+    def on_message(self, peer: Conn, frame: bytes) -> None:
+        """One whole message from ``peer``: decoded, charged to its owner, answered in a task (or refused)."""
         try:
             req = _decoder.decode(frame)
         except (msgspec.DecodeError, RecursionError) as e:  # msgpack nested past ~1,000 levels: the latter
             body = msgspec.json.encode(openai_error(400, f"bad frame: {e}", "invalid_request_error"))
-            door.send(peer, _encoder.encode(GatewayReply(request_id=-1, status=400, headers=_JSON, body=body)))
+            self.door.send(peer, _encoder.encode(GatewayReply(request_id=-1, status=400, headers=_JSON, body=body)))
             return
-        if not isinstance(req, GatewayRequest):
+        if not isinstance(req, GatewayRequest) or not self._claim(peer, req):
             return
-        owner = peer.owner
-        if not owner.session:
-            session = gateway.sessions.get(request_key(req))
-            if session is not None:
-                full = door.claim(peer, ("session", session.key), f"session {session.episode_id!r}")
-                if full is not None:
-                    why = f"{full.name} already holds {full.connections} connections (gateway.max_connections_per_session)"
-                    refuse(peer, req, 429, why, "rate_limit_error")
-                    door.cut_off(peer, why, flush=True, against=full)
-                    return
-                owner = peer.owner
-        size = len(frame)
+        why = self._over_budget(peer.owner, len(frame))
+        if why:
+            self.door.report(peer.owner, "refused a request", why)
+            self.refuse(peer, req, 429, why, "rate_limit_error")
+            return
+        self._start(peer, req, len(frame))
+
+    def _claim(self, peer: Conn, req: GatewayRequest) -> bool:
+        """Charge ``peer`` to the live session ``req``'s key names, if it is not yet a session's;
+        False when that session holds all the connections it may (the request refused, the
+        connection cut)."""
+        if peer.owner.session:
+            return True
+        session = self.gateway.sessions.get(request_key(req))
+        if session is None:
+            return True
+        full = self.door.claim(peer, ("session", session.key), f"session {session.episode_id!r}")
+        if full is None:
+            return True
+        why = f"{full.name} already holds {full.connections} connections (gateway.max_connections_per_session)"
+        self.refuse(peer, req, 429, why, "rate_limit_error")
+        self.door.cut_off(peer, why, flush=True, against=full)
+        return False
+
+    def _over_budget(self, owner: Owner, size: int) -> str:
+        """Why a request of ``size`` bytes would take ``owner`` (or the door) past its budgets; "" if it would not."""
+        config, door = self.config, self.door
         if owner.inflight >= config.max_inflight_per_session:
-            why = (
+            return (
                 f"{owner.name} has {owner.inflight} requests being served, the limit "
                 f"(gateway.max_inflight_per_session={config.max_inflight_per_session})"
             )
-        elif owner.held + size > config.max_buffered_bytes_per_session:
-            why = (
+        if owner.held + size > config.max_buffered_bytes_per_session:
+            return (
                 f"{owner.name} holds {owner.held} bytes of requests; {size} more exceed "
                 f"gateway.max_buffered_bytes_per_session={config.max_buffered_bytes_per_session}"
             )
-        elif door.inflight_bytes + size > config.max_buffered_bytes:
-            why = (
+        if door.inflight_bytes + size > config.max_buffered_bytes:
+            return (
                 f"the door holds {door.inflight_bytes} bytes of requests; {size} more exceed "
                 f"gateway.max_buffered_bytes={config.max_buffered_bytes}"
             )
-        else:
-            why = ""
-        if why:
-            door.report(owner, "refused a request", why)
-            refuse(peer, req, 429, why, "rate_limit_error")
-            return
+        return ""
+
+    def _start(self, peer: Conn, req: GatewayRequest, size: int) -> None:
+        """Answer ``req`` in a task, its owner and the door charged for it until the task ends."""
+        owner, door = peer.owner, self.door
         owner.inflight += 1
         door.begin(peer)
         owner.inflight_bytes += size
         door.inflight_bytes += size
-        task = loop.create_task(answer(peer, req))
-        tasks.add(task)
-        serving.setdefault(peer, set()).add(task)
+        task = self.loop.create_task(self.answer(peer, req))
+        self.tasks.add(task)
+        self.serving.setdefault(peer, set()).add(task)
 
         def done(task: asyncio.Task) -> None:
-            tasks.discard(task)
-            mine = serving.get(peer)
+            self.tasks.discard(task)
+            mine = self.serving.get(peer)
             if mine is not None:
                 mine.discard(task)
                 if not mine:
-                    del serving[peer]
+                    del self.serving[peer]
             owner.inflight -= 1
             door.finish(peer)
             owner.inflight_bytes -= size
@@ -190,27 +233,10 @@ async def serve_zmq(gateway: Gateway, address: str, ready: asyncio.Event | None 
 
         task.add_done_callback(done)
 
-    def on_closed(peer: Conn) -> None:
+    def on_closed(self, peer: Conn) -> None:
         # nobody is left to read the answers: stop the work (and the engine's) of its requests
-        for task in serving.pop(peer, ()):
+        for task in self.serving.pop(peer, ()):
             task.cancel()
-
-    limits = DoorLimits(
-        max_connections=config.max_connections,
-        max_connections_per_session=config.max_connections_per_session,
-        memory_budget=config.door_memory_bytes,
-    )
-    door = await Door.bind(address, on_message, max_frame=config.zmq_frame_bytes, limits=limits, on_closed=on_closed)
-    gateway.doors.append(door)
-    if ready is not None:
-        ready.set()
-    try:
-        await loop.create_future()  # until cancelled
-    finally:
-        gateway.doors.remove(door)
-        door.close()
-        for t in tasks:
-            t.cancel()
 
 
 async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:

@@ -39,6 +39,8 @@ DS_CALLS_CLOSE = "<\uff5ctool\u2581calls\u2581end\uff5c>"
 DS_CALL_OPEN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
 DS_CALL_CLOSE = "<\uff5ctool\u2581call\u2581end\uff5c>"
 DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+MISTRAL_MARKERS = (MISTRAL_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID)
+DS_MARKERS = (DS_CALLS_OPEN, DS_CALLS_CLOSE, DS_CALL_OPEN, DS_CALL_CLOSE, DS_SEP)
 
 
 class ToolCall(msgspec.Struct, frozen=True):
@@ -204,23 +206,21 @@ _DS31_CALL = re.compile(
 
 
 def parse_deepseek_v3(inner: str) -> list[ToolCall] | None:
-    calls: list[ToolCall | None] = []
-    pos = 0
-    while inner[pos:].strip():
-        m = _DS_CALL.match(inner, pos)
-        if m is None or m.group("kind").strip() != "function":
-            return None
-        calls.append(make_call(m.group("name"), decode_json(m.group("args"))))
-        pos = m.end()
-    return _all_or_none(calls)
+    return _parse_deepseek(inner, _DS_CALL)
 
 
 def parse_deepseek_v31(inner: str) -> list[ToolCall] | None:
+    return _parse_deepseek(inner, _DS31_CALL)
+
+
+def _parse_deepseek(inner: str, call: re.Pattern[str]) -> list[ToolCall] | None:
+    """The calls between DeepSeek's calls markers, each matching ``call`` (V3's names its kind,
+    which must be ``function``; V3.1's has none), back to back; None if any does not parse."""
     calls: list[ToolCall | None] = []
     pos = 0
     while inner[pos:].strip():
-        m = _DS31_CALL.match(inner, pos)
-        if m is None:
+        m = call.match(inner, pos)
+        if m is None or m.groupdict().get("kind", "function").strip() != "function":
             return None
         calls.append(make_call(m.group("name"), decode_json(m.group("args"))))
         pos = m.end()

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from areal.engine.launch import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 USAGE = "usage: python3 -m areal.launcher.local <script.py> --config <file.yaml> [key=value ...]"
@@ -46,7 +47,7 @@ def launch_env(argv: list[str], base: dict[str, str] | None = None) -> dict[str,
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
     )
     # the user's working directory first: their examples.* / agents shadow this project's own
     paths = [os.getcwd(), str(PROJECT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -71,12 +72,6 @@ def _peek_names(argv: list[str]) -> dict[str, str]:
         "trial_name": str(OmegaConf.select(cfg, "trial_name", default="trial0")),
         "fileroot": str(OmegaConf.select(cfg, "cluster.fileroot", default="runs")),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str]) -> int:

@@ -491,17 +491,21 @@ class RingWriter(_Segment):
         raises ``RingFull``; a payload that could never fit raises ``RecordTooLarge`` at once.
         """
         native = self._native
-        if native is not None:  # the whole fast path in one C call; the slow paths stay here
-            declared = getattr(parts, "nbytes", -1)  # -1: the C side measures the parts
-            seq = native.put(parts, declared)
-            if seq < 0:
-                seq = self._put_slow(lambda: native.put(parts, declared), seq, timeout_s, declared)
-            if self._u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
-                self._ring_peer(OFF_READER_BELL)
-            return seq
-        # Pure-Python path (the fallback, and the benchmarks' same-run baseline): locals instead of
-        # attribute lookups and method calls, frame words stored through the u64 view, one
-        # mmap.write per part.
+        if native is None:
+            return self._put_parts_python(parts, timeout_s)
+        # The whole fast path in one C call; the slow paths stay here.
+        declared = getattr(parts, "nbytes", -1)  # -1: the C side measures the parts
+        seq = native.put(parts, declared)
+        if seq < 0:
+            seq = self._put_slow(lambda: native.put(parts, declared), seq, timeout_s, declared)
+        if self._u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
+            self._ring_peer(OFF_READER_BELL)
+        return seq
+
+    def _put_parts_python(self, parts: Sequence[bytes | memoryview], timeout_s: float | None) -> int:
+        """``put_parts`` without the extension (the fallback, and the benchmarks' same-run
+        baseline): locals instead of attribute lookups and method calls, frame words stored
+        through the u64 view, one mmap.write per part."""
         n = getattr(parts, "nbytes", -1)  # RecordParts carries its total; checked after the copy
         if n < 0:
             n = 0
@@ -511,27 +515,10 @@ class RingWriter(_Segment):
             raise self._too_large(n)
         padded = (n + 7) & ~7
         size = _FRAME_SIZE + padded
-        u64, cap, mm = self._u64, self.capacity, self._mm
-        w = self._write_pos
-        room = cap - w % cap
-        skip = room if room < size else 0  # the record goes to the start of the next lap
-        # commit_pos only grows, so a cached value that already shows room is still true; the
-        # shared word (a cache line the reader writes) is re-read only when it might not be.
-        if w + skip + size - self._seen_commit > cap:
-            self._seen_commit = u64[_I_COMMIT_POS]
-            if w + skip + size - self._seen_commit > cap:
-                self._wait_for_room(w + skip + size - cap, size, timeout_s)
         seq = self._next_seq
-        # last_start moves before any byte is written: while it is >= write_pos, attach() knows
-        # the record there is unpublished and may already overwrite the previous one.
-        u64[_I_LAST_START] = w + skip
-        if skip >= _FRAME_SIZE:  # an explicit wrap marker; the reader reads only its kind word
-            i = (HEADER_BYTES + w % cap) >> 3
-            u64[i + 1] = KIND_WRAP
-            u64[i + 2] = seq
-            u64[i] = 0
-        w += skip
-        start = HEADER_BYTES + w % cap  # frame offset in the mapping
+        w = self._reserve(size, seq, timeout_s)
+        u64, mm = self._u64, self._mm
+        start = HEADER_BYTES + w % self.capacity  # frame offset in the mapping
         i = start >> 3
         u64[i + 1] = KIND_RECORD | n << 32
         u64[i + 2] = seq
@@ -555,6 +542,31 @@ class RingWriter(_Segment):
         if u64[_I_READER_WAITING]:  # one load per record; the reader rarely writes this line
             self._ring_peer(OFF_READER_BELL)
         return seq
+
+    def _reserve(self, size: int, seq: int, timeout_s: float | None) -> int:
+        """The Python path's room for a record of ``size`` bytes (waiting for the reader to commit
+        it): skips to the next lap where the rest of this one is too short (a wrap marker where
+        it holds one) and moves ``last_start`` there; returns the record's position (a byte count
+        since the ring's start, as ``write_pos``)."""
+        u64, cap = self._u64, self.capacity
+        w = self._write_pos
+        room = cap - w % cap
+        skip = room if room < size else 0  # the record goes to the start of the next lap
+        # commit_pos only grows, so a cached value that already shows room is still true; the
+        # shared word (a cache line the reader writes) is re-read only when it might not be.
+        if w + skip + size - self._seen_commit > cap:
+            self._seen_commit = u64[_I_COMMIT_POS]
+            if w + skip + size - self._seen_commit > cap:
+                self._wait_for_room(w + skip + size - cap, size, timeout_s)
+        # last_start moves before any byte is written: while it is >= write_pos, attach() knows
+        # the record there is unpublished and may already overwrite the previous one.
+        u64[_I_LAST_START] = w + skip
+        if skip >= _FRAME_SIZE:  # an explicit wrap marker; the reader reads only its kind word
+            i = (HEADER_BYTES + w % cap) >> 3
+            u64[i + 1] = KIND_WRAP
+            u64[i + 2] = seq
+            u64[i] = 0
+        return w + skip
 
     def _put_slow(self, retry: Callable[[], int], code: int, timeout_s: float | None, declared: int = -1) -> int:
         """The native put's slow paths: ``code`` is what it returned (nothing was published);

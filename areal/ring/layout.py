@@ -46,7 +46,7 @@ hash in ``areal/ring/native/_xxh3.h``) runs the writer's whole fast path in one 
 ``Writer.put_struct``, see ``areal.ring.buffer``) and computes the same XXH3-64 while it copies
 (each 1 KiB block is hashed from the registers it was copied through, AVX2 where the CPU has
 it), so the record's bytes are read once instead of twice (``mmap.write``, then ``xxhash``). It
-writes the same bytes and the same digest (tests/test_ring_native.py), so either writer pairs
+writes the same bytes and the same digest (tests/unit/ring/test_ring_native.py), so either writer pairs
 with any reader. Hashing alone, the ``xxhash`` wheel is the faster of the two, so the reader
 keeps it; the C kernel wins only because the copy rides along (figures in benchmarks/README.md). ``NATIVE`` is
 the module, or None where it was not built (no C compiler) or was built

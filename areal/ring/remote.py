@@ -53,7 +53,7 @@ reconnection at its next call. The receiver serves on one thread (``start``) or 
 
 What is covered:
   * a receiver killed at any instant (SIGKILL) and restarted on the same address with the same
-    journal: nothing acked is lost, nothing is written twice (``tests/test_ring_remote.py``);
+    journal: nothing acked is lost, nothing is written twice (``tests/integration/ring/test_ring_remote.py``);
   * connections that drop and come back (a link down past the heartbeat timeout): unacked
     records are resent;
   * a payload damaged between the sender's digest and the ring: refused, never written; so is a

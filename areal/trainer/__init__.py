@@ -6,13 +6,13 @@
     step.py         one optimizer step: complete groups, advantages, micro-batches, the loss
     loss.py         advantages and policy losses (GRPO, decoupled PPO, KL estimators)
     packing.py      rows → packed micro-batches; PolicyScorer (logprobs, lm head in chunks)
-    publish.py      save a version atomically, push it to the engines, prune
     reports.py      the report socket, both ends: Reporter (ranks, PUSH) and trainer_messages (controller, PULL)
     checkpoint.py   atomic checkpoints and the ring position they hold
     layout.py       where checkpoints live (no torch: the controller reads it to plan a resume)
     fsdp.py         FSDP2 sharding per decoder layer, full-weight gathers
 
 Run as ``python -m areal.trainer --config <run_dir>/trainer_config.json`` (the controller does);
-importing this package (or ``config``) does not import torch. The collective weight push is
-areal/weights/collective.py, with the engine's end of it.
+importing this package (or ``config``) does not import torch. Saving a version and pushing it
+to the engines is areal/weights/ (``disk.py``: save atomically, push, prune; ``collective.py``:
+the broadcast), each with the engine's end of it.
 """

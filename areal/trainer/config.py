@@ -1,6 +1,6 @@
 """The trainer's configuration, defined once, and the wiring one trainer process is started with.
 
-    areal/conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
+    conf/*.yaml ─► TrainConfig.trainer : TrainerConfig        (the run's `trainer:` section)
                                     │
     controller ─► TrainerJob(model_path, rings, engine_urls, report_addr, run_dir, ..., trainer, engine_kind)
                   └─ written as run_dir/trainer_config.json ─► python -m areal.trainer --config it
@@ -33,6 +33,11 @@ ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the out
 LORA_UNTARGETABLE = ("lm_head", "embed_tokens")
 
 
+def _is_int(value: object) -> bool:
+    """An int proper: YAML's and JSON's ``true`` is no count."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class LoraConfig:
     """``trainer.lora``: low-rank adapters trained instead of the full weights (areal/trainer/lora.py, peft).
@@ -50,7 +55,7 @@ class LoraConfig:
     dropout: float = 0.0  # dropout on the adapters' input, in training forwards only (see lora.py)
 
     def __post_init__(self) -> None:
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+        if not _is_int(self.rank) or self.rank < 0:
             raise ValueError(f"trainer.lora.rank must be an integer >= 0 (0: LoRA off), got {self.rank!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
             raise ValueError(f"trainer.lora.alpha must be a number > 0, got {self.alpha!r}")
@@ -137,6 +142,16 @@ class TrainerConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters instead of full fine-tuning (rank 0: off)
 
     def __post_init__(self) -> None:
+        self._check_schedule()
+        self._check_loss()
+        self._check_placement()
+
+    def _one_of(self, name: str, choices: tuple[str, ...]) -> None:
+        if getattr(self, name) not in choices:
+            raise ValueError(f"trainer.{name} must be one of {choices}, got {getattr(self, name)!r}")
+
+    def _check_schedule(self) -> None:
+        """Counts, rates and timeouts: how long the run is and how each step goes."""
         for name in (
             "steps",
             "threads",
@@ -147,7 +162,7 @@ class TrainerConfig:
             "head_chunk_elems",
             "ranks",
         ):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("lr", "max_grad_norm", "engine_timeout_s", "adv_eps"):
             if not getattr(self, name) > 0:
@@ -156,19 +171,20 @@ class TrainerConfig:
             raise ValueError(
                 f"trainer.record_timeout_s must be > 0 seconds, or None (wait while the ring's writer runs), got {self.record_timeout_s!r}"
             )
-        if self.lr_scheduler not in LR_SCHEDULERS:
-            raise ValueError(f"trainer.lr_scheduler must be one of {LR_SCHEDULERS}, got {self.lr_scheduler!r}")
+        self._one_of("lr_scheduler", LR_SCHEDULERS)
         updates = self.steps * self.minibatches
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= updates:
+        if not _is_int(self.warmup_steps) or not 0 <= self.warmup_steps <= updates:
             raise ValueError(
                 f"trainer.warmup_steps must be an integer in [0, trainer.steps x trainer.minibatches = {updates}], got {self.warmup_steps!r}"
             )
+
+    def _check_loss(self) -> None:
+        """The loss, its clipping and KL terms, credit assignment and checkpoints."""
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"trainer.clip_eps must be in (0, 1), got {self.clip_eps!r}")
         if not self.weight_decay >= 0:
             raise ValueError(f"trainer.weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"trainer.loss must be one of {LOSSES}, got {self.loss!r}")
+        self._one_of("loss", LOSSES)
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"trainer.dual_clip must be > 1 or None, got {self.dual_clip!r}")
         if self.behav_weight_cap is not None and not self.behav_weight_cap >= 1:
@@ -177,21 +193,19 @@ class TrainerConfig:
             raise ValueError("trainer.behav_weight_cap applies to loss='ppo' only")
         if not self.kl_coef >= 0:
             raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef!r}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"trainer.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        self._one_of("kl_estimator", KL_ESTIMATORS)
         if not 0 <= self.turn_discount <= 1:
             raise ValueError(f"trainer.turn_discount must be in [0, 1], got {self.turn_discount!r}")
-        if self.credit not in CREDITS:
-            raise ValueError(f"trainer.credit must be one of {CREDITS}, got {self.credit!r}")
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+        self._one_of("credit", CREDITS)
+        if not _is_int(self.checkpoint_every) or self.checkpoint_every < 0:
             raise ValueError(f"trainer.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
-        if self.weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(f"trainer.weight_sync must be one of {WEIGHT_SYNCS}, got {self.weight_sync!r}")
-        if self.weight_sync_backend not in BACKENDS:
-            raise ValueError(f"trainer.weight_sync_backend must be one of {BACKENDS}, got {self.weight_sync_backend!r}")
-        if self.parallel not in PARALLELS:
-            raise ValueError(f"trainer.parallel must be one of {PARALLELS}, got {self.parallel!r}")
-        if not isinstance(self.gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus):
+
+    def _check_placement(self) -> None:
+        """Where the ranks run, how they split the model and how weights reach the engines."""
+        self._one_of("weight_sync", WEIGHT_SYNCS)
+        self._one_of("weight_sync_backend", BACKENDS)
+        self._one_of("parallel", PARALLELS)
+        if not isinstance(self.gpus, list) or not all(_is_int(g) and g >= 0 for g in self.gpus):
             raise ValueError(f"trainer.gpus must be a list of GPU ids (integers >= 0), got {self.gpus!r}")
         if self.gpus and (len(self.gpus) != self.ranks or len(set(self.gpus)) != len(self.gpus)):
             raise ValueError(
@@ -238,7 +252,7 @@ class TrainerJob:
             raise ValueError(f"trainer job: engine_urls must be a list of http(s) URLs, got {self.engine_urls!r}")
         if "://" not in self.report_addr:
             raise ValueError(f"trainer job: report_addr must be a ZeroMQ address like tcp://..., got {self.report_addr!r}")
-        if isinstance(self.groups_per_step, bool) or not isinstance(self.groups_per_step, int) or self.groups_per_step < 1:
+        if not _is_int(self.groups_per_step) or self.groups_per_step < 1:
             raise ValueError(f"trainer job: groups_per_step must be an integer >= 1, got {self.groups_per_step!r}")
         if not self.temperature > 0:
             raise ValueError(f"trainer job: temperature must be > 0, got {self.temperature!r}")

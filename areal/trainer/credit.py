@@ -38,7 +38,7 @@ where the row's own episode stopped:
 
 Both reward or punish continuing for reasons that have nothing to do with the return; with
 intermediate rewards (a well-formed tool call scores 0.5) the pooled estimator can push the
-policy to keep calling tools even when stopping earns more (tests/test_credit.py computes the
+policy to keep calling tools even when stopping earns more (tests/unit/trainer/test_credit.py computes the
 exact expected gradient of such a case: the old estimator's has the wrong sign). Here a row's
 baseline is computed from the *other* episodes only, which are sampled independently of it, so
 ``E[grad log pi(a) * b] = 0`` for any of its actions, stopping included: the estimate is

@@ -1,7 +1,7 @@
 """Advantages, token logprobs, policy losses and KL estimates, as pure tensor functions.
 
 Everything here is free of I/O, of models and of process state, so each function is unit-tested
-against hand-computed values (tests/test_loss.py). The trainer (areal/trainer/rank.py) composes them
+against hand-computed values (tests/unit/trainer/test_loss.py). The trainer (areal/trainer/rank.py) composes them
 and picks one policy loss once from its config (``grpo_loss`` or ``decoupled_ppo_loss``).
 
 Invariants:

@@ -53,22 +53,28 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from areal.engine.launch import free_port
 from areal.jsonl import json_line
-from areal.protocol import TrainerDone, TrainerFailed, TrainerReport
+from areal.protocol import TrainerDone, TrainerFailed, TrainerReport, Trajectory
 from areal.ring.buffer import RingReader
 from areal.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.fsdp import FullWeights, shard_policy
 from areal.trainer.packing import PolicyScorer
-from areal.trainer.publish import prune_versions, push_weights, save_atomically
 from areal.trainer.reports import Reporter
 from areal.trainer.step import GroupCollector, all_reduce, train_step
-from areal.weights.collective import CollectiveWeightPush, free_port, local_address_towards
+from areal.weights.collective import CollectiveWeightPush, local_address_towards
+from areal.weights.disk import prune_versions, push_weights, save_atomically
+
+if TYPE_CHECKING:
+    from areal.trainer.lora import MergedWeights
 
 
 def open_reader(name: str, resume: bool, checkpointed: bool) -> tuple[RingReader, bool]:
@@ -129,27 +135,45 @@ def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
     return device
 
 
-def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int = 1) -> Path:
-    """Run the steps after the latest checkpoint (or all ``steps``); returns the final model dir."""
+def _barrier(world: int) -> Callable[[], None]:
+    return dist.barrier if world > 1 else (lambda: None)
+
+
+@dataclasses.dataclass
+class _Policy:
+    """The model as one rank trains it, with what trains it."""
+
+    model: torch.nn.Module  # the HF model (LoRA's adapters injected into it in place)
+    scorer: torch.nn.Module  # PolicyScorer over it; DDP-wrapped or FSDP2-sharded with several ranks
+    reference: torch.nn.Module | None  # the initial weights' scorer (kl_coef > 0 only)
+    published: torch.nn.Module | MergedWeights  # what rank 0 saves and pushes (DDP): the model, or LoRA's merge of it
+    full: FullWeights | None  # FSDP2: rank 0's whole copy, taken before sharding
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    shape: dict  # what the checkpointed state's names depend on (LoRA's config)
+
+    def whole(self, rank: int) -> torch.nn.Module | MergedWeights | None:
+        """The whole model on rank 0 (a collective under FSDP2: every rank calls it), else None."""
+        if self.full is not None:
+            return self.full.gather(self.model)
+        return self.published if rank == 0 else None
+
+
+def _build_policy(job: TrainerJob, rank: int, world: int) -> _Policy:
+    """Load the initial model and set this rank up to train it: reference, LoRA, DDP or FSDP2, AdamW."""
     config = job.trainer
     from transformers import AutoModelForCausalLM  # imported here: slow to import, unneeded by config users
 
-    torch.set_num_threads(config.threads)
-    torch.manual_seed(job.seed)
-    run_dir = Path(job.run_dir)
-    weights_dir, ckpt_root = run_dir / "weights", run_dir / "checkpoints"
-    weights_dir.mkdir(parents=True, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(job.model_path, dtype=torch.float32)
     model.eval()  # no dropout: trainer logprobs must match the engine's
     # The GPU _init_distributed chose, where there is one (NCCL then joins the ranks), else the CPU.
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    sharded = config.parallel == "fsdp2"
-    full = FullWeights(model, rank) if sharded else None  # rank 0's whole copy, taken before sharding
+    full = FullWeights(model, rank) if config.parallel == "fsdp2" else None
     reference: torch.nn.Module | None = None
     if config.kl_coef > 0 and not config.lora.enabled:  # LoRA's reference is its own frozen base, below
         reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems)
-    published: torch.nn.Module | MergedWeights = model  # what rank 0 saves and pushes (DDP): the model, or LoRA's merge of it
+    published: torch.nn.Module | MergedWeights = model
     if config.lora.enabled:  # peft is the optional `lora` extra: imported only when asked for
         from areal.trainer.lora import AdaptersOff, MergedWeights, attach_adapters
 
@@ -158,120 +182,170 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
     if config.kl_coef > 0 and config.lora.enabled:
         reference = AdaptersOff(scorer, adapters)  # the initial weights without a copy of them
-    if sharded:
+    if full is not None:
         scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
     elif world > 1:
         scorer = torch.nn.parallel.DistributedDataParallel(scorer)  # broadcasts rank 0's weights
     trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or LoRA's adapters
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = make_lr_scheduler(optimizer, config)
+    shape = {"lora": dataclasses.asdict(config.lora)} if config.lora.enabled else {}
+    return _Policy(model, scorer, reference, published, full, optimizer, make_lr_scheduler(optimizer, config), shape)
 
-    def full_model() -> torch.nn.Module | None:
-        """The whole model on rank 0 (a collective under FSDP2: every rank calls it), else None."""
-        if full is not None:
-            return full.gather(model)
-        return published if rank == 0 else None
 
-    barrier = dist.barrier if world > 1 else (lambda: None)
+def _resume(job: TrainerJob, policy: _Policy, collector: GroupCollector, rank: int, world: int) -> int:
+    """Load the checkpoint to continue from; returns its step (0: none). ``job.resume_from`` (a
+    whole run resumed) restores the state, not the ring positions (new rings, any world size);
+    ``trainer.resume`` this run's latest checkpoint, ring position included. Either way the
+    logs of later steps are truncated: those steps are trained again."""
+    config, run_dir = job.trainer, Path(job.run_dir)
+    state = (policy.model, policy.optimizer, policy.scheduler)
+    start = 0
+    if job.resume_from:
+        meta, _ = load_checkpoint(Path(job.resume_from), rank, world, *state, positions=False, model_shape=policy.shape)
+        start = meta["step"]
+    ckpt = latest_checkpoint(run_dir / "checkpoints") if config.resume else None
+    if ckpt is not None:
+        meta, position = load_checkpoint(ckpt, rank, world, *state, model_shape=policy.shape)
+        collector.restore(position)
+        start = meta["step"]
+    if config.resume or job.resume_from:
+        # Each rank its own file; the shared trainer_metrics.jsonl rank 0 alone (two ranks
+        # rewriting it at once could leave it empty: one truncates while the other reads).
+        for path in (run_dir / f"trained_episodes-r{rank}.jsonl", *([run_dir / "trainer_metrics.jsonl"] if rank == 0 else [])):
+            _truncate_jsonl(path, start)
+    if job.resume_from and start > 0:  # the controller loads the checkpoint's weights into the engines
+        whole = policy.whole(rank)  # a collective under FSDP2
+        version_dir = run_dir / "weights" / f"v{start}"
+        if rank == 0 and not (version_dir / "config.json").is_file():  # the killed run had not published them
+            save_atomically(whole, version_dir, job.model_path)
+    return start
+
+
+def _open_collective(job: TrainerJob, rank: int) -> CollectiveWeightPush | None:
+    """Rank 0's weight-update group with the engines (``trainer.weight_sync=collective``), else None."""
+    config = job.trainer
+    if rank != 0 or config.weight_sync != "collective" or not job.engine_urls:
+        return None
+    address = local_address_towards(job.engine_urls[0])  # where the engines can reach this rank
+    # A name of its own per trainer process: a killed trainer cannot close its group, and the
+    # engines would refuse a resumed trainer that asked for the same name again.
+    collective = CollectiveWeightPush(
+        job.engine_urls,
+        address,
+        free_port(address),
+        group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
+        backend=config.weight_sync_backend,
+        timeout_s=config.engine_timeout_s,
+    )
+    collective.init()
+    return collective
+
+
+def _log_step(job: TrainerJob, rank: int, step: int, trajs: list[Trajectory], collector: GroupCollector, metrics: dict[str, float]) -> int:
+    """Log the step: this rank's episode ids, and (rank 0) its metrics with the records pending
+    over all ranks; returns the records consumed over all ranks."""
+    run_dir = Path(job.run_dir)
+    with open(run_dir / f"trained_episodes-r{rank}.jsonl", "a") as f:
+        f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
+    (consumed, pending) = all_reduce([float(collector.consumed), float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
+    if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
+        metrics["pending_trajectories"] = pending
+        with open(run_dir / "trainer_metrics.jsonl", "a") as f:
+            f.write(json_line({"step": step, "version": step, "consumed": int(consumed), **metrics}))
+    return int(consumed)
+
+
+def _checkpoint(
+    job: TrainerJob, policy: _Policy, collector: GroupCollector, commit_to: RingReader | None, step: int, rank: int, world: int
+) -> None:
+    """Save the checkpoint of ``step``; then commit to ``commit_to`` (the ring, when this trainer
+    commits) the records it holds."""
+    config = job.trainer
+    save_checkpoint(
+        Path(job.run_dir) / "checkpoints",
+        step,
+        step,
+        rank,
+        world,
+        policy.model,
+        policy.optimizer,
+        collector.position(),
+        _barrier(world),
+        keep=config.keep_checkpoints,
+        scheduler=policy.scheduler,
+        model_shape=policy.shape,
+    )
+    if commit_to is None:
+        return
+    # After the rename: the checkpoint holds them now. The ring may not have re-delivered all
+    # records up to collector.last_seq yet after a resume; those get skipped later.
+    seq = min(collector.last_seq, -1 if commit_to.last_seq is None else commit_to.last_seq)
+    if seq >= 0:
+        commit_to.commit(seq)
+
+
+def _publish(
+    job: TrainerJob, step: int, whole: torch.nn.Module | MergedWeights, collective: CollectiveWeightPush | None, metrics: dict[str, float]
+) -> None:
+    """Rank 0: the weights after ``step`` to the engines, over ``collective`` or through disk
+    (``run_dir/weights/v{step}``, older versions pruned)."""
+    config = job.trainer
+    if collective is not None:
+        collective.push(whole, step, pause=config.pause_for_update)
+        return
+    weights_dir = Path(job.run_dir) / "weights"
+    model_dir = save_atomically(whole, weights_dir / f"v{step}", job.model_path)
+    skipped = push_weights(job.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update, kind=job.engine_kind)
+    metrics["engines_updated"] = len(job.engine_urls) - len(skipped)
+    prune_versions(weights_dir, step, config.keep_versions)
+
+
+def _save_final(job: TrainerJob, policy: _Policy, reporter: Reporter | None, rank: int, world: int) -> Path:
+    """Rank 0 saves ``run_dir/final`` and reports it done; every rank waits for that."""
+    final = Path(job.run_dir) / "final"
+    whole = policy.whole(rank)  # a collective under FSDP2
+    if rank == 0:
+        save_atomically(whole, final, job.model_path)
+        if reporter is not None:
+            reporter.send(TrainerDone(steps=job.trainer.steps, model_dir=str(final)))
+    _barrier(world)()
+    return final
+
+
+def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int = 1) -> Path:
+    """Run the steps after the latest checkpoint (or all ``steps``); returns the final model dir."""
+    config = job.trainer
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(job.seed)
+    (Path(job.run_dir) / "weights").mkdir(parents=True, exist_ok=True)
+    policy = _build_policy(job, rank, world)
     # A run's controller journals every record no checkpoint holds (areal/controller/recovery.py), so its
     # trainer commits records as it reads them; a trainer alone commits them after a checkpoint.
     reader, commits = open_reader(job.ring_for(rank, world), config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled)
     collector = GroupCollector(reader, config.record_timeout_s)
-    episodes_log = run_dir / f"trained_episodes-r{rank}.jsonl"
-    start = 0
-    shape = {"lora": dataclasses.asdict(config.lora)} if config.lora.enabled else {}  # what the state's names depend on
-    if job.resume_from:  # a whole run resumed: the state, not the ring positions (new rings, any world size)
-        meta, _ = load_checkpoint(Path(job.resume_from), rank, world, model, optimizer, scheduler, positions=False, model_shape=shape)
-        start = meta["step"]
-    ckpt = latest_checkpoint(ckpt_root) if config.resume else None
-    if ckpt is not None:
-        meta, position = load_checkpoint(ckpt, rank, world, model, optimizer, scheduler, model_shape=shape)
-        collector.restore(position)
-        start = meta["step"]
-    if config.resume or job.resume_from:  # steps after the checkpoint (all, without one) are trained again
-        # Each rank its own file; the shared trainer_metrics.jsonl rank 0 alone (two ranks
-        # rewriting it at once could leave it empty: one truncates while the other reads).
-        for path in (episodes_log, *([run_dir / "trainer_metrics.jsonl"] if rank == 0 else [])):
-            _truncate_jsonl(path, start)
-    if job.resume_from and start > 0:  # the controller loads the checkpoint's weights into the engines
-        whole = full_model()  # a collective under FSDP2
-        if rank == 0 and not (weights_dir / f"v{start}" / "config.json").is_file():  # the killed run had not published them
-            save_atomically(whole, weights_dir / f"v{start}", job.model_path)
-    local_groups = job.groups_per_step // world
-    collective = None
-    if rank == 0 and config.weight_sync == "collective" and job.engine_urls:
-        address = local_address_towards(job.engine_urls[0])  # where the engines can reach this rank
-        # A name of its own per trainer process: a killed trainer cannot close its group, and the
-        # engines would refuse a resumed trainer that asked for the same name again.
-        collective = CollectiveWeightPush(
-            job.engine_urls,
-            address,
-            free_port(address),
-            group_name=f"weight_update_group_{os.getpid()}_{time.time_ns()}",
-            backend=config.weight_sync_backend,
-            timeout_s=config.engine_timeout_s,
-        )
-        collective.init()
+    start = _resume(job, policy, collector, rank, world)
+    collective = _open_collective(job, rank)
     try:
         for step in range(start + 1, config.steps + 1):
-            trajs = collector.next_batch(local_groups)
+            trajs = collector.next_batch(job.groups_per_step // world)
             t0 = time.perf_counter()
-            metrics = train_step(scorer, optimizer, trajs, config, version=step - 1, reference=reference, scheduler=scheduler)
-            metrics["step_s"] = time.perf_counter() - t0
-            with open(episodes_log, "a") as f:
-                f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
-            (consumed, pending) = all_reduce(
-                [float(collector.consumed), float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM
+            metrics = train_step(
+                policy.scorer, policy.optimizer, trajs, config, version=step - 1, reference=policy.reference, scheduler=policy.scheduler
             )
-            if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
-                metrics["pending_trajectories"] = pending
-                with open(run_dir / "trainer_metrics.jsonl", "a") as f:
-                    f.write(json_line({"step": step, "version": step, "consumed": int(consumed), **metrics}))
+            metrics["step_s"] = time.perf_counter() - t0
+            consumed = _log_step(job, rank, step, trajs, collector, metrics)
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                save_checkpoint(
-                    ckpt_root,
-                    step,
-                    step,
-                    rank,
-                    world,
-                    model,
-                    optimizer,
-                    collector.position(),
-                    barrier,
-                    keep=config.keep_checkpoints,
-                    scheduler=scheduler,
-                    model_shape=shape,
-                )
-                # After the rename: the checkpoint holds them now. The ring may not have re-delivered
-                # all records up to collector.last_seq yet after a resume; those get skipped later.
-                seq = min(collector.last_seq, -1 if reader.last_seq is None else reader.last_seq)
-                if commits and seq >= 0:
-                    reader.commit(seq)
-            whole = full_model()
-            if rank == 0 and collective is not None:
-                collective.push(whole, step, pause=config.pause_for_update)
-            elif rank == 0:
-                model_dir = save_atomically(whole, weights_dir / f"v{step}", job.model_path)
-                skipped = push_weights(
-                    job.engine_urls, model_dir, step, config.engine_timeout_s, config.pause_for_update, kind=job.engine_kind
-                )
-                metrics["engines_updated"] = len(job.engine_urls) - len(skipped)
-                prune_versions(weights_dir, step, config.keep_versions)
+                _checkpoint(job, policy, collector, reader if commits else None, step, rank, world)
+            whole = policy.whole(rank)  # a collective under FSDP2
             if rank == 0:
+                _publish(job, step, whole, collective, metrics)
                 if reporter is not None:
-                    reporter.send(TrainerReport(step=step, version=step, consumed=int(consumed), metrics=metrics))
+                    reporter.send(TrainerReport(step=step, version=step, consumed=consumed, metrics=metrics))
     finally:
         reader.close()
     if collective is not None:  # not on a failure: the error that ended training is the one to report
         collective.close()
-    final = run_dir / "final"
-    whole = full_model()
-    if rank == 0:
-        save_atomically(whole, final, job.model_path)
-        if reporter is not None:
-            reporter.send(TrainerDone(steps=config.steps, model_dir=str(final)))
-    barrier()
-    return final
+    return _save_final(job, policy, reporter, rank, world)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -258,6 +258,168 @@ def _numerics(acc: dict[str, float], lp: torch.Tensor, ent: torch.Tensor, mb: Mi
     acc["ent_sum"] += float(ent.sum())
 
 
+@dataclasses.dataclass
+class _Tally:
+    """This rank's token-weighted loss statistics over a step's micro-batches (all-reduced at the end)."""
+
+    sums: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(("loss", "clip", "ratio", "kl", "ref_kl", "bw"), 0.0))
+    ratio_max: float = 0.0
+    bw_max: float = 0.0
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+
+    def add(self, loss: torch.Tensor, st: dict[str, float], rows: int) -> None:
+        """One micro-batch's loss and statistics; FSDP2's padding (no rows) weighs nothing."""
+        w = st["tokens"] if rows else 0.0
+        self.sums["loss"] += float(loss.detach()) * w
+        self.sums["clip"] += st["clip_frac"] * w
+        self.sums["ratio"] += st["ratio_mean"] * w
+        self.sums["kl"] += st["approx_kl"] * w
+        self.sums["bw"] += st.get("behav_weight_mean", 1.0) * w
+        if rows:
+            self.ratio_max = max(self.ratio_max, st["ratio_max"])
+            self.bw_max = max(self.bw_max, st.get("behav_weight_max", 1.0))
+
+
+def _numerics_accumulator() -> dict[str, float]:
+    return {"diff_cur": 0.0, "diff_all": 0.0, "stale_max": 0.0, "n_cur": 0.0, "stale_sum": 0.0, "ent_sum": 0.0}
+
+
+def _plan_updates(
+    scorer: torch.nn.Module, trajs: list[Trajectory], adv: list[torch.Tensor], config: TrainerConfig, device: torch.device
+) -> tuple[list[list[MicroBatch]], list[list[MicroBatch]]]:
+    """Per optimizer update: its packed micro-batches, and the micro-batches it runs.
+
+    DDP: at least one per rank (its all-reduce is in the last backward). FSDP2: every forward and
+    backward is a collective, so every rank runs the largest count of any rank, padded with
+    zero-weight micro-batches.
+    """
+    adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
+    minis = [
+        [_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part], config.micro_batch_tokens)]
+        for part in _split_groups(trajs, config.minibatches)
+    ]
+    if is_sharded(scorer):
+        counts = [int(c) for c in all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
+    else:
+        counts = [max(len(m), 1) for m in minis]
+    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))] for mini, n in zip(minis, counts)]
+    return minis, works
+
+
+def _score_before_updates(
+    scorer: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    batches: list[list[MicroBatch]],
+    num: dict[str, float],
+    version: int,
+    need_prox: bool,
+) -> None:
+    """One no-grad pass before any update: engine agreement into ``num``, and on each micro-batch
+    its proximal (``need_prox``) and reference logprobs."""
+    with torch.no_grad():
+        for mb in (mb for work in batches for mb in work):
+            lp, ent = scorer(mb)
+            if not mb.rows:
+                continue  # FSDP2 padding: joins the collectives, scores nothing
+            _numerics(num, lp, ent, mb, version)
+            if need_prox:
+                mb.proximal = lp
+            if reference is not None:
+                mb.reference = reference(mb)[0]
+
+
+def _backward(
+    scorer: torch.nn.Module,
+    policy_loss: PolicyLoss,
+    mb: MicroBatch,
+    world: int,
+    total: float,
+    config: TrainerConfig,
+    reference: torch.nn.Module | None,
+    tally: _Tally,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward of one micro-batch; returns its (logprobs, entropies). The loss is
+    token-weighted over the global batch (``total`` tokens); x ``world`` undoes DDP's (and
+    FSDP2's) mean over ranks."""
+    lp, ent = scorer(mb)
+    prox = mb.proximal if mb.proximal is not None else lp.detach()
+    loss, st = policy_loss(lp, prox, mb.behaviour, mb.advantages)
+    if reference is not None and mb.reference is not None:
+        kl = kl_estimate(lp, mb.reference, config.kl_estimator).mean()
+        loss = loss + config.kl_coef * kl
+        tally.sums["ref_kl"] += float(kl.detach()) * st["tokens"]
+    weight = 0.0 if mb.rows == 0 else st["tokens"] * world / total
+    (loss * weight).backward()
+    tally.add(loss, st, mb.rows)
+    return lp, ent
+
+
+def _global_totals(
+    trajs: list[Trajectory], adv: list[torch.Tensor], minis: list[list[MicroBatch]], tally: _Tally, num: dict[str, float]
+) -> dict[str, float]:
+    """The step's sums and maxima over all ranks, by name."""
+    rewards = [t.reward for t in trajs]
+    local_sums = {
+        **tally.sums,
+        "ent_sum": num["ent_sum"],
+        "stale_sum": num["stale_sum"],
+        "n_cur": num["n_cur"],
+        "tokens": float(sum(len(mb.targets) for mini in minis for mb in mini)),
+        "n_traj": float(len(trajs)),
+        "r_sum": sum(rewards),
+        "r_sq": sum(r * r for r in rewards),
+        "n_mb": float(sum(len(m) for m in minis)),
+        "n_adv": float(sum(bool((a != 0).any()) for a in adv)),
+    }
+    local_max = {
+        "ratio_max": tally.ratio_max,
+        "bw_max": tally.bw_max,
+        "diff_cur": num["diff_cur"],
+        "diff_all": num["diff_all"],
+        "stale_max": num["stale_max"],
+    }
+    summed = all_reduce(list(local_sums.values()), dist.ReduceOp.SUM)
+    maxed = all_reduce(list(local_max.values()), dist.ReduceOp.MAX)
+    return dict(zip(local_sums, summed)) | dict(zip(local_max, maxed))
+
+
+def _step_metrics(g: dict[str, float], grad_norms: list[float], lr: float, config: TrainerConfig, with_reference: bool) -> dict[str, float]:
+    """The step's metrics from its global totals ``g`` (``_global_totals``)."""
+    denom = max(g["tokens"], 1.0)
+    n_traj = max(g["n_traj"], 1.0)
+    r_mean = g["r_sum"] / n_traj
+    metrics = {
+        "loss": g["loss"] / denom,
+        "reward_mean": r_mean,
+        "reward_std": max(g["r_sq"] / n_traj - r_mean * r_mean, 0.0) ** 0.5,
+        "adv_nonzero_frac": g["n_adv"] / n_traj,
+        "clip_frac": g["clip"] / denom,
+        "ratio_mean": g["ratio"] / denom,
+        "ratio_max": g["ratio_max"],
+        "approx_kl": g["kl"] / denom,
+        "grad_norm": grad_norms[-1] if grad_norms else 0.0,
+        "entropy": g["ent_sum"] / denom,
+        "staleness_mean": g["stale_sum"] / denom,
+        "staleness_max": g["stale_max"],
+        "tokens": g["tokens"],
+        "trajectories": g["n_traj"],
+        "micro_batches": g["n_mb"],
+        "updates": float(len(grad_norms)),
+        "lr": lr,
+    }
+    if config.loss == "ppo":
+        metrics["behav_weight_mean"] = g["bw"] / denom
+        metrics["behav_weight_max"] = g["bw_max"]
+    if with_reference:
+        metrics["ref_kl"] = g["ref_kl"] / denom
+    # Only tokens sampled by the current weights should match exactly; older ones differ by design.
+    if g["n_cur"]:
+        metrics["logprob_max_diff"] = g["diff_cur"]
+    else:
+        metrics["logprob_max_diff_stale"] = g["diff_all"]
+    return metrics
+
+
 def train_step(
     scorer: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -277,126 +439,34 @@ def train_step(
     policy_loss = make_policy_loss(config)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     params = [p for p in scorer.parameters() if p.requires_grad]
-    device = params[0].device
     adv = compute_advantages(trajs, config.turn_discount, config.adv_eps, config.credit)
-    adv_of = {t.episode_id: a for t, a in zip(trajs, adv)}
-    minis = [
-        [_to_device(mb, device) for mb in pack_rows(part, [adv_of[t.episode_id] for t in part], config.micro_batch_tokens)]
-        for part in _split_groups(trajs, config.minibatches)
-    ]
-    # The micro-batches each update runs. DDP: at least one per rank (its all-reduce is in the
-    # last backward). FSDP2: every forward and backward is a collective, so every rank runs the
-    # largest count of any rank, padded with zero-weight micro-batches.
-    if is_sharded(scorer):
-        counts = [int(c) for c in all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
-    else:
-        counts = [max(len(m), 1) for m in minis]
-    works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))] for mini, n in zip(minis, counts)]
+    minis, works = _plan_updates(scorer, trajs, adv, config, params[0].device)
     # Before any update: engine agreement, proximal (when later updates would otherwise see
-    # moved weights) and reference logprobs, in one no-grad pass.
+    # moved weights) and reference logprobs, in one no-grad pass. With one update and no
+    # reference the training forward itself comes before the update, so the numerics are read
+    # from it and the extra pass is skipped.
     need_prox = config.loss == "ppo" and config.minibatches > 1
-    # With one update and no reference the training forward itself comes before the update, so
-    # the numerics are read from it and the extra no-grad pass is skipped.
     prepass = need_prox or reference is not None or config.minibatches > 1
-    num = {"diff_cur": 0.0, "diff_all": 0.0, "stale_max": 0.0, "n_cur": 0.0, "stale_sum": 0.0, "ent_sum": 0.0}
+    num = _numerics_accumulator()
     if prepass:
-        with torch.no_grad():
-            for mb in (mb for work in (works if is_sharded(scorer) else minis) for mb in work):
-                lp, ent = scorer(mb)
-                if not mb.rows:
-                    continue  # FSDP2 padding: joins the collectives, scores nothing
-                _numerics(num, lp, ent, mb, version)
-                if need_prox:
-                    mb.proximal = lp
-                if reference is not None:
-                    mb.reference = reference(mb)[0]
-    sums = {k: 0.0 for k in ("loss", "clip", "ratio", "kl", "ref_kl", "bw")}
-    ratio_max = bw_max = 0.0
-    grad_norms = []
+        _score_before_updates(scorer, reference, works if is_sharded(scorer) else minis, num, version, need_prox)
+    tally = _Tally()
     lr = optimizer.param_groups[0]["lr"]  # the rate of the step's last update (or the next one, if none ran)
     for mini, work in zip(minis, works):
-        local = sum(len(mb.targets) for mb in mini)
-        (total,) = all_reduce([float(local)], dist.ReduceOp.SUM)
+        (total,) = all_reduce([float(sum(len(mb.targets) for mb in mini))], dist.ReduceOp.SUM)
         if total == 0:
             continue  # no trained token on any rank: no update
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(work):
             # Gradients are reduced over ranks on the last backward only; every rank has >= 1 micro-batch.
             with _grad_sync(scorer, i == len(work) - 1):
-                lp, ent = scorer(mb)
-                if not prepass and mb.rows:
-                    _numerics(num, lp.detach(), ent, mb, version)
-                prox = mb.proximal if mb.proximal is not None else lp.detach()
-                loss, st = policy_loss(lp, prox, mb.behaviour, mb.advantages)
-                if reference is not None and mb.reference is not None:
-                    kl = kl_estimate(lp, mb.reference, config.kl_estimator).mean()
-                    loss = loss + config.kl_coef * kl
-                    sums["ref_kl"] += float(kl.detach()) * st["tokens"]
-                # Token-weighted over the global batch; x world undoes DDP's (and FSDP2's) mean over ranks.
-                weight = 0.0 if mb.rows == 0 else st["tokens"] * world / total
-                (loss * weight).backward()
-            w = st["tokens"] if mb.rows else 0.0
-            sums["loss"] += float(loss.detach()) * w
-            sums["clip"] += st["clip_frac"] * w
-            sums["ratio"] += st["ratio_mean"] * w
-            sums["kl"] += st["approx_kl"] * w
-            sums["bw"] += st.get("behav_weight_mean", 1.0) * w
-            if mb.rows:
-                ratio_max = max(ratio_max, st["ratio_max"])
-                bw_max = max(bw_max, st.get("behav_weight_max", 1.0))
-        grad_norms.append(clip_grad_norm(params, config.max_grad_norm))
+                lp, ent = _backward(scorer, policy_loss, mb, world, total, config, reference, tally)
+            if not prepass and mb.rows:
+                _numerics(num, lp.detach(), ent, mb, version)
+        tally.grad_norms.append(clip_grad_norm(params, config.max_grad_norm))
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-    rewards = [t.reward for t in trajs]
-    tokens = sum(len(mb.targets) for mini in minis for mb in mini)
-    keys = list(sums)
-    diff_cur, diff_all, stale_max = num["diff_cur"], num["diff_all"], num["stale_max"]
-    summed = all_reduce(
-        [sums[k] for k in keys]
-        + [
-            num["ent_sum"],
-            num["stale_sum"],
-            num["n_cur"],
-            float(tokens),
-            float(len(trajs)),
-            sum(rewards),
-            sum(r * r for r in rewards),
-            float(sum(len(m) for m in minis)),
-            float(sum(bool((a != 0).any()) for a in adv)),
-        ],
-        dist.ReduceOp.SUM,
-    )
-    s = dict(zip(keys, summed))
-    ent_sum, stale_sum, n_cur, tokens, n_traj, r_sum, r_sq, n_mb, n_adv = summed[len(keys) :]
-    ratio_max, bw_max, diff_cur, diff_all, stale_max = all_reduce([ratio_max, bw_max, diff_cur, diff_all, stale_max], dist.ReduceOp.MAX)
-    denom = max(tokens, 1.0)
-    r_mean = r_sum / max(n_traj, 1.0)
-    metrics = {
-        "loss": s["loss"] / denom,
-        "reward_mean": r_mean,
-        "reward_std": max(r_sq / max(n_traj, 1.0) - r_mean * r_mean, 0.0) ** 0.5,
-        "adv_nonzero_frac": n_adv / max(n_traj, 1.0),
-        "clip_frac": s["clip"] / denom,
-        "ratio_mean": s["ratio"] / denom,
-        "ratio_max": ratio_max,
-        "approx_kl": s["kl"] / denom,
-        "grad_norm": grad_norms[-1] if grad_norms else 0.0,
-        "entropy": ent_sum / denom,
-        "staleness_mean": stale_sum / denom,
-        "staleness_max": stale_max,
-        "tokens": tokens,
-        "trajectories": n_traj,
-        "micro_batches": n_mb,
-        "updates": float(len(grad_norms)),
-        "lr": lr,
-    }
-    if config.loss == "ppo":
-        metrics["behav_weight_mean"] = s["bw"] / denom
-        metrics["behav_weight_max"] = bw_max
-    if reference is not None:
-        metrics["ref_kl"] = s["ref_kl"] / denom
-    # Only tokens sampled by the current weights should match exactly; older ones differ by design.
-    metrics["logprob_max_diff" if n_cur else "logprob_max_diff_stale"] = diff_cur if n_cur else diff_all
-    return metrics
+    totals = _global_totals(trajs, adv, minis, tally, num)
+    return _step_metrics(totals, tally.grad_norms, lr, config, reference is not None)

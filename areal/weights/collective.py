@@ -2,7 +2,7 @@
 
 Both ends of the boundary live here: ``join_weight_group`` is what the trainer (rank 0) and every
 engine (rank ``rank_offset + tp_rank``) call to form the group, and ``CollectiveWeightPush`` is the
-trainer's side of SGLang's three endpoints (their shapes: tests/test_sglang_protocol.py).
+trainer's side of SGLang's three endpoints (their shapes: tests/integration/sglang/test_sglang_protocol.py).
 
     trainer, rank 0                                      engine i, rank 1 + sum(world sizes before i)
     init()   POST /init_weights_update_group ──────────► join_weight_group(...)  (blocks until all join)
@@ -39,22 +39,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import json
 import socket
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from areal.engine.client import EngineError, EngineUnavailable, request_json
+from areal.weights import WeightUpdateError
+
 BACKENDS = ("gloo", "nccl")
-
-
-class WeightUpdateError(RuntimeError):
-    """An engine did not confirm a weight update (from disk or over the collective)."""
 
 
 def join_weight_group(
@@ -92,29 +88,16 @@ def local_address_towards(url: str) -> str:
         return s.getsockname()[0]
 
 
-def free_port(address: str) -> int:
-    """A port that was free on ``address`` a moment ago (the TCPStore binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """POST JSON; an HTTP error's JSON body is returned like a success (SGLang answers 400 + success=false),
-    with ``success`` false and the HTTP status as ``status_code``."""
-    req = urllib.request.Request(
-        url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
-    )
+    """POST JSON (``request_json``); an error answer is returned like a success (SGLang answers 400
+    + success=false), with ``success`` false, the HTTP status as ``status_code`` and the server's
+    message. No answer raises ``EngineUnavailable``."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            answer = json.loads(raw)
-        except json.JSONDecodeError:
-            answer = {"message": f"HTTP {exc.code}: {raw[:500]!r}"}
-        return {"success": False, "status_code": exc.code, **(answer if isinstance(answer, dict) else {"message": answer})}
+        return request_json(url, path, body, timeout_s)
+    except EngineUnavailable:
+        raise
+    except EngineError as exc:
+        return {"success": False, "status_code": exc.status, "message": exc.message}
 
 
 def named_tensors_to_send(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -188,7 +171,7 @@ class CollectiveWeightPush:
                 url = by_future[fut]
                 try:
                     reply = fut.result()
-                except OSError as exc:  # refused, reset, timeout: name the engine
+                except EngineUnavailable as exc:  # refused, reset, timeout: name the engine
                     raise WeightUpdateError(f"{url}: {what} failed: {exc}") from exc
                 if not reply.get("success"):
                     raise WeightUpdateError(f"{url}: {what} not confirmed: {reply}")
@@ -266,7 +249,7 @@ class CollectiveWeightPush:
         for fut, url in zip(self._each_engine("/begin_weight_update", lambda i: {}), self.engine_urls):
             try:
                 reply = fut.result()
-            except OSError as exc:
+            except EngineUnavailable as exc:
                 self._end_sessions(opened)
                 raise WeightUpdateError(f"{url}: /begin_weight_update failed: {exc}") from exc
             if reply.get("status_code") == 404:
@@ -282,7 +265,7 @@ class CollectiveWeightPush:
         for fut, url in zip(futures, urls):
             try:
                 reply = fut.result()
-            except OSError as exc:
+            except EngineUnavailable as exc:
                 raise WeightUpdateError(f"{url}: /end_weight_update failed: {exc}") from exc
             if not reply.get("success"):
                 raise WeightUpdateError(f"{url}: /end_weight_update not confirmed: {reply}")
@@ -291,7 +274,7 @@ class CollectiveWeightPush:
         for fut, url in zip(self._each_engine(path, lambda i: body), self.engine_urls):
             try:
                 reply = fut.result()
-            except OSError as exc:
+            except EngineUnavailable as exc:
                 raise WeightUpdateError(f"{url}: {path} failed: {exc}") from exc
             if reply.get("status") != "ok":
                 raise WeightUpdateError(f"{url}: {path} not confirmed: {reply}")

@@ -8,7 +8,8 @@
 - ``calculator(expression)``, ``execute_tool_call``: the embedded model's tool (areal/embedded/calculator.py).
 - ``math_reward``: ``gsm8k_reward_fn`` in a process pool (``AsyncRewardWrapper``), one pool per process.
 - ``Sampling``: the keyword arguments every agent class takes, AReaL's ``workflow_kwargs``
-  (``temperature``, ``top_p``, ``max_tokens``, ``max_completion_tokens``, ``max_turns``).
+  (``temperature``, ``top_p``, ``max_tokens``, ``max_completion_tokens``, ``max_turns``);
+  ``SamplingKwargs``: the constructor that takes them, for an agent class to inherit.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "CALCULATOR_TOOL",
     "TOOL_SYSTEM_PROMPT",
     "Sampling",
+    "SamplingKwargs",
     "calculator",
     "execute_tool_call",
     "gateway_kwargs",
@@ -51,8 +53,10 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
-        if self.max_tokens < 1 or self.max_turns < 1 or (self.max_completion_tokens is not None and self.max_completion_tokens < 1):
-            raise ValueError("max_tokens, max_completion_tokens and max_turns must be >= 1")
+        for name in ("max_tokens", "max_completion_tokens", "max_turns"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
     def call_tokens(self, used: int = 0) -> int:
         """The max_tokens of the next call, ``used`` tokens into the trajectory."""
@@ -65,6 +69,25 @@ class Sampling:
 
     def openai_args(self, used: int = 0) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.call_tokens(used)}
+
+
+class SamplingKwargs:
+    """The constructor of an agent class: AReaL's ``workflow_kwargs`` (by keyword) as
+    ``self.sampling``. ``MAX_TURNS`` is the class's default ``max_turns``."""
+
+    MAX_TURNS = 4
+
+    def __init__(
+        self,
+        *,
+        temperature: float = 1.0,
+        max_tokens: int = 64,
+        max_turns: int | None = None,
+        top_p: float = 1.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        turns = self.MAX_TURNS if max_turns is None else max_turns
+        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, turns)
 
 
 def question(data: dict[str, Any]) -> str:

@@ -14,19 +14,11 @@ from typing import Any
 from anthropic import AsyncAnthropic
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import Sampling, gateway_kwargs, math_reward, question
+from areal.workflow.common import SamplingKwargs, gateway_kwargs, math_reward, question
 
 
-class MathAgent(AgentWorkflow):
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        max_turns: int = 1,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
+class MathAgent(SamplingKwargs, AgentWorkflow):
+    MAX_TURNS = 1
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         if extra_kwargs.get("base_url") or not os.environ.get("ANTHROPIC_BASE_URL"):

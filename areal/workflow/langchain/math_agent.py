@@ -14,7 +14,16 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import CALCULATOR_TOOL, TOOL_SYSTEM_PROMPT, Sampling, calculator, gateway_kwargs, math_reward, question
+from areal.workflow.common import (
+    CALCULATOR_TOOL,
+    TOOL_SYSTEM_PROMPT,
+    Sampling,
+    SamplingKwargs,
+    calculator,
+    gateway_kwargs,
+    math_reward,
+    question,
+)
 
 
 def _llm(extra_kwargs: dict[str, Any], sampling: Sampling) -> ChatOpenAI:
@@ -35,33 +44,15 @@ def _llm(extra_kwargs: dict[str, Any], sampling: Sampling) -> ChatOpenAI:
     )
 
 
-class MathAgent(AgentWorkflow):
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        max_turns: int = 1,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
+class MathAgent(SamplingKwargs, AgentWorkflow):
+    MAX_TURNS = 1
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         reply = await _llm(extra_kwargs, self.sampling).ainvoke([HumanMessage(question(data))])
         return await math_reward(completions=str(reply.content), answer=data["answer"])
 
 
-class MathToolAgent(AgentWorkflow):
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        max_turns: int = 4,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
-
+class MathToolAgent(SamplingKwargs, AgentWorkflow):
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         llm = _llm(extra_kwargs, self.sampling).bind_tools([CALCULATOR_TOOL])
         messages: list[Any] = [SystemMessage(TOOL_SYSTEM_PROMPT), HumanMessage(question(data))]

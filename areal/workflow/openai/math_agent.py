@@ -20,7 +20,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from areal.api.workflow_api import AgentWorkflow
-from areal.workflow.common import Sampling, gateway_kwargs, math_reward, question, solve_with_calculator
+from areal.workflow.common import SamplingKwargs, gateway_kwargs, math_reward, question, solve_with_calculator
 
 RETRY_PROMPT = "Your answer is wrong or could not be read. Read the question again and give the final answer in \\boxed{}."
 
@@ -29,16 +29,8 @@ def _client(extra_kwargs: dict[str, Any]) -> AsyncOpenAI:
     return AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)
 
 
-class MathAgent(AgentWorkflow):
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-        max_turns: int = 1,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
+class MathAgent(SamplingKwargs, AgentWorkflow):
+    MAX_TURNS = 1
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         completion = await _client(extra_kwargs).chat.completions.create(
@@ -47,17 +39,7 @@ class MathAgent(AgentWorkflow):
         return await math_reward(completions=completion.choices[0].message.content or "", answer=data["answer"])
 
 
-class MultiTurnMathAgent(AgentWorkflow):
-    def __init__(
-        self,
-        max_turns: int = 4,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
-
+class MultiTurnMathAgent(SamplingKwargs, AgentWorkflow):
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
         client = _client(extra_kwargs)
         messages: list[dict[str, Any]] = [{"role": "user", "content": question(data)}]
@@ -74,17 +56,7 @@ class MultiTurnMathAgent(AgentWorkflow):
         return rewards
 
 
-class MathToolAgent(AgentWorkflow):
-    def __init__(
-        self,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        max_turns: int = 4,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
-    ) -> None:
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
-
+class MathToolAgent(SamplingKwargs, AgentWorkflow):
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         answer = await solve_with_calculator(_client(extra_kwargs), data, self.sampling)
         return await math_reward(completions=answer, answer=data["answer"])

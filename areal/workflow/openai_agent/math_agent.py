@@ -18,7 +18,7 @@ from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, func
 from agents.extensions.handoff_prompt import RECOMMENDED_PROMPT_PREFIX
 from areal.api.workflow_api import AgentWorkflow
 from areal.utils.dynamic_import import import_from_string
-from areal.workflow.common import TOOL_SYSTEM_PROMPT, Sampling, calculator, gateway_kwargs, math_reward, question
+from areal.workflow.common import TOOL_SYSTEM_PROMPT, SamplingKwargs, calculator, gateway_kwargs, math_reward, question
 
 
 def build_math_agent(recommended_prefix: bool = False) -> Agent:
@@ -58,22 +58,19 @@ def build_calculator_agent() -> Agent:
     return Agent(name="Calculator Agent", instructions=TOOL_SYSTEM_PROMPT, tools=[calculator_tool])
 
 
-class MathAgent(AgentWorkflow):
-    """Runs the agent ``agent_builder_path`` builds; the reward is the final output's."""
+class MathAgent(SamplingKwargs, AgentWorkflow):
+    """Runs the agent ``agent_builder_path`` builds; the reward is the final output's. The other
+    keywords are the sampling ones (``SamplingKwargs``)."""
 
     def __init__(
         self,
         agent_builder_path: str = "areal.workflow.openai_agent.math_agent.build_math_agent",
         agent_builder_kwargs: dict[str, Any] | None = None,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        max_turns: int = 4,
-        top_p: float = 1.0,
-        max_completion_tokens: int | None = None,
+        **sampling: Any,
     ) -> None:
+        super().__init__(**sampling)
         self.builder = import_from_string(agent_builder_path)
         self.builder_kwargs = dict(agent_builder_kwargs or {})
-        self.sampling = Sampling(temperature, top_p, max_tokens, max_completion_tokens, max_turns)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = AsyncOpenAI(**gateway_kwargs(extra_kwargs), max_retries=0)

@@ -1,0 +1,159 @@
+"""Whole runs from the tests: their commands (``train_cmd``; ``three_step_run`` and
+``one_step_run``, the two shapes most tests use), running one (``run_in_repo``) and reading its
+records (``read_jsonl``); the end-to-end checks of a finished 3-step run (tests/e2e/test_e2e.py,
+and the tests that place its parts on Ray nodes: tests/e2e/test_ray_*.py): the tokens the engine
+sampled are the tokens trained, versions advance 1..3, and every published episode is trained
+exactly once; and a running run's child processes (the tests that kill one:
+tests/e2e/test_faults.py, tests/e2e/test_long_evaluation.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from paths import ROOT
+
+from areal.controller.trajectories import read_saved_trajectories
+from areal.protocol import Trajectory
+
+
+def check_trained_as_sampled(run_dir: Path, ranks: int = 1) -> list[Trajectory]:
+    """Assert the checks on ``run_dir`` (run with ``save_trajectories=true engine.request_log=true``,
+    ``trainer.steps=3``, ``rollout.max_head_offpolicyness=0``, ``trainer.ranks=ranks``: every rank
+    trained every step); the published trajectories."""
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["version"] for m in steps] == [1, 2, 3]
+    assert all(np.isfinite(m["loss"]) for m in steps)
+
+    published = read_saved_trajectories(run_dir / "trajectories.bin")
+    seen_versions, recorded_tokens = sampled_as_served(run_dir, published)
+    assert seen_versions == {0, 1, 2}  # bound 0: step k trains on episodes of version k-1
+
+    # Exactly once across the hop: each published episode trained once, nothing trained twice or
+    # unpublished, and the trainer's loss covered every sampled token the controller published.
+    trained = [json.loads(line) for r in range(ranks) for line in (run_dir / f"trained_episodes-r{r}.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in trained] == [1, 2, 3] * ranks
+    counts = Counter(e for t in trained for e in t["episodes"])
+    assert max(counts.values()) == 1
+    assert set(counts) == {t.episode_id for t in published}
+    trainer_steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    assert sum(m["tokens"] for m in trainer_steps) == recorded_tokens
+    assert (run_dir / "final" / "config.json").is_file()
+    return published
+
+
+def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train`` writing to ``run_dir``, with ``overrides``."""
+    return [sys.executable, "-m", "areal.train", f"hydra.run.dir={run_dir}", *overrides]
+
+
+def sweep_cmd(sweep_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train -m`` (a Hydra sweep) writing its runs under ``sweep_dir``, with ``overrides``."""
+    return [sys.executable, "-m", "areal.train", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
+
+
+def run_in_repo(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``cmd`` from the repository's root to its end, its output captured (text)."""
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
+def run_ok(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """``run_in_repo``, asserting the command exited 0 (the tails of its output if not)."""
+    proc = run_in_repo(cmd, timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a run's JSONL file (episodes.jsonl, metrics.jsonl, ...), in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def three_step_run(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train`` for 3 synchronous steps of 2 groups, evaluation off, with what the
+    checks read recorded (trajectories, the engine's request log); ``overrides`` last."""
+    return train_cmd(
+        run_dir,
+        "trainer.steps=3",
+        "rollout.groups_per_step=2",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+        "save_trajectories=true",
+        "engine.request_log=true",
+        *overrides,
+    )
+
+
+def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
+    """``python -m areal.train`` for one step of inline agents on the scripted model, evaluation
+    off: the shortest run; ``overrides`` last (a key given again there wins, as Hydra takes the
+    last value)."""
+    return train_cmd(run_dir, "model.path=scripted", "rollout.openai.mode=inline", "trainer.steps=1", "data.eval_size=0", *overrides)
+
+
+def children(pid: int, module: bytes) -> list[int]:
+    """Child processes of ``pid`` running ``module`` (read from /proc, over all its threads: a
+    child started from a worker thread is listed under that thread; killed by PID only)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended
+            continue
+        for child in pids:
+            try:
+                if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                    out.append(int(child))
+            except FileNotFoundError:
+                pass
+    return sorted(out)
+
+
+def ray_torn_down(address: str) -> tuple[dict, dict, dict]:
+    """After a run on the Ray cluster at ``address``: (its placement groups, free resources, total
+    resources), once every resource is free again (or 20 s)."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + 20
+        while ray.available_resources() != ray.cluster_resources() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return ray.util.placement_group_table(), ray.available_resources(), ray.cluster_resources()
+    finally:
+        ray.shutdown()
+
+
+def sampled_as_served(run_dir: Path, trajectories: list[Trajectory]) -> tuple[set[int], int]:
+    """Assert that every row's sampled tokens are a generation the engine logged
+    (``engine_requests.jsonl``), prompt first, with that generation's logprobs and weight version;
+    returns the versions seen and the number of sampled tokens."""
+    served: dict[tuple, list[dict]] = {}  # prompt ids -> every generation of that prompt
+    for line in (run_dir / "engine_requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        served.setdefault(tuple(r["input_ids"]), []).append(r)
+    seen_versions, recorded_tokens = set(), 0
+    for traj in trajectories:
+        for row in traj.rows():
+            mask = row.loss_mask.astype(bool)
+            n_prompt = int((~mask).sum())
+            assert mask.sum() > 0 and not mask[:n_prompt].any()  # prompt first, then sampled tokens
+            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+            # Samples of one prompt can repeat; their logprobs then differ by batch padding noise
+            # (~1e-6), so the generation this row came from is the one whose logprobs it carries.
+            matches = [r for r in served[tuple(prompt)] if r["output_ids"] == sampled]
+            assert matches, "trajectory tokens that the engine never generated"
+            rec = min(matches, key=lambda r: np.abs(np.array(r["output_logprobs"]) - row.logprobs[mask]).max())
+            assert row.logprobs[mask].tolist() == pytest.approx(rec["output_logprobs"], abs=1e-6)
+            version = int(rec["weight_version"]) if rec["weight_version"].isdigit() else 0
+            assert set(row.versions[mask].tolist()) == {version}
+            seen_versions.add(version)
+            recorded_tokens += int(mask.sum())  # sampled tokens: what the trainer's loss counts
+    return seen_versions, recorded_tokens
