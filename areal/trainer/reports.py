@@ -27,12 +27,23 @@ from areal.process import log_tail
 from areal.protocol import TrainerDone, TrainerMessage
 
 
-class Reporter:
-    """PUSH socket to the controller; close() lingers so the last message is delivered."""
+class ReportUndelivered(ConnectionError):
+    """A report the controller's socket did not take in time."""
 
-    def __init__(self, addr: str) -> None:
+
+class Reporter:
+    """PUSH socket to the controller; close() lingers so the last message is delivered.
+
+    A send waits at most ``send_timeout_s`` for room to queue the message: a PUSH whose
+    handshakes all failed (a CURVE key the controller refuses) has no pipe left to queue on, and
+    would otherwise block the rank for ever. Past it the send raises ``ReportUndelivered``, so
+    the rank exits with an error its launcher reports instead of hanging."""
+
+    def __init__(self, addr: str, send_timeout_s: float = 120.0) -> None:
+        self.addr = addr
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.SNDTIMEO, int(send_timeout_s * 1000))
         keys = CurveKeys.from_env()  # set by a run on Ray nodes with cluster.encrypt (areal/curve.py)
         if keys is not None:
             connect_curve(self.sock, keys)
@@ -40,7 +51,13 @@ class Reporter:
         self.encoder = msgspec.msgpack.Encoder()
 
     def send(self, msg: TrainerMessage) -> None:
-        self.sock.send(self.encoder.encode(msg))
+        try:
+            self.sock.send(self.encoder.encode(msg))
+        except zmq.Again:
+            raise ReportUndelivered(
+                f"the controller's report socket at {self.addr} took no {type(msg).__name__} within "
+                f"{self.sock.getsockopt(zmq.SNDTIMEO) / 1000:g} s (unreachable, or it refused this rank's CURVE key)"
+            ) from None
 
     def close(self, linger_s: float = 10.0) -> None:
         self.sock.close(linger=int(linger_s * 1000))
