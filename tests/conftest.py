@@ -24,6 +24,17 @@ from typing import Any
 import pytest
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), a file's tests
+    stay on one worker, so its module fixtures (an engine, a gateway, a zygote) start once; the
+    Ray files share one group, so two Ray clusters never start side by side on one machine."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "ray" if item.path.name.startswith("test_ray_") else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _engine(model_dir: Path) -> Iterator[str]:
     from areal.engine.launch import launch_embedded_engine
 

@@ -13,11 +13,12 @@ statistics of an episode read off the gateway's recorded calls.
     score: the episode's reward (a policy failure's is rollout.policy_failure_reward; an agent or
            infrastructure failure scores 0); ``failed_episodes`` counts the episodes not ok
     tool use: episode_tool_use(its interactions)
-        ├► the console          a line as it starts, then one per tenth of its episodes done (areal.controller.evaluation.Progress)
+        ├► the console          a line as it starts, then one per tenth of its episodes done with the time
+        │                       spent and left, then a summary line (areal.controller.evaluation.Progress)
         ├► eval_episodes.jsonl  one line per evaluation episode, with its decoded replies
         └► the result: ``areal.controller.evaluation.evaluate``'s keys (sampled_acc, greedy_acc,
-           per_problem_sampled, per_problem_greedy, served_versions), "mode": "agent", and the
-           tool-use means of the sampled episodes (``tool_use_means``)
+           per_problem_sampled, per_problem_greedy, served_versions, wall_s, sampled_tokens),
+           "mode": "agent", and the tool-use means of the sampled episodes (``tool_use_means``)
 
 Invariants: evaluation episodes are never trained. The controller opens and closes their sessions
 itself, outside the rollout loop: they reach neither the rings nor episodes.jsonl, calls.jsonl,
@@ -131,7 +132,8 @@ class AgentEvaluation:
         gate = asyncio.Semaphore(self.concurrency)
         lines: list[str] = []
         n, k = len(self.problems), self.samples
-        progress = Progress(eval_label(name, version), n * (k + 1), "episodes", self.log, f"agent: {n} problems x {k} sampled + 1 greedy")
+        detail = f"the run's agent: {n} problems x {k} sampled + 1 greedy episodes"
+        progress = Progress(eval_label(name, version), n * (k + 1), "episodes", self.log, detail)
 
         async def one(i: int, sample: int | None) -> tuple[float, dict[str, float], EvalEpisode]:
             temperature = 0.0 if sample is None else self.temperature
@@ -143,7 +145,8 @@ class AgentEvaluation:
             progress.advance()
             return score, use, ep
 
-        episodes = await asyncio.gather(*(one(i, j) for i in range(n) for j in range(k)), *(one(i, None) for i in range(n)))
+        async with progress.beating():
+            episodes = await asyncio.gather(*(one(i, j) for i in range(n) for j in range(k)), *(one(i, None) for i in range(n)))
         sampled, greedy = episodes[: n * k], episodes[n * k :]
         with open(self.log_path, "a") as f:  # whole evaluations only: a cancelled one writes nothing
             f.writelines(lines)
@@ -161,12 +164,13 @@ class AgentEvaluation:
             **tool_use_means([u for _, u, _ in sampled]),
             "failed_episodes": sum(ep.outcome.status != "ok" for _, _, ep in (*sampled, *greedy)),
             "wall_s": round(time.monotonic() - t0, 2),
+            "sampled_tokens": sum(len(x.output_ids) for _, _, ep in (*sampled, *greedy) for x in ep.interactions),
         }
-        self.log(
-            f"[eval] agent, {name} (v{version}): {n} problems x {k} sampled + 1 greedy episodes in {result['wall_s']:.1f} s; "
-            f"sampled_acc {result['sampled_acc']:.3f}, per episode {result['calls_per_episode']:.2f} calls, "
-            f"{result['tool_calls_per_episode']:.2f} tool calls, {result['malformed_tool_calls_per_episode']:.2f} malformed; "
-            f"answers using a tool result {result['used_tool_result_share']:.2f}; {result['failed_episodes']} failed"
+        progress.finish(
+            result,
+            f"per episode {result['calls_per_episode']:.2f} calls, {result['tool_calls_per_episode']:.2f} tool calls, "
+            f"{result['malformed_tool_calls_per_episode']:.2f} malformed; answers using a tool result "
+            f"{result['used_tool_result_share']:.2f}; {result['failed_episodes']} failed",
         )
         return result
 

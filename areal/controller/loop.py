@@ -63,16 +63,17 @@ from tqdm import tqdm
 from areal.agent.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
 from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
-from areal.config import TrainConfig, to_dict
+from areal.config import RolloutConfig, TrainConfig, to_dict
 from areal.controller.agent_eval import AgentEvaluation
 from areal.controller.episodes import Episodes, episode_record, workflow_call_record
-from areal.controller.evaluation import Progress, eval_label, evaluate
+from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_eval_mode
 from areal.controller.metrics import step_row
 from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
-from areal.controller.problems import held_out_count, held_out_problems, train_problems, user_rows
+from areal.controller.problems import held_out_count, held_out_problems, run_reward, train_problems, user_rows
 from areal.controller.records import RunRecords, episode_table_row, row_rewards
 from areal.controller.recovery import Journal, Resume, trained_episodes
 from areal.controller.run_setup import RunFailed, gateway_config, hf_model_dir, load_resumed_weights, plan_continuation, sandbox_config
+from areal.controller.task_metrics import task_score, with_task_accuracy
 from areal.controller.trackers import open_trackers
 from areal.controller.trajectories import trajectory_from_episode, trajectory_from_row
 from areal.dataset import stratified_order
@@ -114,15 +115,16 @@ class Controller:
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         d = config.data
-        self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset)  # None: the embedded task's
+        self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset, config.seed)  # None: the embedded task's
         check_eval_rows(d.eval_every, held_out_count(self.dataset, self.eval_dataset, d.eval_size))  # data.eval_every needs held-out rows
-        if d.eval_mode == "agent" and self.workflow_kind == "rollout":
-            raise ValueError(
-                "data.eval_mode=agent runs the agent's episodes through the run's runner, and a RolloutWorkflow object has none: "
-                "use data.eval_mode=single_turn, or give the agent as an AgentWorkflow (async run(data, **extra_kwargs))"
-            )
+        # single_turn or agent, and why (data.eval_mode=auto follows the run's agent)
+        self.eval_mode, self.eval_mode_why = resolve_eval_mode(d.eval_mode, config.rollout.agent, RolloutConfig.agent, self.workflow_kind)
         self.periodic_eval: PeriodicEval | None = None  # evaluation during training; made at the start (it needs the engine)
-        self.reward_fn = load_reward_fn(config.reward) if config.reward else None
+        # reward=, else the tasks' own scorer when the rows are reasoning-gym tasks (areal/controller/problems.py)
+        self.reward_name = run_reward(config.reward, self.dataset, config.rollout.agent if self.workflow_kind == "spec" else "")
+        self.reward_fn = load_reward_fn(self.reward_name) if self.reward_name else None
+        if self.reward_name != config.reward:  # chosen here, not in config.json: said once
+            tqdm.write(f"[reward] the rows are reasoning-gym tasks: each reply is scored by its task's own scorer ({self.reward_name})")
         self.agent_spec = self._agent_spec(agent)  # what the zygote imports in subproc mode
         self._init_loop_state()
         trackers = open_trackers(config.logger, config.tracker, run_dir, config.experiment_name, to_dict(config), config.seed)
@@ -172,6 +174,7 @@ class Controller:
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
+        self.window_tasks: list[tuple[str, float]] = []  # (task, reward) of each trained episode since then whose row has a task
         r = self.config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
@@ -217,6 +220,7 @@ class Controller:
                 stack.push_async_callback(episodes.close)
             eval_set = held_out_problems(self.dataset, self.eval_dataset, cfg.data.eval_size, cfg.seed)
             evaluate_as = self._evaluator(episodes, engines.client, self.tokenizer, eval_set)  # single-turn or the agent (data.eval_mode)
+            evaluate_as = with_task_accuracy(evaluate_as, eval_set, tqdm.write)  # + accuracy per task, for rows with a task
             eval_before = await self._evaluate_before(evaluate_as, eval_set)
             if self.resume is not None and self.resume.step > 0:
                 s, timeout_s = self.resume.step, cfg.trainer.engine_timeout_s
@@ -305,18 +309,18 @@ class Controller:
         self, evaluate_as: Callable[[str], Awaitable[dict[str, Any]]], eval_set: list[dict]
     ) -> dict[str, Any] | None:
         """The initial weights scored once per run: a resumed run reads the score its first start
-        saved (the engines load the checkpoint's weights after it), unless data.eval_mode changed
-        since. The trainer waits for its first records meanwhile, however long this takes."""
+        saved (the engines load the checkpoint's weights after it), unless the evaluation's mode
+        changed since. The trainer waits for its first records meanwhile, however long this takes:
+        its wait lasts while the controller (the rings' writer) lives (areal/trainer/step.py)."""
         eval_before = self.records.saved_eval_before() if self.resume is not None else None
-        if eval_before is not None and eval_before.get("mode", "single_turn") != self.config.data.eval_mode:
+        if eval_before is not None and eval_before.get("mode", "single_turn") != self.eval_mode:
             eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
+        if eval_set:
+            tqdm.write(f"[eval] {len(eval_set)} held-out problems; {self.eval_mode_why}")
         if eval_before is not None:
             tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
-        elif eval_set:
+        elif eval_set:  # the evaluation's summary line says what it scored and what it cost
             eval_before = await self._unless_stopped(evaluate_as("before"))
-            tqdm.write(
-                f"held-out accuracy before training: {eval_before['sampled_acc']:.3f} (sampled), {eval_before['greedy_acc']:.3f} (greedy)"
-            )
             self.records.evaluation("before", eval_before, 0)
         return eval_before
 
@@ -352,7 +356,7 @@ class Controller:
             gateway=gateway,
             rollout=cfg.rollout,
             reward_fn=self.reward_fn,
-            reward_name=cfg.reward,
+            reward_name=self.reward_name,
             tokenizer=self.tokenizer,
             write=tqdm.write,
             fail=self._fail,
@@ -650,16 +654,18 @@ class Controller:
         outcome, session = await episodes.run(episode_id, problem, cancelled=cancelled)
         outcome = await episodes.settle(outcome, session, problem)
         self.window.append(outcome)
+        if (scored := task_score(problem, outcome, session.interactions.values())) is not None:
+            self.window_tasks.append(scored)
         return outcome, session
 
     def _evaluator(
         self, episodes: Episodes | None, engine: Any, tokenizer: Any, eval_set: list[dict]
     ) -> Callable[[str], Awaitable[dict[str, Any]]]:
         """The held-out evaluation, called by name (before, periodic, after): one reply per problem
-        straight on the engine (data.eval_mode=single_turn, areal/controller/evaluation.py), or the run's own
-        agent's episodes (agent, areal/controller/agent_eval.py: ``Episodes.evaluate``)."""
+        straight on the engine (single_turn, areal/controller/evaluation.py), or the run's own agent's
+        episodes (agent, areal/controller/agent_eval.py: ``Episodes.evaluate``); ``self.eval_mode``."""
         d = self.config.data
-        if d.eval_mode == "agent":
+        if self.eval_mode == "agent":
             log_path = self.run_dir / "eval_episodes.jsonl"
             limit = self.config.rollout.max_concurrent_episodes
             run = episodes.evaluate
@@ -670,10 +676,12 @@ class Controller:
 
         async def single_turn(name: str) -> dict[str, Any]:
             n, k = len(eval_set), d.eval_samples
-            progress = Progress(
-                eval_label(name, self.version), n * (k + 1), "replies", tqdm.write, f"{n} problems x {k} sampled + 1 greedy"
-            )
-            return await evaluate(engine, tokenizer, eval_set, temperature, k, reward_fn=self.reward_fn, progress=progress)
+            detail = f"one reply per question: {n} problems x {k} sampled + 1 greedy"
+            progress = Progress(eval_label(name, self.version), n * (k + 1), "replies", tqdm.write, detail)
+            async with progress.beating():
+                result = await evaluate(engine, tokenizer, eval_set, temperature, k, reward_fn=self.reward_fn, progress=progress)
+            progress.finish(result, f"scored by reward={self.reward_name}" if self.reward_fn else "scored by the \\boxed{} answer check")
+            return result
 
         return single_turn
 
@@ -717,7 +725,8 @@ class Controller:
     def _record_step(self, r: TrainerReport) -> None:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
-        self.records.step(step_row(r, window, calls))
+        tasks, self.window_tasks = self.window_tasks, []
+        self.records.step(step_row(r, window, calls, tasks))
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

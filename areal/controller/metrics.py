@@ -1,6 +1,7 @@
 """Each step's row in metrics.jsonl: the trainer's report and the episodes logged since the last one.
 
     TrainerReport (areal/trainer/reports.py) + the episodes logged since the previous one
+        (+ the task and reward of each trained one, for rows with a task: areal/controller/task_metrics.py)
         ─► step_row ─► metrics.jsonl and the trackers
 
 One row per report, written by the controller's records (areal/controller/records.py).
@@ -9,18 +10,23 @@ One row per report, written by the controller's records (areal/controller/record
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from areal.agent import stats as workflow_stats
 from areal.agent.failures import CLASSES as FAILURE_CLASSES
+from areal.controller.task_metrics import task_reward_means
 from areal.protocol import EpisodeOutcome, TrainerReport
 
 
-def step_row(r: TrainerReport, outcomes: list[EpisodeOutcome], calls: list[tuple[int, int, int]]) -> dict[str, Any]:
+def step_row(
+    r: TrainerReport, outcomes: list[EpisodeOutcome], calls: list[tuple[int, int, int]], tasks: Sequence[tuple[str, float]] = ()
+) -> dict[str, Any]:
     """Step ``r``'s row in metrics.jsonl: the trainer's metrics; the statuses and failure classes
     of ``outcomes`` and the mean LLM, well-formed and malformed tool calls of ``calls`` (one
-    triple per episode), both the episodes logged since the previous report; what in-process
-    workflows recorded (stats_tracker); the time."""
+    triple per episode), both the episodes logged since the previous report; the reward per task
+    of ``tasks`` (``reward/<task>``, ``episodes/<task>``: (task, reward) of each trained episode
+    among them whose row has a task); what in-process workflows recorded (stats_tracker); the time."""
     statuses: dict[str, int] = {}
     for o in outcomes:
         statuses[o.status] = statuses.get(o.status, 0) + 1
@@ -41,6 +47,7 @@ def step_row(r: TrainerReport, outcomes: list[EpisodeOutcome], calls: list[tuple
             if calls
             else {}
         ),
+        **task_reward_means(tasks),  # reward/<task>: rows with a task (reasoning-gym mixes)
         **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
         "time": time.time(),
     }

@@ -20,8 +20,8 @@ def plot_reward_curve(
 ) -> None:
     """Per-step batch reward, its moving average and fitted trend (with the trend's p-value), and
     held-out accuracy before, during (``periodic``: rows with ``step``, data.eval_every) and
-    after. The y-axis zooms on the data: the rises RL makes on the tiny
-    embedded model are a few points, invisible on a 0..1 axis."""
+    after, with what the evaluations before and after cost (``wall_s``). The y-axis zooms on the
+    data: the rises RL makes on the tiny embedded model are a few points, invisible on a 0..1 axis."""
     from areal.controller.evaluation import reward_trend  # numpy only; kept local so plots stays importable alone
 
     xs = [m["step"] for m in steps]
@@ -45,12 +45,14 @@ def plot_reward_curve(
     if eval_before and eval_after and xs:
         during = sorted(periodic or [], key=lambda e: e["step"])
         accs = [eval_before["sampled_acc"], *(e["sampled_acc"] for e in during), eval_after["sampled_acc"]]
+        took = [e["wall_s"] for e in (eval_before, eval_after) if "wall_s" in e]  # what the evaluations cost
+        cost = f"; evaluated in {' and '.join(f'{t:.0f} s' for t in took)}" if took else ""
         ax.plot(
             [0, *(e["step"] for e in during), xs[-1]],
             accs,
             "s--",
             color="black",
-            label=f"held-out accuracy ({eval_before['n']} problems): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}",
+            label=f"held-out accuracy ({eval_before['n']} problems{cost}): {eval_before['sampled_acc']:.3f} → {eval_after['sampled_acc']:.3f}",
         )
         lo, hi = min(lo, *accs), max(hi, *accs)
     ax.set_xlabel("training step (policy version)")

@@ -1,35 +1,49 @@
-"""The run's problems: the training rows with their difficulty levels, and the held-out rows.
+"""The run's problems: the training rows with their difficulty levels, the held-out rows, and the
+reward function the rows call for.
 
-    dataset= / eval_dataset= (objects)  ─┐
-    data.train / data.eval (files)      ─┼─► user_rows ─► (train, held_out), normalised, or None
-    neither: the embedded task          ─┘        │
-                                                  ├─► train_problems     rows + levels (the rollout order mixes levels)
-                                                  └─► held_out_problems  the rows the evaluations score
+    dataset= / eval_dataset= (objects)   ─┐
+    data.train / data.eval (files, or    ─┼─► user_rows ─► (train, held_out), normalised, or None
+      reasoning-gym tasks: generated)     │        │
+    neither: the embedded task           ─┘        ├─► train_problems     rows + levels (the rollout order mixes levels)
+                                                   ├─► held_out_problems  the rows the evaluations score
+                                                   └─► run_reward         reward=, else reasoning-gym's scorer for its rows
 
 Invariants: every row is in the common shape (``areal.dataset.normalize_row``: ``question`` and
-``messages`` both present); the user's rows have one difficulty level, so their order is a
-shuffle; the embedded task's splits never share a question and depend only on the seed.
-What is not covered: the user's data without a held-out split is not scored (no rows are taken
-out of the training set for it).
+``messages`` both present); the user's rows are one difficulty level each ``task`` (rows without
+one: a single level), so a step's groups mix the tasks in the data's proportions and their order
+is otherwise a shuffle; the embedded task's splits, and a reasoning-gym spec's, never share a
+question and depend only on the seed. A reasoning-gym spec in data.train gives the held-out rows
+too (data.eval_size of them, from data.eval's spec when set, else the same one).
+What is not covered: the user's data files without a held-out split are not scored (no rows are
+taken out of the training set for them).
 """
 
 from __future__ import annotations
 
-from areal.config import DataConfig
+from areal.config import DataConfig, RolloutConfig
 from areal.dataset import load_rows, normalize_row
+from areal.tasks.reasoning_gym import is_task_row, is_task_spec
+
+REASONING_GYM_REWARD = "areal.reward.reasoning_gym:reasoning_gym_reward"  # the task's own scorer
+REASONING_GYM_AGENT = "agents/reasoning_gym_agent.py:ReasoningGymAgent"
 
 
-def user_rows(data: DataConfig, dataset: list[dict] | None, eval_dataset: list[dict] | None) -> tuple[list[dict] | None, list[dict] | None]:
+def user_rows(
+    data: DataConfig, dataset: list[dict] | None, eval_dataset: list[dict] | None, seed: int = 1
+) -> tuple[list[dict] | None, list[dict] | None]:
     """The user's training and held-out rows, normalised: given as objects (``dataset``,
     ``eval_dataset``), else read from ``data.train`` / ``data.eval`` (a file or a folder, with
-    the splits and keys ``data`` names). ``None`` for the training rows: the embedded task's; for
-    the held-out rows: none given."""
+    the splits and keys ``data`` names), or generated from a reasoning-gym spec there
+    (data.train_size / data.eval_size rows, ``seed``). ``None`` for the training rows: the
+    embedded task's; for the held-out rows: none given."""
     if dataset is not None and not dataset:
         raise ValueError("dataset is empty: give at least one {question|messages, answer} row")
     d = data
-    if dataset is None and d.train:  # data.train: the user's file or folder (areal/dataset.py)
-        dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key)
-        if eval_dataset is None and d.eval:
+    if dataset is None and d.train:  # data.train: the user's file or folder, or tasks (areal/dataset.py)
+        dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key, size=d.train_size, seed=seed)
+        if eval_dataset is None and is_task_spec(d.eval or d.train):  # generated: the held-out side of the tasks
+            eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, seed=seed) if d.eval_size else None
+        elif eval_dataset is None and d.eval:
             eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
     rows = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
     held_out = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
@@ -54,13 +68,32 @@ def held_out_problems(rows: list[dict] | None, held_out: list[dict] | None, eval
 
 
 def train_problems(rows: list[dict] | None, train_size: int, seed: int) -> tuple[list[dict], list[int]]:
-    """The training problems and the difficulty level of each: the user's rows at one level, else
-    ``train_size`` problems of the embedded task's train split."""
-    if rows is not None:  # no difficulty levels: one level, so the order is a shuffle
-        return rows, [0] * len(rows)
+    """The training problems and the level of each: the user's rows one level per ``task`` (none:
+    one level, so the order is a shuffle), else ``train_size`` problems of the embedded task's
+    train split at their difficulty levels."""
+    if rows is not None:
+        tasks = sorted({str(r.get("task", "")) for r in rows})
+        return rows, [tasks.index(str(r.get("task", ""))) for r in rows]
     from areal.embedded.corpus import make_leveled_problems
 
     train_set = make_leveled_problems("train", train_size, seed=seed)
     # ``messages`` too: AReaL-style workflows read data["messages"], ours data["question"].
     problems = [normalize_row({"question": p.question, "answer": p.answer}, i) for i, p in enumerate(train_set)]
     return problems, [p.level for p in train_set]
+
+
+def run_reward(reward: str, rows: list[dict] | None, agent: str) -> str:
+    """The reward function the run scores episodes with when the agent returns none: ``reward``
+    when set; else, when every training row is a reasoning-gym entry, the task's own scorer
+    (areal/reward/reasoning_gym.py); else none. ``agent``: rollout.agent when the run names its
+    agent that way (else empty). The built-in agent scores its replies itself with the \\boxed{}
+    check, which is not the tasks' scorer: refused on reasoning-gym rows, naming the agent to use."""
+    if not rows or not all(is_task_row(r) for r in rows):
+        return reward
+    if agent == RolloutConfig.agent:
+        raise ValueError(
+            f"the data are reasoning-gym tasks, and the built-in agent ({agent}) scores its replies itself with the "
+            f"\\boxed{{}} check, not with the tasks' scorers: set rollout.agent={REASONING_GYM_AGENT} (or an agent of yours "
+            "that returns no reward, so that each task's own scorer scores it)"
+        )
+    return reward or REASONING_GYM_REWARD

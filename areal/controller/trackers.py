@@ -208,6 +208,7 @@ class ConsoleTracker:
         parts = [f"step {step} (v{row.get('version')})"]
         parts += [f"{k} {row[k]:.4g}" for k in CONSOLE_KEYS if _is_number(row.get(k))]
         parts += [f"{k} {v}" for k, v in row.items() if k.startswith("episodes_")]
+        parts += [f"{k} {v:.4g}" for k, v in row.items() if k.startswith("reward/")]  # per task (rows with a task)
         tqdm.write(" | ".join(parts))
 
     def log_eval(self, name: str, scalars: dict[str, float], step: int) -> None:

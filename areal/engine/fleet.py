@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal.engine.client import EngineError, EngineUnavailable
+from areal.engine.config import KINDS
 from areal.engine.launch import EngineProcess, Launcher, command_launcher, embedded_launcher
 from areal.engine.router import EngineRouter
 from areal.engine.vllm import VLLM_SERVER_ENV, vllm_venv_python
@@ -44,8 +45,6 @@ from areal.weights.disk import update_weights_from_disk_sync
 
 if TYPE_CHECKING:
     from areal.engine.config import EngineConfig
-
-KINDS = ("embedded", "sglang", "vllm")  # engine.kind
 
 
 def death_of(proc: EngineProcess) -> str | None:

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal.engine.client import EngineClient
-from areal.engine.config import EngineConfig
-from areal.engine.fleet import KINDS, EngineFleet, WeightLoader, server_launcher
+from areal.engine.config import KINDS, EngineConfig
+from areal.engine.fleet import EngineFleet, WeightLoader, server_launcher
 from areal.engine.launch import Launcher
 from areal.engine.router import EngineRouter
 from areal.engine.vllm import VLLMClient

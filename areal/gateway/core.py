@@ -77,6 +77,7 @@ from areal.gateway.generation import (
 )
 from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
+from areal.gateway.template import tool_template_path, tool_template_source
 from areal.gateway.tree import Interaction
 
 if TYPE_CHECKING:
@@ -102,8 +103,16 @@ class GatewayConfig:
     admin_key: str = ""  # controller operations over HTTP; "" draws a random one (Gateway.admin_key)
     session_idle_s: float = 3600.0  # a session unused this long expires (0 = never)
     # tool-call format of the model (parsers.TOOL_PARSERS, or SGLang's / vLLM's name for it); "auto":
-    # read off the tokenizer's chat template (an error names the field when it cannot be); None: no tool calls
+    # read off the chat template of requests with tools, tool_template's when set (an error names the
+    # field when it cannot be); None: no tool calls
     tool_parser: str | None = "qwen25"
+    # the chat template of requests that offer tools, for a model whose own has no tool branch
+    # (SmolLM2-Instruct's: without this, a request with tools is a 400 naming this field, never a
+    # prompt that silently lacks them): a built-in name (template.TOOL_TEMPLATES: "chatml-tools",
+    # tools as JSON in the system turn, calls as <tool_call> JSON for tool_parser qwen25/hermes,
+    # results in a tool turn) or the path of a .jinja file. None: the model's own template.
+    # Requests without tools always render with the model's own.
+    tool_template: str | None = None
     reasoning_parser: str | None = "think"  # reasoning format (parsers.REASONING_PARSERS, or "qwen3", ...); None: all text is content
     # Budgets of the ZeroMQ door (the sandboxes' one way out; ``door.DoorLimits``). A connection
     # counts against its peer process (its pid) until a request on it carries a live session key,
@@ -182,6 +191,8 @@ class GatewayConfig:
         # SGLang's and vLLM's names (qwen3, deepseek-r1, llama3_json, ...) become this gateway's own
         self.tool_parser = tool_parser_name(self.tool_parser)
         self.reasoning_parser = reasoning_parser_name(self.reasoning_parser)
+        if self.tool_template is not None:
+            tool_template_path(self.tool_template)  # a ValueError naming the field
         if self.admin_key and len(self.admin_key) < 16:
             raise ValueError("gateway.admin_key must be at least 16 characters (or empty for a random one)")
 
@@ -235,13 +246,17 @@ class Gateway:
     def __init__(self, engine: Any, tokenizer: Any, config: GatewayConfig | None = None):
         self.engine = engine  # an EngineClient, or anything with its generate (and generate_stream)
         self.tokenizer = tokenizer
-        # tool_parser=auto read off the tokenizer; stop ids and decoding per model family (families.py)
-        self.config = families.resolve(config or GatewayConfig(), tokenizer)
+        config = config or GatewayConfig()
+        tool_template = tool_template_source(config.tool_template)  # the text requests with tools render with, or None
+        # tool_parser=auto read off the template of requests with tools; stop ids and decoding per model family (families.py)
+        self.config = families.resolve(config, tokenizer, tool_template)
         self.admin_key = self.config.admin_key or "sk-admin-" + secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
         self.expired: dict[str, Session] = {}  # expired, not yet collected by close_session
         self.stop_token_ids = families.stop_token_ids(tokenizer)
-        self.prompts = PromptBuilder(tokenizer, self.stop_token_ids, cache_bytes=self.config.render_cache_bytes)
+        self.prompts = PromptBuilder(
+            tokenizer, self.stop_token_ids, cache_bytes=self.config.render_cache_bytes, tool_template=tool_template
+        )
         # ids -> text without special tokens (what clients see), but for the markers the parsers read
         self.decode_text = families.text_decoder(tokenizer, self.config.tool_parser, self.config.reasoning_parser)
         self.doors: list[Door] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics

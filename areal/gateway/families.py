@@ -1,9 +1,13 @@
 """Model families: what the gateway reads off a tokenizer besides its chat template.
 
-- ``detect_tool_parser``: ``tool_parser=auto`` -> the format the chat template writes tool calls
-  in (harmony channels, Qwen3-Coder's ``<function=...>``, DeepSeek's ``<｜tool▁calls▁begin｜>``
-  with or without the fenced JSON of V3, Mistral's ``[TOOL_CALLS]``, ``<tool_call>`` JSON,
-  Llama 3's ``<|python_tag|>`` / ``"parameters"`` JSON), or a ``ValueError`` saying it cannot tell.
+- ``detect_tool_parser``: ``tool_parser=auto`` -> the format the chat template of requests with
+  tools writes tool calls in (harmony channels, Qwen3-Coder's ``<function=...>``, DeepSeek's
+  ``<｜tool▁calls▁begin｜>`` with or without the fenced JSON of V3, Mistral's ``[TOOL_CALLS]``,
+  ``<tool_call>`` JSON, Llama 3's ``<|python_tag|>`` / ``"parameters"`` JSON), or a ``ValueError``
+  saying it cannot tell. That template is ``gateway.tool_template`` when one is set (``chatml-tools``
+  gives ``qwen25``), else the tokenizer's. A template with no tool branch at all (SmolLM2-Instruct's,
+  Gemma 2's) is one it cannot tell: the error names ``gateway.tool_template`` as well as
+  ``gateway.tool_parser``, since such a model is shown no tools until a tool template is set.
 - ``resolve``: the gateway's config with ``auto`` replaced and GPT-OSS's pair made whole (harmony
   is the whole output format: its reasoning parser is ``gpt-oss`` whenever its tool parser is).
 - ``stop_token_ids``: the end of sequence and every turn end the tokenizer has as an added token:
@@ -69,9 +73,10 @@ def _template(tokenizer: Any) -> str:
         return ""
 
 
-def detect_tool_parser(tokenizer: Any) -> str:
-    """The tool-call format this tokenizer's chat template writes (for ``tool_parser=auto``)."""
-    source = _template(tokenizer)
+def detect_tool_parser(tokenizer: Any, tool_template: str | None = None) -> str:
+    """The tool-call format the template of requests with tools writes (for ``tool_parser=auto``):
+    ``tool_template`` (the text of ``gateway.tool_template``) when given, else the tokenizer's."""
+    source = tool_template if tool_template is not None else _template(tokenizer)
     vocab = tokenizer.get_vocab()
     if harmony.CHANNEL in source and harmony.MESSAGE in source:
         return "gpt-oss"
@@ -86,18 +91,30 @@ def detect_tool_parser(tokenizer: Any) -> str:
     if LLAMA_OPEN in source or ('"parameters"' in source and ("<|start_header_id|>" in source or LLAMA_OPEN in vocab)):
         return "llama3"
     what = "has no chat template" if not source else "writes tool calls in none of the formats this gateway parses"
-    raise ValueError(
-        f"gateway.tool_parser=auto: the tokenizer ({getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}) {what}; "
+    who = (
+        "gateway.tool_template"
+        if tool_template is not None
+        else f"the tokenizer ({getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__})"
+    )
+    message = (
+        f"gateway.tool_parser=auto: {who} {what}; "
         f"set gateway.tool_parser to one of {', '.join(TOOL_PARSERS)} (or SGLang's / vLLM's name), or None for no tool calls"
     )
+    if source and "tool" not in source.lower():  # no tool branch: the model is shown no tools at all
+        message += (
+            ". Its chat template has no tool branch, so the model is shown no tools: set gateway.tool_template to a template "
+            "that renders them (chatml-tools for a ChatML model, or the path of a .jinja file), and auto reads its format"
+        )
+    raise ValueError(message)
 
 
-def resolve(config: Any, tokenizer: Any) -> Any:
-    """``config`` (a ``GatewayConfig``) with ``tool_parser=auto`` read off ``tokenizer`` and GPT-OSS's
-    reasoning parser paired with its tool parser; the same object when nothing changes."""
+def resolve(config: Any, tokenizer: Any, tool_template: str | None = None) -> Any:
+    """``config`` (a ``GatewayConfig``) with ``tool_parser=auto`` read off the template of requests
+    with tools (``tool_template``, the text of ``gateway.tool_template``, else the tokenizer's) and
+    GPT-OSS's reasoning parser paired with its tool parser; the same object when nothing changes."""
     tool, reasoning = config.tool_parser, config.reasoning_parser
     if tool == AUTO:
-        tool = detect_tool_parser(tokenizer)
+        tool = detect_tool_parser(tokenizer, tool_template)
     if tool == "gpt-oss":
         reasoning = "gpt-oss"
     elif reasoning == "gpt-oss" and tool is not None:

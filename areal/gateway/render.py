@@ -18,7 +18,9 @@ the call in another spelling) costs a second render to find the turn's end, the 
 ends the tokenizer has (``<|im_end|>``, ``<|eot_id|>``, GPT-OSS's ``<|call|>``...). The lead is
 more than the first message because templates read more than the message they write (Llama 3.1
 puts the tools in the first user message, Qwen3 keeps reasoning only after the last user query,
-Qwen3.5 refuses a history without one). So the
+Qwen3.5 refuses a history without one); and it starts at the history's first message, so a template
+that writes a default system prompt when the conversation has no system message (SmolLM2's) writes
+it in the small context as in the full render. So the
 Python work of a turn does not grow with the history. What still touches the whole history runs at
 C speed, once per turn: one msgspec encode of the messages, one memcmp against the previous call's
 encoding, and one copy of the parent's ids into the new prompt list (``Interaction.prompt_ids`` is
@@ -29,7 +31,8 @@ previous call's encoding (less its closing ``]``) is a prefix of this one's, so 
 the hash state at that point (``HistoryHash``) and hashes only the new bytes; any other history
 hashes from the start.
 
-Rendering is ``template.ChatTemplate``'s: the compiled template called directly, messages handed
+Rendering is ``template.ChatTemplate``'s: the compiled template called directly (for a request with
+tools, ``gateway.tool_template`` when one is set), messages handed
 to it as SGLang and vLLM hand them (tool-call arguments as objects where the template takes them),
 the request's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``) passed on; those kwargs key
 the hashes along with the tools, so a call rendered with other kwargs is neither a parent nor a
@@ -268,7 +271,7 @@ def reply_key(prefix: bytes, reply: dict) -> str:
 class PromptBuilder:
     """Chat template + tokenizer, with incremental rendering on a session's recorded tokens."""
 
-    def __init__(self, tokenizer: Any, stop_token_ids: list[int], cache_bytes: int = 64 << 20) -> None:
+    def __init__(self, tokenizer: Any, stop_token_ids: list[int], cache_bytes: int = 64 << 20, tool_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.stop_token_ids = set(stop_token_ids)
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -286,7 +289,7 @@ class PromptBuilder:
         self.cache_bytes = 0  # ids in ``cache`` * _ID_BYTES
         self.cache_limit = cache_bytes
         self.chars_per_token = _chars_per_token(self._backend)  # None: no floor known for this tokenizer
-        self.template = ChatTemplate(tokenizer)
+        self.template = ChatTemplate(tokenizer, tool_template)  # tool_template: the text of gateway.tool_template
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:
         """The chat template's text for ``messages`` (a 400 when the template refuses them)."""
@@ -347,6 +350,7 @@ class PromptBuilder:
         (the request's ``chat_template_kwargs``) render with the template and key the hashes with
         the tools: a call rendered with other kwargs is not a parent, nor a cached render."""
         check_template_kwargs(template_kwargs)
+        self.template.check_tools(tools, messages)  # tools the template would leave out: a 400, not a silent prompt
         keyed = [tools, template_kwargs] if template_kwargs else tools  # a tools list holds only dicts: no clash
         assistant_at = _newest_assistants(messages)
         digest, newest, checkpoint = _hash_history(keyed, messages, assistant_at[0] if assistant_at else None, index.history)

@@ -23,12 +23,27 @@ A template that refuses the messages (``raise_exception``, a filter on the wrong
 ``render_text`` raise a 400 ``RequestError`` naming ``messages``; ``renderer`` lets the template's
 error through for callers that fall back instead. ``check_template_kwargs`` refuses kwargs that
 would collide with the render's own arguments.
+
+Requests that offer tools render with ``gateway.tool_template`` when it is set (transformers'
+rule for a tokenizer's "tool_use" template: chosen by ``tools`` alone), with the model's own
+template otherwise; requests without tools always render with the model's own. It is for a
+model whose template has no tool branch (SmolLM2-Instruct's is ChatML with a default system
+prompt and nothing else): a built-in name (``TOOL_TEMPLATES``: ``chatml-tools``, tools as JSON
+in the system turn, calls as ``<tool_call>`` JSON, results in a tool turn; the text is
+``templates/chatml-tools.jinja``) or a ``.jinja`` file. Probes at construction say what the
+template of each kind of request shows (``renders_tools``, ``renders_calls``), so that
+``check_tools`` refuses, with a 400 naming the setting, a request its template would strip of
+everything about tools without a word: tools given to a template with no tool branch (it writes
+neither the tools nor an assistant's calls), or a history's tool calls the template drops. A
+template that writes calls but not the tools is left as it is: DeepSeek-V3.1's expects the client
+to describe its tools in the system prompt, and the request's ``tools`` still turn on parsing.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from types import MethodType
 from typing import Any
 
@@ -57,6 +72,15 @@ _PROBE = [
     {"role": "user", "content": "v"},
 ]
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+_SHOWN = "areal_probe_fn"  # a name no template writes unless it renders the tool or the call that carries it
+_SHOWN_TOOLS = [{"type": "function", "function": {"name": _SHOWN, "description": "d", "parameters": {"type": "object"}}}]
+_SHOWN_CALL = [
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c", "function": {"name": _SHOWN, "arguments": "{}"}}]},
+]
+# gateway.tool_template's built-in names: files of templates/ (this package's data)
+TOOL_TEMPLATES = {"chatml-tools": "chatml-tools.jinja"}
+_TEMPLATES_DIR = Path(__file__).with_name("templates")
 _DICT_ATTRIBUTES = frozenset(dir(dict))  # names getattr answers on a plain dict (its methods)
 _MISSING = object()
 # names a request's chat_template_kwargs may not take: the render's own arguments (the template's,
@@ -69,11 +93,34 @@ _RESERVED_KWARGS = frozenset(
 )
 
 
-class ChatTemplate:
-    """The tokenizer's chat template, compiled for direct rendering where that is exact."""
+def tool_template_path(name: str) -> Path:
+    """The file of ``gateway.tool_template``: a built-in name (``TOOL_TEMPLATES``) or a path to a
+    ``.jinja`` file; a ``ValueError`` naming the field otherwise."""
+    if name in TOOL_TEMPLATES:
+        return _TEMPLATES_DIR / TOOL_TEMPLATES[name]
+    path = Path(name).expanduser()
+    if path.suffix != ".jinja" or not path.is_file():
+        raise ValueError(
+            f"gateway.tool_template must be a built-in template ({', '.join(TOOL_TEMPLATES)}) or the path of a .jinja file, got {name!r}"
+        )
+    return path
 
-    def __init__(self, tokenizer: Any) -> None:
+
+def tool_template_source(name: str | None) -> str | None:
+    """The text of ``gateway.tool_template`` (None: none set)."""
+    return None if name is None else tool_template_path(name).read_text(encoding="utf-8")
+
+
+class ChatTemplate:
+    """The tokenizer's chat template, compiled for direct rendering where that is exact.
+    ``tool_template``: the text requests that offer tools render with instead (module docstring)."""
+
+    def __init__(self, tokenizer: Any, tool_template: str | None = None) -> None:
         self.tokenizer = tokenizer
+        # the template's text by "has tools" (None: the tokenizer has none)
+        self.sources = {has: self._own_source(has) for has in (False, True)}
+        if tool_template is not None:
+            self.sources[True] = tool_template
         self.tools_cache: dict[bytes, list[Any]] = {}  # template data of a tools list, by its encoding
         self._tools_cache_bytes = 0
         self.compiled: dict[bool, Any] = {}  # compiled template by "has tools"; empty: use the wrapper
@@ -83,13 +130,45 @@ class ChatTemplate:
         self.argument_objects = self._wants_argument_objects()
         self._compile()
         # a template that can leave <think> open at the end of a prompt (Qwen3.5, DeepSeek-V3.1 thinking)
-        self.thinks = any(THINK_OPEN in (self._source(has) or "") for has in (False, True))
+        self.thinks = any(THINK_OPEN in (source or "") for source in self.sources.values())
+        # what the template of each kind of request shows (``check_tools``)
+        self.renders_tools = self._shows([{"role": "user", "content": "u"}], _SHOWN_TOOLS, True)
+        self.renders_calls = {has: self._shows(_SHOWN_CALL, _SHOWN_TOOLS if has else None, False) for has in (False, True)}
 
-    def _source(self, tools: bool) -> str | None:
+    def _own_source(self, tools: bool) -> str | None:
         try:
             return self.tokenizer.get_chat_template(None, _PROBE_TOOLS if tools else None)
         except (ValueError, AttributeError):  # no chat template
             return None
+
+    def _shows(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> bool:
+        """Whether the render of the probe writes the probe's function name (the tool, or the call)."""
+        try:
+            return _SHOWN in self.wrapper_text(messages, tools, generation)
+        except Exception:  # deliberate: a template that refuses the probe answers for itself, with its own 400
+            return True
+
+    def check_tools(self, tools: list[dict] | None, messages: list[dict]) -> None:
+        """A 400 naming ``gateway.tool_template`` for a request with tools when the template that
+        renders it has no tool branch, or a history whose tool calls it drops (module docstring)."""
+        has = bool(tools)
+        fix = (
+            f"set gateway.tool_template to a template that renders them ({', '.join(TOOL_TEMPLATES)} for a ChatML model: "
+            "tools in the system turn, calls as <tool_call> JSON; or the path of a .jinja file)"
+        )
+        if has and not (self.renders_tools or self.renders_calls[True]):
+            raise RequestError(400, f"the chat template has no tool branch: these tools would not reach the prompt; {fix}", param="tools")
+        if self.renders_calls[has]:
+            return
+        for i, m in enumerate(messages):
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                if self.renders_calls[True]:  # only requests that offer tools render calls
+                    fix = "send the tools with the request: the template renders tool calls only for requests that offer tools"
+                raise RequestError(
+                    400,
+                    f"the chat template would drop the tool calls of messages[{i}] from the prompt; {fix}",
+                    param=f"messages[{i}].tool_calls",
+                )
 
     def _wants_argument_objects(self) -> bool:
         """Whether tool-call arguments go to the template as objects (see the module docstring)."""
@@ -104,20 +183,17 @@ class ChatTemplate:
     def _compile(self) -> None:
         """Compiled templates for direct rendering, kept only if they render the probe exactly as
         ``apply_chat_template`` does, with tools and without."""
+        if None in self.sources.values():  # no template: apply_chat_template says so, as the request's 400
+            return
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
 
-            compiled = {
-                has: _compile_jinja_template(self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None)) for has in (False, True)
-            }
-        except (ImportError, AttributeError, ValueError, TypeError):  # no template, or another transformers
+            compiled = {has: _compile_jinja_template(self.sources[has]) for has in (False, True)}
+        except (ImportError, AttributeError, ValueError, TypeError):  # another transformers
             return
         self._plain = _plain_template_data
         self._special_tokens = _plain_template_data(dict(self.tokenizer.special_tokens_map))
-        self.compiled = {
-            has: compile_dict_first(t.environment, self.tokenizer.get_chat_template(None, _PROBE_TOOLS if has else None))
-            for has, t in compiled.items()
-        }
+        self.compiled = {has: compile_dict_first(t.environment, self.sources[has]) for has, t in compiled.items()}
         for tools in (None, _PROBE_TOOLS):
             for n, gen in ((len(_PROBE), True), (3, False)):
                 try:
@@ -131,8 +207,10 @@ class ChatTemplate:
     def wrapper_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:
         """The render through ``apply_chat_template`` (the reference the fast path is checked against)."""
         messages = [for_template(m, self.argument_objects) for m in messages]
+        source = self.sources[bool(tools)]
+        chosen = {} if source is None else {"chat_template": source}  # None: the tokenizer's error, as the request's 400
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **(template_kwargs or {})
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **chosen, **(template_kwargs or {})
         )
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, generation: bool, template_kwargs: dict | None = None) -> str:

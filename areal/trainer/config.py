@@ -18,13 +18,13 @@ import json
 from dataclasses import dataclass, field
 
 from areal.dataclass_config import build_dataclass
+from areal.engine.config import KINDS as ENGINE_KINDS
 
 LOSSES = ("grpo", "ppo")
 KL_ESTIMATORS = ("k1", "k3")
 WEIGHT_SYNCS = ("disk", "collective")
 BACKENDS = ("gloo", "nccl")
 PARALLELS = ("ddp", "fsdp2")
-ENGINE_KINDS = ("embedded", "sglang", "vllm")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 CREDITS = ("episode", "turn")  # trainer.credit: areal/trainer/credit.py
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output (lm) head
@@ -128,6 +128,11 @@ class TrainerConfig:
     # controller may evaluate the initial weights for as long as that takes. Either way a rank stops
     # within a second when the ring's writer (the controller, or a trainer node's receiver) is gone.
     record_timeout_s: float | None = None
+    # Several ranks: how long one collective of a step (an all-reduce, an FSDP2 gather, DDP's
+    # broadcast) may wait for the other ranks; None: torch's default (30 min gloo, 10 min NCCL).
+    # Waiting for records or for rank 0's weight push never counts against it: the ranks first
+    # meet at a gate that waits while their rings' writer runs (areal/trainer/rank.py, RankGate).
+    collective_timeout_s: float | None = None
     engine_timeout_s: float = 300.0  # HTTP timeout of one weight update call
     pause_for_update: bool = True  # pause (abort + client resubmit) generation around each weight update
     head_chunk_elems: int = 1 << 24  # rows x vocab floats per lm-head chunk (memory is flat in the vocabulary)
@@ -171,6 +176,9 @@ class TrainerConfig:
             raise ValueError(
                 f"trainer.record_timeout_s must be > 0 seconds, or None (wait while the ring's writer runs), got {self.record_timeout_s!r}"
             )
+        t = self.collective_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            raise ValueError(f"trainer.collective_timeout_s must be > 0 seconds, or None (torch's default), got {t!r}")
         self._one_of("lr_scheduler", LR_SCHEDULERS)
         updates = self.steps * self.minibatches
         if not _is_int(self.warmup_steps) or not 0 <= self.warmup_steps <= updates:

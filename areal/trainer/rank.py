@@ -26,6 +26,12 @@ Invariants:
   backwards (short ranks are padded with zero-weight micro-batches), and the full weights are
   gathered to rank 0 (a collective) for every publish, checkpoint and the final save. Either
   way rank 0 alone writes checkpoint files, writes weights, pushes them and reports.
+- Waits between ranks: a step's collectives start only once every rank holds its batch, and a
+  checkpoint's and the final save's barriers once rank 0 is done writing; the ranks meet at a
+  ``RankGate`` first, which waits while the rank's ring writer runs, never on a fixed clock. So a
+  long evaluation before the first records, a rank whose records come later than the others', or
+  rank 0 saving and pushing a large model cannot expire the process group's timeout
+  (``trainer.collective_timeout_s``, which bounds the collectives themselves).
 - Checkpoints (areal/trainer/checkpoint.py) are written before the weights of that step are published,
   so a published version is always recoverable when ``checkpoint_every`` is 1. Resuming skips
   ring records with ``seq <= last_seq`` and restores the held ones: no record is trained twice
@@ -48,6 +54,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import datetime
+import functools
 import json
 import os
 import sys
@@ -69,7 +77,7 @@ from areal.trainer.config import TrainerConfig, TrainerJob
 from areal.trainer.fsdp import FullWeights, shard_policy
 from areal.trainer.packing import PolicyScorer
 from areal.trainer.reports import Reporter
-from areal.trainer.step import GroupCollector, all_reduce, train_step
+from areal.trainer.step import GroupCollector, WriterGone, all_reduce, train_step
 from areal.weights.collective import CollectiveWeightPush, local_address_towards
 from areal.weights.disk import prune_versions, push_weights, save_atomically
 
@@ -118,12 +126,13 @@ def _truncate_jsonl(path: Path, step: int) -> None:
         os.replace(tmp, path)
 
 
-def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
+def _init_distributed(rank: int, world: int, parallel: str = "ddp", timeout_s: float | None = None) -> str:
     """Join the process group torchrun set up; returns the device. gloo on CPU, NCCL on GPUs.
 
     One DDP rank needs no group (but still its GPU, where there is one); one FSDP2 rank gets a
     group of its own (on a loopback port when not launched by torchrun), so that the sharded path
-    is the same at every world size.
+    is the same at every world size. ``timeout_s`` (trainer.collective_timeout_s; None: torch's
+    default) bounds each collective.
     """
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
@@ -131,12 +140,40 @@ def _init_distributed(rank: int, world: int, parallel: str = "ddp") -> str:
     if world == 1 and parallel == "ddp":
         return device
     init = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank, world_size=world)
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
     return device
 
 
-def _barrier(world: int) -> Callable[[], None]:
-    return dist.barrier if world > 1 else (lambda: None)
+GATE_POLL_S = 0.1  # the longest sleep of a rank at the gate: how soon it sees the others arrive, or its writer gone
+
+
+class RankGate:
+    """Where the ranks wait for one another outside a collective: ``wait()`` returns once every
+    rank called it, and lasts as long as that takes while ``alive()`` (the rank's ring writer runs;
+    None: nothing to watch), else ``WriterGone``. One rank alone passes at once.
+
+    A collective bounds its wait by the process group's timeout, the right bound for work every
+    rank does at once, and the wrong one for a rank waiting on its peers' records (they come
+    from the controller, which may be evaluating) or on rank 0 writing and pushing a model. The
+    gate is a barrier on a gloo group of its own whose timeout no wait reaches (``GATE_TIMEOUT``),
+    polled: a rank whose peer died is ended by torchrun, which stops every rank when one fails."""
+
+    GATE_TIMEOUT = datetime.timedelta(days=365)
+
+    def __init__(self, world: int) -> None:
+        self.group = dist.new_group(backend="gloo", timeout=self.GATE_TIMEOUT) if world > 1 else None
+
+    def wait(self, why: str, alive: Callable[[], bool] | None = None) -> None:
+        if self.group is None:
+            return
+        work, sleep_s = dist.barrier(group=self.group, async_op=True), 0.001
+        while not work.is_completed():
+            if alive is not None and not alive():
+                raise WriterGone(f"the ring's writer is gone (the controller, or this node's receiver, exited) while waiting for {why}")
+            time.sleep(sleep_s)
+            sleep_s = min(GATE_POLL_S, 2 * sleep_s)
+        work.wait()  # raises what failed it
 
 
 @dataclasses.dataclass
@@ -159,8 +196,9 @@ class _Policy:
         return self.published if rank == 0 else None
 
 
-def _build_policy(job: TrainerJob, rank: int, world: int) -> _Policy:
-    """Load the initial model and set this rank up to train it: reference, LoRA, DDP or FSDP2, AdamW."""
+def _build_policy(job: TrainerJob, rank: int, world: int, gate: RankGate) -> _Policy:
+    """Load the initial model and set this rank up to train it: reference, LoRA, DDP or FSDP2, AdamW;
+    the ranks meet at ``gate`` before DDP's or FSDP2's first collective (one may load slower)."""
     config = job.trainer
     from transformers import AutoModelForCausalLM  # imported here: slow to import, unneeded by config users
 
@@ -182,6 +220,7 @@ def _build_policy(job: TrainerJob, rank: int, world: int) -> _Policy:
     scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
     if config.kl_coef > 0 and config.lora.enabled:
         reference = AdaptersOff(scorer, adapters)  # the initial weights without a copy of them
+    gate.wait("the other ranks to load the model")
     if full is not None:
         scorer = shard_policy(scorer, device.type, config.fsdp_param_dtype)
     elif world > 1:
@@ -256,10 +295,17 @@ def _log_step(job: TrainerJob, rank: int, step: int, trajs: list[Trajectory], co
 
 
 def _checkpoint(
-    job: TrainerJob, policy: _Policy, collector: GroupCollector, commit_to: RingReader | None, step: int, rank: int, world: int
+    job: TrainerJob,
+    policy: _Policy,
+    collector: GroupCollector,
+    commit_to: RingReader | None,
+    step: int,
+    rank: int,
+    world: int,
+    barrier: Callable[[], None],
 ) -> None:
-    """Save the checkpoint of ``step``; then commit to ``commit_to`` (the ring, when this trainer
-    commits) the records it holds."""
+    """Save the checkpoint of ``step`` (``barrier``: where the ranks wait for one another); then
+    commit to ``commit_to`` (the ring, when this trainer commits) the records it holds."""
     config = job.trainer
     save_checkpoint(
         Path(job.run_dir) / "checkpoints",
@@ -270,7 +316,7 @@ def _checkpoint(
         policy.model,
         policy.optimizer,
         collector.position(),
-        _barrier(world),
+        barrier,
         keep=config.keep_checkpoints,
         scheduler=policy.scheduler,
         model_shape=policy.shape,
@@ -300,15 +346,15 @@ def _publish(
     prune_versions(weights_dir, step, config.keep_versions)
 
 
-def _save_final(job: TrainerJob, policy: _Policy, reporter: Reporter | None, rank: int, world: int) -> Path:
-    """Rank 0 saves ``run_dir/final`` and reports it done; every rank waits for that."""
+def _save_final(job: TrainerJob, policy: _Policy, reporter: Reporter | None, rank: int, gate: RankGate) -> Path:
+    """Rank 0 saves ``run_dir/final`` and reports it done; every rank waits for that at ``gate``."""
     final = Path(job.run_dir) / "final"
     whole = policy.whole(rank)  # a collective under FSDP2
     if rank == 0:
         save_atomically(whole, final, job.model_path)
         if reporter is not None:
             reporter.send(TrainerDone(steps=job.trainer.steps, model_dir=str(final)))
-    _barrier(world)()
+    gate.wait("rank 0 to save the final model")
     return final
 
 
@@ -318,7 +364,8 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     torch.set_num_threads(config.threads)
     torch.manual_seed(job.seed)
     (Path(job.run_dir) / "weights").mkdir(parents=True, exist_ok=True)
-    policy = _build_policy(job, rank, world)
+    gate = RankGate(world)  # first, while the ranks are together: they just met in init_process_group
+    policy = _build_policy(job, rank, world, gate)
     # A run's controller journals every record no checkpoint holds (areal/controller/recovery.py), so its
     # trainer commits records as it reads them; a trainer alone commits them after a checkpoint.
     reader, commits = open_reader(job.ring_for(rank, world), config.resume, checkpointed=config.checkpoint_every > 0 and not job.journaled)
@@ -328,6 +375,8 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
     try:
         for step in range(start + 1, config.steps + 1):
             trajs = collector.next_batch(job.groups_per_step // world)
+            # the step's collectives start once every rank holds its batch (and rank 0 published the last step)
+            gate.wait(f"the other ranks' records of step {step}", reader.writer_alive)
             t0 = time.perf_counter()
             metrics = train_step(
                 policy.scorer, policy.optimizer, trajs, config, version=step - 1, reference=policy.reference, scheduler=policy.scheduler
@@ -335,7 +384,8 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
             metrics["step_s"] = time.perf_counter() - t0
             consumed = _log_step(job, rank, step, trajs, collector, metrics)
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                _checkpoint(job, policy, collector, reader if commits else None, step, rank, world)
+                barrier = functools.partial(gate.wait, f"the checkpoint of step {step}", reader.writer_alive)
+                _checkpoint(job, policy, collector, reader if commits else None, step, rank, world, barrier)
             whole = policy.whole(rank)  # a collective under FSDP2
             if rank == 0:
                 _publish(job, step, whole, collective, metrics)
@@ -345,7 +395,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
         reader.close()
     if collective is not None:  # not on a failure: the error that ended training is the one to report
         collective.close()
-    return _save_final(job, policy, reporter, rank, world)
+    return _save_final(job, policy, reporter, rank, gate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     reporter = Reporter(job.report_addr)  # every rank may report its own failure
     try:
-        _init_distributed(rank, world, job.trainer.parallel)
+        _init_distributed(rank, world, job.trainer.parallel, job.trainer.collective_timeout_s)
         train(job, reporter if rank == 0 else None, rank, world)
     except Exception:  # process boundary: tell the controller why, then die non-zero
         error = traceback.format_exc()

@@ -1,6 +1,7 @@
 """A run directory read back for the viewer: steps, episodes, and each episode's conversation tree.
 
-    metrics.jsonl   ─► steps()                 one row per optimizer step
+    metrics.jsonl   ─► steps()                 one row per optimizer step (the page: reward, loss, reward/<task> as a
+                                               column and a curve each, for runs whose rows name a task)
     episodes.jsonl  ─► episodes()              one row per started episode (status, failure, reward)
     calls.jsonl     ─► episode(id)             its calls as a tree: messages, tool calls, tokens
     vocab.json      ─┘                         every token id's text (no tokenizer, no model needed)

@@ -46,9 +46,23 @@ function renderRun(run) {
   if (s.eval_before && s.eval_after) {
     box.append(el("span", {}, `held-out accuracy ${fmt(s.eval_before.sampled_acc)} → ${fmt(s.eval_after.sampled_acc)}`));
   }
+  // per task (rows with a task: reasoning-gym mixes): evaluations' sampled_acc/<task>, before → after
+  const tasks = taskNames([s.eval_before || {}, s.eval_after || {}], "sampled_acc/");
+  if (tasks.length) {
+    const acc = (e, t) => fmt((e || {})["sampled_acc/" + t]);
+    box.append(el("span", { id: "task-accuracy" }, "held-out per task: ", tasks.map((t) => `${t} ${acc(s.eval_before, t)} → ${acc(s.eval_after, t)}`).join(", ")));
+  }
+}
+
+// The tasks of keys "<prefix><task>" in any of ``rows`` (metrics.jsonl's reward/<task>, an evaluation's sampled_acc/<task>), sorted.
+function taskNames(rows, prefix) {
+  return [...new Set(rows.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(prefix)).map((k) => k.slice(prefix.length))))].sort();
 }
 
 function renderSteps(steps) {
+  const tasks = taskNames(steps, "reward/"); // one column and one curve each
+  const head = document.querySelector("#steps thead tr");
+  for (const t of tasks) head.append(el("th", { class: "task", title: `mean reward of the step's ${t} episodes` }, t));
   const body = document.querySelector("#steps tbody");
   for (const m of steps) {
     body.append(
@@ -67,9 +81,56 @@ function renderSteps(steps) {
         el("td", {}, m.version),
         el("td", {}, fmt(m.reward_mean)),
         el("td", {}, fmt(m.loss, 4)),
+        tasks.map((t) => el("td", { class: "task", "data-task": t }, fmt(m["reward/" + t]))),
       ),
     );
   }
+  renderRewardChart(steps, tasks);
+}
+
+// ---- reward per step: the batch reward and one curve per task ------------------------------
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CURVE_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  for (const c of children) node.append(c instanceof Node ? c : String(c));
+  return node;
+}
+
+function renderRewardChart(steps, tasks) {
+  const series = [{ key: "reward_mean", label: "batch reward", colour: "#222" }].concat(
+    tasks.map((t, i) => ({ key: "reward/" + t, label: t, colour: CURVE_COLOURS[i % CURVE_COLOURS.length] })),
+  );
+  for (const s of series) s.points = steps.filter((m) => Number.isFinite(m[s.key])).map((m) => [m.step, m[s.key]]);
+  const all = series.flatMap((s) => s.points);
+  if (!all.length) return;
+  const [W, H, PAD] = [480, 170, 34];
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  const [x0, x1, y0] = [Math.min(...xs), Math.max(...xs), Math.min(0, ...ys)];
+  const y1 = Math.max(y0 + 1e-6, ...ys);
+  const sx = (x) => PAD + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - 2 * PAD);
+  const sy = (y) => H - PAD + 10 - ((y - y0) / (y1 - y0)) * (H - 2 * PAD);
+  const chart = svg(
+    "svg",
+    { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "reward per step" },
+    svg("line", { class: "axis", x1: PAD, y1: sy(y0), x2: W - PAD, y2: sy(y0) }),
+    svg("line", { class: "axis", x1: PAD, y1: sy(y0), x2: PAD, y2: sy(y1) }),
+    svg("text", { x: 2, y: sy(y1) + 4 }, fmt(y1, 2)),
+    svg("text", { x: 2, y: sy(y0) + 4 }, fmt(y0, 2)),
+    svg("text", { x: sx(x0) - 3, y: H - 6 }, `step ${x0}`),
+    svg("text", { x: sx(x1) - 20, y: H - 6 }, `step ${x1}`),
+  );
+  for (const s of series) {
+    if (!s.points.length) continue;
+    const points = s.points.map(([x, y]) => `${sx(x)},${sy(y)}`).join(" ");
+    chart.append(svg("polyline", { class: "curve", "data-key": s.key, points, stroke: s.colour }, svg("title", {}, s.label)));
+    for (const [x, y] of s.points) chart.append(svg("circle", { cx: sx(x), cy: sy(y), r: 2, fill: s.colour }, svg("title", {}, `${s.label}, step ${x}: ${fmt(y)}`)));
+  }
+  const legend = el("div", { class: "chart-legend" }, series.map((s) => el("span", {}, el("span", { class: "swatch", style: `background:${s.colour}` }), s.label)));
+  document.getElementById("reward-chart").replaceChildren(chart, legend);
 }
 
 function fillSelect(id, values) {

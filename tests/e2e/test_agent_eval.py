@@ -125,7 +125,7 @@ def test_one_episodes_statistics_and_score_from_its_interactions():
 
 
 @pytest.mark.e2e
-def test_the_mode_is_single_turn_by_default_agent_in_the_agentic_demo_and_checked(tmp_path):
+def test_the_mode_is_auto_by_default_agent_in_the_agentic_demo_and_checked(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -135,7 +135,7 @@ def test_the_mode_is_single_turn_by_default_agent_in_the_agentic_demo_and_checke
     from areal.controller.loop import Controller
 
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        assert OmegaConf.to_object(compose(config_name="config")).data.eval_mode == "single_turn"
+        assert OmegaConf.to_object(compose(config_name="config")).data.eval_mode == "auto"  # single_turn for the built-in agent
         assert OmegaConf.to_object(compose(config_name="agentic")).data.eval_mode == "agent"
     with pytest.raises(ValueError, match="data.eval_mode must be"):
         DataConfig(eval_mode="agentic")

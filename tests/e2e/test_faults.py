@@ -300,38 +300,59 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
 @pytest.mark.e2e
 def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path):
     """One of two launched engines killed mid-run: its sessions move to the other, the trainer's
-    pushes skip it while it is down, it comes back at the newest version, and the run finishes."""
-    (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=12",
-            "rollout.groups_per_step=2",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-            "engine.replicas=2",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline, killed = time.monotonic() + 180, None
-    while killed is None and proc.poll() is None and time.monotonic() < deadline:
-        metrics = run_dir / "metrics.jsonl"
-        engines = children(proc.pid, b"areal.engine.server")
-        if len(engines) == 2 and metrics.exists() and metrics.read_text():  # a step trained: mid-run
-            killed = engines[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.05)
-    out, err = proc.communicate(timeout=240)
-    assert killed is not None, err[-3000:]
-    assert proc.returncode == 0, err[-4000:]
-    assert f"[engine] the inference engine (pid {killed}) died (signal SIGKILL); restarting it" in out + err, (out + err)[-4000:]
+    pushes skip it while it is down, it comes back at the newest version, and the run finishes.
+    Episodes hold (a file the agent polls) from the kill until the run logs the engine's return,
+    so the run cannot end before it, however slow the machine."""
+    hold = tmp_path / "hold"
+    agent = AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)")
+    agent = agent.replace(
+        "    client = AsyncOpenAI(",
+        f"    while os.path.exists({str(hold)!r}):  # the engine is down: wait for its return\n"
+        "        await asyncio.sleep(0.1)\n"
+        "    client = AsyncOpenAI(",
+    ).replace("import asyncio\n", "import asyncio\nimport os\n", 1)
+    (tmp_path / "slow_agent.py").write_text(agent)
+    run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            train_cmd(
+                run_dir,
+                f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
+                "model.path=scripted",
+                "rollout.openai.mode=inline",
+                "trainer.steps=12",
+                "rollout.groups_per_step=2",
+                "rollout.n_samples=2",
+                "data.eval_size=0",
+                "engine.replicas=2",
+            ),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        deadline, killed = time.monotonic() + 180, None
+        while killed is None and proc.poll() is None and time.monotonic() < deadline:
+            metrics = run_dir / "metrics.jsonl"
+            engines = children(proc.pid, b"areal.engine.server")
+            if len(engines) == 2 and metrics.exists() and metrics.read_text():  # a step trained: mid-run
+                hold.touch()
+                killed = engines[0]
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.05)
+        while hold.exists() and proc.poll() is None and time.monotonic() < deadline + 180:
+            if " is back (pid " in log_path.read_text():
+                hold.unlink()
+            time.sleep(0.05)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = log_path.read_text(), ""
+    assert killed is not None, out[-3000:]
+    assert proc.returncode == 0, out[-4000:]
+    assert f"[engine] the inference engine (pid {killed}) died (signal SIGKILL); restarting it" in out, out[-4000:]
     assert " is back (pid " in out + err
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 13))

@@ -6,7 +6,8 @@ controller, busy evaluating, noticed only minutes later; the console said nothin
 
 Each run here has an inline agent whose held-out episode on the row marked ``gated`` waits for a
 file the test writes, so the evaluation before training lasts as long as the test wants (the
-row marked ``quick`` is done at once). Nothing is timed: each test waits for an event (a progress
+row marked ``quick`` is done at once); data.eval_mode is left at auto, which picks that agent.
+Nothing is timed: each test waits for an event (a progress
 line, the trainer waiting on its ring) before it acts.
 - The evaluation outlasts ``trainer.record_timeout_s``, and the run still trains.
 - The trainer killed while the evaluation waits stops the run, naming the trainer and its log;
@@ -67,7 +68,7 @@ class Run:
             f"rollout.agent={tmp_path / 'gated_agent.py'}:run",
             f"data.train={tmp_path / 'train.jsonl'}",
             f"data.eval={tmp_path / 'eval.jsonl'}",
-            "data.eval_mode=agent",
+            # data.eval_mode=auto (the default): the run's own agent (rollout.agent is the test's) scores the held-out rows
             "data.eval_samples=1",  # 2 problems x (1 sampled + 1 greedy): 4 episodes, 2 of them gated
             "rollout.groups_per_step=1",
             "rollout.n_samples=2",
@@ -159,6 +160,9 @@ def test_an_evaluation_before_training_longer_than_the_record_timeout_still_trai
     for done in range(5):
         assert f"[eval] before training: {done}/4 episodes" in out, out[-3000:]
     assert "[eval] after training (v1): 4/4 episodes" in out
+    # each ended with its summary line; the one before training took as long as the gate stayed shut
+    assert "[eval] before training: done in " in out and "[eval] after training (v1): done in " in out, out[-3000:]
+    assert before[0]["wall_s"] >= 4 * RECORD_TIMEOUT_S and before[0]["sampled_acc"] == 0.5  # quick 1.0, gated 0.0: the agent's rewards
 
 
 def test_a_trainer_killed_during_the_evaluation_before_training_stops_the_run_naming_it(tmp_path):

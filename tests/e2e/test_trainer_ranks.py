@@ -5,12 +5,25 @@ checkpoint, and resumed from that checkpoint). The one-rank reference run is sha
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from trainer_harness import RANK_JOB, UPDATE_ATOL, Rings, make_group, make_model, params, run_ranks, run_trainer, trainer_job
+from trainer_harness import (
+    RANK_JOB,
+    UPDATE_ATOL,
+    Rings,
+    Trainers,
+    make_group,
+    make_model,
+    params,
+    run_ranks,
+    run_trainer,
+    torchrun,
+    trainer_job,
+)
 
 from areal.protocol import TrainerDone, TrainerReport
 
@@ -75,6 +88,38 @@ def test_two_gloo_ranks_match_one_rank(reference, tmp_path):
     assert changed == len(one_final)
     logs = [json.loads(x) for r in (0, 1) for x in (tmp_path / "two" / f"trained_episodes-r{r}.jsonl").read_text().splitlines()]
     assert sorted(e for line in logs for e in line["episodes"]) == sorted(t.episode_id for g in reference.groups for t in g)
+
+
+@pytest.mark.e2e
+def test_a_rank_waiting_longer_than_the_collective_timeout_for_its_peers_records_still_trains(reference, tmp_path):
+    """Rank 1's records come long after rank 0 took its own (the controller evaluating, one
+    group's episodes running long): rank 0 waits for them at the ranks' gate, which lasts while
+    its ring's writer runs, not inside a collective bounded by trainer.collective_timeout_s. Before,
+    rank 0 waited in the step's first all-reduce and failed once that timeout expired."""
+    timeout_s = 5.0
+    with Rings("late", 2) as rings, Trainers(tmp_path) as trainers:
+        job = trainer_job(
+            reference.model_dir,
+            rings.names[0],
+            tmp_path / "late",
+            ring_names=rings.names,
+            checkpoint_every=0,  # records committed as read: the ring shows what rank 0 took
+            collective_timeout_s=timeout_s,
+            **RANK_JOB,
+        )
+        rings.put(0, reference.groups[0])  # rank 0's records of step 1; none for rank 1 yet
+        proc = trainers.start(job, cmd=torchrun(2), threads=1)
+        deadline = time.monotonic() + 240
+        while rings.writers[0].free_bytes() < rings.writers[0].capacity:  # until rank 0 has read them all
+            assert proc.poll() is None and time.monotonic() < deadline, "rank 0 never took its records"
+            time.sleep(0.05)
+        time.sleep(3 * timeout_s)  # rank 0 holds its batch and waits for rank 1's past the collective timeout
+        assert proc.poll() is None, "the trainer gave up while rank 1's records were still to come"
+        rings.put(1, reference.groups[1], reference.groups[3])
+        rings.put(0, reference.groups[2])
+        rc, msgs = trainers.collect(proc)
+    assert rc == 0 and isinstance(msgs[-1], TrainerDone), msgs[-1:]
+    assert_reports_match(reference, [m for m in msgs if isinstance(m, TrainerReport)], ("tokens", "trajectories", "loss"))
 
 
 @pytest.mark.e2e

@@ -24,7 +24,6 @@ with AREAL_REQUIRE_BROWSER=1 (CI) they fail instead.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -34,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import browser_or_skip
 from paths import ROOT
 from run_checks import run_in_repo, train_cmd
 
@@ -251,27 +251,9 @@ def test_the_static_page_holds_the_whole_run_and_loads_nothing(run_dir, tmp_path
 # ---- in the browser ------------------------------------------------------------------------
 
 
-def _browser_or_skip() -> str:
-    """The system's chromium, or a skip (a failure with AREAL_REQUIRE_BROWSER=1) naming what is missing."""
-    missing = []
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("the playwright package (pip install playwright, pinned in requirements.lock)")
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        missing.append("chromium (apt-get install chromium)")
-    if missing:
-        why = "browser test needs " + " and ".join(missing)
-        if os.environ.get("AREAL_REQUIRE_BROWSER") == "1":
-            pytest.fail(why + " (AREAL_REQUIRE_BROWSER=1)")
-        pytest.skip(why)
-    return chromium
-
-
 @pytest.fixture(scope="module")
 def browser():
-    chromium = _browser_or_skip()
+    chromium = browser_or_skip()
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -184,7 +184,10 @@ class Trainers:
 
     def run(self, config: TrainerJob, cmd: list[str] = TRAINER, timeout_s: float = 240, threads: int | None = None) -> tuple[int, list]:
         """Start one trainer (or torchrun of ranks) and collect its messages until it exits: (rc, msgs)."""
-        proc = self.start(config, cmd=cmd, threads=threads)
+        return self.collect(self.start(config, cmd=cmd, threads=threads), timeout_s)
+
+    def collect(self, proc: subprocess.Popen, timeout_s: float = 240) -> tuple[int, list]:
+        """The messages of ``proc`` (started here) until it exits: (rc, msgs)."""
         decoder = msgspec.msgpack.Decoder(TrainerMessage)
         msgs = []
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,2 @@
+"""Task libraries as data and reward: procedural generators whose rows a run trains on and whose own
+scorers grade the replies (``data.train=reasoning-gym:...``: ``reasoning_gym.py``)."""
