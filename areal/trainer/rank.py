@@ -58,6 +58,7 @@ import datetime
 import functools
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -287,6 +288,7 @@ def _log_step(job: TrainerJob, rank: int, step: int, trajs: list[Trajectory], co
     with open(run_dir / f"trained_episodes-r{rank}.jsonl", "a") as f:
         f.write(json_line({"step": step, "episodes": [t.episode_id for t in trajs]}))
     (consumed, pending) = all_reduce([float(collector.consumed), float(sum(len(v) for v in collector.pending.values()))], dist.ReduceOp.SUM)
+    (metrics["peak_rss_mb"],) = all_reduce([metrics["peak_rss_mb"]], dist.ReduceOp.MAX)  # the largest rank's
     if rank == 0:  # logged before the checkpoint: a kill between the two must not lose the line
         metrics["pending_trajectories"] = pending
         with open(run_dir / "trainer_metrics.jsonl", "a") as f:
@@ -382,6 +384,7 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                 policy.scorer, policy.optimizer, trajs, config, version=step - 1, reference=policy.reference, scheduler=policy.scheduler
             )
             metrics["step_s"] = time.perf_counter() - t0
+            metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's, so far (KiB on Linux)
             consumed = _log_step(job, rank, step, trajs, collector, metrics)
             if config.checkpoint_every and step % config.checkpoint_every == 0:
                 barrier = functools.partial(gate.wait, f"the checkpoint of step {step}", reader.writer_alive)

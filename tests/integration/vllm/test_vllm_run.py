@@ -8,8 +8,9 @@ over vLLM's routes, and the refusal of a tied model on servers the run did not l
 engine, launched by the run from the private venv (``tests/support/vllm_env.py``), sandboxed agents,
 and the trainer pushing weights to vLLM after every step. vLLM's own answers are recorded by the
 client as they arrive (``engine.request_log``); the test joins them with what the trainer
-received. It skips when the venv is absent, unless ``AREAL_REQUIRE_VLLM=1`` (``make test-vllm``)
-turns the skip into a failure.
+received. ``test_rl_step_on_vllm_cpu_with_smollm2`` is one step of the same on SmolLM2-135M-Instruct
+(``model.path=smollm2-135m-instruct``) with one server. Both skip when the venv is absent, unless
+``AREAL_REQUIRE_VLLM=1`` (``make test-vllm``) turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import torch
 from aiohttp import web
 from paths import ROOT
 from run_checks import read_jsonl, train_cmd
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from vllm_env import venv_dir, vllm_python
+from vllm_env import need_vllm, served_generations, venv_dir
 from vllm_standin import StandIn, script
 
 from areal.config import TrainConfig
@@ -56,7 +58,7 @@ VLLM_CPU_COMMAND = (  # as README.md and areal/engine/config.py show it
 
 
 def test_engine_kind_is_validated_with_the_field_named():
-    with pytest.raises(ValueError, match="engine.kind must be 'embedded', 'sglang' or 'vllm'"):
+    with pytest.raises(ValueError, match=r"engine.kind must be one of \('embedded', 'sglang', 'vllm'\), got 'tgi'"):
         EngineConfig(kind="tgi")
     with pytest.raises(ValueError, match="engine.kind=vllm needs exactly one of engine.urls"):
         EngineConfig(kind="vllm")
@@ -225,42 +227,12 @@ def test_a_tied_model_on_servers_the_run_did_not_launch_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
-def _need_vllm() -> str:
-    python = vllm_python()
-    if python is None:
-        why = f"vllm-cpu venv not set up at {venv_dir()} (make vllm-venv builds it; make test-vllm)"
-        if os.environ.get("AREAL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AREAL_REQUIRE_VLLM=1: {why}")
-        pytest.skip(why)
-    return str(python)
-
-
-def _served(log: Path) -> dict[str, dict]:
-    """vLLM's answers per generation (rid): prompt, sampled ids, their logprobs and the versions
-    vLLM's own spans gave them, joined over the segments of a resubmitted generation."""
-    gens: dict[str, dict] = {}
-    for line in log.read_text().splitlines():
-        rec = json.loads(line)
-        ids = [t for c in rec["choices"] for t in c["token_ids"]]
-        lps = [r["logprob"] for c in rec["choices"] for r in c["logprobs"]["content"]]
-        versions: list[str | None] = [None] * len(ids)
-        spans = [s for c in rec["choices"] for s in c.get("weight_versions") or []]
-        for s in spans:
-            versions[s["start"] : s["end"]] = [s["version"]] * (s["end"] - s["start"])
-        gen = gens.setdefault(rec["rid"], {"url": rec["url"], "prompt": rec["input_ids"], "ids": [], "lps": [], "versions": []})
-        assert rec["input_ids"] == gen["prompt"] + gen["ids"], "a resubmitted segment that does not continue its generation"
-        gen["ids"] += ids
-        gen["lps"] += lps
-        gen["versions"] += versions
-    return gens
-
-
 @pytest.mark.e2e
 def test_rl_run_on_vllm_cpu(tmp_path):
     """3 steps of GRPO on the embedded task, sandboxed agents, two vllm-cpu servers the run
     launched from the private venv and the only engines; synchronous (bound 0), so step k trains
     on what version k - 1 sampled."""
-    _need_vllm()
+    need_vllm()
     model_dir = ensure_embedded_model(progress=False)
     run_dir = tmp_path / "run"
     cmd = train_cmd(
@@ -297,28 +269,14 @@ def test_rl_run_on_vllm_cpu(tmp_path):
     assert all(m["logprob_max_diff"] < 1e-3 for m in steps), [m.get("logprob_max_diff") for m in steps]
 
     # Every trained token is a token vLLM sampled, with vLLM's logprob and vLLM's version.
-    served = _served(run_dir / "engine_requests.jsonl")
+    served = served_generations(run_dir / "engine_requests.jsonl")
     assert len({gen["url"] for gen in served.values()}) == 2  # the router used both servers
-    by_prompt: dict[tuple, list[dict]] = {}
-    for gen in served.values():
-        by_prompt.setdefault(tuple(gen["prompt"]), []).append(gen)
     trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
     assert len(trajectories) >= 3 * 2
-    seen: set[int] = set()
     rows_of: dict[int, list] = {}
-    for traj in trajectories:
-        for row in traj.rows():
-            mask = row.loss_mask.astype(bool)
-            n_prompt = int((~mask).sum())
-            prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
-            gen = next((g for g in by_prompt.get(tuple(prompt), []) if g["ids"] == sampled), None)
-            assert gen is not None, "trained tokens that vLLM never sampled"
-            assert row.logprobs[mask].tolist() == pytest.approx(gen["lps"], abs=1e-6)
-            assert None not in gen["versions"]  # vLLM labelled every token itself
-            assert row.versions[mask].tolist() == [0 if v == "default" else int(v) for v in gen["versions"]]
-            seen |= set(row.versions[mask].tolist())
-            rows_of.setdefault(int(row.versions[mask][0]), []).append(row)
-    assert seen == {0, 1, 2}  # step k trained on what vLLM sampled with version k - 1
+    for row in _rows_served_by_vllm(trajectories, served):
+        rows_of.setdefault(int(row.versions[row.loss_mask.astype(bool)][0]), []).append(row)
+    assert set(rows_of) == {0, 1, 2}  # step k trained on what vLLM sampled with version k - 1
 
     # The same agreement recomputed here, with the weights of version 2 from disk; and the check
     # can fail: the same weights with the initial lm_head (what vLLM's reload of a tied model
@@ -333,6 +291,87 @@ def test_rl_run_on_vllm_cpu(tmp_path):
     # The final model is untied, lm_head trained apart from the embedding.
     final = load_file(run_dir / "final" / "model.safetensors")
     assert not torch.equal(final["lm_head.weight"], final["model.embed_tokens.weight"])
+
+
+# The SmolLM2 run's agent: one call, and a reward drawn from os.urandom, so a group's rewards differ
+# (the step trains every sampled token) whatever the model answers; nothing checks what it says.
+RANDOM_REWARD_AGENT = """
+import os
+
+from openai import AsyncOpenAI
+
+
+async def run(data, **kw):
+    client = AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": data["question"]}], max_tokens=32)
+    return int.from_bytes(os.urandom(4), "big") / 2**32
+"""
+
+
+@pytest.mark.e2e
+def test_rl_step_on_vllm_cpu_with_smollm2(tmp_path):
+    """One GRPO step on SmolLM2-135M-Instruct (``model.path=smollm2-135m-instruct``, a tied 135M
+    Llama) with one vllm-cpu server the run launched: every trained token is one vLLM served, with
+    vLLM's logprob and version; the trainer's own logprobs of them (its ``logprob_max_diff``) agree
+    with vLLM's in fp32; the step changed the weights and pushed them to vLLM."""
+    need_vllm()
+    run_dir = tmp_path / "run"
+    (tmp_path / "agent.py").write_text(RANDOM_REWARD_AGENT)
+    cmd = train_cmd(
+        run_dir,
+        "model.path=smollm2-135m-instruct",
+        "engine.kind=vllm",
+        f"engine.launch.command='{VLLM_CPU_COMMAND}'",
+        "engine.launch.health_timeout_s=300",
+        "engine.request_log=true",
+        f"rollout.agent={tmp_path / 'agent.py'}:run",
+        "rollout.openai.mode=subproc",
+        "trainer.steps=1",
+        "rollout.groups_per_step=1",
+        "rollout.n_samples=4",
+        "data.eval_size=0",
+        "save_trajectories=true",
+    )
+    env = {**os.environ, "AREAL_VLLM_VENV": str(venv_dir())}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + _tail(run_dir / "engine.log")
+    assert "trains an untied copy" in proc.stdout + proc.stderr  # SmolLM2 ties lm_head to its embedding
+
+    (step,) = read_jsonl(run_dir / "metrics.jsonl")
+    print(f"smollm2 on vLLM: trainer vs vLLM logprobs over {step['tokens']:.0f} tokens: max |diff| {step['logprob_max_diff']:.3g}")
+    assert step["version"] == 1 and step["engines_updated"] == 1 and step["logprob_max_diff"] < 1e-3
+
+    trajectories = read_saved_trajectories(run_dir / "trajectories.bin")
+    served = served_generations(run_dir / "engine_requests.jsonl")
+    rows = _rows_served_by_vllm(trajectories, served)
+    assert len(rows) == len(served) == 4 and all((r.versions[r.loss_mask == 1] == 0).all() for r in rows)
+    (trained,) = read_jsonl(run_dir / "trained_episodes-r0.jsonl")
+    assert sorted(trained["episodes"]) == sorted(t.episode_id for t in trajectories)
+    name = "model.layers.0.mlp.down_proj.weight"
+    with (
+        safe_open(run_dir / "model-untied" / "model.safetensors", "pt") as a,
+        safe_open(run_dir / "weights" / "v1" / "model.safetensors", "pt") as b,
+    ):
+        assert not torch.equal(a.get_tensor(name), b.get_tensor(name))  # the step trained
+
+
+def _rows_served_by_vllm(trajectories: list, served: dict[str, dict]) -> list:
+    """Every row of ``trajectories``, each checked against what vLLM served: its sampled ids are
+    one generation's, with vLLM's logprobs and the versions vLLM's own spans gave them."""
+    by_prompt: dict[tuple, list[dict]] = {}
+    for gen in served.values():
+        by_prompt.setdefault(tuple(gen["prompt"]), []).append(gen)
+    rows = [row for traj in trajectories for row in traj.rows()]
+    for row in rows:
+        mask = row.loss_mask.astype(bool)
+        n_prompt = int((~mask).sum())
+        prompt, sampled = row.input_ids[:n_prompt].tolist(), row.input_ids[mask].tolist()
+        gen = next((g for g in by_prompt.get(tuple(prompt), []) if g["ids"] == sampled), None)
+        assert gen is not None, "trained tokens that vLLM never sampled"
+        assert row.logprobs[mask].tolist() == pytest.approx(gen["lps"], abs=1e-6)
+        assert None not in gen["versions"]  # vLLM labelled every token itself
+        assert row.versions[mask].tolist() == [0 if v == "default" else int(v) for v in gen["versions"]]
+    return rows
 
 
 def _max_gap(model: torch.nn.Module, rows: list) -> float:
