@@ -13,7 +13,7 @@ outside the repository (default ``$AREAL_CACHE/trl-venv``, ``AREAL_CACHE`` defau
 Pins: trl itself; torch is the project's CPU wheel (``constraints.txt``: letting pip choose pulls
 several GB of CUDA packages); transformers, tokenizers and safetensors are the project's own
 (``requirements.lock``), which TRL 1.16.0 accepts (``transformers>=4.56.2``), so both trainers load
-the embedded model with the same code. The rest is left to TRL's resolver.
+the model (embedded or SmolLM2) with the same code. The rest is left to TRL's resolver.
 
     python -m benchmarks.trl_env      # set up and print the interpreter
 """

@@ -1,19 +1,25 @@
-"""TRL's side of benchmarks/trl_grpo.py: GRPO with TRL's ``GRPOTrainer`` on the embedded task, run
-inside the private TRL venv (benchmarks/trl_env.py), then held-out accuracy of the trained model.
+"""TRL's side of benchmarks/trl_grpo.py: GRPO with TRL's ``GRPOTrainer`` on the task our run
+trains (the embedded model's, or SmolLM2's reasoning-gym one), run inside the private TRL venv
+(benchmarks/trl_env.py), then held-out accuracy of the trained model.
 
-    VENV/bin/python benchmarks/trl_grpo_worker.py SPEC.json OUT.json
+    VENV/bin/python benchmarks/trl_grpo_worker.py SPEC.json OUT.json [REPLY_FD REQUEST_FD]
 
 SPEC.json (written by benchmarks/trl_grpo.py): model dir, threads, steps, group size, groups per
-step, max completion tokens, temperature, lr, micro-batch size, the training prompts in the order
-our run draws them, the held-out problems, eval samples. OUT.json: per-step wall and CPU times
-(between consecutive optimizer steps' ends, generation included), the logged reward per step, and
-held-out accuracy before and after training (``sampled_acc``: ``eval_samples`` draws at the
-training temperature per problem; ``greedy_acc``: one greedy answer), as ``areal.controller.evaluation``
-scores it.
+step, max completion tokens, temperature, lr, weight decay, micro-batch size, the training prompts
+in the order our run draws them and the held-out problems (each ``{prompt: chat messages, answer,
+index}``), eval samples, and how completions are scored (``reward``). OUT.json: per-step wall and
+CPU times (between consecutive optimizer steps' ends, generation included), the logged reward per
+step, and held-out accuracy before and after training (``sampled_acc``: ``eval_samples`` draws at
+the evaluation temperature per problem; ``greedy_acc``: one greedy answer; per problem too), as
+``areal.controller.evaluation`` scores it.
 
-Imports only what the TRL venv has. The answer check is the project's own ``math_reward``, loaded
-from ``areal/embedded/corpus.py`` by file path (that module is pure standard library), so both
-trainers are scored by the same function, not by a copy of it.
+Imports only what the TRL venv has. Completions are scored by the project's own function, not by a
+copy of it, in one of two ways (``reward``):
+  * ``math_reward``: the embedded task's ``math_reward``, loaded from ``areal/embedded/corpus.py``
+    by file path (that module is pure standard library);
+  * ``pipe``: the parent (benchmarks/trl_grpo.py, ``serve_scores``) scores them with the reward our
+    run resolves, against the rows it made: one JSON line ``{"split", "index": [...], "text": [...]}``
+    per batch on REQUEST_FD, one line ``{"score": [...]}`` (or ``{"error"}``) back on REPLY_FD.
 
 Not covered: vLLM generation (``use_vllm``: no vLLM on this CPU venv; TRL then generates with
 transformers' ``generate``), several processes (one process, ``threads`` torch threads).
@@ -23,14 +29,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 CORPUS = Path(__file__).resolve().parents[1] / "areal" / "embedded" / "corpus.py"
+Score = Callable[[str, list[dict], list[str]], list[float]]  # (split, problems, completion texts) -> rewards
 
 
 def load_math_reward() -> Any:
@@ -42,27 +51,39 @@ def load_math_reward() -> Any:
     return module.math_reward
 
 
-math_reward = load_math_reward()
+def make_scorer(reward: str, fds: list[str]) -> Score:
+    """The scorer ``reward`` names (module docstring)."""
+    if reward == "math_reward":
+        math_reward = load_math_reward()
+        return lambda split, problems, texts: [math_reward(t, p["answer"]) for t, p in zip(texts, problems, strict=True)]
+    elif reward == "pipe":
+        replies, requests = os.fdopen(int(fds[0]), "r"), os.fdopen(int(fds[1]), "w")
 
+        def score(split: str, problems: list[dict], texts: list[str]) -> list[float]:
+            requests.write(json.dumps({"split": split, "index": [p["index"] for p in problems], "text": texts}) + "\n")
+            requests.flush()
+            reply = json.loads(replies.readline() or '{"error": "the scorer closed its end"}')
+            if "error" in reply:
+                raise RuntimeError(f"the parent's reward failed: {reply['error']}")
+            return reply["score"]
 
-def reward_fn(prompts: list, completions: list, answer: list[str], **_: Any) -> list[float]:
-    """TRL's reward signature; conversational completions are ``[{"role": "assistant", "content": ...}]``."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [math_reward(t, a) for t, a in zip(texts, answer, strict=True)]
+        return score
+    else:
+        raise ValueError(f"unknown reward {reward!r}")
 
 
 @torch.no_grad()
-def evaluate(model: Any, tokenizer: Any, problems: list[dict], temperature: float, samples: int, max_tokens: int) -> dict[str, Any]:
+def evaluate(
+    model: Any, tokenizer: Any, problems: list[dict], score: Score, temperature: float, samples: int, max_tokens: int
+) -> dict[str, Any]:
     """Held-out accuracy as ``areal.controller.evaluation.evaluate`` computes it: ``samples`` draws at
-    ``temperature`` per problem plus one greedy answer, each a single reply scored by ``math_reward``
-    (transformers' ``generate`` in left-padded batches; no top-k / top-p, as our engine samples)."""
+    ``temperature`` per problem plus one greedy answer, each a single reply to the problem's chat
+    messages, scored by ``score`` (transformers' ``generate`` in left-padded batches; no top-k /
+    top-p, as our engine samples)."""
     model.eval()
     stop = sorted({tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id})
     tokenizer.padding_side = "left"
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p["question"]}], tokenize=False, add_generation_prompt=True)
-        for p in problems
-    ]
+    texts = [tokenizer.apply_chat_template(p["prompt"], tokenize=False, add_generation_prompt=True) for p in problems]
 
     def replies(batch_texts: list[str], do_sample: bool, n: int) -> list[str]:
         enc = tokenizer(batch_texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -75,17 +96,24 @@ def evaluate(model: Any, tokenizer: Any, problems: list[dict], temperature: floa
     sampled, greedy, batch = [], [], 32
     for i in range(0, len(problems), batch):
         chunk = problems[i : i + batch]
-        texts_s = replies(texts[i : i + batch], True, samples)  # problem-major: samples of problem 0, then 1, ...
-        for j, p in enumerate(chunk):
-            sampled.append(sum(math_reward(t, p["answer"]) for t in texts_s[j * samples : (j + 1) * samples]) / samples)
-        greedy += [math_reward(t, p["answer"]) for t, p in zip(replies(texts[i : i + batch], False, 1), chunk, strict=True)]
+        drawn = score("eval", [p for p in chunk for _ in range(samples)], replies(texts[i : i + batch], True, samples))  # problem-major
+        sampled += [sum(drawn[j * samples : (j + 1) * samples]) / samples for j in range(len(chunk))]
+        greedy += score("eval", chunk, replies(texts[i : i + batch], False, 1))
     n = len(problems)
     model.train()
-    return {"n": n, "samples": samples, "sampled_acc": sum(sampled) / n, "greedy_acc": sum(greedy) / n}
+    return {
+        "n": n,
+        "samples": samples,
+        "sampled_acc": sum(sampled) / n,
+        "greedy_acc": sum(greedy) / n,
+        "per_problem_sampled": sampled,
+        "per_problem_greedy": greedy,
+    }
 
 
-def main(spec_path: str, out_path: str) -> None:
+def main(spec_path: str, out_path: str, fds: list[str]) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    score = make_scorer(spec["reward"], fds)
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(spec["seed"])
     from datasets import Dataset
@@ -95,7 +123,7 @@ def main(spec_path: str, out_path: str) -> None:
     t_start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-    eval_kw = {"temperature": spec["eval_temperature"], "samples": spec["eval_samples"], "max_tokens": spec["max_tokens"]}
+    eval_kw = {"score": score, "temperature": spec["eval_temperature"], "samples": spec["eval_samples"], "max_tokens": spec["max_tokens"]}
     t0 = time.perf_counter()
     eval_before = evaluate(model, tokenizer, spec["eval"], **eval_kw)
     eval_before_s = time.perf_counter() - t0
@@ -105,7 +133,13 @@ def main(spec_path: str, out_path: str) -> None:
     )
 
     group, groups = spec["n_samples"], spec["groups_per_step"]
-    rows = [{"prompt": [{"role": "user", "content": p["question"]}], "answer": p["answer"]} for p in spec["train"]]
+    train = spec["train"]
+    rows = [{"prompt": p["prompt"], "index": p["index"]} for p in train]
+
+    def reward_fn(prompts: list, completions: list, index: list[int], **_: Any) -> list[float]:
+        """TRL's reward signature; conversational completions are ``[{"role": "assistant", "content": ...}]``."""
+        return score("train", [train[i] for i in index], [c[-1]["content"] if isinstance(c, list) else c for c in completions])
+
     args = GRPOConfig(
         output_dir=spec["output_dir"],
         use_cpu=True,
@@ -115,7 +149,7 @@ def main(spec_path: str, out_path: str) -> None:
         learning_rate=spec["lr"],
         lr_scheduler_type="constant",
         warmup_steps=0,
-        weight_decay=0.0,
+        weight_decay=spec["weight_decay"],
         max_grad_norm=spec["max_grad_norm"],
         num_generations=group,
         per_device_train_batch_size=spec["micro_batch"],
@@ -186,4 +220,4 @@ def main(spec_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -651,7 +651,8 @@ class Controller:
             cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
             self._log_episode(classify_outcome(cut, bool(session.interactions)), session, group_id)
 
-        outcome, session = await episodes.run(episode_id, problem, cancelled=cancelled)
+        # sampled at rollout.temperature whatever the agent asks: the trainer scores its tokens at that one
+        outcome, session = await episodes.run(episode_id, problem, self.config.rollout.temperature, cancelled=cancelled)
         outcome = await episodes.settle(outcome, session, problem)
         self.window.append(outcome)
         if (scored := task_score(problem, outcome, session.interactions.values())) is not None:
