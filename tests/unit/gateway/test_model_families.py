@@ -31,8 +31,8 @@ import pytest
 from chat_templates import template
 from gateway_harness import post_chat
 from qwen_tokenizers import build_qwen3_tokenizer, derived_tokenizer
+from scripted_engine import ScriptedEngine
 
-from areal.engine.client import GenerateResult
 from areal.gateway import Gateway, GatewayConfig
 from areal.gateway import parsers as P
 from areal.gateway.families import detect_tool_parser, stop_token_ids
@@ -118,38 +118,6 @@ TOOLS = [
         },
     },
 ]
-
-
-class ScriptedEngine:
-    """EngineClient's ``generate`` / ``generate_stream``: the canonical ids of the next scripted reply
-    text, then its stop token (streamed one token per update)."""
-
-    def __init__(self, tok, replies: list[tuple[str, str]]) -> None:
-        self.tok, self.replies, self.prompts = tok, list(replies), []
-
-    def _next(self, input_ids) -> list[int]:
-        self.prompts.append(list(input_ids))
-        text, stop = self.replies.pop(0)
-        return self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)]
-
-    @staticmethod
-    def _result(ids: list[int], prompt: int, finish: str) -> GenerateResult:
-        return GenerateResult(
-            output_ids=ids,
-            output_logprobs=[-0.5] * len(ids),
-            finish_reason=finish,
-            weight_version="1",
-            prompt_tokens=prompt,
-            completion_tokens=len(ids),
-        )
-
-    async def generate(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw) -> GenerateResult:
-        return self._result(self._next(input_ids), len(input_ids), "stop")
-
-    async def generate_stream(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw):
-        ids = self._next(input_ids)
-        for i in range(1, len(ids) + 1):
-            yield self._result(ids[:i], len(input_ids), "stop" if i == len(ids) else "")
 
 
 def _post_stream(gw: Gateway, key: str, body: dict) -> tuple[dict, list[dict]]:

@@ -41,11 +41,11 @@ from anthropic import AsyncAnthropic
 from anthropic import BadRequestError as AnthropicBadRequest
 from openai import AsyncOpenAI
 from openai import BadRequestError as OpenAIBadRequest
+from scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
 
 from areal.agent.httpx2_bridge import bridged
 from areal.embedded.pretrained import ensure_pretrained_model
-from areal.engine.client import GenerateResult
 from areal.experimental.openai.client import InProcessTransport
 from areal.gateway import Gateway, GatewayConfig
 from areal.gateway.families import detect_tool_parser, stop_token_ids, text_decoder
@@ -83,39 +83,8 @@ def tok():
     return AutoTokenizer.from_pretrained(ensure_pretrained_model(progress=False))
 
 
-class ScriptedEngine:
-    """The canonical ids of the next scripted reply, then ``<|im_end|>`` (streamed a token per update)."""
-
-    def __init__(self, tok, replies: list[str]) -> None:
-        self.tok, self.replies, self.prompts, self.params = tok, list(replies), [], []
-
-    def _next(self, input_ids, params) -> list[int]:
-        self.prompts.append(list(input_ids))
-        self.params.append(params)
-        return self.tok.encode(self.replies.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
-
-    @staticmethod
-    def _result(ids: list[int], prompt: int, finish: str) -> GenerateResult:
-        return GenerateResult(
-            output_ids=ids,
-            output_logprobs=[-0.5] * len(ids),
-            finish_reason=finish,
-            weight_version="1",
-            prompt_tokens=prompt,
-            completion_tokens=len(ids),
-        )
-
-    async def generate(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw) -> GenerateResult:
-        return self._result(self._next(input_ids, sampling_params), len(input_ids), "stop")
-
-    async def generate_stream(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw):
-        ids = self._next(input_ids, sampling_params)
-        for i in range(1, len(ids) + 1):
-            yield self._result(ids[:i], len(input_ids), "stop" if i == len(ids) else "")
-
-
 def _gateway(tok, replies: list[str], **config) -> tuple[Gateway, ScriptedEngine, str]:
-    engine = ScriptedEngine(tok, replies)
+    engine = ScriptedEngine(tok, [(r, "<|im_end|>") for r in replies])
     gw = Gateway(engine, tok, GatewayConfig(context_length=8192, **config))
     return gw, engine, gw.open_session("ep")
 
