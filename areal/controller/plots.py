@@ -17,6 +17,7 @@ def plot_reward_curve(
     eval_before: dict | None = None,
     eval_after: dict | None = None,
     periodic: list[dict[str, Any]] | None = None,
+    title: str = "",
 ) -> None:
     """Per-step batch reward, its moving average and fitted trend (with the trend's p-value), and
     held-out accuracy before, during (``periodic``: rows with ``step``, data.eval_every) and
@@ -61,7 +62,7 @@ def plot_reward_curve(
     ax.set_ylim(max(-0.02, lo - pad), min(1.02, hi + 3 * pad))  # room at the top for the legend
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=7)
-    ax.set_title("GRPO on the embedded math task")
+    ax.set_title(title or "batch reward and held-out accuracy")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp)

@@ -106,8 +106,11 @@ class RunRecords:
     ``view_record_mb``: the run's settings of those names; ``steps``: trainer.steps, over which
     calls.jsonl's budget is spread."""
 
-    def __init__(self, run_dir: Path, tracker: Trackers, *, save_trajectories: bool, view_record_mb: int, steps: int) -> None:
+    def __init__(
+        self, run_dir: Path, tracker: Trackers, *, save_trajectories: bool, view_record_mb: int, steps: int, title: str = ""
+    ) -> None:
         self.run_dir = run_dir
+        self.title = title  # the reward plot's
         self.episode_log = open(run_dir / "episodes.jsonl", "a")
         self.tracker = tracker
         self.step_metrics: list[dict[str, Any]] = []
@@ -225,7 +228,7 @@ class RunRecords:
             summary["eval_test"] = paired_test(eval_before["per_problem_sampled"], eval_after["per_problem_sampled"])
         if best is not None:
             summary["best"] = best
-        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after, self.periodic_evals)
+        plot_reward_curve(self.step_metrics, self.run_dir / "reward_curve.png", eval_before, eval_after, self.periodic_evals, self.title)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
