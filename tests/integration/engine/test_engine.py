@@ -336,17 +336,27 @@ def test_stream_final_equals_non_stream_and_chunks_are_cumulative(engine_url: st
 
 
 def test_stream_chunks_arrive_before_generation_ends(engine_url: str) -> None:
-    # The first chunk must come while the request is still running: aborting it then cuts it short.
+    # The first chunk comes while the request is still running: it holds fewer tokens than the
+    # last. The abort sent on it cuts the generation short, unless the rest of the generation
+    # (all the context leaves: 252 tokens of a tiny model) took less than the abort's round trip,
+    # which a loaded machine can make happen: then it ended at its length, whole.
+    room = {**LONG, "max_new_tokens": 256 - len(PROMPT)}
+
     async def run() -> tuple[list, object]:
         client = EngineClient(engine_url)
-        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, LONG, rid="early"), lambda: client.abort_request("early"))
+        chunks, _ = await _first_chunk_then(client.generate_stream(PROMPT, room, rid="early"), lambda: client.abort_request("early"))
         await client.close()
         return chunks, None
 
     chunks, _ = asyncio.run(run())
-    assert chunks[-1].finish_reason == "abort" and chunks[-1].resubmits == 0
-    assert 0 < len(chunks[0].output_ids) < len(chunks[-1].output_ids) + 1 <= LONG["max_new_tokens"]
-    assert len(chunks[-1].output_logprobs) == len(chunks[-1].output_ids)
+    last = chunks[-1]
+    assert 0 < len(chunks[0].output_ids) < len(last.output_ids)
+    assert (
+        (last.finish_reason, last.resubmits) == ("abort", 0)
+        and len(last.output_ids) < room["max_new_tokens"]
+        or (last.finish_reason == "length" and len(last.output_ids) == room["max_new_tokens"])
+    ), (last.finish_reason, len(last.output_ids))
+    assert len(last.output_logprobs) == len(last.output_ids)
 
 
 def test_raw_sse_shape(engine_url: str) -> None:
