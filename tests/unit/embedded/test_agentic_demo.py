@@ -23,6 +23,10 @@ from areal.embedded.corpus import make_leveled_problems, split_of
 from areal.gateway.parsers import parse_output
 from areal.workflow.common import execute_tool_call
 
+# The agentic variant may still be building when these tests start (CI builds it beside the test
+# run, areal/embedded/agentic.py's lock): waiting for it counts against pytest's per-test timeout.
+pytestmark = pytest.mark.timeout(1800)
+
 CONF = ROOT / "conf"
 
 
