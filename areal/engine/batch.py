@@ -58,6 +58,7 @@ from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_in
 from areal.jsonl import json_line
 
 ABORT_RUNNING = "Aborted"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what the engine can serve in
 ABORT_WAITING = "Abort in waiting queue"
 FORWARDS = ("auto", "lean", "hf")
 
@@ -178,9 +179,10 @@ class DecodeBatch:
             ids[i, width - len(s) :] = torch.tensor(s)
             mask[i, width - len(s) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, T)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        dev = model.device
+        out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev), use_cache=True, logits_to_keep=1)
         self._merge(rows, out.past_key_values, mask, positions[:, -1] + 1)
-        return out.logits[:, -1, :].float()
+        return out.logits[:, -1, :].float().cpu()
 
     def _merge(self, rows: list[GenerationRequest], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
         if not self.rows:
@@ -201,17 +203,18 @@ class DecodeBatch:
     def decode(self, model: torch.nn.Module) -> torch.Tensor:
         """Feed every row's last sampled token; returns next-token logits (B, V)."""
         self.mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long)], dim=1)
+        dev = model.device  # the cache lives there; the row bookkeeping stays on the CPU
         out = model(
-            input_ids=self.next_tok[:, None],
-            attention_mask=self.mask,
-            position_ids=self.next_pos[:, None],
+            input_ids=self.next_tok[:, None].to(dev),
+            attention_mask=self.mask.to(dev),
+            position_ids=self.next_pos[:, None].to(dev),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
         )
         self.cache = out.past_key_values
         self.next_pos = self.next_pos + 1
-        return out.logits[:, -1, :].float()
+        return out.logits[:, -1, :].float().cpu()
 
     def set_next(self, first_row: int, tokens: list[int]) -> None:
         self.next_tok[first_row : first_row + len(tokens)] = torch.tensor(tokens)
@@ -232,7 +235,7 @@ class DecodeBatch:
         # Leading columns that no remaining row attends to are dead weight in every later step.
         start = int(self.mask.any(0).nonzero()[0])
         self.mask = self.mask[:, start:]
-        layers = [(k[idx, :, start:], v[idx, :, start:]) for k, v in _cache_layers(self.cache)]
+        layers = [(k[idx.to(k.device), :, start:], v[idx.to(v.device), :, start:]) for k, v in _cache_layers(self.cache)]
         self.cache = DynamicCache(ddp_cache_data=layers, config=self.config)
         return gone
 
@@ -240,16 +243,32 @@ class DecodeBatch:
 class Engine:
     """The model and its single generation worker thread."""
 
-    def __init__(self, model_path: str, max_batch: int, weight_version: str, request_log: str | None = None, forward: str = "auto") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        max_batch: int,
+        weight_version: str,
+        request_log: str | None = None,
+        forward: str = "auto",
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
         if forward not in FORWARDS:
             raise ValueError(f"forward: must be one of {FORWARDS}, got {forward!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {dtype!r}")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, and this machine's torch sees no CUDA GPU; use device 'cpu'")
         self.model_path = model_path
         # Optional audit trail: one JSON line per finished generation (ids, logprobs, version), so
         # tests and debugging sessions can check that recorded tokens are the tokens generated.
         self.request_log = open(request_log, "a", buffering=1) if request_log else None
         self.max_batch = max_batch
         self.weight_version = weight_version
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        # Served on ``device`` in ``dtype``; sampling and the rows' bookkeeping stay on the CPU
+        # (the forward hands back fp32 logits there), so a seeded request samples alike anywhere.
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(device).eval()
+        self.device, self.dtype = str(self.model.device), dtype
         self.config = self.model.config
         has_tokenizer = any(os.path.exists(os.path.join(model_path, f)) for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if has_tokenizer else None

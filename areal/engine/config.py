@@ -56,6 +56,10 @@ class EngineConfig:
     urls: list[str] = field(default_factory=list)
     launch: EngineLaunchConfig = field(default_factory=EngineLaunchConfig)
     threads: int = 1  # torch threads of the embedded engine
+    # Where the embedded engine serves the model: "cpu", "cuda" or "cuda:N" (with the trainer on the
+    # same GPU the two share it), in float32 or bfloat16; sampling stays on the CPU (fp32 logits)
+    device: str = "cpu"
+    dtype: str = "float32"
     max_batch: int = 64
     request_log: bool = False  # every generation to <run_dir>/engine_requests.jsonl (embedded: the engine; vllm: the client)
     replicas: int = 1  # embedded engines to launch; several share the traffic (sticky per episode) and survive a death
@@ -76,5 +80,14 @@ class EngineConfig:
             )
         if self.threads < 1 or self.max_batch < 1 or self.replicas < 1:
             raise ValueError("engine.threads, engine.max_batch and engine.replicas must be >= 1")
+        if self.device != "cpu" and not (self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ValueError(f"engine.device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"engine.dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.kind != "embedded" and (self.device != "cpu" or self.dtype != "float32"):
+            raise ValueError(
+                "engine.device / engine.dtype are the embedded engine's; an SGLang or vLLM server takes its device and "
+                "dtype from engine.launch.command (e.g. --dtype bfloat16) or from how you started it"
+            )
         if self.max_restarts < 0:
             raise ValueError(f"engine.max_restarts must be >= 0, got {self.max_restarts}")

@@ -68,7 +68,10 @@ def server_launcher(
     gpus_of = (lambda index: []) if ray_gpus else cfg.launch.gpus_of
     if cfg.kind == "embedded":
         request_log = run_dir / "engine_requests.jsonl" if cfg.request_log else None
-        return embedded_launcher(model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log, host=host), cfg.replicas
+        launch = embedded_launcher(
+            model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log, host=host, device=cfg.device, dtype=cfg.dtype
+        )
+        return launch, cfg.replicas
     if cfg.kind == "sglang":
         return command_launcher(cfg.launch.command, model_dir, cfg.launch.health_timeout_s, gpus_of=gpus_of, host=host), cfg.launch.count
     if cfg.kind == "vllm":

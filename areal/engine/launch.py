@@ -151,10 +151,13 @@ def launch_embedded_engine(
     request_log: str | None = None,
     port: int = 0,
     host: str = "127.0.0.1",
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> EngineProcess:
     """Start the embedded engine and wait until it has written its URL to the ready file.
     ``port`` 0 takes a free one; a restarted engine is given its predecessor's. ``host``: the
-    address it listens on (a node's own address when other nodes call it)."""
+    address it listens on (a node's own address when other nodes call it); ``device`` and
+    ``dtype``: where and in what it serves the model (engine.device, engine.dtype)."""
     run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
@@ -168,6 +171,8 @@ def launch_embedded_engine(
         "--host": host,
         "--api-key": api_key or None,
         "--request-log": request_log or None,
+        "--device": device,
+        "--dtype": dtype,
     }
     cmd = [sys.executable, "-m", "areal.engine.server", *(x for flag, value in flags.items() if value is not None for x in (flag, value))]
     env = dict(os.environ)
@@ -206,8 +211,18 @@ def _wait_ready(proc: EngineProcess, ready: str, timeout_s: float) -> str:
 Launcher = Callable[[int, int, Path], EngineProcess]
 
 
-def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_log: Path | None, host: str = "127.0.0.1") -> Launcher:
-    """Our CPU engine (``areal.engine.server``), from the initial weights, listening on ``host``."""
+def embedded_launcher(
+    model_dir: Path,
+    *,
+    threads: int,
+    max_batch: int,
+    request_log: Path | None,
+    host: str = "127.0.0.1",
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> Launcher:
+    """Our engine (``areal.engine.server``), from the initial weights, listening on ``host``,
+    serving on ``device`` in ``dtype``."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         return launch_embedded_engine(
@@ -219,6 +234,8 @@ def embedded_launcher(model_dir: Path, *, threads: int, max_batch: int, request_
             port=port,
             host=host,
             weight_version="0",
+            device=device,
+            dtype=dtype,
         )
 
     return launch

@@ -55,6 +55,7 @@ LEAN_MODEL_TYPES = ("qwen2", "llama")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 INITIAL_CAPACITY = 256  # positions per slot allocated up front (grown by doubling when needed)
 INITIAL_ROWS = 4  # slots allocated up front (grown by doubling up to ``slots``)
+LEAN_DTYPES = (torch.float32, torch.bfloat16)  # the served dtype; the cache and RoPE tables follow it
 
 
 def lean_unsupported(model: torch.nn.Module) -> str | None:
@@ -73,8 +74,8 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     attn = model.model.layers[0].self_attn
     if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
         return "q/k norms"
-    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
-        return "not a float32 CPU model"
+    if any(p.dtype not in LEAN_DTYPES for p in model.parameters()):
+        return f"parameters are not all one of {LEAN_DTYPES}"
     return None
 
 
@@ -100,6 +101,8 @@ class LeanForward:
         cfg = model.config
         self.model = model
         self.slots = slots
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype  # where and in what the cache lives
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
@@ -111,8 +114,9 @@ class LeanForward:
         pos = torch.arange(self.context_len, dtype=torch.float32)
         freqs = pos[:, None] * rotary.inv_freq.float()[None, :]  # as HF: position * inv_freq in fp32
         emb = torch.cat([freqs, freqs], dim=-1)  # (context, head_dim)
-        self.cos = emb.cos() * rotary.attention_scaling
-        self.sin = emb.sin() * rotary.attention_scaling
+        # as HF: computed in fp32, cast to the activations' dtype
+        self.cos = (emb.cos() * rotary.attention_scaling).to(self.device, self.dtype)
+        self.sin = (emb.sin() * rotary.attention_scaling).to(self.device, self.dtype)
         self.rows_allocated = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
@@ -137,7 +141,9 @@ class LeanForward:
                 biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
                 qkv_bias = None
                 if any(b is not None for b in biases):
-                    q_b, k_b, v_b = (b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, ws))
+                    q_b, k_b, v_b = (
+                        b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for b, w in zip(biases, ws)
+                    )
                     qkv_bias = torch.cat([q_b, k_b, v_b, _rotate_rows(q_b, h, d), _rotate_rows(k_b, kv, d)])
                 gu_bias = None
                 if m.gate_proj.bias is not None:
@@ -165,8 +171,8 @@ class LeanForward:
         """Reallocate every layer's cache as (rows, kv_heads, capacity, head_dim), keeping contents."""
         shape = (rows, self.kv_heads, capacity, self.head_dim)
         old_rows, old_cap = self.rows_allocated, self.capacity
-        keys = [torch.zeros(shape) for _ in self.model.model.layers]
-        values = [torch.zeros(shape) for _ in self.model.model.layers]
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.model.layers]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.model.layers]
         for new, prev in zip(keys + values, self.keys + self.values):
             new[:old_rows, :, :old_cap].copy_(prev)
         self.keys, self.values, self.rows_allocated, self.capacity = keys, values, rows, capacity
@@ -185,13 +191,16 @@ class LeanForward:
 
     def move(self, src: list[int], dst: list[int], length: int) -> None:
         """Copy slots ``src`` to slots ``dst`` (first ``length`` positions): batch compaction."""
-        s, t = torch.tensor(src), torch.tensor(dst)
+        s, t = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
         for cache in self.keys + self.values:
             cache[t, :, :length] = cache[s, :, :length]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, last: torch.Tensor) -> torch.Tensor:
         """Run ``ids`` (n, T) at ``positions`` (n, T) for slots start..start+n, writing their K/V;
-        returns the fp32 logits (n, V) of position ``last[b]`` (an index into T) of each row."""
+        returns the fp32 logits (n, V) of position ``last[b]`` (an index into T) of each row, on
+        the CPU (where sampling runs). The inputs may be on the CPU: they move to the model's device."""
+        dev = self.device
+        ids, positions, last = ids.to(dev), positions.to(dev), last.to(dev)
         n, t = ids.shape
         h, kv, g, d = self.heads, self.kv_heads, self.group, self.head_dim
         length = int(positions.max()) + 1
@@ -200,11 +209,11 @@ class LeanForward:
         # Shared by every layer: RoPE rows, cache write indices, additive mask.
         cos = self.cos[positions][:, :, None, :]  # (n, T, 1, d)
         sin = self.sin[positions][:, :, None, :]
-        slot = torch.arange(start, start + n)[:, None, None]  # (n, 1, 1)
-        write = ((slot * kv + torch.arange(kv)[None, None, :]) * cap + positions[:, :, None]).reshape(-1)  # (n*T*kv,)
-        visible = torch.arange(length)[None, None, :] <= positions[:, :, None]  # (n, T, L)
+        slot = torch.arange(start, start + n, device=dev)[:, None, None]  # (n, 1, 1)
+        write = ((slot * kv + torch.arange(kv, device=dev)[None, None, :]) * cap + positions[:, :, None]).reshape(-1)  # (n*T*kv,)
+        visible = torch.arange(length, device=dev)[None, None, :] <= positions[:, :, None]  # (n, T, L)
         if t == 1:  # additive, one row per (row, kv head): baddbmm's input
-            mask = torch.zeros(n, length).masked_fill_(~visible[:, 0], float("-inf"))
+            mask = torch.zeros(n, length, dtype=self.dtype, device=dev).masked_fill_(~visible[:, 0], float("-inf"))
             mask = mask[:, None, None, :].expand(n, kv, 1, length).reshape(n * kv, 1, length)
         else:
             mask = visible[:, None]  # (n, 1, T, L) boolean: SDPA's
@@ -224,7 +233,8 @@ class LeanForward:
                 keys = k_cache[start : start + n].view(n * kv, cap, d)[:, :length]  # (n*kv, L, d)
                 vals = v_cache[start : start + n].view(n * kv, cap, d)[:, :length]
                 scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # (n*kv, g, L)
-                out = torch.bmm(torch.softmax(scores, dim=-1), vals).view(n, h * d)  # (n*kv, g, d) -> (n, H*d)
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vals.dtype)  # as HF: softmax in fp32
+                out = torch.bmm(probs, vals).view(n, h * d)  # (n*kv, g, d) -> (n, H*d)
             else:  # prefill: SDPA's memory-bounded kernel (a T x L score matrix per head would not be)
                 keys = k_cache[start : start + n, :, :length]  # (n, kv, L, d)
                 vals = v_cache[start : start + n, :, :length]
@@ -239,9 +249,9 @@ class LeanForward:
             act = F.silu(gu[:, :inner]) * gu[:, inner:]
             x = _residual(x, act, p["down_t"], p["down_bias"])
         if t > 1:
-            x = x.view(n, t, -1)[torch.arange(n), last]  # (n, D): only the positions that are sampled
+            x = x.view(n, t, -1)[torch.arange(n, device=dev), last]  # (n, D): only the positions that are sampled
         x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
-        return F.linear(x, self.lm_head, self.lm_bias)  # (n, V)
+        return F.linear(x, self.lm_head, self.lm_bias).float().cpu()  # (n, V)
 
 
 class SlotBatch:

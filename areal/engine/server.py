@@ -59,7 +59,7 @@ import torch
 from aiohttp import web
 
 from areal.aio import run as run_loop
-from areal.engine.batch import FORWARDS, Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
+from areal.engine.batch import DTYPES, FORWARDS, Control, DistributedUpdate, Engine, GenerationRequest, WeightUpdate
 from areal.engine.sampling import RequestError, SamplingParams, is_int, parse_sampling_params
 
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -407,6 +407,8 @@ class Routes:
                 "threads": torch.get_num_threads(),
                 "context_length": engine.context_len,
                 "forward": engine.forward,
+                "device": engine.device,
+                "dtype": engine.dtype,
                 "weight_version": engine.weight_version,
                 "version": "areal-embedded-0.1",
                 "paused": engine.paused,
@@ -524,6 +526,8 @@ class ServerConfig:
     api_key: str | None = None
     request_log: str | None = None  # append every finished generation as a JSON line here
     forward: str = "auto"  # lean (areal/engine/model.py) | hf (HF's forward) | auto: lean where it covers the model
+    device: str = "cpu"  # where the model runs: cpu, cuda, cuda:N
+    dtype: str = "float32"  # what it is served in: float32 | bfloat16
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -536,12 +540,18 @@ class ServerConfig:
             raise ValueError(f"max_batch: must be >= 1, got {self.max_batch}")
         if self.forward not in FORWARDS:
             raise ValueError(f"forward: must be one of {FORWARDS}, got {self.forward!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device: must be cpu, cuda or cuda:N, got {self.device!r}")
 
 
 async def serve(cfg: ServerConfig) -> None:
     """Load the model, bind, announce readiness, serve until SIGTERM/SIGINT."""
     torch.set_num_threads(cfg.threads)
-    engine = Engine(cfg.model_path, cfg.max_batch, cfg.weight_version, cfg.request_log, forward=cfg.forward)
+    engine = Engine(
+        cfg.model_path, cfg.max_batch, cfg.weight_version, cfg.request_log, forward=cfg.forward, device=cfg.device, dtype=cfg.dtype
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
@@ -555,7 +565,7 @@ async def serve(cfg: ServerConfig) -> None:
         with open(tmp, "w") as f:
             f.write(url)
         os.replace(tmp, cfg.ready_file)  # readers never see a half-written URL
-    print(f"READY {url} (forward: {engine.forward})", flush=True)
+    print(f"READY {url} (forward: {engine.forward}, {engine.device}, {engine.dtype})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -577,6 +587,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--request-log", default=None, help="append every finished generation as JSON lines to this file")
     p.add_argument("--forward", default="auto", choices=FORWARDS, help="lean forward, HF's, or lean where it applies")
+    p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="what the model is served in")
     run_loop(serve(ServerConfig(**vars(p.parse_args(argv)))))
 
 

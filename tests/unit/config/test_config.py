@@ -138,3 +138,14 @@ def test_engine_launch_gpus_are_split_evenly_over_the_servers():
     for bad in ([4, 5, 6], [4, 4], [-1, 0]):
         with pytest.raises(ValueError, match="engine.launch.gpus"):
             EngineLaunchConfig(command="x", count=2, gpus=bad)
+
+
+def test_engine_device_and_dtype_are_the_embedded_engines_and_checked():
+    from areal.engine.config import EngineConfig, EngineLaunchConfig
+
+    assert (EngineConfig(device="cuda:1", dtype="bfloat16").device, EngineConfig().dtype) == ("cuda:1", "float32")
+    for bad in ({"device": "gpu"}, {"device": "cuda:x"}, {"dtype": "float16"}):
+        with pytest.raises(ValueError, match="engine.d"):
+            EngineConfig(**bad)
+    with pytest.raises(ValueError, match="engine.launch.command"):  # a server's own flags say it
+        EngineConfig(kind="sglang", launch=EngineLaunchConfig(command="x"), dtype="bfloat16")

@@ -261,3 +261,52 @@ def test_candidate_ranking_truncates_exactly_as_a_full_sort() -> None:
     for i in range(4):
         assert seen[i] <= kept[i], i  # never a token the full sort would drop
     assert len(seen[3]) > 64  # the flat row does sample past the 64 candidates
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_bfloat16_lean_is_as_close_to_fp32_as_hf_in_bfloat16(device: str) -> None:
+    """Served in bfloat16 (cache, RoPE tables and mask in it; softmax in fp32, as HF), the lean
+    forward strays from the fp32 logits no further than HF's own bfloat16 forward does."""
+    model = _qwen2()
+    half = _qwen2().to(torch.bfloat16)
+    half.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    half.to(device)
+    seq = [5, 17, 200, 3, 9, 41]
+    with torch.inference_mode():
+        lean = LeanForward(half, slots=2)
+        assert lean.keys[0].dtype == torch.bfloat16 and lean.keys[0].device.type == device
+        batch = SlotBatch(lean)
+        logits = batch.prefill(half, [_row("x", list(seq))])
+        for _ in range(5):
+            assert logits.dtype == torch.float32 and logits.device.type == "cpu"  # sampled on the CPU
+            exact = _reference(model, seq)
+            hf_half = half(torch.tensor([seq], device=device)).logits[0, -1].float().cpu()
+            assert (logits[0] - exact).abs().max() <= 2 * (hf_half - exact).abs().max() + 1e-2
+            seq.append(int(exact.argmax()))
+            batch.set_next(0, seq[-1:])
+            logits = batch.decode(half)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_engine_serves_on_its_device_what_it_serves_on_the_cpu(model_dir: Path, device: str) -> None:
+    """An engine on ``device`` in fp32 decodes greedily the CPU engine's tokens, logprobs to 1e-4;
+    a device this machine lacks is refused by name."""
+    if device == "cpu" and not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA GPU"):
+            Engine(str(model_dir), max_batch=2, weight_version="v", device="cuda")
+    prompts = [[5, 6, 7, 8], [100, 200]]
+    on_cpu = Engine(str(model_dir), max_batch=4, weight_version="v")
+    on_dev = Engine(str(model_dir), max_batch=4, weight_version="v", device=device)
+    try:
+        assert on_dev.device.startswith(device) and on_dev.forward == "lean"
+        a = _serve(on_cpu, prompts, temperature=0.0, max_new_tokens=10)
+        b = _serve(on_dev, prompts, temperature=0.0, max_new_tokens=10)
+    finally:
+        on_cpu.shutdown()
+        on_dev.shutdown()
+    for ra, rb in zip(a, b):
+        assert ra.output_ids == rb.output_ids
+        assert max(abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs)) < TOL
