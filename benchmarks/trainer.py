@@ -17,11 +17,13 @@ from areal.protocol import TokenRow, Trajectory
 from areal.trainer.loss import group_advantages
 
 
-def _trajectories(vocab: int, rows: int, rng: np.random.Generator) -> list[Trajectory]:
+def synthetic_trajectories(vocab: int, rows: int, rng: np.random.Generator, lo: int = 48, hi: int = 384) -> list[Trajectory]:
+    """``rows`` single-row episodes in groups of 8, of lengths in [lo, hi): a prompt, then sampled
+    tokens (behaviour logprob -2, version 0); rewards differ within each group."""
     out = []
     for i in range(rows):
-        n = int(rng.integers(48, 384))
-        prompt = int(rng.integers(16, n // 2))
+        n = int(rng.integers(lo, hi))
+        prompt = int(rng.integers(min(16, n // 4), n // 2))
         mask = np.r_[np.zeros(prompt), np.ones(n - prompt)].astype(np.uint8)
         row = TokenRow(
             rng.integers(0, vocab, n).astype(np.int32),
@@ -73,7 +75,7 @@ def main(quick: bool) -> list[dict]:
     path = ensure_embedded_model()
     rng = np.random.default_rng(0)
     steps = 2 if quick else 6
-    batches = [_trajectories(1 << 30, 32, rng) for _ in range(steps + 1)]  # vocab clipped below
+    batches = [synthetic_trajectories(1 << 30, 32, rng) for _ in range(steps + 1)]  # vocab clipped below
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
     batches = [[_clip(t, vocab) for t in b] for b in batches]  # token ids must be < vocab

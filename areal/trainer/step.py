@@ -438,6 +438,11 @@ def train_step(
     """
     policy_loss = make_policy_loss(config)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if is_sharded(scorer):
+        # A no-grad forward since the last backward (scoring, an evaluation) leaves FSDP2's root
+        # unsharded, and parameters() would then list its plain unsharded tensors, which get no
+        # gradient: the clipping and the norm would leave out the embeddings and the lm head.
+        scorer.reshard()
     params = [p for p in scorer.parameters() if p.requires_grad]
     adv = compute_advantages(trajs, config.turn_discount, config.adv_eps, config.credit)
     minis, works = _plan_updates(scorer, trajs, adv, config, params[0].device)
