@@ -112,7 +112,7 @@ class LeanForward:
         self.scale = self.head_dim**-0.5
         rotary = model.model.rotary_emb
         pos = torch.arange(self.context_len, dtype=torch.float32)
-        freqs = pos[:, None] * rotary.inv_freq.float()[None, :]  # as HF: position * inv_freq in fp32
+        freqs = pos[:, None] * rotary.inv_freq.float().cpu()[None, :]  # as HF: position * inv_freq in fp32
         emb = torch.cat([freqs, freqs], dim=-1)  # (context, head_dim)
         # as HF: computed in fp32, cast to the activations' dtype
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.device, self.dtype)
