@@ -43,7 +43,9 @@ from benchmarks.gpu_pack import GPU_DIR, STAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("AREAL_GPU_SITE", "/tmp/areal-gpu-site"))  # where the carried wheels are installed
-TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}  # largest |logprob gap| against fp32 on the CPU that passes
+# The largest and the mean |logprob gap| that pass, against fp32: fp32 is the same arithmetic in
+# another order; bfloat16 keeps 8 bits of mantissa (gaps of tenths on a few tokens are its nature)
+TOLERANCE = {"float32": (1e-3, 1e-4), "bfloat16": (1.0, 0.1)}
 CHECK_TIMEOUT_S = {"trainer": 150, "engine": 150, "cuda-tests": 240, "run": 300, "env": 60}
 
 
@@ -265,9 +267,10 @@ def check_trainer(model: str, dtype: str, device: str, quick: bool) -> dict:
     }
     if device.startswith("cuda"):
         figures["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    tol = TOLERANCE[dtype]
-    ok = gap_before < tol and gap_after < 2 * tol + 10 * config.lr and abs(dev_step["grad_norm"] / cpu_step["grad_norm"] - 1) < 0.05
-    return {"verdict": "pass" if ok else "fail", "figures": figures, "tolerance": tol}
+    top, mean = TOLERANCE[dtype]
+    ok = gap_before < top and figures["logprob_gap_before_mean"] < mean and gap_after < 2 * top
+    ok = ok and abs(dev_step["grad_norm"] / cpu_step["grad_norm"] - 1) < 0.05
+    return {"verdict": "pass" if ok else "fail", "figures": figures, "tolerance": [top, mean]}
 
 
 def check_engine(model: str, dtype: str, device: str, quick: bool) -> dict:
@@ -338,8 +341,9 @@ def check_engine(model: str, dtype: str, device: str, quick: bool) -> dict:
     }
     if device.startswith("cuda"):
         figures["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    tol = TOLERANCE[dtype]
-    return {"verdict": "pass" if float(gap.max()) < tol else "fail", "figures": figures, "tolerance": tol}
+    top, mean = TOLERANCE[dtype]
+    ok = float(gap.max()) < top and float(gap.mean()) < mean
+    return {"verdict": "pass" if ok else "fail", "figures": figures, "tolerance": [top, mean]}
 
 
 def check_cuda_tests(device: str) -> dict:
