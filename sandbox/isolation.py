@@ -136,6 +136,7 @@ LAYERS = (
 LAYER_NEEDS = {"readonly_root": "mountns", "seccomp": "no_new_privs"}  # applied only on top of those
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_CONTROLLERS = ("memory", "pids")
+CGROUP_KNOBS = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}  # the v1 file each episode's limit goes to
 # Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
 # AREAL_CACHE is a path, no secret: an agent that loads the embedded tokenizer ("embedded") must
 # find the models where the run built them, not look in its private HOME and build again.
@@ -479,11 +480,20 @@ def _probe_layer(layer: str, config: SandboxConfig, root: bool) -> None:
             os._exit(0 if os.getpid() == 1 else 1)
         if os.waitpid(pid, 0)[1] != 0:
             raise OSError("first child of the new PID namespace is not PID 1")
-    elif layer == "cgroup":
+    elif layer == "cgroup":  # what prepare() will do: a directory per controller, its limit written
+        limits = {"memory": config.memory_limit_bytes, "pids": config.max_pids}
         for c in CGROUP_CONTROLLERS:
+            if not os.path.exists(os.path.join(CGROUP_ROOT, c, "tasks")):  # every v1 group has it, no v2 one
+                # A cgroup v2 host: mkdir there succeeds (a nested v2 group), a v1 limit does not.
+                raise OSError(f"no cgroup v1 {c} hierarchy at {os.path.join(CGROUP_ROOT, c)} (cgroup v2 is not used)")
             d = os.path.join(CGROUP_ROOT, c, "areal", f"probe-{os.getpid()}")
             os.makedirs(d)
-            os.rmdir(d)
+            try:
+                if limits[c] is not None:
+                    with open(os.path.join(d, CGROUP_KNOBS[c]), "w") as f:
+                        f.write(str(limits[c]))
+            finally:
+                os.rmdir(d)
     elif layer == "rlimits":
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     elif layer == "no_new_privs":
@@ -517,15 +527,14 @@ def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResou
     """Zygote side, before the fork: create the episode's cgroups and fallback temp dir."""
     cgroups = []
     if "cgroup" in layers:
-        limits = {"memory": ("memory.limit_in_bytes", config.memory_limit_bytes), "pids": ("pids.max", config.max_pids)}
+        limits = {"memory": config.memory_limit_bytes, "pids": config.max_pids}
         for c in CGROUP_CONTROLLERS:
             d = os.path.join(CGROUP_ROOT, c, "areal", name)
             os.makedirs(d)
             cgroups.append(d)
-            knob, value = limits[c]
-            if value is not None:
-                with open(os.path.join(d, knob), "w") as f:
-                    f.write(str(value))
+            if limits[c] is not None:
+                with open(os.path.join(d, CGROUP_KNOBS[c]), "w") as f:
+                    f.write(str(limits[c]))
     host_tmp = "" if "mountns" in layers else tempfile.mkdtemp(prefix=f"areal-{name}-", dir=config.temp_root)
     return EpisodeResources(name=name, cgroups=cgroups, host_tmp=host_tmp)
 

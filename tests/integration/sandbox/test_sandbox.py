@@ -671,3 +671,27 @@ asyncio.run(main())
     done = run_in_repo([sys.executable, "-c", code], timeout_s=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok:/v1/messages"
+
+
+_V2_PROBE = r"""
+import json, sys, tempfile, subprocess
+from sandbox import isolation
+root = tempfile.mkdtemp()
+subprocess.run(["mount", "-t", "cgroup2", "none", root], check=True)
+isolation.CGROUP_ROOT = root
+available, warnings = isolation.probe(isolation.SandboxConfig())
+print(json.dumps({"available": available, "warnings": warnings}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts a cgroup2 hierarchy: needs root and unshare")
+def test_a_cgroup_v2_host_skips_the_cgroup_layer_at_the_probe():
+    """On a cgroup v2 hierarchy a v1 path is a nested v2 group: creating it succeeds, writing its
+    v1 limit is refused (EACCES). The probe tries what each episode will do, so the layer is
+    skipped with a warning once, instead of every episode failing at its preparation."""
+    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _V2_PROBE]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "cgroup" not in report["available"] and "rlimits" in report["available"]
+    assert any(w.startswith("cgroup: not available") and "no cgroup v1 memory hierarchy" in w for w in report["warnings"])
