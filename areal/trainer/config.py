@@ -21,6 +21,7 @@ from areal.dataclass_config import build_dataclass
 from areal.engine.config import KINDS as ENGINE_KINDS
 
 LOSSES = ("grpo", "ppo")
+CORRECTIONS = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis")  # trainer.rollout_correction: loss.py
 KL_ESTIMATORS = ("k1", "k3")
 WEIGHT_SYNCS = ("disk", "collective")
 BACKENDS = ("gloo", "nccl")
@@ -97,7 +98,8 @@ class TrainerConfig:
     # Optimizer updates of linear warm-up from 0 to lr, before the schedule (transformers' convention:
     # update k of the warm-up runs at lr x k / warmup_steps, so the first at 0).
     warmup_steps: int = 0
-    clip_eps: float = 0.2  # ratio clip range [1 - eps, 1 + eps]
+    clip_eps: float = 0.2  # ratio clip range [1 - eps, 1 + eps_high]
+    clip_eps_high: float | None = None  # DAPO's clip-higher: the upper bound's eps (None: clip_eps)
     max_grad_norm: float = 1.0  # global grad-norm clip
     weight_decay: float = 0.0  # AdamW weight decay
     threads: int = 1  # torch.set_num_threads per rank
@@ -108,6 +110,13 @@ class TrainerConfig:
     minibatches: int = 1  # optimizer updates per step (groups split evenly); > 1 makes ppo recompute proximal logprobs
     dual_clip: float | None = None  # dual-clip bound c > 1 for negative advantages (None: off)
     behav_weight_cap: float | None = None  # ppo: truncate exp(proximal - behaviour) at this (None: no cap)
+    # Rollout correction, in either loss (areal/trainer/loss.py:rollout_correction; docs/algorithms.md):
+    # importance weights exp(proximal - behaviour) per token or per row, truncated (tis) at
+    # rollout_correction_cap or rejecting (mis) what falls outside [floor, cap]. With grpo it makes
+    # the loss decoupled: clipped against the step's starting weights, weighted by the correction.
+    rollout_correction: str = "none"  # none | token_tis | seq_tis | token_mis | seq_mis
+    rollout_correction_cap: float = 2.0
+    rollout_correction_floor: float = 0.0  # mis: the lower bound (0: no lower rejection)
     kl_coef: float = 0.0  # weight of KL(policy || initial weights) in the loss (0: no reference model)
     kl_estimator: str = "k3"  # "k1" or "k3"
     turn_discount: float = 1.0  # gamma of per-turn returns when an episode's rows carry their own rewards
@@ -199,6 +208,15 @@ class TrainerConfig:
             raise ValueError(f"trainer.behav_weight_cap must be >= 1 or None, got {self.behav_weight_cap!r}")
         if self.behav_weight_cap is not None and self.loss != "ppo":
             raise ValueError("trainer.behav_weight_cap applies to loss='ppo' only")
+        if self.clip_eps_high is not None and not 0 < self.clip_eps_high <= 10:
+            raise ValueError(f"trainer.clip_eps_high must be in (0, 10] or None, got {self.clip_eps_high!r}")
+        self._one_of("rollout_correction", CORRECTIONS)
+        if not self.rollout_correction_cap >= 1:
+            raise ValueError(f"trainer.rollout_correction_cap must be >= 1, got {self.rollout_correction_cap!r}")
+        if not 0 <= self.rollout_correction_floor < 1:
+            raise ValueError(f"trainer.rollout_correction_floor must be in [0, 1), got {self.rollout_correction_floor!r}")
+        if self.rollout_correction != "none" and self.behav_weight_cap is not None:
+            raise ValueError("trainer.behav_weight_cap is trainer.rollout_correction=token_tis with its cap: set one of them, not both")
         if not self.kl_coef >= 0:
             raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef!r}")
         self._one_of("kl_estimator", KL_ESTIMATORS)

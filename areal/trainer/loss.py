@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from areal.trainer.config import CORRECTIONS
+
 DEFAULT_CHUNK_TOKENS = 1024
 DEFAULT_CHUNK_ELEMS = 1 << 24  # (rows x vocab) floats per head chunk: 64 MiB in fp32
 
@@ -267,15 +269,68 @@ def head_logprobs(
     return _ChunkedHeadLogprob.apply(hidden, weight, targets.long(), float(temperature), chunk)
 
 
+def rollout_correction(
+    proximal: torch.Tensor, behaviour: torch.Tensor, row_index: torch.Tensor, mode: str, cap: float, floor: float = 0.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights that correct for tokens sampled by another policy than the one trained
+    (the engine's precision, kernels or older weights: ``behaviour``), one per token, no gradient.
+
+    With ``rho = exp(proximal - behaviour)`` per token (``proximal``: the trainer's logprob under
+    the weights the step starts from), as verl's rollout correction and TRL's define them:
+
+    - ``token_tis``: truncated IS per token, ``min(rho, cap)`` (Ionides 2008; "Your efficient RL
+      framework secretly brings you off-policy RL training", Yao et al. 2025);
+    - ``seq_tis``: one weight per row, the product of its tokens' ratios, truncated at ``cap``;
+    - ``token_mis``: masked IS per token, ``rho`` where ``floor <= rho <= cap``, else 0 (the token
+      is rejected: it adds nothing to the loss);
+    - ``seq_mis``: the row's product, the whole row rejected outside ``[floor, cap]``.
+
+    ``row_index`` (N,) says which row each token belongs to (a row's tokens are one sample of the
+    sequence). Untruncated (``cap`` = inf) the weights make the gradient an unbiased estimate under
+    the trained policy; truncation trades a bounded bias for bounded variance. Returns the weights
+    (N,) and the mismatch statistics peers log: the log-ratio's mean and largest magnitude, the
+    k3 estimate of KL(behaviour || trainer), the mean weight, and the share of tokens truncated or
+    rejected (``rc_``-prefixed, averaged over the tokens).
+    """
+    if mode not in CORRECTIONS or mode == "none":
+        raise ValueError(f"rollout correction mode must be one of {CORRECTIONS[1:]}, got {mode!r}")
+    log_ratio = (proximal - behaviour).detach()
+    log_ratio = log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32))  # bf16 logprobs: in fp32
+    if mode.startswith("seq"):
+        rows = int(row_index.max()) + 1 if row_index.numel() else 0
+        per_row = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, log_ratio)
+        rho = per_row.exp()[row_index]
+    else:
+        rho = log_ratio.exp()
+    if mode.endswith("tis"):
+        affected = rho > cap
+        weight = rho.clamp(max=cap)
+    else:
+        affected = (rho > cap) | (rho < floor)
+        weight = torch.where(affected, torch.zeros_like(rho), rho)
+    n = max(log_ratio.numel(), 1)
+    stats = {
+        "rc_log_ratio_mean": float(log_ratio.sum()) / n,
+        "rc_log_ratio_absmax": float(log_ratio.abs().max()) if log_ratio.numel() else 0.0,
+        "rc_kl": float((log_ratio.exp() - 1.0 - log_ratio).sum()) / n,
+        "rc_weight_mean": float(weight.sum()) / n,
+        "rc_affected_frac": float(affected.float().sum()) / n,
+    }
+    return weight, stats
+
+
 def _clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float, dual_clip: float | None
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float, dual_clip: float | None, clip_eps_high: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``-min(r A, clip(r) A)``, bounded by ``-c A`` for A < 0 when dual clipping.
+    """Per-token ``-min(r A, clip(r, 1 - eps, 1 + eps_high) A)``, bounded by ``-c A`` for A < 0
+    when dual clipping. ``clip_eps_high`` (None: ``clip_eps``) is DAPO's clip-higher (Yu et al.
+    2025): a wider upper bound lets unlikely tokens with positive advantage grow.
 
     Returns (per-token loss, bool mask of tokens where a clip is active, i.e. no gradient).
     """
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
     clipped_on = clipped < unclipped
     if dual_clip is not None:
@@ -308,6 +363,7 @@ def grpo_loss(
     loss_mask: torch.Tensor,
     clip_eps: float,
     dual_clip: float | None = None,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate with the engine's behaviour logprobs as the old policy (coupled).
 
@@ -321,7 +377,7 @@ def grpo_loss(
     n = mask.sum()
     denom = n.clamp(min=1.0)  # an all-masked batch gives loss 0, not NaN
     ratio = torch.exp(logprobs - behaviour_logprobs)
-    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip)
+    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip, clip_eps_high)
     loss = (per_token * mask).sum() / denom
     with torch.no_grad():
         stats = _ratio_stats(ratio, clipped_on, mask, denom, n)
@@ -339,28 +395,36 @@ def decoupled_ppo_loss(
     clip_eps: float,
     dual_clip: float | None = None,
     behav_weight_cap: float | None = None,
+    clip_eps_high: float | None = None,
+    correction: tuple[torch.Tensor, dict[str, float]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO (Hilton et al. 2021; AReaL): clip against the proximal policy, correct for
     the behaviour policy that sampled the tokens with an importance weight.
 
     Per token ``w * surrogate(exp(logprobs - proximal), A)`` with the behaviour weight
     ``w = exp(proximal - behaviour)`` (no gradient), truncated at ``behav_weight_cap`` when given
-    (truncated importance sampling: tokens far off-policy still count, with bounded weight).
+    (truncated importance sampling: tokens far off-policy still count, with bounded weight), or
+    the weights and statistics of ``rollout_correction`` when ``correction`` gives them.
     The surrogate is the clipped (optionally dual-clipped) one of ``grpo_loss``. Averaged over
     masked tokens. stats: those of ``grpo_loss`` (approx_kl against the proximal policy) plus
-    behav_weight_mean, behav_weight_max, behav_capped_frac.
+    behav_weight_mean, behav_weight_max, behav_capped_frac, and the correction's.
     """
     mask = loss_mask.to(torch.float32)
     n = mask.sum()
     denom = n.clamp(min=1.0)
     proximal = proximal_logprobs.detach()
     ratio = torch.exp(logprobs - proximal)
-    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip)
-    weight = torch.exp(proximal - behaviour_logprobs.detach())
-    capped = torch.zeros_like(weight, dtype=torch.bool)
-    if behav_weight_cap is not None:
-        capped = weight > behav_weight_cap
-        weight = weight.clamp(max=behav_weight_cap)
+    per_token, clipped_on = _clipped_surrogate(ratio, advantages, clip_eps, dual_clip, clip_eps_high)
+    if correction is not None:
+        weight, rc_stats = correction
+        capped = torch.zeros_like(weight, dtype=torch.bool)
+    else:
+        rc_stats = {}
+        weight = torch.exp(proximal - behaviour_logprobs.detach())
+        capped = torch.zeros_like(weight, dtype=torch.bool)
+        if behav_weight_cap is not None:
+            capped = weight > behav_weight_cap
+            weight = weight.clamp(max=behav_weight_cap)
     loss = (weight * per_token * mask).sum() / denom
     with torch.no_grad():
         on = mask > 0
@@ -370,6 +434,7 @@ def decoupled_ppo_loss(
         stats["behav_weight_mean"] = float((weight * mask).sum() / denom)
         stats["behav_weight_max"] = float(weight[on].max()) if bool(on.any()) else 1.0
         stats["behav_capped_frac"] = float((capped & on).float().sum() / denom)
+        stats.update(rc_stats)
     return loss, stats
 
 

@@ -43,6 +43,7 @@ class MicroBatch:
     behaviour: torch.Tensor  # (N,) engine logprobs of the targets
     advantages: torch.Tensor  # (N,)
     versions: torch.Tensor  # (N,) policy version that sampled each target
+    row_index: torch.Tensor  # (N,) the row (0..rows-1 in this micro-batch) each target belongs to
     rows: int = 0
     proximal: torch.Tensor | None = None  # (N,) logprobs under the step's initial weights (decoupled PPO)
     reference: torch.Tensor | None = None  # (N,) logprobs under the reference model (KL)
@@ -82,9 +83,9 @@ def pack_rows(
 
 
 def _build_micro_batch(rows: list[tuple]) -> MicroBatch:
-    ids, pos, pred, tgt, beh, adv, ver = [], [], [], [], [], [], []
+    ids, pos, pred, tgt, beh, adv, ver, idx = [], [], [], [], [], [], [], []
     offset = 0
-    for row, a in rows:
+    for i, (row, a) in enumerate(rows):
         n = len(row.input_ids)
         ids.append(row.input_ids)
         pos.append(np.arange(n))
@@ -94,6 +95,7 @@ def _build_micro_batch(rows: list[tuple]) -> MicroBatch:
         beh.append(row.logprobs[scored])
         ver.append(row.versions[scored])
         adv.append(np.full(len(scored), a, dtype=np.float32))
+        idx.append(np.full(len(scored), i))
         offset += n
 
     def cat(xs: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
@@ -107,6 +109,7 @@ def _build_micro_batch(rows: list[tuple]) -> MicroBatch:
         behaviour=cat(beh, torch.float32),
         advantages=cat(adv, torch.float32),
         versions=cat(ver, torch.long),
+        row_index=cat(idx, torch.long),
         rows=len(rows),
     )
 

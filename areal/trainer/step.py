@@ -29,7 +29,7 @@ from areal.trainer.checkpoint import DataPosition
 from areal.trainer.config import CREDITS, LOSSES, TrainerConfig
 from areal.trainer.credit import chain_parents, tree_depths, tree_returns, turn_advantages
 from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
-from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate
+from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, rollout_correction
 from areal.trainer.packing import MicroBatch, pack_rows
 
 WRITER_CHECK_S = 1.0  # a rank waiting for a record checks this often that the ring's writer still runs
@@ -166,18 +166,28 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
     return [a[: t.array("row_lens").shape[0]] for a, t in zip(adv, trajs)]
 
 
-PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 
 def make_policy_loss(config: TrainerConfig) -> PolicyLoss:
-    """The one policy loss of this run: ``loss(logprobs, proximal, behaviour, advantages)``."""
-    if config.loss == "grpo":
+    """The one policy loss of this run: ``loss(logprobs, proximal, behaviour, advantages, row_index)``.
+    With a rollout correction either loss is decoupled: clipped against the proximal (the step's
+    starting weights), each token weighted by ``rollout_correction``'s weight."""
+    if config.loss not in LOSSES:
+        raise ValueError(f"trainer.loss must be one of {LOSSES}, got {config.loss!r}")
+    if config.loss == "grpo" and config.rollout_correction == "none":
 
-        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
-            return grpo_loss(lp, beh, adv, torch.ones_like(lp), config.clip_eps, dual_clip=config.dual_clip)
-    elif config.loss == "ppo":
+        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor, rows: torch.Tensor) -> tuple:
+            return grpo_loss(
+                lp, beh, adv, torch.ones_like(lp), config.clip_eps, dual_clip=config.dual_clip, clip_eps_high=config.clip_eps_high
+            )
+    else:
 
-        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor) -> tuple:
+        def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor, rows: torch.Tensor) -> tuple:
+            correction = None
+            if config.rollout_correction != "none":
+                cap, floor = config.rollout_correction_cap, config.rollout_correction_floor
+                correction = rollout_correction(prox, beh, rows, config.rollout_correction, cap, floor)
             return decoupled_ppo_loss(
                 lp,
                 prox,
@@ -187,9 +197,10 @@ def make_policy_loss(config: TrainerConfig) -> PolicyLoss:
                 config.clip_eps,
                 dual_clip=config.dual_clip,
                 behav_weight_cap=config.behav_weight_cap,
+                clip_eps_high=config.clip_eps_high,
+                correction=correction,
             )
-    else:
-        raise ValueError(f"trainer.loss must be one of {LOSSES}, got {config.loss!r}")
+
     return loss_fn
 
 
@@ -212,6 +223,7 @@ def _empty_micro_batch() -> MicroBatch:
         behaviour=torch.zeros(1),
         advantages=torch.zeros(1),
         versions=z,
+        row_index=z,
         rows=0,
     )
 
@@ -258,13 +270,20 @@ def _numerics(acc: dict[str, float], lp: torch.Tensor, ent: torch.Tensor, mb: Mi
     acc["ent_sum"] += float(ent.sum())
 
 
+# rollout_correction's statistics averaged over tokens (its largest |log-ratio| is a maximum)
+RC_MEANS = ("rc_log_ratio_mean", "rc_kl", "rc_weight_mean", "rc_affected_frac")
+
+
 @dataclasses.dataclass
 class _Tally:
     """This rank's token-weighted loss statistics over a step's micro-batches (all-reduced at the end)."""
 
-    sums: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(("loss", "clip", "ratio", "kl", "ref_kl", "bw"), 0.0))
+    sums: dict[str, float] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(("loss", "clip", "ratio", "kl", "ref_kl", "bw", *RC_MEANS), 0.0)
+    )
     ratio_max: float = 0.0
     bw_max: float = 0.0
+    rc_absmax: float = 0.0
     grad_norms: list[float] = dataclasses.field(default_factory=list)
 
     def add(self, loss: torch.Tensor, st: dict[str, float], rows: int) -> None:
@@ -275,9 +294,12 @@ class _Tally:
         self.sums["ratio"] += st["ratio_mean"] * w
         self.sums["kl"] += st["approx_kl"] * w
         self.sums["bw"] += st.get("behav_weight_mean", 1.0) * w
+        for key in RC_MEANS:
+            self.sums[key] += st.get(key, 0.0) * w
         if rows:
             self.ratio_max = max(self.ratio_max, st["ratio_max"])
             self.bw_max = max(self.bw_max, st.get("behav_weight_max", 1.0))
+            self.rc_absmax = max(self.rc_absmax, st.get("rc_log_ratio_absmax", 0.0))
 
 
 def _numerics_accumulator() -> dict[str, float]:
@@ -343,7 +365,7 @@ def _backward(
     FSDP2's) mean over ranks."""
     lp, ent = scorer(mb)
     prox = mb.proximal if mb.proximal is not None else lp.detach()
-    loss, st = policy_loss(lp, prox, mb.behaviour, mb.advantages)
+    loss, st = policy_loss(lp, prox, mb.behaviour, mb.advantages, mb.row_index)
     if reference is not None and mb.reference is not None:
         kl = kl_estimate(lp, mb.reference, config.kl_estimator).mean()
         loss = loss + config.kl_coef * kl
@@ -374,6 +396,7 @@ def _global_totals(
     local_max = {
         "ratio_max": tally.ratio_max,
         "bw_max": tally.bw_max,
+        "rc_log_ratio_absmax": tally.rc_absmax,
         "diff_cur": num["diff_cur"],
         "diff_all": num["diff_all"],
         "stale_max": num["stale_max"],
@@ -407,9 +430,12 @@ def _step_metrics(g: dict[str, float], grad_norms: list[float], lr: float, confi
         "updates": float(len(grad_norms)),
         "lr": lr,
     }
-    if config.loss == "ppo":
+    if config.loss == "ppo" and config.rollout_correction == "none":
         metrics["behav_weight_mean"] = g["bw"] / denom
         metrics["behav_weight_max"] = g["bw_max"]
+    if config.rollout_correction != "none":  # the train-inference mismatch, as peers log it
+        metrics.update({key: g[key] / denom for key in RC_MEANS})
+        metrics["rc_log_ratio_absmax"] = g["rc_log_ratio_absmax"]
     if with_reference:
         metrics["ref_kl"] = g["ref_kl"] / denom
     # Only tokens sampled by the current weights should match exactly; older ones differ by design.
@@ -450,7 +476,7 @@ def train_step(
     # moved weights) and reference logprobs, in one no-grad pass. With one update and no
     # reference the training forward itself comes before the update, so the numerics are read
     # from it and the extra pass is skipped.
-    need_prox = config.loss == "ppo" and config.minibatches > 1
+    need_prox = (config.loss == "ppo" or config.rollout_correction != "none") and config.minibatches > 1
     prepass = need_prox or reference is not None or config.minibatches > 1
     num = _numerics_accumulator()
     if prepass:
