@@ -22,6 +22,8 @@ from areal.engine.config import KINDS as ENGINE_KINDS
 
 LOSSES = ("grpo", "ppo")
 CORRECTIONS = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis")  # trainer.rollout_correction: loss.py
+RATIO_LEVELS = ("token", "sequence")  # trainer.ratio_level: loss.py:sequence_ratio_logprobs (GSPO)
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")  # trainer.loss_agg: loss.py:aggregation_scale
 KL_ESTIMATORS = ("k1", "k3")
 WEIGHT_SYNCS = ("disk", "collective")
 BACKENDS = ("gloo", "nccl")
@@ -117,6 +119,13 @@ class TrainerConfig:
     rollout_correction: str = "none"  # none | token_tis | seq_tis | token_mis | seq_mis
     rollout_correction_cap: float = 2.0
     rollout_correction_floor: float = 0.0  # mis: the lower bound (0: no lower rejection)
+    # GSPO (docs/algorithms.md): "sequence" clips one ratio per row, the geometric mean of its tokens' ratios
+    ratio_level: str = "token"
+    # How token losses add up to the step's loss: "token_mean" (every token weighs the same; DAPO),
+    # "seq_mean_token_mean" (each row's mean, then the mean over rows; GRPO's paper), or
+    # "seq_mean_token_sum_norm" (each row's sum over loss_agg_norm_tokens, a constant; Dr. GRPO)
+    loss_agg: str = "token_mean"
+    loss_agg_norm_tokens: int = 0  # seq_mean_token_sum_norm's constant (e.g. the generation's max tokens)
     kl_coef: float = 0.0  # weight of KL(policy || initial weights) in the loss (0: no reference model)
     kl_estimator: str = "k3"  # "k1" or "k3"
     turn_discount: float = 1.0  # gamma of per-turn returns when an episode's rows carry their own rewards
@@ -215,6 +224,13 @@ class TrainerConfig:
             raise ValueError(f"trainer.rollout_correction_cap must be >= 1, got {self.rollout_correction_cap!r}")
         if not 0 <= self.rollout_correction_floor < 1:
             raise ValueError(f"trainer.rollout_correction_floor must be in [0, 1), got {self.rollout_correction_floor!r}")
+        self._one_of("ratio_level", RATIO_LEVELS)
+        self._one_of("loss_agg", LOSS_AGGS)
+        if self.loss_agg == "seq_mean_token_sum_norm" and not (_is_int(self.loss_agg_norm_tokens) and self.loss_agg_norm_tokens > 0):
+            raise ValueError(
+                "trainer.loss_agg=seq_mean_token_sum_norm divides each row's summed loss by a constant: "
+                f"set trainer.loss_agg_norm_tokens > 0 (e.g. the generation's max tokens), got {self.loss_agg_norm_tokens!r}"
+            )
         if self.rollout_correction != "none" and self.behav_weight_cap is not None:
             raise ValueError("trainer.behav_weight_cap is trainer.rollout_correction=token_tis with its cap: set one of them, not both")
         if not self.kl_coef >= 0:

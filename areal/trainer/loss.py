@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from areal.trainer.config import CORRECTIONS
+from areal.trainer.config import CORRECTIONS, LOSS_AGGS
 
 DEFAULT_CHUNK_TOKENS = 1024
 DEFAULT_CHUNK_ELEMS = 1 << 24  # (rows x vocab) floats per head chunk: 64 MiB in fp32
@@ -317,6 +317,45 @@ def rollout_correction(
         "rc_affected_frac": float(affected.float().sum()) / n,
     }
     return weight, stats
+
+
+def sequence_ratio_logprobs(logprobs: torch.Tensor, old_logprobs: torch.Tensor, row_index: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence-level ratio (Zheng et al. 2025, "Group Sequence Policy Optimization"), in
+    its token form: logprobs whose ratio to ``old_logprobs`` is, at every token of a row, the row's
+    geometric-mean ratio ``s = exp(mean_t(logprobs - old))``, and whose gradient is
+    ``s * grad logprobs`` at each token. Fed to a clipped loss in place of ``logprobs``, the clip
+    acts on ``s``, once per row. ``row_index`` (N,): each token's row."""
+    log_ratio = (logprobs - old_logprobs).detach()
+    rows = int(row_index.max()) + 1 if row_index.numel() else 0
+    sums = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, log_ratio)
+    counts = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, torch.ones_like(log_ratio))
+    seq_log_ratio = (sums / counts.clamp(min=1.0))[row_index]
+    return logprobs - logprobs.detach() + old_logprobs.detach() + seq_log_ratio
+
+
+def aggregation_scale(row_index: torch.Tensor, mode: str, total_tokens: float, total_rows: float, norm_tokens: int = 0) -> torch.Tensor:
+    """Per-token factors that turn the trainer's token mean over the update's ``total_tokens`` into
+    another aggregation of the per-token losses ``l_t`` (every surrogate here is positively
+    homogeneous in the advantage, so the factor multiplies the advantages):
+
+    - ``token_mean``: ``sum_t l_t / total_tokens`` (every token weighs the same; DAPO, Yu et al. 2025);
+    - ``seq_mean_token_mean``: ``mean over rows of (mean over the row's tokens)`` (GRPO as Shao et
+      al. 2024 write it: a long row weighs as much as a short one);
+    - ``seq_mean_token_sum_norm``: ``sum_t l_t / (total_rows * norm_tokens)`` (Dr. GRPO, Liu et al.
+      2025: a constant normaliser, no length bias).
+
+    ``row_index`` (N,): each token's row in its micro-batch. Returns (N,) float32.
+    """
+    if mode not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {mode!r}")
+    ones = torch.ones(row_index.shape[0], dtype=torch.float32, device=row_index.device)
+    if mode == "token_mean":
+        return ones
+    if mode == "seq_mean_token_sum_norm":
+        return ones * (total_tokens / (total_rows * norm_tokens))
+    rows = int(row_index.max()) + 1 if row_index.numel() else 0
+    lengths = torch.zeros(rows, dtype=torch.float32, device=row_index.device).index_add_(0, row_index, ones)
+    return total_tokens / (lengths[row_index] * total_rows)
 
 
 def _clipped_surrogate(

@@ -29,7 +29,15 @@ from areal.trainer.checkpoint import DataPosition
 from areal.trainer.config import CREDITS, LOSSES, TrainerConfig
 from areal.trainer.credit import chain_parents, tree_depths, tree_returns, turn_advantages
 from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
-from areal.trainer.loss import decoupled_ppo_loss, episode_advantages, grpo_loss, kl_estimate, rollout_correction
+from areal.trainer.loss import (
+    aggregation_scale,
+    decoupled_ppo_loss,
+    episode_advantages,
+    grpo_loss,
+    kl_estimate,
+    rollout_correction,
+    sequence_ratio_logprobs,
+)
 from areal.trainer.packing import MicroBatch, pack_rows
 
 WRITER_CHECK_S = 1.0  # a rank waiting for a record checks this often that the ring's writer still runs
@@ -175,15 +183,20 @@ def make_policy_loss(config: TrainerConfig) -> PolicyLoss:
     starting weights), each token weighted by ``rollout_correction``'s weight."""
     if config.loss not in LOSSES:
         raise ValueError(f"trainer.loss must be one of {LOSSES}, got {config.loss!r}")
+    sequence = config.ratio_level == "sequence"
     if config.loss == "grpo" and config.rollout_correction == "none":
 
         def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor, rows: torch.Tensor) -> tuple:
+            if sequence:
+                lp = sequence_ratio_logprobs(lp, beh, rows)
             return grpo_loss(
                 lp, beh, adv, torch.ones_like(lp), config.clip_eps, dual_clip=config.dual_clip, clip_eps_high=config.clip_eps_high
             )
     else:
 
         def loss_fn(lp: torch.Tensor, prox: torch.Tensor, beh: torch.Tensor, adv: torch.Tensor, rows: torch.Tensor) -> tuple:
+            if sequence:
+                lp = sequence_ratio_logprobs(lp, prox, rows)
             correction = None
             if config.rollout_correction != "none":
                 cap, floor = config.rollout_correction_cap, config.rollout_correction_floor
@@ -324,6 +337,11 @@ def _plan_updates(
         counts = [int(c) for c in all_reduce([float(len(m)) for m in minis], dist.ReduceOp.MAX)]
     else:
         counts = [max(len(m), 1) for m in minis]
+    if config.loss_agg != "token_mean":  # over each update's tokens and rows on every rank
+        for mini in minis:
+            tokens, rows = all_reduce([float(sum(len(mb.targets) for mb in mini)), float(sum(mb.rows for mb in mini))], dist.ReduceOp.SUM)
+            for mb in mini:
+                mb.advantages = mb.advantages * aggregation_scale(mb.row_index, config.loss_agg, tokens, rows, config.loss_agg_norm_tokens)
     works = [mini + [_to_device(_empty_micro_batch(), device) for _ in range(n - len(mini))] for mini, n in zip(minis, counts)]
     return minis, works
 

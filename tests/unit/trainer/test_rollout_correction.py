@@ -115,6 +115,12 @@ def test_a_step_logs_the_mismatch_and_bad_settings_are_named():
     # behaviour logprobs of -6 against a random 300-token model's ~-5.7: ratios above 1, truncated at 2 where over
     assert m["rc_log_ratio_mean"] > 0 and 0 < m["rc_weight_mean"] <= 2.0 and m["rc_kl"] > 0
     assert m["rc_log_ratio_absmax"] >= m["rc_log_ratio_mean"] and 0 <= m["rc_affected_frac"] <= 1
+    for over in (
+        {"loss_agg": "seq_mean_token_mean", "ratio_level": "sequence"},
+        {"loss_agg": "seq_mean_token_sum_norm", "loss_agg_norm_tokens": 64},
+    ):
+        other = train_step(scorer, opt, trajs, TrainerConfig(micro_batch_tokens=32, **over), version=0)
+        assert math.isfinite(other["loss"]) and other["grad_norm"] > 0 and other["tokens"] == m["tokens"]
     for bad, match in (
         ({"rollout_correction": "tis"}, "trainer.rollout_correction"),
         ({"rollout_correction_cap": 0.5}, "rollout_correction_cap"),
@@ -123,3 +129,51 @@ def test_a_step_logs_the_mismatch_and_bad_settings_are_named():
     ):
         with pytest.raises(ValueError, match=match):
             TrainerConfig(**bad)
+
+
+def test_gspo_clips_one_ratio_per_row_and_scales_each_tokens_gradient_by_it():
+    """GSPO's token form: every token of a row carries the row's geometric-mean ratio, and the
+    gradient at each token is that ratio times the token's logprob gradient."""
+    from areal.trainer.loss import sequence_ratio_logprobs
+
+    lp = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.5], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([-1.5, -1.0, -0.5, -2.0, -2.5], dtype=torch.float64)
+    rows = torch.tensor([0, 0, 0, 1, 1])
+    ratio = torch.exp(sequence_ratio_logprobs(lp, old, rows) - old)
+    s0, s1 = math.exp((0.5 - 1.0 + 0.0) / 3), math.exp((-1.0 + 1.0) / 2)
+    torch.testing.assert_close(ratio.detach(), torch.tensor([s0, s0, s0, s1, s1], dtype=torch.float64))
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    (ratio * weights).sum().backward()
+    torch.testing.assert_close(lp.grad, weights * torch.tensor([s0, s0, s0, s1, s1], dtype=torch.float64))
+    config = TrainerConfig(ratio_level="sequence", clip_eps=0.1)  # one row's ratio 0.85 < 0.9: its tokens all clip at once
+    loss, st = make_policy_loss(config)(lp.detach().clone(), old, old, torch.full((5,), -1.0, dtype=torch.float64), rows)
+    assert st["clip_frac"] == pytest.approx(3 / 5)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_each_aggregation_is_the_mean_its_paper_writes(agg):
+    """Rows of 1 and 3 tokens, on policy (ratio 1: the per-token loss is -A): the trainer's token
+    mean over the scaled advantages is the aggregation as defined, value and gradient."""
+    from areal.trainer.loss import aggregation_scale
+
+    rows = torch.tensor([0, 1, 1, 1])
+    adv = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    per_token = -adv
+    want = {
+        "token_mean": per_token.mean(),
+        "seq_mean_token_mean": (per_token[:1].mean() + per_token[1:].mean()) / 2,
+        "seq_mean_token_sum_norm": per_token.sum() / (2 * 8),  # 2 rows, a constant of 8 tokens
+    }[agg]
+    scaled = adv * aggregation_scale(rows, agg, total_tokens=4.0, total_rows=2.0, norm_tokens=8)
+    lp = torch.zeros(4, requires_grad=True)
+    loss, _ = grpo_loss(lp, torch.zeros(4), scaled, torch.ones(4), clip_eps=0.2)
+    torch.testing.assert_close(loss.detach(), want)
+    loss.backward()
+    expected_grad = {
+        "token_mean": -adv / 4,
+        "seq_mean_token_mean": -adv * torch.tensor([1 / 2, 1 / 6, 1 / 6, 1 / 6]),
+        "seq_mean_token_sum_norm": -adv / 16,
+    }[agg]
+    torch.testing.assert_close(lp.grad, expected_grad)
+    with pytest.raises(ValueError, match="loss_agg_norm_tokens"):
+        TrainerConfig(loss_agg="seq_mean_token_sum_norm")
