@@ -23,7 +23,11 @@ Invariants:
 - ``stop_reason``: tool calls → ``tool_use``; the length limit → ``max_tokens``; a stop sequence
   → ``stop_sequence`` with the sequence; otherwise ``end_turn``.
 - Errors on this route use Anthropic's shape, built by ``error_body`` (the core calls it).
-- Streaming sends the events the anthropic 2.11 SDK accumulates: message_start, then per block
+- ``POST /v1/messages/count_tokens`` (``count_tokens``) renders the body as ``/v1/messages``
+  would (system, messages, tools, tool_choice) and answers ``{"input_tokens": N}``: the
+  ``usage.input_tokens`` that call would report; nothing is sampled or recorded.
+- Streaming sends the events the anthropic 2.11 SDK accumulates: message_start (its usage has
+  the prompt's real ``input_tokens``), then per block
   content_block_start / content_block_delta (text_delta, thinking_delta, input_json_delta) /
   content_block_stop, then message_delta (stop reason, usage) and message_stop.
 
@@ -61,6 +65,8 @@ _HONOURED = {
 } | contract.EXTENSION_FIELDS
 # Accepted without effect on what is sampled; thinking is checked below.
 _NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
+# What /v1/messages/count_tokens reads (it renders the prompt only) and accepts without effect.
+_COUNTED = {"model", "messages", "system", "tools", "tool_choice", "chat_template_kwargs", "thinking", "cache_control", "speed"}
 _ERROR_KINDS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -83,14 +89,19 @@ def error_body(status: int, message: str, kind: str) -> dict:
 # ---- request -> Turn -------------------------------------------------------------------------
 
 
-def request_to_turn(body: dict) -> Turn:
-    """Validate a Messages request body and normalise it to a chat ``Turn``."""
-    unknown = sorted(set(body) - _HONOURED - _NEUTRAL)
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    """A 400 naming the first field of ``body`` not in ``allowed``, or a ``thinking`` budget."""
+    unknown = sorted(set(body) - allowed)
     if unknown:
         raise RequestError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
     thinking = body.get("thinking")
     if thinking is not None and thinking != {"type": "disabled"}:
         raise RequestError(400, "thinking budgets are not supported; the model thinks as it was trained to", param="thinking")
+
+
+def request_to_turn(body: dict) -> Turn:
+    """Validate a Messages request body and normalise it to a chat ``Turn``."""
+    _check_fields(body, _HONOURED | _NEUTRAL)
     if "max_tokens" not in body:
         raise RequestError(400, "max_tokens: field required", param="max_tokens")
     contract.check_number("max_tokens", body["max_tokens"], 1, 1 << 31, integer=True)
@@ -104,11 +115,23 @@ def request_to_turn(body: dict) -> Turn:
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise RequestError(400, "stream must be a boolean", param="stream")
 
-    messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
-    tools = _convert_tools(body.get("tools"))
     sampling = Sampling(
         max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **contract.sampling_extensions(body)
     )
+    return _prompt_turn(body, sampling)
+
+
+def count_tokens_turn(body: dict) -> Turn:
+    """A ``/v1/messages/count_tokens`` body as the Turn ``/v1/messages`` would render: its system,
+    messages, tools and tool_choice; it names no sampling (max_tokens 1 passes the core's checks)."""
+    _check_fields(body, _COUNTED)
+    return _prompt_turn(body, Sampling(max_tokens=1))
+
+
+def _prompt_turn(body: dict, sampling: Sampling) -> Turn:
+    """The Turn of what a body puts in the prompt (system, messages, tools, tool_choice, template kwargs)."""
+    messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
+    tools = _convert_tools(body.get("tools"))
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
     return Turn(messages, sampling, tools, tool_choice, chat_template_kwargs=body.get("chat_template_kwargs"))
 
@@ -300,20 +323,28 @@ async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
     return Reply(status=200, body=message_body(body, choice, matched_stop_sequence(gateway, session, choice, turn.sampling.stop)))
 
 
+async def count_tokens(gateway: Gateway, session: Session, body: dict) -> Reply:
+    """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt ids ``/v1/messages``
+    would send for the same system, messages, tools and tool_choice (``Gateway.count_prompt_tokens``:
+    nothing sampled, nothing recorded)."""
+    return Reply(status=200, body={"input_tokens": await gateway.count_prompt_tokens(session, count_tokens_turn(body))})
+
+
 def _stream(
     body: dict, message_id: str, first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta], matched: Callable[[Choice], str | None]
 ) -> AsyncIterator[bytes]:
     """Turn the core's deltas into Messages stream events, in the order Anthropic sends them."""
-    return relay_events(MessageEvents(body, message_id, matched), first, rest)
+    return relay_events(MessageEvents(body, message_id, matched, first.prompt_tokens), first, rest)
 
 
 class MessageEvents:
     """The event sequence of one streamed message (``sse.ChoiceEvents``); ``matched`` names
     the stop sequence that ended a choice, if one did."""
 
-    def __init__(self, body: dict, message_id: str, matched: Callable[[Choice], str | None]) -> None:
+    def __init__(self, body: dict, message_id: str, matched: Callable[[Choice], str | None], prompt_tokens: int = 0) -> None:
         self.body, self.message_id = body, message_id  # = the interaction id the core records
         self.matched = matched
+        self.prompt_tokens = prompt_tokens  # message_start's input_tokens: the prompt is known before any token
         self.index = -1  # index of the open content block
         self.open: str | None = None  # "text" | "thinking" | None
         self.text = ""
@@ -328,7 +359,7 @@ class MessageEvents:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         }
         return [sse_event({"type": "message_start", "message": message})]
 

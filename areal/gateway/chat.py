@@ -10,6 +10,12 @@ service_tier, and penalties / response_format at their no-op values (0 / {"type"
 Anything else, or a value that cannot be honoured (top_logprobs without logprobs, tool_choice
 "allowed_tools", parallel_tool_calls false), is a 400 naming the parameter.
 
+Replies carry what OpenAI's spec requires: each message a ``refusal`` (null) and each logprobs
+object a ``refusal`` (null) beside ``content``; no ``system_fingerprint`` (the spec's is a string,
+so none is sent rather than a null). A ``developer`` message reaches the template as a system one
+when the template has no developer branch (``generation.validate_turn``), and ``tool_choice``
+"none" keeps the tools out of the prompt (``core``).
+
 Streaming sends OpenAI's exact chunk shape: a first chunk with the role, content / reasoning
 deltas as the engine produces them, tool calls and finish_reason in each choice's last chunk,
 a usage-only chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
@@ -112,7 +118,8 @@ async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:
 
 def _message(choice: Choice) -> dict:
     parsed = choice.parsed
-    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content if parsed.content or not parsed.tool_calls else None}
+    content = parsed.content if parsed.content or not parsed.tool_calls else None
+    msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}  # the spec requires refusal (null: none)
     if parsed.reasoning is not None:
         msg["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
@@ -137,7 +144,8 @@ def _logprobs(choice: Choice) -> dict | None:
                 "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top],
             }
             for t in choice.logprobs
-        ]
+        ],
+        "refusal": None,  # the spec requires it beside content: the logprobs of a refusal (this gateway writes none)
     }
 
 
@@ -174,8 +182,7 @@ async def _chunks(
             "id": response_id,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": model,
-            "system_fingerprint": None,
+            "model": model,  # no system_fingerprint: the spec's is a string, and non-streamed replies carry none either
             "choices": choices,
             **extra,
         }

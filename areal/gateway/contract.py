@@ -5,7 +5,9 @@ calls ``Gateway.complete`` (-> list[Choice]) or ``Gateway.complete_stream`` (-> 
 stream), and answers with a ``Reply``. Bad input raises ``RequestError``; the core turns it into
 the API's own error shape. What every front-end checks alike: ``check_number`` (a parameter's
 range; the core's too), ``string_field``, ``named_tools`` (the request's tools, each named) and
-``EXTENSION_FIELDS`` (the sampling extensions a body may carry, ``sampling_extensions``).
+``EXTENSION_FIELDS`` (the sampling extensions a body may carry, ``sampling_extensions``),
+``as_system`` (a ``developer`` message as a system one) and ``context_exceeded`` (the 400 of a
+prompt that does not fit, with OpenAI's ``context_length_exceeded`` code).
 """
 
 from __future__ import annotations
@@ -30,9 +32,21 @@ def new_id(prefix: str) -> str:
 class RequestError(Exception):
     """A request the gateway refuses; becomes an error reply in the API's own shape."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code = code  # OpenAI's machine-readable ``error.code`` (e.g. "context_length_exceeded"), or None
+
+
+def context_exceeded(message: str) -> RequestError:
+    """The 400 of a prompt that does not fit the context, with OpenAI's code for it."""
+    return RequestError(400, message, param="messages", code="context_length_exceeded")
+
+
+def as_system(message: dict) -> dict:
+    """A ``developer`` message as the ``system`` message it stands for (OpenAI's newer name for
+    the role), for a chat template with no branch of its own for it; other messages unchanged."""
+    return {**message, "role": "system"} if message.get("role") == "developer" else message
 
 
 class Sampling(msgspec.Struct):
@@ -131,6 +145,7 @@ class ChoiceDelta(msgspec.Struct):
     kind: str  # "content" | "reasoning" | "done"
     text: str = ""
     choice: Choice | None = None  # set when kind == "done"
+    prompt_tokens: int = 0  # the prompt's ids (the same for every delta of a request), known before the first token
 
 
 class Reply(msgspec.Struct):

@@ -18,7 +18,8 @@ Invariants:
   idle session expires after ``session_idle_s`` and is kept in ``expired`` until the controller
   collects it with ``close_session`` (reported, never silently dropped).
 - Bad input is a 4xx in the API's own error shape (Anthropic's on /v1/messages, OpenAI's
-  elsewhere); an unreachable engine is a 503. Nothing raised while serving one request reaches
+  elsewhere; a prompt over the context carries OpenAI's code ``context_length_exceeded``); an
+  unreachable engine is a 503. Nothing raised while serving one request reaches
   the server loops, and a refused request records nothing.
 - A session's work ends with it. ``close_session`` cancels the engine calls of its requests in
   flight, which aborts them at the engine (``areal.engine.interface``: one still waiting for a
@@ -33,6 +34,9 @@ the prompt ids and the engine continues from it. Those ids are recorded as the e
 Interaction's prompt (not sampled: loss mask 0, no logprob); the text parsed and returned is the
 forced text + the sampled text. What the model writes inside the call is not constrained: a call
 that does not parse comes back as text. A named function not in ``tools`` is a 400.
+
+``tool_choice`` "none" renders the prompt without the request's tools (the model is not offered
+what it may not call; vLLM's default too) and parses no calls.
 
 Deliberately not honoured: streaming needs an engine with ``generate_stream``; without one,
 ``stream`` is a 400.
@@ -63,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway import families, tree
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn, context_exceeded
 from areal.gateway.generation import (
     all_or_none,
     choice_ids,
@@ -340,16 +344,14 @@ class Gateway:
         s, context, fit = turn.sampling, self.config.context_length, self.config.fit_max_tokens
         if fit and type(s.max_tokens) is int:
             s.max_tokens = min(s.max_tokens, self.config.max_tokens_cap)
-        validate_turn(turn, self.config)
-        plan = self.prompts.plan(session.index, session.interactions, turn.messages, turn.tools, turn.chat_template_kwargs)
+        tools = self._validate(turn)
+        plan = self.prompts.plan(session.index, session.interactions, turn.messages, tools, turn.chat_template_kwargs)
         floor = plan.known + self.prompts.min_tokens(plan.text)
         if floor + (1 if fit else s.max_tokens) > context:
-            raise RequestError(
-                400,
+            raise context_exceeded(
                 f"prompt of {len(plan.text)} characters to tokenise after {plan.known} tokens (at least {floor} tokens: "
                 f"no token stands for more than {self.prompts.chars_per_token} characters) plus max_tokens {s.max_tokens} "
-                f"exceeds the context length of {context}",
-                param="messages",
+                f"exceeds the context length of {context}"
             )
         tail = await self._tokenize(session, plan.text) if plan.text else []
         forced = forced_text(turn, self.config)
@@ -364,10 +366,8 @@ class Gateway:
         if forced:  # not sampled: recorded as prompt (loss mask 0), so a follow-up extends it exactly
             prompt.ids = prompt.ids + forced_ids  # a new list: finish's may be cached
         if len(prompt.ids) + s.max_tokens > context:
-            raise RequestError(
-                400,
-                f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}",
-                param="messages",
+            raise context_exceeded(
+                f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}"
             )
         params: dict[str, Any] = {
             "max_new_tokens": s.max_tokens,
@@ -381,6 +381,23 @@ class Gateway:
             if getattr(s, key) != off:
                 params[key] = getattr(s, key)
         return prompt, params, forced
+
+    def _validate(self, turn: Turn) -> list[dict] | None:
+        """Validate ``turn`` (``validate_turn``: in place, ``developer`` messages become system
+        ones where the chat template has no developer branch) and return the tools its prompt
+        offers: none under ``tool_choice`` "none", so the model is not shown what it may not call."""
+        tools = None if turn.tool_choice == "none" else turn.tools
+        validate_turn(turn, self.config, renders_developer=self.prompts.template.renders_developer[bool(tools)])
+        return tools
+
+    async def count_prompt_tokens(self, session: Session, turn: Turn) -> int:
+        """The prompt ids a completion of ``turn`` would send: a full render of its messages and
+        tools, plus a forced tool-call opening (``usage``'s prompt tokens count it too). Nothing
+        is recorded and the session's prompt index is untouched (no parent matched, no drift)."""
+        tools = self._validate(turn)
+        text = self.prompts.full_text(turn.messages, tools, turn.chat_template_kwargs)
+        forced = forced_text(turn, self.config)
+        return len(await self._tokenize(session, text)) + (len(self.prompts.encode(forced)) if forced else 0)
 
     async def _tokenize(self, session: Session, text: str) -> list[int]:
         """ids(text): on the loop when short; else in a worker thread, one text per session at a

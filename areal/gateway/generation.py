@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, check_number, new_id
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, as_system, check_number, new_id
 from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output, takes_no_arguments
 from areal.gateway.render import Prompt
 from areal.gateway.tree import Interaction
@@ -57,16 +57,25 @@ async def all_or_none(calls: list[Coroutine[Any, Any, Any]]) -> list[Any]:
             t.cancel()  # a no-op on those that finished
 
 
-def validate_turn(turn: Turn, config: GatewayConfig) -> None:
-    """Raise RequestError (naming the parameter) for anything the core cannot honour."""
+def validate_turn(turn: Turn, config: GatewayConfig, renders_developer: bool = True) -> None:
+    """Raise RequestError (naming the parameter) for anything the core cannot honour. Normalises
+    ``turn.messages`` in place: text parts joined, and ``developer`` messages made system ones
+    (``contract.as_system``) unless the chat template ``renders_developer`` (else it would drop them)."""
     msgs = turn.messages
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise RequestError(400, "messages must be a non-empty list of message objects", param="messages")
     if len(msgs) > config.max_messages:
         raise RequestError(400, f"{len(msgs)} messages exceed the limit of {config.max_messages}", param="messages")
     for i, m in enumerate(msgs):
-        if m.get("role") not in _ROLES:
-            raise RequestError(400, f"messages[{i}].role must be system, user, assistant or tool", param=f"messages[{i}].role")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise RequestError(400, f"messages[{i}].role must be system, developer, user, assistant or tool", param=f"messages[{i}].role")
+        if role == "developer" and not renders_developer:
+            m = msgs[i] = as_system(m)
+        elif role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise RequestError(
+                400, f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers", param=f"messages[{i}].tool_call_id"
+            )
         if not isinstance(m.get("content"), (str, list, type(None))):
             raise RequestError(400, f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
         if isinstance(m.get("content"), list):  # text parts are joined; the template takes strings
@@ -360,6 +369,7 @@ async def stream_choices(
     ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token.
     The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
     n, stops = turn.sampling.n, turn.sampling.stop
+    size = len(prompt.ids)  # every delta carries it: a stream's first event may report it (Anthropic's message_start)
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     tool_parser, reasoning_parser = _parsers(turn, gateway.config)
     opened = prompt.reasoning_open and not forced  # as in finish_choice
@@ -367,7 +377,7 @@ async def stream_choices(
     if forced:  # the opening of a forced tool call: the parser holds it (a span) until the call closes
         for i, p in enumerate(parsers):
             for ev in p.feed(forced):
-                yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
+                yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
     emitted = [0] * n  # characters of decoded text already fed to the parser
     last: list[Any] = [None] * n
     hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
@@ -396,17 +406,17 @@ async def stream_choices(
             visible = _visible(text, final, hold)
             if visible > emitted[i]:
                 for ev in parsers[i].feed(text[emitted[i] : visible]):
-                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
+                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
                 emitted[i] = visible
             if final:
                 session.refund(params["max_new_tokens"], len(result.output_ids))
                 events, parsed = parsers[i].finish()
                 for ev in events:
-                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text)
+                    yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
                 choice = record_choice(gateway, session, turn, prompt, i, interaction_ids[i], result, keep, finish or "abort", parsed)
                 parsers[i] = None
                 open_ -= 1
-                yield ChoiceDelta(index=i, kind="done", choice=choice)
+                yield ChoiceDelta(index=i, kind="done", choice=choice, prompt_tokens=size)
     finally:
         for t in tasks:
             t.cancel()

@@ -295,6 +295,13 @@ class PromptBuilder:
         """The chat template's text for ``messages`` (a 400 when the template refuses them)."""
         return self.template.render_text(messages, tools, generation, template_kwargs)
 
+    def full_text(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None) -> str:
+        """The text of a full render of ``messages``, checked as ``plan`` checks a request (its
+        kwargs; tools or calls the template would drop); no session's index is read or changed."""
+        check_template_kwargs(template_kwargs)
+        self.template.check_tools(tools, messages)
+        return self.render_text(messages, tools, True, template_kwargs)
+
     def encode(self, text: str) -> list[int]:
         if self._pieces is not None:
             return self._pieces.encode(text)

@@ -28,7 +28,10 @@ Invariants:
 - ``tool_choice`` "required" / ``{"type": "function", "name": N}`` force a call by appending the
   opening of one to the prompt (see ``core``); a name not in ``tools`` is a 400.
 - The streamed events are the ones the openai 2.44 SDK parses (``ResponseStreamEvent``) and the
-  final ``response.completed`` carries the same body a non-streamed call returns.
+  final ``response.completed`` carries the same body a non-streamed call returns. The opening
+  ``response.created`` / ``response.in_progress`` carry no ``usage`` (not known yet; the spec's
+  is optional, not nullable); every ``usage`` has its ``input_tokens_details`` /
+  ``output_tokens_details``.
 
 Not covered: built-in tools (web search, file search, computer use), images and files,
 ``conversation`` objects, structured output (``text.format`` json_schema), retrieving or deleting
@@ -174,7 +177,7 @@ def input_to_messages(items: Any) -> list[dict]:
                 _assistant(messages, reasoning, fresh=True)["content"] = text
                 reasoning = None
             else:
-                messages.append({"role": "system" if role == "developer" else role, "content": text})
+                messages.append(contract.as_system({"role": role, "content": text}))
         elif kind == "function_call":
             call_id, name, arguments = (contract.string_field(item, k, where) for k in ("call_id", "name", "arguments"))
             msg = _assistant(messages, reasoning, fresh=False)
@@ -309,8 +312,10 @@ def response_body(
     usage: dict | None,
     incomplete_reason: str | None = None,
 ) -> dict:
-    """A full ``Response`` object (also the payload of response.created / completed events)."""
-    return {
+    """A full ``Response`` object (also the payload of response.created / completed events).
+    ``usage`` None: not known yet (response.created / in_progress), and the key is left out: the
+    spec's ``usage`` is an optional ResponseUsage, not a nullable one."""
+    out = {
         "id": response_id,
         "object": "response",
         "created_at": created,
@@ -331,8 +336,10 @@ def response_body(
         "truncation": "disabled",
         "store": body.get("store", True),
         "metadata": body.get("metadata") or {},
-        "usage": usage,
     }
+    if usage is not None:
+        out["usage"] = usage
+    return out
 
 
 def _response_tool_choice(choice: Any) -> Any:

@@ -2,7 +2,9 @@
 
     POST /v1/chat/completions   session key   chat.handle
     POST /v1/responses          session key   responses.handle
-    POST /v1/messages           session key   anthropic.handle (errors in Anthropic's shape)
+    POST /v1/messages           session key   anthropic.handle (errors in Anthropic's shape, as on
+                                              every path under /v1/messages/)
+    POST /v1/messages/count_tokens session key anthropic.count_tokens -> {"input_tokens": N}
     GET  /v1/models             session key
     POST /v1/rewards            session key   {"interaction_id"?: str, "reward": number}
                                               (no id: the session's last interaction)
@@ -41,12 +43,19 @@ from areal.protocol import GatewayRequest
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
 
-_FRONT_ENDS = {"/v1/chat/completions": chat.handle, "/v1/responses": responses.handle, "/v1/messages": anthropic.handle}
+_FRONT_ENDS = {
+    "/v1/chat/completions": chat.handle,
+    "/v1/responses": responses.handle,
+    "/v1/messages": anthropic.handle,
+    "/v1/messages/count_tokens": anthropic.count_tokens,
+}
+_ANTHROPIC_ROOT = "/v1/messages"
 _ENGINE_CLIENT_ERRORS = range(400, 500)
 
 
-def openai_error(status: int, message: str, kind: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def openai_error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape; ``code`` is its machine-readable reason (e.g. "context_length_exceeded")."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 SESSION_PATH = "/sessions/"
@@ -70,7 +79,7 @@ async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
     try:
         return await _route(gateway, req, path)
     except RequestError as e:
-        return error_reply(path, e.status, e.message, e.kind, e.param)
+        return error_reply(path, e.status, e.message, e.kind, e.param, e.code)
     except RecursionError:  # a request nested deeper than the code that walks it can recurse
         return error_reply(path, 400, "request is nested too deeply to process", "invalid_request_error")
     except EngineUnavailable as e:
@@ -81,12 +90,13 @@ async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
         return error_reply(path, 502, f"inference engine error: {e}", "engine_error")
 
 
-def error_reply(path: str, status: int, message: str, kind: str, param: str | None = None) -> Reply:
-    """An error in the shape of the API at ``path`` (Anthropic's on /v1/messages, OpenAI's elsewhere)."""
-    if path == "/v1/messages":
+def error_reply(path: str, status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> Reply:
+    """An error in the shape of the API at ``path``: Anthropic's on /v1/messages and every path
+    under it (count_tokens, and the 404 / 405 of one this gateway does not serve), OpenAI's elsewhere."""
+    if path == _ANTHROPIC_ROOT or path.startswith(_ANTHROPIC_ROOT + "/"):
         body = anthropic.error_body(status, message, _ANTHROPIC_KINDS.get(kind, kind))
     else:
-        body = openai_error(status, message, kind, param)
+        body = openai_error(status, message, kind, param, code)
     return Reply(status=status, body=body)
 
 

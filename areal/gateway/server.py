@@ -19,7 +19,8 @@ Invariants:
   held, requests in flight per session; ``door`` for the connection budgets and the bounds): a
   connection counts against its peer process until a request on it carries a live session
   key, then against that session. The HTTP door serves the controller's own clients (inline
-  agents, admin) and is bounded by aiohttp's body limit only. A session's lifetime budgets
+  agents, admin) and is bounded by aiohttp's body limit only (``max_body_bytes``; a body over it
+  gets the API's own 413 JSON error, as on the ZeroMQ door). A session's lifetime budgets
   hold on both (``core``).
 - A request whose connection goes (the agent died, or the door cut it) is cancelled, on either
   door: its engine calls are aborted at the engine (``core``), no answer is sent.
@@ -244,7 +245,14 @@ async def serve_http(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -
     counter = itertools.count()
 
     async def any_route(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # aiohttp's own answer is plain text: answer in the API's shape
+            limit = gateway.config.max_body_bytes
+            reply = error_reply(
+                split_session_path(request.path)[1], 413, f"request body exceeds the limit of {limit} bytes", "request_too_large"
+            )
+            return web.Response(status=413, body=msgspec.json.encode(reply.body), headers=_JSON)
         req = GatewayRequest(
             request_id=next(counter),
             method=request.method,

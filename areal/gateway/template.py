@@ -37,6 +37,10 @@ everything about tools without a word: tools given to a template with no tool br
 neither the tools nor an assistant's calls), or a history's tool calls the template drops. A
 template that writes calls but not the tools is left as it is: DeepSeek-V3.1's expects the client
 to describe its tools in the system prompt, and the request's ``tools`` still turn on parsing.
+
+``renders_developer`` (per kind of request) says whether the template has a branch for the
+``developer`` role (it names it, and a probe's developer text reaches the render); where it has
+none, the core hands it developer messages as system ones rather than let it drop them.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ _SHOWN_CALL = [
     {"role": "user", "content": "u"},
     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c", "function": {"name": _SHOWN, "arguments": "{}"}}]},
 ]
+_SHOWN_DEVELOPER = "areal_probe_developer"  # the developer probe's text: in the render only if the template writes the role
 # gateway.tool_template's built-in names: files of templates/ (this package's data)
 TOOL_TEMPLATES = {"chatml-tools": "chatml-tools.jinja"}
 _TEMPLATES_DIR = Path(__file__).with_name("templates")
@@ -134,6 +139,7 @@ class ChatTemplate:
         # what the template of each kind of request shows (``check_tools``)
         self.renders_tools = self._shows([{"role": "user", "content": "u"}], _SHOWN_TOOLS, True)
         self.renders_calls = {has: self._shows(_SHOWN_CALL, _SHOWN_TOOLS if has else None, False) for has in (False, True)}
+        self.renders_developer = {has: self._renders_developer(has) for has in (False, True)}
 
     def _own_source(self, tools: bool) -> str | None:
         try:
@@ -147,6 +153,20 @@ class ChatTemplate:
             return _SHOWN in self.wrapper_text(messages, tools, generation)
         except Exception:  # deliberate: a template that refuses the probe answers for itself, with its own 400
             return True
+
+    def _renders_developer(self, tools: bool) -> bool:
+        """Whether the template of requests with (``tools``) or without tools has a branch for the
+        ``developer`` role: it names the role, and the probe's developer text reaches its render.
+        A template that refuses the probe, drops the message, or writes any role as it comes
+        (plain ChatML, whose models never saw a developer turn) has none: the core hands it
+        developer messages as system ones (``generation.validate_turn``)."""
+        if "developer" not in (self.sources[tools] or ""):
+            return False
+        probe = [{"role": "developer", "content": _SHOWN_DEVELOPER}, {"role": "user", "content": "u"}]
+        try:
+            return _SHOWN_DEVELOPER in self.wrapper_text(probe, _PROBE_TOOLS if tools else None, True)
+        except Exception:  # deliberate: a template that refuses the role has no branch for it
+            return False
 
     def check_tools(self, tools: list[dict] | None, messages: list[dict]) -> None:
         """A 400 naming ``gateway.tool_template`` for a request with tools when the template that
