@@ -11,10 +11,12 @@ default is written once, in its dataclass; the YAMLs hold only what differs from
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal.agent.failures import CLASSES as FAILURE_CLASSES
 from areal.cluster.config import ClusterConfig
 from areal.controller.recovery import RecoverConfig
 from areal.controller.trackers import TrackerConfig, check_loggers
@@ -22,6 +24,8 @@ from areal.engine.config import EngineConfig
 from areal.gateway import GatewayConfig
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
+
+_QUALIFIED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.(?:[A-Za-z_]\w*|<locals>))+")  # module.Class, module.f.<locals>.Class
 
 
 @dataclass
@@ -76,6 +80,11 @@ class RolloutConfig:
     # make up this share of the last failure_window episodes, whatever it accepted before.
     max_failure_rate: float = 0.9
     failure_window: int = 0  # 0: max(64, 2 x groups_per_step x n_samples)
+    # The failure class of an exception an episode raises, by its qualified name (a base class's
+    # covers its subclasses): "policy", "agent" or "infrastructure", e.g.
+    # {"dspy.utils.exceptions.AdapterParseError": "policy"}. Looked up in the episode's exception
+    # chain before the built-in rules of areal/agent/failures.py; for SDKs they do not know.
+    failure_classes: dict[str, str] = field(default_factory=dict)
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
 
     def __post_init__(self) -> None:
@@ -110,6 +119,14 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_failure_rate must be in (0, 1], got {self.max_failure_rate}")
         if self.failure_window < 0:
             raise ValueError(f"rollout.failure_window must be >= 0 (0: automatic), got {self.failure_window}")
+        for name, cls in self.failure_classes.items():
+            if not isinstance(name, str) or not _QUALIFIED_NAME.fullmatch(name):
+                raise ValueError(
+                    f"rollout.failure_classes key {name!r} must be an exception's qualified name, module and class "
+                    "(e.g. dspy.utils.exceptions.AdapterParseError)"
+                )
+            if cls not in FAILURE_CLASSES:
+                raise ValueError(f"rollout.failure_classes[{name!r}] must be one of {', '.join(FAILURE_CLASSES)}, got {cls!r}")
 
 
 # The scalar metrics of a held-out evaluation (areal.controller.evaluation.evaluate's accuracies: the mean

@@ -112,6 +112,9 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     # Sandboxed episodes: top-level packages run() imported that the zygote had not preloaded
     # (every episode imports them again; sandbox.preload lists them ahead).
     imported: list[str] = []
+    # An error run() raised: the qualified names of its exception chain, outermost first, each with
+    # its bases' (areal/agent/failures.py's raised_types), for the controller's rollout.failure_classes.
+    raised: list[list[str]] = []
 
 
 ZygoteInbound = SpawnEpisode | Shutdown

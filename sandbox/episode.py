@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from areal.agent.environment import endpoint_variables
 from areal.agent.spec import AgentRun, hand_out, outcome_from_result
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, SpawnEpisode, ZygoteInbound
 
@@ -45,11 +46,10 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
     data = json.loads(spawn.data)
     # The session in the URL as well as the key: agents that send no key, or a hard-coded
     # placeholder (LangChain examples), still reach their own session and no other.
-    session_url = f"{relay.base_url}/sessions/{spawn.api_key}"
-    base_url = f"{session_url}/v1"
-    os.environ.update(
-        OPENAI_BASE_URL=base_url, OPENAI_API_KEY=spawn.api_key, ANTHROPIC_BASE_URL=session_url, ANTHROPIC_API_KEY=spawn.api_key
-    )
+    # The same variables an inline episode sees (areal/agent/environment.py), here the process's own.
+    variables = endpoint_variables(relay.base_url, spawn.api_key)
+    base_url = variables["OPENAI_BASE_URL"]
+    os.environ.update(variables)
 
     async def main() -> object:
         transport = ZmqTransport(gateway_addr)

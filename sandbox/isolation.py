@@ -71,7 +71,8 @@ What is covered (each line has an attack in tests/integration/sandbox/test_sandb
   files are absent, so a root-owned 0600 file is not readable even by the agent's uid 0. Writable:
   a private size-capped tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on
   /dev/shm, so the trainer's shared-memory rings are invisible; /proc is the namespace's own,
-  read-only. Secrets in the controller's environment are not inherited (allow-list below).
+  read-only. Secrets in the controller's environment are not inherited (ENV_ALLOW below, and the
+  names the user lists in ``sandbox.env``).
 - privileges: no_new_privs; all capabilities dropped in the agent (bounding set included), so
   root inside cannot remount, raise rlimits or leave its cgroup; a seccomp deny-list (ptrace,
   mount, namespaces, kernel modules, bpf, keyrings, io_uring, ...; see sandbox/seccomp.py).
@@ -102,6 +103,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -156,6 +158,18 @@ ENV_ALLOW = (
     "VIRTUAL_ENV",
     "AREAL_CACHE",
 )
+# Set by the sandbox for every episode (scrub_environment; the endpoint variables of
+# areal/agent/environment.py, by sandbox/episode.py): never passed from the controller.
+SET_PER_EPISODE = (
+    "HOME",
+    "TMPDIR",
+    "NO_PROXY",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
+)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _CLONE_NEWIPC = 0x08000000
@@ -221,6 +235,10 @@ class SandboxConfig:
     # every episode (an SDK: ~0.5 s of CPU each): the controller names such modules once
     # (EpisodeOutcome.imported); list them here. Each module listed costs every fork its pages.
     preload: list[str] = field(default_factory=lambda: ["openai", "anthropic"])
+    # Names of variables of the controller's environment that episodes get too (a tool's token, a
+    # config path), beside ENV_ALLOW; every other variable is dropped. Inline episodes see the whole
+    # environment anyway. Not the ones the sandbox sets for each episode (SET_PER_EPISODE).
+    env: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -255,6 +273,12 @@ class SandboxConfig:
         bad = [m for m in self.preload if not isinstance(m, str) or not all(part.isidentifier() for part in m.split("."))]
         if bad:
             raise ValueError(f"sandbox.preload entries must be module names (e.g. anthropic, langchain_openai), got {bad!r}")
+        bad = [n for n in self.env if not isinstance(n, str) or not ENV_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"sandbox.env entries must be environment variable names (letters, digits, _; not a digit first), got {bad!r}")
+        own = sorted(set(self.env) & set(SET_PER_EPISODE))
+        if own:
+            raise ValueError(f"sandbox.env cannot pass {own}: the sandbox sets them for every episode")
         unknown = sorted(set(self.skip_layers) - set(LAYERS))
         if unknown:
             raise ValueError(f"sandbox.skip_layers has unknown layer(s) {unknown}; known: {list(LAYERS)}")
@@ -405,9 +429,9 @@ def _drop_capabilities() -> None:
     _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
 
 
-def scrub_environment(home: str) -> None:
-    """Keep only ENV_ALLOW; HOME and TMPDIR point at the private temp dir."""
-    kept = {k: v for k, v in os.environ.items() if k in ENV_ALLOW}
+def scrub_environment(home: str, passed: list[str] | tuple[str, ...] = ()) -> None:
+    """Keep only ENV_ALLOW and ``passed`` (``sandbox.env``); HOME and TMPDIR point at the private temp dir."""
+    kept = {k: v for k, v in os.environ.items() if k in ENV_ALLOW or k in passed}
     os.environ.clear()  # unsetenv as well, so subprocesses of the agent see the same
     os.environ.update(kept, HOME=home, TMPDIR=home, NO_PROXY="127.0.0.1,localhost")
 
@@ -571,7 +595,7 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     if "no_new_privs" in layers:
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     if "env" in layers:
-        scrub_environment(home)
+        scrub_environment(home, config.env)
     os.chdir(home)
     return home
 

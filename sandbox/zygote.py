@@ -80,7 +80,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from areal.agent.failures import CLASSES, INFRASTRUCTURE, classify_exception
+from areal.agent.failures import BASES_LIMIT, CLASSES, INFRASTRUCTURE, RAISED_LIMIT, classify_exception, raised_types
 from areal.agent.spec import AgentRun, load_agent
 from areal.process import log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
@@ -98,6 +98,7 @@ ERROR_LIMIT = 64 << 10  # characters of an episode's own error text kept, from i
 CAUSE_LIMIT = 200
 IMPORTED_LIMIT = 20  # as many as sandbox/episode.py's run_time_imports reports
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+QUALIFIED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.<>]{0,199}")  # an exception class's (``<locals>`` in a function's)
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -129,9 +130,10 @@ class _Slot:
 
 def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOutcome:
     """The outcome of an episode that sent its own: what an episode may say of itself (ok or
-    error, its rewards, its error text and failure class, the packages it imported), each bounded
-    and made printable; the rest is the zygote's ``verdict`` (id, exit code and signal, wall time;
-    the log tail is attached by the zygote afterwards). An episode's frame is the policy's
+    error, its rewards, its error text, its failure class and the names of the exceptions it
+    raised, the packages it imported), each bounded and made printable; the rest is the zygote's
+    ``verdict`` (id, exit code and signal, wall time; the log tail is attached by the zygote
+    afterwards). An episode's frame is the policy's
     output: a forged id, status, signal or a log of its own must not reach the run's records."""
     status, error = reported.status, reported.error
     if status not in AGENT_STATUSES:
@@ -151,6 +153,7 @@ def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOu
         failure_class=reported.failure_class if reported.failure_class in CLASSES else "",
         failure_cause=printable(reported.failure_cause[:CAUSE_LIMIT]),
         imported=[m for m in reported.imported[:IMPORTED_LIMIT] if MODULE_NAME.fullmatch(m)],
+        raised=[[n for n in names[:BASES_LIMIT] if QUALIFIED_NAME.fullmatch(n)] for names in reported.raised[:RAISED_LIMIT]],
     )
 
 
@@ -395,7 +398,12 @@ class ZygoteServer:
         except BaseException as e:  # process boundary: whatever happened becomes the outcome
             failure_class, failure_cause = classify_exception(e)
             outcome = EpisodeOutcome(
-                spawn.episode_id, "error", error=traceback.format_exc(), failure_class=failure_class, failure_cause=failure_cause
+                spawn.episode_id,
+                "error",
+                error=traceback.format_exc(),
+                failure_class=failure_class,
+                failure_cause=failure_cause,
+                raised=raised_types(e),
             )
         encoded = bytearray(frame(_encoder.encode(outcome)))
         keys.mask(encoded, spawn.api_key.encode())  # its error text may quote it (a traceback, an SDK message)

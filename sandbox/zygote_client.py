@@ -86,9 +86,10 @@ class Zygote:
 
     async def _spawn(self) -> None:
         os.makedirs(self.log_dir, exist_ok=True)
-        # The zygote gets the agents' allow-listed environment already: an episode inherits the
-        # zygote's memory, including the environment block it was exec'd with.
-        env = dict(os.environ) if "env" in self.config.skip_layers else {k: v for k, v in os.environ.items() if k in isolation.ENV_ALLOW}
+        # The zygote gets the agents' allow-listed environment already (ENV_ALLOW and sandbox.env):
+        # an episode inherits the zygote's memory, including the environment block it was exec'd with.
+        allowed = {*isolation.ENV_ALLOW, *self.config.env}
+        env = dict(os.environ) if "env" in self.config.skip_layers else {k: v for k, v in os.environ.items() if k in allowed}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # so `sandbox` imports
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         with open(self.stderr_path, "ab") as stderr:

@@ -1,9 +1,11 @@
 """Why an episode failed: the policy, the agent or the infrastructure, and what training does with it.
 
-    exception raised by run() ─► classify_exception ─► (class, cause) on the EpisodeOutcome
+    exception raised by run() ─► classify_exception ─► (class, cause) on the EpisodeOutcome,
+                             └─► raised_types ─────► with the chain's qualified names (``raised``)
       (where the exception object is: the episode process in the sandbox, the inline runner, a
-       RolloutWorkflow's group; the class crosses the zygote pipe as two strings)
-    EpisodeOutcome + whether the model answered ─► classify_outcome (the controller, once per episode)
+       RolloutWorkflow's group; all three cross the zygote pipe as strings)
+    EpisodeOutcome + whether the model answered + rollout.failure_classes
+      ─► classify_outcome (the controller, once per episode)
       ─► "" (not a failure) | "policy" | "agent" | "infrastructure"
 
 What each class means for the run:
@@ -32,9 +34,17 @@ How the class is decided. The outcome's status first:
   raising, the sandbox failing to prepare the episode: the zygote marks that one infrastructure):
   agent unless marked.
 
-For an exception, its chain is walked outermost first (the exception, then ``__cause__``, then
-``__context__``, then the members of an ``ExceptionGroup``), and the first exception one of these
-rules recognises decides (so ``RuntimeError("call failed") from APIConnectionError`` is
+For an exception, ``rollout.failure_classes`` decides first: a mapping from an exception's
+qualified name to a class, for an SDK the rules below do not know or to overrule one of them
+(``{"dspy.utils.exceptions.AdapterParseError": "policy"}``). Every exception of the chain (walked as
+below, each over its MRO: a base class's name covers its subclasses) is looked up in it before any
+rule; the cause names the key (``... (rollout.failure_classes: <key>)``). The controller applies it
+to the names the episode reported (``EpisodeOutcome.raised``), so no runner, zygote or Ray worker
+needs the setting.
+
+Then the built-in rules: the chain is walked outermost first (the exception, then ``__cause__``,
+then ``__context__``, then the members of an ``ExceptionGroup``), and the first exception one of
+these rules recognises decides (so ``RuntimeError("call failed") from APIConnectionError`` is
 infrastructure); an exception whose chain none recognises is the agent's own bug. Classes are
 matched by qualified name over the MRO (subclasses count), so no SDK is imported here:
 
@@ -52,6 +62,15 @@ policy (the model's output made the agent fail)
 - ``json.JSONDecodeError``: the model's tool arguments or JSON answer do not parse. (An agent that
   decodes a malformed file of its own is misread as policy: the error does not say whose text it
   was.)
+- The general rule, for any SDK: an exception whose class or a base of it is named for the model's
+  output being unusable (``_OUTPUT_UNUSABLE``): an output parser's error (``OutputParserException``,
+  ``OutputParseError``, ``OutputParsingError``), DSPy's ``AdapterParseError`` (the answer does not
+  fill the signature's fields), smolagents' ``AgentParsingError``, LangChain's ``StructuredOutputError``
+  and its subclasses (a response format the answer fails), pydantic-ai's ``UnexpectedModelBehavior``
+  and the Agents SDK's ``ModelBehaviorError``, instructor's ``IncompleteOutputException`` (the answer
+  cut at ``max_tokens``). Matched by name, not module, so a class of the agent's own so named is read
+  as the policy's too: ``rollout.failure_classes`` overrules it. Plain parse errors (``ParseError``
+  of a config or a date) name no model output and stay the agent's.
 - A context overflow: an HTTP 400 whose message names the context (our gateway's "exceeds the
   context length of N", SGLang's and vLLM's "maximum context length", Anthropic's "prompt is too
   long"), from the OpenAI or Anthropic SDK (and the SDKs built on them: LangChain, CAMEL) or the
@@ -78,9 +97,10 @@ agent's reward stands); an SDK that reports a failure only in its log; text-only
 
 from __future__ import annotations
 
+import itertools
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import msgspec
 
@@ -116,6 +136,14 @@ _INFRASTRUCTURE_TYPES = frozenset(
         "camel.models.model_manager.ModelProcessingError",
     }
 )
+# Class names (any module) saying the model's output is unusable: the general policy rule above.
+_OUTPUT_UNUSABLE = re.compile(
+    r"(?:Output|Adapter|Agent)Pars(?:e|er|ing)(?:Error|Exception)"
+    r"|StructuredOutput\w*(?:Error|Exception)"
+    r"|(?:Unexpected)?ModelBehavior(?:Error|Exception)?"
+    r"|IncompleteOutput(?:Error|Exception)"
+)
+RAISED_LIMIT, BASES_LIMIT = 16, 32  # exceptions of a chain and names of each that ``raised_types`` keeps
 _VALIDATION_ERROR = "pydantic_core._pydantic_core.ValidationError"
 _LANGCHAIN_TOOLS = "langchain_core.tools"
 _CONTEXT_MESSAGE = re.compile(r"context length|context window|maximum context|context_length_exceeded|prompt is too long", re.I)
@@ -126,12 +154,14 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
     docstring, the cause naming the exception that decided (``agents.exceptions.ModelBehaviorError``,
     ``context overflow: openai.BadRequestError (HTTP 400)``, ...)."""
     for e in _chain(exc):
-        names = [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__]
+        names = [_qualified(c) for c in type(e).__mro__]
         name = names[0]
         if _POLICY_TYPES.intersection(names):
             return POLICY, name
         if _INFRASTRUCTURE_TYPES.intersection(names):
             return INFRASTRUCTURE, name
+        if any(_OUTPUT_UNUSABLE.fullmatch(c.__name__) for c in type(e).__mro__):
+            return POLICY, f"{name} (the model's output unusable)"
         if _VALIDATION_ERROR in names and _raised_in(e, _LANGCHAIN_TOOLS):
             return POLICY, f"{name} (tool input, in {_LANGCHAIN_TOOLS})"
         status = _http_status(e)
@@ -140,10 +170,24 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
     return AGENT, f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
-def classify_outcome(outcome: EpisodeOutcome, sampled: bool) -> EpisodeOutcome:
+def raised_types(exc: BaseException) -> list[list[str]]:
+    """The qualified names of the exceptions of ``exc``'s chain, outermost first, each followed by
+    its bases' (its MRO without ``object``): what ``rollout.failure_classes`` is looked up in, by
+    the controller, where the exception object is gone (a sandboxed episode's process)."""
+    return [[_qualified(c) for c in type(e).__mro__[:-1]][:BASES_LIMIT] for e in itertools.islice(_chain(exc), RAISED_LIMIT)]
+
+
+def classify_outcome(outcome: EpisodeOutcome, sampled: bool, failure_classes: Mapping[str, str] | None = None) -> EpisodeOutcome:
     """``outcome`` with its ``failure_class`` and ``failure_cause`` decided; ``sampled``: the model
-    answered at least once in the episode (the gateway recorded a completion). An ok episode that
-    the model answered is no failure (both fields empty)."""
+    answered at least once in the episode (the gateway recorded a completion); ``failure_classes``:
+    ``rollout.failure_classes``, looked up in the exceptions the episode raised before the class its
+    runner found. An ok episode that the model answered is no failure (both fields empty)."""
+    if outcome.status == "error" and failure_classes:
+        for names in outcome.raised:
+            key = next((n for n in names if n in failure_classes), None)
+            if key is not None:
+                cause = f"{names[0]} (rollout.failure_classes: {key})"
+                return msgspec.structs.replace(outcome, failure_class=failure_classes[key], failure_cause=cause)
     if outcome.status == "ok":
         if sampled:
             return msgspec.structs.replace(outcome, failure_class="", failure_cause="")
@@ -155,6 +199,10 @@ def classify_outcome(outcome: EpisodeOutcome, sampled: bool) -> EpisodeOutcome:
     if cls == POLICY and cause.startswith(CONTEXT_OVERFLOW) and not sampled:
         cls, cause = AGENT, f"{cause}, before the model answered once: the prompt alone is too long"
     return msgspec.structs.replace(outcome, failure_class=cls, failure_cause=cause)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

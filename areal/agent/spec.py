@@ -10,8 +10,8 @@ a package, and is loaded by path under a private module name instead. ATTR names
 (instantiated with no arguments), an object with an async ``run`` method, or an async function.
 
 ``exec:PATH`` names a program instead (any language, e.g. agents/shell_agent.sh): the row as
-JSON on stdin, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` (and the Anthropic pair, in the sandbox)
-in its environment, its result as the last line of stdout.
+JSON on stdin, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the Anthropic pair in its environment
+(sandboxed or inline), its result as the last line of stdout.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from areal.agent.failures import classify_exception
+from areal.agent import environment
+from areal.agent.failures import classify_exception, raised_types
 from areal.protocol import EpisodeOutcome
 
 
@@ -128,10 +129,8 @@ def executable_agent(target: str) -> AgentRun:
     if not os.access(path, os.X_OK):
         raise ValueError(f"agent spec {EXEC_PREFIX}{target}: {path} is not executable")
 
-    async def run(data: dict, *, base_url: str | None = None, api_key: str | None = None, **_: Any) -> Any:
-        env = dict(os.environ)
-        if base_url and api_key and "OPENAI_BASE_URL" not in env:  # inline mode: no relay, no variables
-            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key)
+    async def run(data: dict, **_: Any) -> Any:
+        env = dict(os.environ)  # the episode's endpoint variables among them, inline too (areal/agent/environment.py)
         proc = await asyncio.create_subprocess_exec(str(path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         try:
             out, _ = await proc.communicate(json.dumps(data).encode())
@@ -266,7 +265,15 @@ def outcome_from_exception(episode_id: str, exc: BaseException, wall_s: float) -
     """An error outcome holding the traceback and the failure's class (``areal/agent/failures.py``)."""
     text = "".join(traceback.format_exception(exc))
     failure_class, failure_cause = classify_exception(exc)
-    return EpisodeOutcome(episode_id, "error", error=text[-8000:], wall_s=wall_s, failure_class=failure_class, failure_cause=failure_cause)
+    return EpisodeOutcome(
+        episode_id,
+        "error",
+        error=text[-8000:],
+        wall_s=wall_s,
+        failure_class=failure_class,
+        failure_cause=failure_cause,
+        raised=raised_types(exc),
+    )
 
 
 def class_spec(cls: type) -> str | None:
@@ -314,16 +321,22 @@ class InlineRunner:
         # as AReaL's client module sets one. A key the user set is left alone.
         for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
             os.environ.setdefault(name, "none")
+        # Each episode reads its own OPENAI_BASE_URL/..._API_KEY (and Anthropic's) from os.environ,
+        # as a sandboxed one does; outside an episode they name this gateway (areal/agent/environment.py).
+        environment.install()
+        self.saved_environment = environment.point_at(base_url)
         self.http = hand_out(httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=256)))
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float) -> EpisodeOutcome:
         t0 = time.monotonic()
+        variables = environment.endpoint_variables(self.root, api_key)
         try:
-            result = await asyncio.wait_for(
-                # the session in the URL too: agents that send no key, or a placeholder, reach it
-                self.run_agent(data, base_url=f"{self.root}/sessions/{api_key}/v1", api_key=api_key, http_client=self.http),
-                deadline_s,
-            )
+            with environment.episode_environment(variables):
+                result = await asyncio.wait_for(
+                    # the session in the URL too: agents that send no key, or a placeholder, reach it
+                    self.run_agent(data, base_url=variables["OPENAI_BASE_URL"], api_key=api_key, http_client=self.http),
+                    deadline_s,
+                )
         except TimeoutError:
             return EpisodeOutcome(
                 episode_id, "timeout", error=f"episode exceeded its deadline of {deadline_s} s", wall_s=time.monotonic() - t0
@@ -333,6 +346,7 @@ class InlineRunner:
         return outcome_from_result(episode_id, result, time.monotonic() - t0)
 
     async def close(self) -> None:
+        environment.restore(self.saved_environment)
         await self.http.aclose()
 
 

@@ -58,7 +58,7 @@ from sandbox.zygote_client import Zygote
 class Episodes:
     """The run's runner and gateway as its episode paths use them; built by ``Controller._start_runner``.
     ``rollout``: the run's rollout settings (deadline_s, reward_range, policy_failure_reward,
-    max_zygote_restarts); ``reward_fn``: the run's reward function (``reward``, named by
+    failure_classes, max_zygote_restarts); ``reward_fn``: the run's reward function (``reward``, named by
     ``reward_name``), or None. ``write`` prints a console line; ``fail`` stops the run with a
     reason (the first one stands)."""
 
@@ -181,7 +181,7 @@ class Episodes:
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
         outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.rollout.reward_range)
-        outcome = classify_outcome(outcome, bool(session.interactions))
+        outcome = classify_outcome(outcome, bool(session.interactions), self.rollout.failure_classes)
         if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
             outcome = msgspec.structs.replace(outcome, reward=self.rollout.policy_failure_reward, rewards_by_id={})
         return outcome

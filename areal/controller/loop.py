@@ -499,7 +499,7 @@ class Controller:
         normalised together (group_size = rows); no rows at all fails the group."""
         calls = await self.grouping.run_group(engine, problem, group_id)
         # A call's rows are exported only when it returned: a failed one has nothing to train.
-        outcomes = [classify_outcome(c.outcome, bool(c.rows)) for c in calls]
+        outcomes = [classify_outcome(c.outcome, bool(c.rows), self.config.rollout.failure_classes) for c in calls]
         self._count_failures(outcomes)
         for c, outcome in zip(calls, outcomes):
             self.window.append(outcome)

@@ -94,6 +94,9 @@ class ProbeAgent:
     async def environment(self, data: dict, **kw: Any) -> dict[str, float]:
         return {name: 1.0 for name in os.environ}
 
+    async def environment_values(self, data: dict, **kw: Any) -> dict[str, float]:
+        return {f"{name}={os.environ.get(name)}": 1.0 for name in data["names"]}
+
     async def identity(self, data: dict, **kw: Any) -> dict[str, float]:
         visible = [p for p in os.listdir("/proc") if p.isdigit()]
         return {

@@ -4,10 +4,12 @@ Per SDK, the exceptions are the SDKs' own, raised by their own code: the OpenAI,
 LangChain and CAMEL clients against a real gateway whose engine is down (a prompt past the context
 is refused before the engine is asked: a 400 naming the context; any other call gets the 503 of an
 engine that does not answer), LangChain's parsers, tools and graphs, the OpenAI Agents SDK's tools
-and runner. Then the sandbox (the class crosses the zygote's pipe), the failure-rate stop rule, and
-a short real run with an agent that fails in every class: episodes.jsonl holds each class, policy
-failures reach the trainer with ``rollout.policy_failure_reward``, agent and infrastructure
-failures stay out of their group.
+and runner; the general rule for exceptions named for the model's unusable output, whatever the
+SDK; ``rollout.failure_classes`` before the built-in rules, in the controller's settling of an
+episode. Then the sandbox (the class and the exception chain's names cross the zygote's pipe),
+the failure-rate stop rule, and a short real run with an agent that fails in every class:
+episodes.jsonl holds each class, policy failures reach the trainer with
+``rollout.policy_failure_reward``, agent and infrastructure failures stay out of their group.
 """
 
 from __future__ import annotations
@@ -240,6 +242,113 @@ def test_json_decode_errors_and_chains():
     assert classify_exception(ValueError("a bug")) == (AGENT, "builtins.ValueError")
 
 
+def _named(qualified: str, base: type[Exception] = Exception) -> type[Exception]:
+    """An exception class with the qualified name an SDK gives it (the SDK is not installed here)."""
+    module, _, name = qualified.rpartition(".")
+    return type(name, (base,), {"__module__": module, "__qualname__": name})
+
+
+def test_exceptions_named_for_the_models_unusable_output_are_the_policys_whatever_the_sdk():
+    from langchain.agents.structured_output import MultipleStructuredOutputsError
+    from langchain_core.messages import AIMessage
+
+    # LangChain's create_agent: the model answered two structured responses where one was asked.
+    twice = MultipleStructuredOutputsError(["Answer", "Answer"], AIMessage(content=""))
+    assert classify_exception(twice) == (
+        POLICY,
+        "langchain.agents.structured_output.MultipleStructuredOutputsError (the model's output unusable)",
+    )
+    for name in (
+        "dspy.utils.exceptions.AdapterParseError",
+        "smolagents.utils.AgentParsingError",
+        "pydantic_ai.exceptions.UnexpectedModelBehavior",
+        "instructor.core.exceptions.IncompleteOutputException",
+        "llama_index.core.output_parsers.base.OutputParserException",
+    ):
+        assert classify_exception(_named(name)("bad answer")) == (POLICY, f"{name} (the model's output unusable)")
+    # A subclass of such a class (the SDK's own refinements) too; a parse error naming no model output is the agent's.
+    assert classify_exception(_named("mysdk.StrictAdapterParseError", _named("dspy.AdapterParseError"))("x"))[0] == POLICY
+    import xml.etree.ElementTree as ET
+
+    assert classify_exception(_raised(ET.fromstring, "<answer>")) == (AGENT, "xml.etree.ElementTree.ParseError")
+    assert classify_exception(_named("dateutil.parser.ParserError", ValueError)("x"))[0] == AGENT
+
+
+def test_rollout_failure_classes_decide_before_the_built_in_rules():
+    import xml.etree.ElementTree as ET
+
+    parse = outcome_from_exception("e", _raised(ET.fromstring, "<a>"), 0.1)
+    assert parse.raised[0][:2] == ["xml.etree.ElementTree.ParseError", "builtins.SyntaxError"]
+    assert classify_outcome(parse, True).failure_class == AGENT
+    # A base class's name covers its subclasses; the cause names the key that decided.
+    by_base = classify_outcome(parse, True, {"builtins.SyntaxError": POLICY})
+    assert (by_base.failure_class, by_base.failure_cause) == (
+        POLICY,
+        "xml.etree.ElementTree.ParseError (rollout.failure_classes: builtins.SyntaxError)",
+    )
+    # Before the built-in rules, on the whole chain: the inner cause's key wins over the outer's rule.
+    try:
+        try:
+            raise _named("dspy.utils.exceptions.AdapterParseError", ValueError)("no answer field")
+        except ValueError as e:
+            raise httpx.ConnectError("gone") from e
+    except httpx.ConnectError as e:
+        chained = outcome_from_exception("e", e, 0.1)
+    assert classify_outcome(chained, True).failure_class == INFRASTRUCTURE
+    overruled = classify_outcome(chained, True, {"dspy.utils.exceptions.AdapterParseError": AGENT})
+    assert (overruled.failure_class, overruled.failure_cause) == (
+        AGENT,
+        "dspy.utils.exceptions.AdapterParseError (rollout.failure_classes: dspy.utils.exceptions.AdapterParseError)",
+    )
+    # Only an exception the episode raised: a timeout stays the infrastructure's.
+    assert classify_outcome(EpisodeOutcome("e", "timeout"), True, {"builtins.SyntaxError": POLICY}).failure_class == INFRASTRUCTURE
+
+
+def test_the_controller_settles_an_inline_episode_with_rollout_failure_classes():
+    """The inline runner's outcome settled as the controller settles every episode: the run's
+    rollout.failure_classes makes it a policy failure, with rollout.policy_failure_reward."""
+    from areal.agent.spec import InlineRunner
+    from areal.config import RolloutConfig
+    from areal.controller.episodes import Episodes
+    from areal.gateway import Session
+
+    async def agent(data):
+        raise _named("dspy.utils.exceptions.AdapterParseError", ValueError)("no [[ ## answer ## ]] field")
+
+    async def go() -> tuple[EpisodeOutcome, EpisodeOutcome]:
+        runner = InlineRunner(agent, _dead_url())
+        try:
+            outcome = await runner.run_episode("e", {}, "sk-areal-unused-0000", 5.0)
+        finally:
+            await runner.close()
+        session = Session(key="", episode_id="e")
+        settled = []
+        for classes in ({}, {"builtins.ValueError": POLICY}):
+            rollout = RolloutConfig(failure_classes=classes, policy_failure_reward=-0.5)
+            episodes = Episodes(runner, None, rollout, None, "", None, print, print)
+            settled.append(await episodes.settle(outcome, session, {}))
+        return settled[0], settled[1]
+
+    built_in, configured = asyncio.run(go())
+    assert (built_in.failure_class, built_in.failure_cause) == (
+        POLICY,
+        "dspy.utils.exceptions.AdapterParseError (the model's output unusable)",
+    )
+    assert configured.failure_class == POLICY and configured.reward == -0.5
+    assert configured.failure_cause == "dspy.utils.exceptions.AdapterParseError (rollout.failure_classes: builtins.ValueError)"
+
+
+def test_rollout_failure_classes_are_checked_naming_the_key():
+    with pytest.raises(
+        ValueError, match=r"rollout.failure_classes\['dspy.utils.exceptions.AdapterParseError'\] must be one of policy, agent"
+    ):
+        build_dataclass(TrainConfig, {"rollout": {"failure_classes": {"dspy.utils.exceptions.AdapterParseError": "model"}}})
+    with pytest.raises(ValueError, match="rollout.failure_classes key 'AdapterParseError' must be an exception's qualified name"):
+        build_dataclass(TrainConfig, {"rollout": {"failure_classes": {"AdapterParseError": "policy"}}})
+    cfg = build_dataclass(TrainConfig, {"rollout": {"failure_classes": {"dspy.utils.exceptions.AdapterParseError": "policy"}}})
+    assert cfg.rollout.failure_classes == {"dspy.utils.exceptions.AdapterParseError": POLICY}
+
+
 def test_outcome_rules():
     ok = EpisodeOutcome("e", "ok", reward=1.0)
     assert (classify_outcome(ok, True).failure_class, classify_outcome(ok, False).failure_class) == ("", AGENT)
@@ -302,6 +411,13 @@ async def run(data, **kw):
     if data["case"] == "unreachable":
         client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0)
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    if data["case"] == "adapter_parse":
+        AdapterParseError = type("AdapterParseError", (ValueError,), {"__module__": "dspy.utils.exceptions"})
+        raise AdapterParseError("the model's reply fills no [[ ## answer ## ]] field")  # as DSPy's adapters say it
+    if data["case"] == "xml":
+        import xml.etree.ElementTree as ET
+
+        ET.fromstring("<answer>")  # ParseError: by the built-in rules, the agent's
     return {"a": 1}["b"]
 """
 
@@ -322,7 +438,7 @@ def test_the_class_crosses_the_sandbox(tmp_path):
         try:
             return [
                 await z.run_episode(case, {"case": case}, "sk-session-unused-000", 30.0)
-                for case in ("tool_arguments", "unreachable", "bug")
+                for case in ("tool_arguments", "unreachable", "bug", "adapter_parse", "xml")
             ]
         finally:
             await z.close()
@@ -335,7 +451,14 @@ def test_the_class_crosses_the_sandbox(tmp_path):
         ("error", POLICY, "agents.exceptions.ModelBehaviorError"),
         ("error", INFRASTRUCTURE, "openai.APIConnectionError"),
         ("error", AGENT, "builtins.KeyError"),
+        ("error", POLICY, "dspy.utils.exceptions.AdapterParseError (the model's output unusable)"),
+        ("error", AGENT, "xml.etree.ElementTree.ParseError"),
     ], [o.error[-500:] for o in outcomes]
+    # The chain's names cross too: the controller's rollout.failure_classes decides from them.
+    classes = {"builtins.SyntaxError": POLICY, "openai.APIConnectionError": AGENT}
+    settled = [classify_outcome(o, True, classes) for o in outcomes]
+    assert [s.failure_class for s in settled] == [POLICY, AGENT, AGENT, POLICY, POLICY]
+    assert settled[4].failure_cause == "xml.etree.ElementTree.ParseError (rollout.failure_classes: builtins.SyntaxError)"
 
 
 # ---- end to end ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -326,6 +327,38 @@ def test_modules_episodes_import_at_run_time_are_reported_and_named_once(gateway
 def test_preload_entries_must_be_module_names():
     with pytest.raises(ValueError, match="sandbox.preload"):
         SandboxConfig(preload=["anthropic", "not a module"])
+
+
+def test_sandbox_env_passes_the_named_variables_and_no_other(gateway, tmp_path):
+    """sandbox.env: a variable of the controller's environment the user names reaches every
+    episode (the zygote is exec'd with it, the episode's scrub keeps it); the others stay out."""
+    names = ["AREAL_TEST_TOOL_TOKEN", "SECRET_TOKEN"]
+
+    async def go() -> EpisodeOutcome:
+        with zygote_env(AREAL_TEST_TOOL_TOKEN="tool-token-1", SECRET_TOKEN="do-not-leak"):
+            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, SandboxConfig(env=names[:1]), str(tmp_path))
+        try:
+            return await z.run_episode("env", {"case": "environment_values", "names": names}, KEY)
+        finally:
+            await z.close()
+
+    out = asyncio.run(go())
+    assert out.status == "ok", out.error
+    assert set(out.rewards_by_id) == {"AREAL_TEST_TOOL_TOKEN=tool-token-1", "SECRET_TOKEN=None"}
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["TOOL-TOKEN"], "sandbox.env entries must be environment variable names"),
+        (["1ST"], "sandbox.env entries"),
+        (["OPENAI_API_KEY"], "sandbox.env cannot pass ['OPENAI_API_KEY']"),
+        (["HOME"], "the sandbox sets them"),
+    ],
+)
+def test_sandbox_env_entries_must_be_names_the_sandbox_does_not_set(names, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SandboxConfig(env=names)
 
 
 def test_warm_slots_must_not_be_negative():
