@@ -17,6 +17,7 @@ import torch
 from run_checks import read_jsonl, run_in_repo, sampled_as_served, three_step_run
 from safetensors.torch import load_file
 
+from areal.controller.audit import audit_run
 from areal.controller.trajectories import read_saved_trajectories
 from areal.embedded import ensure_embedded_model
 
@@ -49,6 +50,16 @@ def test_train_end_to_end(tmp_path, mode):
     seen_versions, _ = sampled_as_served(run_dir, trajectories)
     # Synchronous mode (bound 0): step k trains on episodes sampled by version k-1.
     assert seen_versions == {0, 1, 2}
+    # The audit the GPU proof reports (areal/controller/audit.py) finds nothing, and finds a token
+    # the engine never served once the engine's log is altered.
+    audit = audit_run(run_dir)
+    assert audit["problems"] == [] and audit["episodes"] == len(trajectories) and audit["tokens_checked"] > 0
+    log = run_dir / "engine_requests.jsonl"
+    served = [json.loads(line) for line in log.read_text().splitlines()]
+    for r in served:
+        r["output_ids"][0] += 1
+    log.write_text("".join(json.dumps(r) + "\n" for r in served))
+    assert sum("never served" in p for p in audit_run(run_dir)["problems"]) == len(trajectories)
 
     # The final model is an HF model whose weights all moved (a step moves weights only if some
     # group's rewards differ; with 8 samples per group a run without any such group is ~1e-7).

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from paths import ROOT
 
+from areal.controller.audit import AUDITED_RUN
 from areal.controller.trajectories import read_saved_trajectories
 from areal.protocol import Trajectory
 
@@ -79,16 +80,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def three_step_run(run_dir: Path, *overrides: str) -> list[str]:
     """``python -m areal.train`` for 3 synchronous steps of 2 groups, evaluation off, with what the
     checks read recorded (trajectories, the engine's request log); ``overrides`` last."""
-    return train_cmd(
-        run_dir,
-        "trainer.steps=3",
-        "rollout.groups_per_step=2",
-        "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0",
-        "save_trajectories=true",
-        "engine.request_log=true",
-        *overrides,
-    )
+    return train_cmd(run_dir, *AUDITED_RUN, *overrides)
 
 
 def one_step_run(run_dir: Path, *overrides: str) -> list[str]:

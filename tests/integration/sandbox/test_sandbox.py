@@ -33,7 +33,7 @@ from run_checks import run_in_repo
 from zygote_harness import busy_children, processes_with_arg, run, zygote_env
 
 from areal.protocol import EpisodeOutcome, GatewayReply, GatewayRequest
-from sandbox.isolation import ENV_ALLOW, SandboxConfig
+from sandbox.isolation import ENV_ALLOW, SET_PER_EPISODE, SandboxConfig
 from sandbox.zygote_client import Zygote
 
 KEY = "sk-session-test-123"
@@ -231,15 +231,7 @@ def test_environment_is_scrubbed(loop, zygote):
     names = set(out.rewards_by_id)
     assert "SECRET_TOKEN" not in names
     assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "HOME"} <= names
-    assert names <= set(ENV_ALLOW) | {
-        "HOME",
-        "TMPDIR",
-        "NO_PROXY",
-        "OPENAI_BASE_URL",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_BASE_URL",
-        "ANTHROPIC_API_KEY",
-    }
+    assert names <= set(ENV_ALLOW) | set(SET_PER_EPISODE)
 
 
 def test_pid_namespace_and_private_tmp(loop, zygote, tmp_path):
