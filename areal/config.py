@@ -85,6 +85,26 @@ class RolloutConfig:
     # {"dspy.utils.exceptions.AdapterParseError": "policy"}. Looked up in the episode's exception
     # chain before the built-in rules of areal/agent/failures.py; for SDKs they do not know.
     failure_classes: dict[str, str] = field(default_factory=dict)
+    # DAPO's dynamic sampling (Yu et al. 2025; areal/controller/dapo.py): a finished group whose
+    # samples all have the same rewards (every advantage 0) is not trained: its episodes are
+    # logged with "dropped": "dynamic_sampling" and another prompt is started in its place, so
+    # each step trains groups_per_step groups with signal. AReaL: actor.dynamic_sampling.
+    dynamic_sampling: bool = False
+    # Groups dropped per step at most (0: 10 x groups_per_step); past it the step takes its
+    # remaining groups as they come (a console line; dynamic_sampling_exhausted in metrics.jsonl),
+    # so a task the model always solves, or always fails, cannot loop forever.
+    dynamic_sampling_max_groups: int = 0
+    # DAPO's overlong filtering: the sampled tokens of an LLM call cut by its max_tokens
+    # (finish_reason "length") get loss mask 0, pushed neither up nor down; its row's reward still
+    # counts in its group's statistics. AReaL: actor.mask_no_eos_with_zero.
+    overlong_filter: bool = False
+    # DAPO's soft overlong punishment, its interval L_cache in tokens (0: off): a call that
+    # sampled |y| tokens under its limit L_max (the max_tokens the gateway granted that call) adds
+    # overlong_penalty_factor x ((L_max - L_cache) - |y|) / L_cache to its reward when
+    # |y| > L_max - L_cache: -factor at L_max. With a float episode reward the episode's reward
+    # (every row's) takes the sum of its calls' penalties. AReaL: actor.overlong_tokens.
+    overlong_penalty_tokens: int = 0
+    overlong_penalty_factor: float = 1.0
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
 
     def __post_init__(self) -> None:
@@ -119,6 +139,14 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_failure_rate must be in (0, 1], got {self.max_failure_rate}")
         if self.failure_window < 0:
             raise ValueError(f"rollout.failure_window must be >= 0 (0: automatic), got {self.failure_window}")
+        if self.dynamic_sampling_max_groups < 0:
+            raise ValueError(
+                f"rollout.dynamic_sampling_max_groups must be >= 0 (0: 10 x groups_per_step), got {self.dynamic_sampling_max_groups}"
+            )
+        if self.overlong_penalty_tokens < 0:
+            raise ValueError(f"rollout.overlong_penalty_tokens must be >= 0 (0: no penalty), got {self.overlong_penalty_tokens}")
+        if not self.overlong_penalty_factor >= 0:
+            raise ValueError(f"rollout.overlong_penalty_factor must be >= 0, got {self.overlong_penalty_factor}")
         for name, cls in self.failure_classes.items():
             if not isinstance(name, str) or not _QUALIFIED_NAME.fullmatch(name):
                 raise ValueError(

@@ -16,7 +16,8 @@ never dropped silently; a key typed on the command line that neither system know
 Defaults: a key that becomes one run field defaults to that field's default, read off its
 dataclass (``lr: float = TrainerConfig.lr``), so the value is written once; the keys whose
 default is this layer's own (``gconfig.n_samples``, ``gconfig.max_tokens``, ``actor.lora_rank``
-...) differ from the run's on purpose. The values stay concrete: AReaL's scripts read them
+...) differ from the run's on purpose: ``gconfig.max_tokens`` is AReaL's 32,768, so a config that
+does not set it gets the context of its model (the run caps it at ``max_position_embeddings``). The values stay concrete: AReaL's scripts read them
 (``config.gconfig.temperature``) and ``areal_config.json`` records them.
 """
 
@@ -41,6 +42,8 @@ from sandbox.isolation import SandboxConfig
 
 T = TypeVar("T")
 
+AREAL_MAX_TOKENS = 32768  # AReaL's gconfig.max_tokens default (65536 before AReaL's #829)
+
 
 @dataclass
 class GenerationHyperparameters:
@@ -48,7 +51,9 @@ class GenerationHyperparameters:
 
     n_samples: int = 4  # trajectories per prompt (one GRPO group)
     max_new_tokens: int = GatewayConfig.default_max_tokens  # tokens one LLM call may sample (gateway.default_max_tokens)
-    max_tokens: int = 2048  # prompt + sampled tokens of one call (the context limit)
+    # prompt + sampled tokens of one call (the context limit); AReaL's default, which the run caps
+    # at the model's max_position_embeddings (so a config that does not set it gets the model's context)
+    max_tokens: int = AREAL_MAX_TOKENS
     min_new_tokens: int = 0
     greedy: bool = False
     temperature: float = RolloutConfig.temperature  # rollout.temperature
@@ -183,9 +188,9 @@ class InferenceEngineConfig:
     max_concurrent_rollouts: int = RolloutConfig.max_concurrent_episodes  # rollout.max_concurrent_episodes
     max_head_offpolicyness: int = RolloutConfig.max_head_offpolicyness
     request_timeout: float = RolloutConfig.deadline_s  # wall-clock limit of one episode, seconds (rollout.deadline_s)
-    # prompt + sampled tokens of a call (gateway.context_length, within gconfig.max_tokens); the run
-    # caps it at the model's positions
-    context_length: int = GatewayConfig.context_length
+    # prompt + sampled tokens of a call (gateway.context_length, within gconfig.max_tokens); None:
+    # gconfig.max_tokens alone. The run caps it at the model's positions
+    context_length: int | None = None
     openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
 
     def __post_init__(self) -> None:
@@ -193,6 +198,8 @@ class InferenceEngineConfig:
             raise ValueError(f"rollout.backend must be 'embedded' or 'sglang', got {self.backend!r}")
         if self.backend == "sglang" and not self.server_urls:
             raise ValueError("rollout.server_urls must list the SGLang servers when rollout.backend=sglang")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"rollout.context_length must be >= 1 (or null), got {self.context_length}")
         if self.max_concurrent_rollouts < 1 or self.max_head_offpolicyness < 0 or not self.request_timeout > 0:
             raise ValueError(
                 "rollout.max_concurrent_rollouts >= 1, rollout.max_head_offpolicyness >= 0 and rollout.request_timeout > 0 are required"

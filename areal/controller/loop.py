@@ -22,8 +22,10 @@ on and is left out of its group, whose advantages are normalised over the rest. 
 rewards lie (not finite, outside ``rollout.reward_range``, of a wrong type, or naming completions
 that are not its own) is an agent failure, its error naming the bad entries: it affects neither
 the other episodes of its group nor the run. A group with nothing to train on is replaced by a
-new prompt. If the first ``2 * groups_per_step`` groups all fail, the run stops with the first
-failure's reason rather than spinning. A dead engine or trainer stops the run within a second,
+new prompt, and so is a group whose rewards are all equal under ``rollout.dynamic_sampling``
+(its episodes logged as dropped, never published: ``areal/controller/dapo.py``). If the first
+``2 * groups_per_step`` groups all fail, the run stops with the first failure's reason rather
+than spinning. A dead engine or trainer stops the run within a second,
 whatever the controller is doing (the evaluation before training included), with a named error
 and the tail of its log.
 
@@ -65,6 +67,7 @@ from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import RolloutConfig, TrainConfig, to_dict
 from areal.controller.agent_eval import AgentEvaluation
+from areal.controller.dapo import DROPPED, DynamicSampling, Overlong
 from areal.controller.episodes import Episodes, episode_record, workflow_call_record
 from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_eval_mode
 from areal.controller.metrics import step_row
@@ -144,6 +147,13 @@ class Controller:
         r = config.rollout
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
         self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
+        # DAPO (areal/controller/dapo.py): groups of equal rewards dropped; overlong calls masked, penalised
+        self.dynamic_sampling = (
+            DynamicSampling(r.groups_per_step, r.dynamic_sampling_max_groups or 10 * r.groups_per_step, tqdm.write)
+            if r.dynamic_sampling
+            else None
+        )
+        self.overlong = Overlong(r.overlong_filter, r.overlong_penalty_tokens, r.overlong_penalty_factor)
 
     def _agent_spec(self, agent: Any | None) -> str:
         """What the zygote imports in subproc mode: ``rollout.agent``, or the import path of an
@@ -176,6 +186,7 @@ class Controller:
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
         self.window_tasks: list[tuple[str, float]] = []  # (task, reward) of each trained episode since then whose row has a task
+        self.window_overlong = [0, 0]  # rows filtered, rows penalised (areal/controller/dapo.py) published since then
         r = self.config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
@@ -470,28 +481,45 @@ class Controller:
         rollout worker was lost: ``Episodes.lost``) is logged and run again (same prompt, new
         episode ids) once the runner is whole. ``tag`` marks the episode ids of a resumed run
         (``-resume<n>``), which may run a group of the killed run again."""
-        n = self.config.rollout.n_samples
-        for attempt in range(self.config.rollout.max_zygote_restarts + 1):
+        n, last = self.config.rollout.n_samples, self.config.rollout.max_zygote_restarts
+        for attempt in range(last + 1):
             mark = episodes.generation
             prefix = group_id + tag if attempt == 0 else f"{group_id}{tag}-retry{attempt}"
             results = await asyncio.gather(*(self._run_episode(episodes, f"{prefix}-e{i}", problem, group_id) for i in range(n)))
-            infrastructure = episodes.lost([o for o, _ in results], mark)
-            for o, s in results:
-                if infrastructure and o.status == "crashed":
-                    o = msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
-                self._log_episode(o, s, group_id)
-            if not infrastructure:
+            if not episodes.lost([o for o, _ in results], mark):
                 break
-            if not await episodes.recover(next(o.error for o, _ in results if o.status == "crashed")):
+            results = [
+                (
+                    msgspec.structs.replace(o, error=f"infrastructure failure, group re-admitted: {o.error}")
+                    if o.status == "crashed"
+                    else o,
+                    s,
+                )
+                for o, s in results
+            ]
+            recovered = await episodes.recover(next(o.error for o, _ in results if o.status == "crashed"))
+            if recovered and attempt == last:  # no attempt left: the group is what this one trained
+                break
+            for o, s in results:
+                self._log_episode(o, s, group_id)
+            if not recovered:
                 return
         self._count_failures([o for o, _ in results])
         # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
         # completions the gateway recorded; agent and infrastructure failures leave the group.
         good = [(o, s) for o, s in results if (o.status == "ok" or o.failure_class == POLICY) and s.interactions]
+        trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.overlong) for o, s in good]
+        dropped = bool(good) and self._drop(trajectories)  # logged with its episodes, before anything is published
+        trained = {o.episode_id for o, _ in good}
+        for o, s in results:
+            self._log_episode(o, s, group_id, DROPPED if dropped and o.episode_id in trained else "")
         if not good:
             self._group_failed(results[0][0])
             return
-        await self._publish(rings, [trajectory_from_episode(o, s, group_id, len(good)) for o, s in good])
+        if dropped:
+            return
+        self._count_overlong([i for _, s in good for i in s.interactions.values()])
+        await self._publish(rings, trajectories)
 
     async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         """One group of ``arun_episode`` calls (``areal/agent/groups.py`` decides how many):
@@ -501,17 +529,36 @@ class Controller:
         # A call's rows are exported only when it returned: a failed one has nothing to train.
         outcomes = [classify_outcome(c.outcome, bool(c.rows), self.config.rollout.failure_classes) for c in calls]
         self._count_failures(outcomes)
+        rows = [row for c in calls for row in c.rows.values()]
+        trajectories = [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows), self.overlong) for i, row in enumerate(rows)]
+        dropped = bool(rows) and self._drop(trajectories)
         for c, outcome in zip(calls, outcomes):
             self.window.append(outcome)
             record = workflow_call_record(c, outcome, group_id)
+            if dropped and c.rows:
+                record["dropped"] = DROPPED
             inters = [r.interaction for r in c.rows.values()]
             rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in c.rows.values()}
             self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, rewards)
-        rows = [row for c in calls for row in c.rows.values()]
         if not rows:
             self._group_failed(outcomes[0])
             return
-        await self._publish(rings, [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows)) for i, row in enumerate(rows)])
+        if dropped:
+            return
+        self._count_overlong([row.interaction for row in rows])
+        await self._publish(rings, trajectories)
+
+    def _drop(self, trajectories: list[Trajectory]) -> bool:
+        """Whether dynamic sampling drops this finished group (rollout.dynamic_sampling,
+        areal/controller/dapo.py): its rewards are all equal, and the step it would fill has not
+        dropped its share yet. A dropped group is never published: admission starts another."""
+        return self.dynamic_sampling is not None and not self.dynamic_sampling.keep(trajectories, self.accepted_groups)
+
+    def _count_overlong(self, calls: list[Any]) -> None:
+        """Count the published calls whose rows were filtered or penalised for their length."""
+        filtered, penalised = self.overlong.counts(calls)
+        self.window_overlong[0] += filtered
+        self.window_overlong[1] += penalised
 
     def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
         """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
@@ -687,9 +734,13 @@ class Controller:
 
         return single_turn
 
-    def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str) -> None:
+    def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str, dropped: str = "") -> None:
+        """The episode's line in episodes.jsonl; ``dropped``: why an episode with something to
+        train on was not published (``"dynamic_sampling"``), else "" (no key)."""
         inters = list(s.interactions.values())
         record = episode_record(o, s, group_id)
+        if dropped:
+            record["dropped"] = dropped
         self.window_calls.append((len(inters), record["tool_calls"], record["malformed_tool_calls"]))
         self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
 
@@ -728,7 +779,13 @@ class Controller:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
         tasks, self.window_tasks = self.window_tasks, []
-        self.records.step(step_row(r, window, calls, tasks))
+        row = step_row(r, window, calls, tasks)
+        if self.dynamic_sampling is not None:  # groups finished, dropped, and published without signal (the bound) since then
+            row.update(self.dynamic_sampling.take_window())
+        if self.overlong.filter or self.overlong.cache:
+            row["overlong_filtered_rows"], row["overlong_penalised_rows"] = self.window_overlong
+        self.window_overlong = [0, 0]
+        self.records.step(row)
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -237,6 +237,8 @@ def plan_resume(run_dir: Path, n_samples: int) -> Resume:
             continue
         if len(rows) >= n_samples and not any(r["status"] == "ok" or r.get("failure_class") == "policy" for r in rows):
             continue  # it failed as a whole: the killed run moved on from it too
+        if any(r.get("dropped") for r in rows):
+            continue  # dropped by dynamic sampling (rollout.dynamic_sampling): the killed run moved on from it too
         readmit.append((pos, group_id))
     # Every position the killed run admitted and left a trace of: a line in episodes.jsonl (which
     # a kill may cut short of its last lines), a journal record, or a trained step.

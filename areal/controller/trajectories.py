@@ -16,12 +16,15 @@ from pathlib import Path
 
 import msgspec
 
+from areal.controller.dapo import NO_OVERLONG, Overlong
 from areal.gateway import Session
 from areal.gateway.tree import InteractionWithTokenLogpReward
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, TokenRow, Trajectory, decode_trajectory
 
 
-def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int) -> Trajectory:
+def trajectory_from_episode(
+    outcome: EpisodeOutcome, session: Session, group_id: str, group_size: int, overlong: Overlong = NO_OVERLONG
+) -> Trajectory:
     """One row per interaction (prompt + sampled tokens), built from the gateway's recorded ids,
     in call order, with each row's parent row (``row_parents``: the conversation tree).
 
@@ -31,6 +34,11 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     float (the controller set it), and its ``failure_kind`` is "policy". ``outcome`` has passed
     ``check_episode_rewards`` against ``session``: every id it names is one of the session's
     (else ``KeyError``).
+
+    ``overlong`` (areal/controller/dapo.py): a call cut by its max_tokens has its sampled tokens
+    masked out (``overlong.filter``); each call's length penalty is added to the reward its row
+    is trained with: to the episode's float (every row's) when run() returned one, else to the
+    call's own row. Either way the episode reward grows by the sum of its calls' penalties.
     """
     for inter_id, r in outcome.rewards_by_id.items():
         session.set_reward(inter_id, r)
@@ -39,11 +47,13 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     # Each row's parent row in the conversation tree (-1: a root, or a parent outside the tree).
     parents = [index.get(row.interaction.parent_id, -1) for row in exported.values()]  # type: ignore[arg-type]
     rows, versions = [], []
+    shared = None if outcome.reward is None else outcome.reward + sum(overlong.penalty(r.interaction) for r in exported.values())
     for row in exported.values():
-        reward = outcome.reward if outcome.reward is not None else (row.interaction.reward or 0.0)
-        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
+        reward = shared if shared is not None else (row.interaction.reward or 0.0) + overlong.penalty(row.interaction)
+        mask = overlong.mask(row.loss_mask, row.interaction)
+        rows.append(TokenRow(input_ids=row.input_ids, loss_mask=mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
         versions.extend(v for v in row.versions if v >= 0)
-    episode_reward = outcome.reward if outcome.reward is not None else sum(r.reward for r in rows)
+    episode_reward = shared if shared is not None else sum(r.reward for r in rows)
     return Trajectory.from_rows(
         episode_id=outcome.episode_id,
         group_id=group_id,
@@ -62,16 +72,21 @@ def trajectory_from_episode(outcome: EpisodeOutcome, session: Session, group_id:
     )
 
 
-def trajectory_from_row(row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int) -> Trajectory:
-    """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward)."""
+def trajectory_from_row(
+    row: InteractionWithTokenLogpReward, episode_id: str, group_id: str, group_size: int, overlong: Overlong = NO_OVERLONG
+) -> Trajectory:
+    """One row of a RolloutWorkflow's export as a one-row Trajectory (its own reward), its last
+    call's overlong mask and penalty applied (``overlong``, areal/controller/dapo.py)."""
     versions = [v for v in row.versions if v >= 0]
+    reward = row.reward + overlong.penalty(row.interaction)
+    mask = overlong.mask(row.loss_mask, row.interaction)
     return Trajectory.from_rows(
         episode_id=episode_id,
         group_id=group_id,
         group_size=group_size,
-        reward=row.reward,
+        reward=reward,
         status="ok",
-        rows=[TokenRow(input_ids=row.input_ids, loss_mask=row.loss_mask, logprobs=row.logprobs, versions=row.versions, reward=row.reward)],
+        rows=[TokenRow(input_ids=row.input_ids, loss_mask=mask, logprobs=row.logprobs, versions=row.versions, reward=reward)],
         policy_version_start=min(versions, default=-1),
         policy_version_end=max(versions, default=-1),
         interaction_ids=[row.interaction.id],

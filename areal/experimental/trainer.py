@@ -14,8 +14,10 @@ Workflows, and where they run:
 - an ``AgentWorkflow`` object: if its class is importable (a module, or the running script by
   file path) and takes no constructor arguments, it becomes that class's spec, so it runs in
   either mode; otherwise it is passed as ``agent=`` and needs ``rollout.openai.mode=inline``.
-- a ``RolloutWorkflow`` object (``arun_episode(engine, data)``): passed as ``agent=``; it needs
-  the engine object, so it runs in the controller's event loop whatever the mode.
+- a ``RolloutWorkflow`` (``arun_episode(engine, data)``; a class is built with ``workflow_kwargs``):
+  passed as ``agent=`` inside a ``RecordedWorkflow`` (areal/api/engine_api.py), so its ``engine``
+  is AReaL's (``agenerate``, ``get_version``, ``config``) and what it returns, recorded rows or
+  AReaL's tensor dict, is trained as recorded; it runs in the controller's event loop whatever the mode.
 
 Datasets: the embedded task (``EmbeddedDataset``) maps onto ``data.train_size`` / ``eval_size``;
 any other rows go to the controller as ``dataset=`` / ``eval_dataset=``.
@@ -37,7 +39,8 @@ from typing import Any
 
 from areal.agent.spec import class_spec
 from areal.aio import run as run_loop
-from areal.api.cli_args import PPOConfig
+from areal.api.cli_args import InferenceEngineConfig, PPOConfig
+from areal.api.engine_api import RecordedWorkflow
 from areal.api.workflow_api import workflow_kind
 from areal.config import DataConfig, TrainConfig, to_dict
 from areal.dataclass_config import build_dataclass
@@ -56,8 +59,11 @@ class WorkflowPlan:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the spec's class is built with
 
 
-def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) -> WorkflowPlan:
+def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None, rollout: InferenceEngineConfig | None = None) -> WorkflowPlan:
     """Decide how ``workflow`` (a path, a class or an object) is handed to the controller.
+
+    A ``RolloutWorkflow`` is always an object, a ``RecordedWorkflow`` around it: it gets AReaL's
+    engine (``agenerate``, ``config``: ``rollout``) and its rows become the recorded ones.
 
     An agent class named with ``workflow_kwargs`` (AReaL's ``train.py`` passes temperature,
     top_p, max_tokens, max_completion_tokens, max_turns) is built with them wherever it runs: as a
@@ -70,14 +76,14 @@ def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None) 
         if spec is not None and workflow_kind(workflow) == "agent":
             workflow(**kwargs)  # fail here, naming the class, not in every sandboxed episode
             return WorkflowPlan(spec, None, "agent", kwargs)
-        if spec is not None and not kwargs:
-            return WorkflowPlan(spec, None, workflow_kind(workflow))
         workflow = workflow(**kwargs)
     elif kwargs:
         raise ValueError("workflow_kwargs apply only when the workflow is given as a class or an import path")
     kind = workflow_kind(workflow)
     if kind == "agent" and not kwargs and not inspect.isfunction(workflow) and class_spec(type(workflow)) is not None:
         return WorkflowPlan(class_spec(type(workflow)), None, kind)
+    if kind == "rollout":  # its engine: a GatewayEngine over the run's, recording every agenerate
+        return WorkflowPlan(None, RecordedWorkflow(workflow, rollout), kind)
     return WorkflowPlan(None, workflow, kind)
 
 
@@ -125,10 +131,11 @@ def to_train_config(
 
 def _gateway_section(config: PPOConfig) -> dict[str, Any]:
     """``gateway``: gconfig.max_tokens and engine_max_tokens are AReaL's limits of prompt + sampled
-    tokens; its agents ask for gconfig.max_tokens, so what fits is what they get (fit_max_tokens)."""
+    tokens (the run caps the context at the model's positions); its agents ask for
+    gconfig.max_tokens, so what fits is what they get (fit_max_tokens)."""
     g, r = config.gconfig, config.rollout
     return {
-        "context_length": min(r.context_length, g.max_tokens, r.openai.engine_max_tokens or r.context_length),
+        "context_length": min(g.max_tokens, r.context_length or g.max_tokens, r.openai.engine_max_tokens or g.max_tokens),
         "default_max_tokens": g.max_new_tokens,
         "max_tokens_cap": max(GatewayConfig.max_tokens_cap, g.max_new_tokens),  # raised when gconfig asks for more
         "fit_max_tokens": True,
@@ -263,7 +270,7 @@ class PPOTrainer:
         """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
         from areal.controller.loop import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
 
-        plan = plan_workflow(workflow, workflow_kwargs)
+        plan = plan_workflow(workflow, workflow_kwargs, self.config.rollout)
         embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)
         if not embedded and isinstance(self.valid_dataset, EmbeddedDataset):
             raise ValueError("a custom train_dataset with the embedded valid_dataset is not supported; give both as files")

@@ -273,6 +273,7 @@ def record_choice(
         tool_calls=len(parsed.tool_calls),
         malformed_tool_calls=parsed.malformed,
         used_tool_result=used_tool_result(parsed.content, turn.messages),
+        max_tokens=turn.sampling.max_tokens if type(turn.sampling.max_tokens) is int else 0,
     )
     session.interactions[inter.id] = inter
     reply = {

@@ -44,6 +44,9 @@ class Interaction(msgspec.Struct):
     tool_calls: int = 0  # well-formed tool calls the gateway parsed out of output_ids (what the agent received)
     malformed_tool_calls: int = 0  # tool calls it tried to make that the parser could not read (ParsedOutput.malformed)
     used_tool_result: bool = False  # the reply's content holds a tool message's content of its history (used_tool_result)
+    # the max_tokens the call was granted (after gateway.fit_max_tokens cut it to the context): the
+    # limit a finish_reason of "length" hit, DAPO's L_max (areal/controller/dapo.py); 0 when unknown
+    max_tokens: int = 0
 
 
 class InteractionWithTokenLogpReward(msgspec.Struct):

@@ -1,1 +1,1 @@
-"""AReaL's ``areal.utils`` import paths: ``dynamic_import`` and ``hf_utils`` (thin helpers)."""
+"""AReaL's ``areal.utils`` import paths: ``dynamic_import``, ``hf_utils``, ``logging``, ``stats_logger``, ``stats_tracker``."""

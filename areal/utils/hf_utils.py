@@ -1,6 +1,8 @@
 """``load_hf_tokenizer(path)``: AReaL's tokenizer loader; ``"embedded"`` means the built-in model,
 ``"scripted"`` the built-in test model (replies fixed by contract, ``areal.embedded.scripted``),
-``"embedded-agent"`` the calculator agent's variant (``areal.embedded.agentic``)."""
+``"embedded-agent"`` the calculator agent's variant (``areal.embedded.agentic``).
+``apply_chat_template(tokenizer, messages, tokenize=True, **kwargs)``: AReaL's wrapper, ids as a
+plain ``list[int]`` whatever the transformers version returns (a dict from 5.0 on)."""
 
 from __future__ import annotations
 
@@ -19,3 +21,11 @@ def load_hf_tokenizer(path: str, fast_tokenizer: bool = True, padding_side: str 
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool = True, **kwargs: Any) -> list[int] | str:
+    """The chat template applied to ``messages``: token ids when ``tokenize``, else the text."""
+    result = tokenizer.apply_chat_template(messages, tokenize=tokenize, **kwargs)
+    if tokenize and not isinstance(result, list):  # transformers >= 5.0: a BatchEncoding
+        return list(result["input_ids"])
+    return result

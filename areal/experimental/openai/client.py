@@ -108,6 +108,19 @@ class ArealOpenAI(AsyncOpenAI):
             return await create(*args, model=model, **kw)
 
         self.chat.completions.create = create_for_the_engine  # type: ignore[method-assign]
+        # AReaL's responses.create takes chat's max_completion_tokens too: the Responses API's max_output_tokens.
+        create_response = self.responses.create
+
+        async def create_response_for_the_engine(*args: Any, model: str = "default", **kw: Any) -> Any:
+            if "max_completion_tokens" in kw:
+                limit = kw.pop("max_completion_tokens")
+                if kw.get("max_output_tokens") is not None and limit is not None:
+                    raise ValueError("max_output_tokens and max_completion_tokens cannot both be set")
+                if limit is not None:
+                    kw["max_output_tokens"] = limit
+            return await create_response(*args, model=model, **kw)
+
+        self.responses.create = create_response_for_the_engine  # type: ignore[method-assign]
 
     @property
     def interactions(self) -> dict[str, Interaction]:
