@@ -59,7 +59,9 @@ class WorkflowPlan:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the spec's class is built with
 
 
-def plan_workflow(workflow: Any, workflow_kwargs: dict[str, Any] | None = None, rollout: InferenceEngineConfig | None = None) -> WorkflowPlan:
+def plan_workflow(
+    workflow: Any, workflow_kwargs: dict[str, Any] | None = None, rollout: InferenceEngineConfig | None = None
+) -> WorkflowPlan:
     """Decide how ``workflow`` (a path, a class or an object) is handed to the controller.
 
     A ``RolloutWorkflow`` is always an object, a ``RecordedWorkflow`` around it: it gets AReaL's

@@ -1,0 +1,245 @@
+"""AReaL's newest examples call the engine themselves (``engine.agenerate(ModelRequest)``): one test
+per item of what they need, and a whole run of such a workflow trained as served.
+
+Engine-backed tests use the instant stand-in engine (SGLang's /generate, always "42") with the
+scripted model's tokenizer; the run uses the embedded model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+from instant_engine import start_instant_engine
+from transformers import AutoTokenizer
+
+from areal.embedded import ensure_scripted_model
+from areal.engine.client import EngineClient
+
+WORKFLOWS = "areal_examples.countdown.workflows"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(ensure_scripted_model())
+
+
+def _with_engine(tok, fn):
+    async def go():
+        runner = await start_instant_engine(tok)
+        engine = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        try:
+            return await fn(engine)
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def _data(tok):
+    return {"messages": [{"role": "user", "content": "6*7?"}], "answer": "42"}
+
+
+# ---- 1. engine.agenerate: recorded as the gateway records, trained as recorded -----------------
+
+
+def test_agenerate_returns_the_recorded_tokens_and_the_rows_are_the_records(tok):
+    from areal_examples.countdown.workflows import CountDownWorkflow
+
+    from areal import workflow_context
+    from areal.api import InferenceEngine, ModelRequest, ModelResponse
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import GatewayEngine, RecordedWorkflow
+    from areal.api.engine_api import ModelRequest as EngineModelRequest
+    from areal.gateway.tree import InteractionWithTokenLogpReward
+
+    assert EngineModelRequest is ModelRequest and issubclass(GatewayEngine, InferenceEngine)
+    workflow = CountDownWorkflow(GenerationHyperparameters(max_new_tokens=16), tok)
+
+    async def go(engine):
+        with workflow_context.calling() as sessions:
+            rows = await RecordedWorkflow(workflow).arun_episode(engine, _data(tok))
+        facade = GatewayEngine(engine)
+        resp = await facade.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationHyperparameters(n_samples=1, max_new_tokens=4)))
+        return rows, sessions, resp, facade
+
+    rows, sessions, resp, facade = _with_engine(tok, go)
+    assert isinstance(resp, ModelResponse) and resp.input_tokens == [1, 2, 3]
+    answer = tok.encode("42", add_special_tokens=False)
+    assert resp.output_tokens[: len(answer)] == answer and resp.output_len == len(resp.output_logprobs) == len(resp.output_versions)
+    assert resp.stop_reason in ("stop", "length") and resp.output_versions == [0] * resp.output_len
+    inter = facade.interactions[resp.interaction_id]  # the record is the response
+    assert (inter.prompt_ids, inter.output_ids, inter.output_logprobs) == ([1, 2, 3], resp.output_tokens, resp.output_logprobs)
+    # The workflow's tensor row became the recorded row, its reward set on the record too.
+    (session,) = sessions  # one trajectory, one client: the controller calls it n_samples times
+    ((rid, row),) = rows.items()
+    assert isinstance(row, InteractionWithTokenLogpReward) and rid in session.interactions
+    recorded = session.interactions[rid]
+    assert row.input_ids == recorded.prompt_ids + recorded.output_ids
+    assert row.loss_mask == [0] * len(recorded.prompt_ids) + [1] * len(recorded.output_ids)
+    assert row.logprobs[len(recorded.prompt_ids) :] == recorded.output_logprobs
+    assert row.reward == recorded.reward == float(len(recorded.output_ids) % 2)
+
+
+def test_a_multi_turn_workflow_trains_its_turns_as_one_recorded_chain(tok):
+    from areal_examples.countdown.workflows import TIRWorkflow
+
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import GatewayEngine
+
+    workflow = TIRWorkflow(GenerationHyperparameters(), tok)
+
+    async def go(engine):
+        facade = GatewayEngine(engine)
+        result = await workflow.arun_episode(facade, _data(tok))
+        return facade, result
+
+    facade, result = _with_engine(tok, go)
+    first, second = facade.interactions.values()
+    assert second.parent_id == first.id and len(facade.sessions) == 1  # the second turn extends the first
+    ((rid, row),) = facade.rows(result).items()
+    assert rid == second.id
+    tool = len(second.prompt_ids) - len(first.prompt_ids) - len(first.output_ids)
+    assert tool > 0 and row.input_ids == second.prompt_ids + second.output_ids
+    assert row.loss_mask == result["loss_mask"][0].tolist()  # both turns trained, the tool's tokens not
+    assert sum(row.loss_mask) == len(first.output_ids) + len(second.output_ids)
+
+    forged = {k: v.clone() for k, v in result.items()}
+    forged["input_ids"][0, -2] += 1  # a token the engine never served
+    with pytest.raises(ValueError, match="not a sequence the engine served"):
+        facade.rows(forged)
+    overtrained = {k: v.clone() for k, v in result.items()}
+    overtrained["loss_mask"][0, :] = 1  # training the prompt and the tool's tokens
+    with pytest.raises(ValueError, match="did not sample"):
+        facade.rows(overtrained)
+
+
+def test_agenerate_keeps_areals_limits(tok):
+    from areal.api import ModelRequest
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import GatewayEngine
+
+    async def go(engine):
+        facade = GatewayEngine(engine)
+        with pytest.raises(ValueError, match="n_samples must be 1"):
+            await facade.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationHyperparameters(n_samples=2)))
+        with pytest.raises(RuntimeError, match="non-positive"):
+            await facade.agenerate(ModelRequest(input_ids=[1] * 8, gconfig=GenerationHyperparameters(n_samples=1, max_tokens=8)))
+        return facade.interactions
+
+    assert _with_engine(tok, go) == {}  # a refused call records nothing
+
+
+# ---- 2. RLVRWorkflow, logging, apply_chat_template ---------------------------------------------
+
+
+def test_rlvr_workflow_has_areals_signature_and_trains_what_it_sampled(tok):
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import RecordedWorkflow
+    from areal.utils import logging
+    from areal.utils.hf_utils import apply_chat_template
+    from areal.workflow.rlvr import RLVRWorkflow
+
+    assert logging.getLogger("RLVRWorkflow").name == "RLVRWorkflow"
+    messages = _data(tok)["messages"]
+    ids = apply_chat_template(tok, messages, add_generation_prompt=True)  # a list whatever transformers returns
+    text = apply_chat_template(tok, messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(ids, list) and ids == tok.encode(text, add_special_tokens=False)
+    workflow = RLVRWorkflow(
+        reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+        gconfig=GenerationHyperparameters(max_new_tokens=8),
+        tokenizer=tok,
+        enable_thinking=False,
+    )
+    assert tok.eos_token_id in workflow.gconfig.stop_token_ids
+
+    async def go(engine):
+        return await RecordedWorkflow(workflow).arun_episode(engine, _data(tok))
+
+    ((_, row),) = _with_engine(tok, go).items()
+    assert row.reward == 1.0  # the instant engine answers 42
+    assert tok.decode([t for t, m in zip(row.input_ids, row.loss_mask) if m], skip_special_tokens=True) == "42"
+
+
+# ---- 3. ArealOpenAI: engine.config.request_timeout, responses' max_completion_tokens -----------
+
+
+def test_areal_openai_over_the_engine_api_reads_request_timeout_and_max_completion_tokens(tok):
+    from areal.api.cli_args import InferenceEngineConfig
+    from areal.api.engine_api import GatewayEngine
+    from areal.experimental.openai import ArealOpenAI
+
+    sent: list[dict] = []
+
+    async def go(engine):
+        generate = engine.generate
+
+        async def spy(ids, params, *args, **kwargs):  # what the gateway asks the engine for
+            sent.append(params)
+            return await generate(ids, params, *args, **kwargs)
+
+        engine.generate = spy
+        client = ArealOpenAI(engine=GatewayEngine(engine, InferenceEngineConfig(request_timeout=123.0)), tokenizer=tok)
+        timeout = client.engine.config.request_timeout  # AReaL's camel example reads it
+        await client.responses.create(input="6*7?", max_completion_tokens=1)
+        with pytest.raises(ValueError, match="cannot both be set"):
+            await client.responses.create(input="6*7?", max_completion_tokens=1, max_output_tokens=2)
+        return timeout, list(client.interactions.values())
+
+    timeout, interactions = _with_engine(tok, go)
+    assert timeout == 123.0
+    (inter,) = interactions
+    assert [p["max_new_tokens"] for p in sent] == [1]  # max_completion_tokens became max_output_tokens
+    assert inter.prompt_ids and inter.output_ids  # recorded as any call through the client
+
+
+# ---- 4. AReaL's default context ----------------------------------------------------------------
+
+
+def test_an_unset_max_tokens_is_areals_default_capped_at_the_models_positions(tmp_path):
+    from areal.api.cli_args import AREAL_MAX_TOKENS, GRPOConfig, load_expr_config
+    from areal.controller.run_setup import gateway_config, hf_model_dir
+    from areal.experimental.trainer import to_train_config
+
+    config, _ = load_expr_config([], GRPOConfig)
+    assert config.gconfig.max_tokens == AREAL_MAX_TOKENS == 32768 and config.rollout.context_length is None
+    tcfg = to_train_config(config, None, 8, 0, True)
+    assert tcfg.gateway.context_length == AREAL_MAX_TOKENS  # not 2,048
+    model = hf_model_dir("embedded")
+    positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    assert gateway_config(tcfg.gateway, model, lambda _: None).context_length == min(positions, AREAL_MAX_TOKENS)
+    set_config, _ = load_expr_config(["gconfig.max_tokens=300", "rollout.context_length=200"], GRPOConfig)
+    assert to_train_config(set_config, None, 8, 0, True).gateway.context_length == 200  # what a config sets still holds
+
+
+# ---- a whole run: an AReaL workflow's tokens trained as the engine served them ----------------
+
+
+@pytest.mark.e2e
+def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
+    from run_checks import check_trained_as_sampled
+
+    from areal.aio import run
+    from areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal.controller.loop import train
+    from areal.experimental.trainer import plan_workflow, to_train_config
+
+    overrides = ["gconfig.n_samples=2", "gconfig.max_new_tokens=8", "train_dataset.batch_size=2", "rollout.openai.mode=inline"]
+    config, _ = load_expr_config([*overrides, "total_train_steps=3", f"cluster.fileroot={tmp_path}"], GRPOConfig)
+    plan = plan_workflow(f"{WORKFLOWS}.CountDownWorkflow", {"gconfig": config.gconfig, "tokenizer": "embedded"}, config.rollout)
+    tcfg = to_train_config(config, plan.spec, 8, 0, True)
+    tcfg = dataclasses.replace(
+        tcfg,
+        save_trajectories=True,
+        engine=dataclasses.replace(tcfg.engine, request_log=True),
+        rollout=dataclasses.replace(tcfg.rollout, max_head_offpolicyness=0),
+    )
+    run_dir = tmp_path / "run"
+    run(train(tcfg, run_dir, agent=plan.obj))
+    published = check_trained_as_sampled(run_dir)
+    assert {len(t.array("row_lens")) for t in published} == {1}  # one row per call: n_samples calls per group
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert episodes and all(e["status"] == "ok" for e in episodes)
