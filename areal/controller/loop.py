@@ -67,7 +67,7 @@ from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import RolloutConfig, TrainConfig, to_dict
 from areal.controller.agent_eval import AgentEvaluation
-from areal.controller.dapo import DROPPED, DynamicSampling, Overlong
+from areal.controller.dapo import DROPPED, Dapo, DynamicSampling, Overlong
 from areal.controller.episodes import Episodes, episode_record, workflow_call_record
 from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_eval_mode
 from areal.controller.metrics import step_row
@@ -148,12 +148,9 @@ class Controller:
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
         self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
         # DAPO (areal/controller/dapo.py): groups of equal rewards dropped; overlong calls masked, penalised
-        self.dynamic_sampling = (
-            DynamicSampling(r.groups_per_step, r.dynamic_sampling_max_groups or 10 * r.groups_per_step, tqdm.write)
-            if r.dynamic_sampling
-            else None
-        )
-        self.overlong = Overlong(r.overlong_filter, r.overlong_penalty_tokens, r.overlong_penalty_factor)
+        sampling = DynamicSampling(r.groups_per_step, r.dynamic_sampling_max_groups or 10 * r.groups_per_step, tqdm.write)
+        overlong = Overlong(r.overlong_filter, r.overlong_penalty_tokens, r.overlong_penalty_factor)
+        self.dapo = Dapo(sampling if r.dynamic_sampling else None, overlong)
 
     def _agent_spec(self, agent: Any | None) -> str:
         """What the zygote imports in subproc mode: ``rollout.agent``, or the import path of an
@@ -186,7 +183,6 @@ class Controller:
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
         self.window_tasks: list[tuple[str, float]] = []  # (task, reward) of each trained episode since then whose row has a task
-        self.window_overlong = [0, 0]  # rows filtered, rows penalised (areal/controller/dapo.py) published since then
         r = self.config.rollout
         # The failure class of each of the last episodes ("" when not failed; infrastructure
         # failures absorbed by a restart excluded): the failure-rate stop rule reads it.
@@ -508,8 +504,8 @@ class Controller:
         # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
         # completions the gateway recorded; agent and infrastructure failures leave the group.
         good = [(o, s) for o, s in results if (o.status == "ok" or o.failure_class == POLICY) and s.interactions]
-        trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.overlong) for o, s in good]
-        dropped = bool(good) and self._drop(trajectories)  # logged with its episodes, before anything is published
+        trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.dapo.overlong) for o, s in good]
+        dropped = bool(good) and self.dapo.drop(trajectories, self.accepted_groups)  # logged with its episodes, then not published
         trained = {o.episode_id for o, _ in good}
         for o, s in results:
             self._log_episode(o, s, group_id, DROPPED if dropped and o.episode_id in trained else "")
@@ -518,7 +514,7 @@ class Controller:
             return
         if dropped:
             return
-        self._count_overlong([i for _, s in good for i in s.interactions.values()])
+        self.dapo.published([i for _, s in good for i in s.interactions.values()])
         await self._publish(rings, trajectories)
 
     async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
@@ -530,8 +526,8 @@ class Controller:
         outcomes = [classify_outcome(c.outcome, bool(c.rows), self.config.rollout.failure_classes) for c in calls]
         self._count_failures(outcomes)
         rows = [row for c in calls for row in c.rows.values()]
-        trajectories = [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows), self.overlong) for i, row in enumerate(rows)]
-        dropped = bool(rows) and self._drop(trajectories)
+        trajectories = [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows), self.dapo.overlong) for i, row in enumerate(rows)]
+        dropped = bool(rows) and self.dapo.drop(trajectories, self.accepted_groups)
         for c, outcome in zip(calls, outcomes):
             self.window.append(outcome)
             record = workflow_call_record(c, outcome, group_id)
@@ -545,20 +541,8 @@ class Controller:
             return
         if dropped:
             return
-        self._count_overlong([row.interaction for row in rows])
+        self.dapo.published([row.interaction for row in rows])
         await self._publish(rings, trajectories)
-
-    def _drop(self, trajectories: list[Trajectory]) -> bool:
-        """Whether dynamic sampling drops this finished group (rollout.dynamic_sampling,
-        areal/controller/dapo.py): its rewards are all equal, and the step it would fill has not
-        dropped its share yet. A dropped group is never published: admission starts another."""
-        return self.dynamic_sampling is not None and not self.dynamic_sampling.keep(trajectories, self.accepted_groups)
-
-    def _count_overlong(self, calls: list[Any]) -> None:
-        """Count the published calls whose rows were filtered or penalised for their length."""
-        filtered, penalised = self.overlong.counts(calls)
-        self.window_overlong[0] += filtered
-        self.window_overlong[1] += penalised
 
     def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
         """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
@@ -779,13 +763,7 @@ class Controller:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
         tasks, self.window_tasks = self.window_tasks, []
-        row = step_row(r, window, calls, tasks)
-        if self.dynamic_sampling is not None:  # groups finished, dropped, and published without signal (the bound) since then
-            row.update(self.dynamic_sampling.take_window())
-        if self.overlong.filter or self.overlong.cache:
-            row["overlong_filtered_rows"], row["overlong_penalised_rows"] = self.window_overlong
-        self.window_overlong = [0, 0]
-        self.records.step(row)
+        self.records.step({**step_row(r, window, calls, tasks), **self.dapo.take_metrics()})  # DAPO's counts since the last step
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
