@@ -54,7 +54,6 @@ REASONS = {
     "actor.init_from_scratch": "training starts from the weights at actor.path",
     "actor.disable_dropout": "dropout is always off (the trainer's logprobs must match the engine's)",
     "actor.group_size": "a group is the gconfig.n_samples samples of one prompt",
-    "actor.dynamic_sampling": "no dynamic sampling: groups of equal rewards stay in the step (advantage 0; a warning names steps that train nothing)",
     "actor.scheduling_spec": "processes are placed by the run itself",
     "actor.scheduling_strategy": "processes are placed by the run itself",
     "actor.dtype": "weights are held in float32",

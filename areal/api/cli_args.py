@@ -139,6 +139,14 @@ class ActorConfig:
     use_decoupled_loss: bool = False  # decoupled PPO with recomputed proximal logprobs (trainer.loss=ppo), else GRPO
     behav_imp_weight_cap: float | None = None  # decoupled PPO: cap of the behaviour importance weight
     c_clip: float | None = None  # dual-clip bound for negative advantages
+    eps_clip_higher: float | None = None  # DAPO's clip-higher: the upper clip (trainer.clip_eps_high)
+    # DAPO (rollout.*, docs/algorithms.md): AReaL drops groups of equal rewards and trains a smaller
+    # batch; here another prompt is started in their place, so a step keeps its groups
+    dynamic_sampling: bool = False  # rollout.dynamic_sampling
+    overlong_reward_penalty: bool = False  # on: rollout.overlong_penalty_tokens = overlong_tokens
+    overlong_tokens: int | None = None  # L_cache of the soft overlong penalty (needed when it is on)
+    overlong_penalty_factor: float | None = None  # rollout.overlong_penalty_factor (None: 1.0)
+    mask_no_eos_with_zero: bool = False  # a reply cut by its max tokens trains nothing (rollout.overlong_filter)
     use_lora: bool = False  # LoRA adapters instead of full fine-tuning (trainer.lora; the engines get merged weights)
     lora_rank: int = 32  # trainer.lora.rank when use_lora
     lora_alpha: float = LoraConfig.alpha  # trainer.lora.alpha
@@ -152,6 +160,10 @@ class ActorConfig:
             raise ValueError(f"actor.peft_type must be 'lora' (the only PEFT method here), got {self.peft_type!r}")
         if not self.eps_clip > 0:
             raise ValueError(f"actor.eps_clip must be positive, got {self.eps_clip}")
+        if self.overlong_reward_penalty and not (isinstance(self.overlong_tokens, int) and self.overlong_tokens >= 1):
+            raise ValueError(
+                f"actor.overlong_reward_penalty needs actor.overlong_tokens >= 1 (DAPO's L_cache), got {self.overlong_tokens!r}"
+            )
 
 
 @dataclass

@@ -157,7 +157,13 @@ def _rollout_section(config: PPOConfig, agent_spec: str | None, agent_kwargs: di
         "deadline_s": r.request_timeout,
         "temperature": g.temperature,
         "openai": {"mode": r.openai.mode},
+        "dynamic_sampling": config.actor.dynamic_sampling,
+        "overlong_filter": config.actor.mask_no_eos_with_zero,
     }
+    if config.actor.overlong_reward_penalty:
+        rollout["overlong_penalty_tokens"] = config.actor.overlong_tokens
+        factor = config.actor.overlong_penalty_factor
+        rollout["overlong_penalty_factor"] = 1.0 if factor is None else factor
     if agent_spec is not None:
         rollout["agent"] = agent_spec
         rollout["agent_kwargs"] = dict(agent_kwargs or {})
@@ -183,6 +189,7 @@ def _trainer_section(config: PPOConfig, steps: int) -> dict[str, Any]:
         "loss": "ppo" if actor.use_decoupled_loss else "grpo",
         "behav_weight_cap": actor.behav_imp_weight_cap,
         "dual_clip": actor.c_clip,
+        "clip_eps_high": actor.eps_clip_higher,
         "lora": {
             "rank": actor.lora_rank if actor.use_lora else 0,
             "alpha": actor.lora_alpha,

@@ -120,10 +120,11 @@ def test_the_openai_agents_script_runs_in_both_workflow_styles(tmp_path, one_per
     overrides += ["agent_builder_path=areal.workflow.openai_agent.math_agent.build_calculator_agent"]
     proc, run_dir = _launch("openai_agents/train_agents.py", "openai_agents/config.yaml", tmp_path, *overrides)
     ignored = _ignored(proc.stderr)
-    for key in ("allocation_mode", "actor.group_size", "actor.dynamic_sampling", "rollout.consumer_batch_size", "sglang", "ref"):
+    for key in ("allocation_mode", "actor.group_size", "rollout.consumer_batch_size", "sglang", "ref"):
         assert key in ignored, key
     assert not [k for k, why in ignored.items() if why == UNKNOWN_KEY] and "launcher" not in ignored
     config = json.loads((run_dir / "config.json").read_text())
+    assert "actor.dynamic_sampling" not in ignored and config["rollout"]["dynamic_sampling"] is False  # honoured: the file says false
     assert config["trainer"]["behav_weight_cap"] == 4.0 and config["trainer"]["weight_decay"] == 0.01
     assert config["gateway"]["context_length"] == 1024  # gconfig.max_tokens: AReaL's limit of prompt + sampled tokens
     calls = _calls_per_group(run_dir)

@@ -283,6 +283,21 @@ def test_areal_config_maps_onto_the_controllers_train_config():
     assert t.trainer.steps == 2 * 4 and t.trainer.lr == 1e-5 and t.trainer.micro_batch_tokens == 512
     assert (t.data.train_size, t.data.eval_size) == (7, 5) and t.gateway.default_max_tokens == 48
     assert t.gateway.tool_parser == "hermes" and t.rollout.agent == "areal.workflow.openai.math_agent:MathAgent"
+    assert not t.rollout.dynamic_sampling and t.rollout.overlong_penalty_tokens == 0 and t.trainer.clip_eps_high is None
+
+
+def test_areals_dapo_keys_are_honoured():
+    """AReaL's DAPO keys reach the settings that do the same here (docs/algorithms.md)."""
+    from areal.experimental.trainer import to_train_config
+
+    dapo = ["actor.dynamic_sampling=true", "actor.eps_clip_higher=0.28", "actor.mask_no_eos_with_zero=true"]
+    dapo += ["actor.overlong_reward_penalty=true", "actor.overlong_tokens=16", "actor.overlong_penalty_factor=0.5"]
+    config, _ = load_expr_config(dapo, GRPOConfig)
+    t = to_train_config(config, "areal.workflow.openai.math_agent:MathAgent", n_train=7, n_eval=5, embedded_data=True)
+    assert t.rollout.dynamic_sampling and t.rollout.overlong_filter and t.trainer.clip_eps_high == 0.28
+    assert (t.rollout.overlong_penalty_tokens, t.rollout.overlong_penalty_factor) == (16, 0.5)
+    with pytest.raises(ValueError, match="actor.overlong_tokens"):
+        load_expr_config(["actor.overlong_reward_penalty=true"], GRPOConfig)
 
 
 # ---- the launcher's environment ----------------------------------------------------------------------------
