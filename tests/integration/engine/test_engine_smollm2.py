@@ -84,7 +84,7 @@ def _trainer_logprobs(smollm2_dir: Path, rows: list[TokenRow], dtype: torch.dtyp
 
 
 def test_engine_serves_smollm2_on_the_lean_forward(engine, sampled: list[TokenRow]) -> None:
-    assert "(forward: lean)" in Path(engine.log_path).read_text()
+    assert "(forward: lean, cpu, float32)" in Path(engine.log_path).read_text()
     for row in sampled:
         lp = row.logprobs[row.loss_mask == 1]
         assert np.isfinite(lp).all() and (lp <= 0).all() and (lp < -1e-3).any()  # sampled, not all-certain
