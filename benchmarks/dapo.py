@@ -3,9 +3,10 @@
 Two runs of `make demo`'s run (`--config-name agentic`: the calculator agent, up to 4 calls,
 sandboxed, on the embedded model's agentic variant), identical but for `rollout.dynamic_sampling`
 (docs/algorithms.md: a finished group whose rewards are all equal is dropped, recorded, and
-replaced by another prompt's). The baseline arm runs first. Full mode: the config's 60 steps x 8
+replaced by another prompt's). Full mode: the config's 60 steps x 8
 groups x 8 episodes and its evaluation (100 held-out problems x 2 sampled episodes); quick: 4
-steps x 4 groups, 20 x 1. Figures, from the run directories:
+steps x 4 groups, 20 x 1. The two runs go side by side (same load on each). Figures, from the run
+directories:
 
   * the run's own held-out agent accuracy after training (summary.json), its change from before,
     and the paired sign-flip p-value of that change;
@@ -25,6 +26,7 @@ differ too); the overlong settings (the demo's calls rarely reach their max_toke
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import tempfile
@@ -60,10 +62,12 @@ def main(quick: bool) -> list[dict]:
 def rows(quick: bool, runs: Path) -> list[dict[str, Any]]:
     summaries: dict[bool, dict[str, Any]] = {}
     metrics: dict[bool, list[dict[str, Any]]] = {}
-    walls: dict[bool, float] = {}
-    for dynamic in (False, True):
-        run_dir = runs / ("dynamic" if dynamic else "plain")
-        walls[dynamic] = train_run(arm_overrides(quick, dynamic), run_dir, timeout_s=2400.0)
+    dirs = {dynamic: runs / ("dynamic" if dynamic else "plain") for dynamic in (False, True)}
+    # The two arms side by side, so that both see the same machine load (each gets about one core)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {d: pool.submit(train_run, arm_overrides(quick, d), run_dir, 3600.0) for d, run_dir in dirs.items()}
+        walls = {d: f.result() for d, f in futures.items()}
+    for dynamic, run_dir in dirs.items():
         summaries[dynamic] = json.loads((run_dir / "summary.json").read_text())
         metrics[dynamic] = [m for m in _jsonl(run_dir / "metrics.jsonl") if "reward_mean" in m]
     before = {d: s["eval_before"]["sampled_acc"] for d, s in summaries.items()}
