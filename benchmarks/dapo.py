@@ -105,7 +105,8 @@ def rows(quick: bool, runs: Path) -> list[dict[str, Any]]:
             BASE,
             _last_third(curves["reward_mean"]["without"]),
             curves={f"{CURVES['reward_mean']}: {arm}": ys for arm, ys in curves["reward_mean"].items()},
-            note="the trained groups' mean reward: dynamic sampling trains only groups with both outcomes, so it sits nearer 0.5",
+            note="the trained groups' mean reward: with dynamic sampling only groups with both outcomes are trained, so it is not "
+            "the policy's success rate",
         ),
         _row("wall time of the run, dynamic sampling", walls[True], "s", BASE, walls[False], note="both evaluations included"),
     ]
