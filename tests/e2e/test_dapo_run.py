@@ -21,6 +21,15 @@ pytestmark = pytest.mark.e2e
 
 AGENT = ROOT / "tests" / "support" / "dapo_agent.py"
 CACHE = 32  # rollout.overlong_penalty_tokens
+# inline on the scripted model, groups of 4, dynamic sampling and the soft overlong penalty on
+DAPO_RUN = (
+    "model.path=scripted",
+    "rollout.openai.mode=inline",
+    f"rollout.agent={AGENT}:run",
+    "rollout.n_samples=4",
+    "rollout.dynamic_sampling=true",
+    f"rollout.overlong_penalty_tokens={CACHE}",
+)
 
 
 def test_dynamic_sampling_and_overlong_penalty(tmp_path: Path) -> None:
@@ -28,12 +37,7 @@ def test_dynamic_sampling_and_overlong_penalty(tmp_path: Path) -> None:
     run_ok(
         three_step_run(
             run_dir,
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            f"rollout.agent={AGENT}:run",
-            "rollout.n_samples=4",
-            "rollout.dynamic_sampling=true",
-            f"rollout.overlong_penalty_tokens={CACHE}",
+            *DAPO_RUN,
         ),
         timeout_s=600,
     )
@@ -76,12 +80,7 @@ def test_overlong_filter_masks_truncated_calls(tmp_path: Path) -> None:
     run_ok(
         three_step_run(
             run_dir,
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            f"rollout.agent={AGENT}:run",
-            "rollout.n_samples=4",
-            "rollout.dynamic_sampling=true",
-            f"rollout.overlong_penalty_tokens={CACHE}",
+            *DAPO_RUN,
             "rollout.overlong_filter=true",
         ),
         timeout_s=600,

@@ -198,3 +198,20 @@ if __name__ == "__main__":
 
     args = pin_to_cpu(sys.argv[1:])
     run_loop(_serve_instant([int(x) for x in args[0].split(",")], 0))
+
+
+def with_instant_engine(tok: Any, fn: Any) -> Any:
+    """``fn(engine_client)`` (a coroutine function) run against a fresh instant engine for ``tok``,
+    on a loop of its own; the engine and its client are closed after."""
+    from areal.engine.client import EngineClient
+
+    async def go() -> Any:
+        runner = await start_instant_engine(tok)
+        engine = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        try:
+            return await fn(engine)
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    return asyncio.run(go())

@@ -7,16 +7,14 @@ scripted model's tokenizer; the run uses the embedded model.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
 import pytest
-from instant_engine import start_instant_engine
+from instant_engine import with_instant_engine
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_scripted_model
-from areal.engine.client import EngineClient
 
 WORKFLOWS = "areal_examples.countdown.workflows"
 
@@ -26,17 +24,7 @@ def tok():
     return AutoTokenizer.from_pretrained(ensure_scripted_model())
 
 
-def _with_engine(tok, fn):
-    async def go():
-        runner = await start_instant_engine(tok)
-        engine = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        try:
-            return await fn(engine)
-        finally:
-            await engine.close()
-            await runner.cleanup()
-
-    return asyncio.run(go())
+_with_engine = with_instant_engine
 
 
 def _data(tok):

@@ -12,7 +12,7 @@ import warnings
 
 import httpx
 import pytest
-from instant_engine import start_instant_engine
+from instant_engine import with_instant_engine
 from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
@@ -25,19 +25,7 @@ def tok():
     return AutoTokenizer.from_pretrained(ensure_scripted_model())
 
 
-def _with_engine(tok, fn):
-    """Run ``fn(engine_client)`` against a fresh instant engine on its own loop."""
-
-    async def go():
-        runner = await start_instant_engine(tok)
-        engine = EngineClient(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        try:
-            return await fn(engine)
-        finally:
-            await engine.close()
-            await runner.cleanup()
-
-    return asyncio.run(go())
+_with_engine = with_instant_engine
 
 
 # ---- 1. imports ------------------------------------------------------------------------------
