@@ -88,28 +88,27 @@ def rows(quick: bool, runs: Path) -> list[dict[str, Any]]:
             after[False] - before[False],
         ),
         _row("paired p-value of the held-out change, dynamic sampling", p_value[True], "p", BASE, p_value[False]),
-        _row(
-            "share of trained episodes with a nonzero advantage, last third of the steps, dynamic sampling",
-            _last_third(curves["adv_nonzero_frac"]["dynamic sampling"]),
-            "share",
-            BASE,
-            _last_third(curves["adv_nonzero_frac"]["without"]),
-            curves={f"{CURVES['adv_nonzero_frac']}: {arm}": ys for arm, ys in curves["adv_nonzero_frac"].items()},
-            note=f"without: on average {idle:.3f} of a step's episodes train nothing; with: {dropped} groups dropped "
-            f"and replaced, {sampled} groups with signal",
-        ),
-        _row(
-            "batch reward, last third of the steps, dynamic sampling",
-            _last_third(curves["reward_mean"]["dynamic sampling"]),
-            "reward",
-            BASE,
-            _last_third(curves["reward_mean"]["without"]),
-            curves={f"{CURVES['reward_mean']}: {arm}": ys for arm, ys in curves["reward_mean"].items()},
-            note="the trained groups' mean reward: with dynamic sampling only groups with both outcomes are trained, so it is not "
-            "the policy's success rate",
-        ),
         _row("wall time of the run, dynamic sampling", walls[True], "s", BASE, walls[False], note="both evaluations included"),
     ]
+    notes = {
+        "adv_nonzero_frac": f"without: on average {idle:.3f} of a step's episodes train nothing; with: {dropped} groups dropped "
+        f"and replaced, {sampled} groups with signal",
+        "reward_mean": "the trained groups' mean reward: with dynamic sampling only groups with both outcomes are trained, so it "
+        "is not the policy's success rate",
+    }
+    for key, name in CURVES.items():  # each curve's last third, both arms, with the curves for the plot
+        out.insert(
+            -1,
+            _row(
+                f"{name}, last third of the steps, dynamic sampling",
+                _last_third(curves[key]["dynamic sampling"]),
+                "share" if key == "adv_nonzero_frac" else "reward",
+                BASE,
+                _last_third(curves[key]["without"]),
+                curves={f"{name}: {arm}": ys for arm, ys in curves[key].items()},
+                note=notes[key],
+            ),
+        )
     return out
 
 

@@ -269,6 +269,13 @@ def head_logprobs(
     return _ChunkedHeadLogprob.apply(hidden, weight, targets.long(), float(temperature), chunk)
 
 
+def _row_sums(values: torch.Tensor, row_index: torch.Tensor) -> torch.Tensor:
+    """(rows,) the sum of ``values`` (N,) over each row's tokens; ``row_index`` (N,) names each
+    token's row, 0..rows-1 (every row has a token, so no sum is empty)."""
+    rows = int(row_index.max()) + 1 if row_index.numel() else 0
+    return torch.zeros(rows, dtype=values.dtype, device=values.device).index_add_(0, row_index, values)
+
+
 def rollout_correction(
     proximal: torch.Tensor, behaviour: torch.Tensor, row_index: torch.Tensor, mode: str, cap: float, floor: float = 0.0
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -297,9 +304,7 @@ def rollout_correction(
     log_ratio = (proximal - behaviour).detach()
     log_ratio = log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32))  # bf16 logprobs: in fp32
     if mode.startswith("seq"):
-        rows = int(row_index.max()) + 1 if row_index.numel() else 0
-        per_row = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, log_ratio)
-        rho = per_row.exp()[row_index]
+        rho = _row_sums(log_ratio, row_index).exp()[row_index]
     else:
         rho = log_ratio.exp()
     if mode.endswith("tis"):
@@ -326,10 +331,7 @@ def sequence_ratio_logprobs(logprobs: torch.Tensor, old_logprobs: torch.Tensor, 
     ``s * grad logprobs`` at each token. Fed to a clipped loss in place of ``logprobs``, the clip
     acts on ``s``, once per row. ``row_index`` (N,): each token's row."""
     log_ratio = (logprobs - old_logprobs).detach()
-    rows = int(row_index.max()) + 1 if row_index.numel() else 0
-    sums = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, log_ratio)
-    counts = torch.zeros(rows, dtype=log_ratio.dtype, device=log_ratio.device).index_add_(0, row_index, torch.ones_like(log_ratio))
-    seq_log_ratio = (sums / counts.clamp(min=1.0))[row_index]
+    seq_log_ratio = (_row_sums(log_ratio, row_index) / _row_sums(torch.ones_like(log_ratio), row_index))[row_index]
     return logprobs - logprobs.detach() + old_logprobs.detach() + seq_log_ratio
 
 
@@ -353,9 +355,7 @@ def aggregation_scale(row_index: torch.Tensor, mode: str, total_tokens: float, t
         return ones
     if mode == "seq_mean_token_sum_norm":
         return ones * (total_tokens / (total_rows * norm_tokens))
-    rows = int(row_index.max()) + 1 if row_index.numel() else 0
-    lengths = torch.zeros(rows, dtype=torch.float32, device=row_index.device).index_add_(0, row_index, ones)
-    return total_tokens / (lengths[row_index] * total_rows)
+    return total_tokens / (_row_sums(ones, row_index)[row_index] * total_rows)
 
 
 def _clipped_surrogate(
