@@ -158,17 +158,24 @@ def math_rows(quick: bool, runs: Path) -> list[dict]:
     return rows
 
 
-def agentic_overrides(quick: bool, credit: str) -> list[str]:
-    """The agentic demo's run of one arm (conf/agentic.yaml): only ``trainer.credit`` differs."""
+def agentic_demo_overrides(quick: bool, name: str, *arm: str) -> list[str]:
+    """``make demo``'s run (conf/agentic.yaml) as a benchmark arm: ``arm``'s settings, checkpoints
+    off; full: the config's 60 steps, groups and evaluation (100 problems x 2), quick: 4 steps of 4
+    groups, 20 problems x 1."""
     quick_size = ["trainer.steps=4", "rollout.groups_per_step=4", "data.eval_size=20", "data.eval_samples=1"]
     return [
         "--config-name",
         "agentic",
-        f"trainer.credit={credit}",
-        *(quick_size if quick else ["trainer.steps=60"]),  # full: the config's groups and evaluation (100 problems x 2)
+        *arm,
+        *(quick_size if quick else ["trainer.steps=60"]),
         "trainer.checkpoint_every=0",
-        f"experiment_name=bench-credit-agentic-{credit}",
+        f"experiment_name={name}",
     ]
+
+
+def agentic_overrides(quick: bool, credit: str) -> list[str]:
+    """The agentic demo's run of one arm: only ``trainer.credit`` differs."""
+    return agentic_demo_overrides(quick, f"bench-credit-agentic-{credit}", f"trainer.credit={credit}")
 
 
 CURVES = {  # metrics.jsonl key -> (curve name, unit)

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.credit import _jsonl, _last_third
+from benchmarks.credit import _jsonl, _last_third, agentic_demo_overrides
 from benchmarks.e2e import train_run
 from benchmarks.report import figure
 
@@ -43,15 +43,8 @@ CURVES = {"reward_mean": "batch reward", "adv_nonzero_frac": "share of trained e
 
 
 def arm_overrides(quick: bool, dynamic: bool) -> list[str]:
-    quick_size = ["trainer.steps=4", "rollout.groups_per_step=4", "data.eval_size=20", "data.eval_samples=1"]
-    return [
-        "--config-name",
-        "agentic",
-        f"rollout.dynamic_sampling={str(dynamic).lower()}",
-        *(quick_size if quick else ["trainer.steps=60"]),
-        "trainer.checkpoint_every=0",
-        f"experiment_name=bench-dapo-{'dynamic' if dynamic else 'plain'}",
-    ]
+    name = f"bench-dapo-{'dynamic' if dynamic else 'plain'}"
+    return agentic_demo_overrides(quick, name, f"rollout.dynamic_sampling={str(dynamic).lower()}")
 
 
 def main(quick: bool) -> list[dict]:
