@@ -209,16 +209,26 @@ class Zygote:
         )
         future: asyncio.Future[EpisodeOutcome] = asyncio.get_running_loop().create_future()
         self._pending[episode_id] = future
-        try:
-            self._proc.stdin.write(frame(_encoder.encode(spawn)))
-            await self._proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the zygote is dying; _read_outcomes resolves the future as "crashed"
+        await self._send(spawn)  # if the zygote is dying, _read_outcomes resolves the future as "crashed"
         try:
             return await future
         finally:  # a cancelled caller frees the id; the zygote still ends the episode by its deadline
             if self._pending.get(episode_id) is future:
                 del self._pending[episode_id]
+
+    async def _send(self, msg: SpawnEpisode | Shutdown) -> bool:
+        """Write one frame to the zygote; False where its pipe is gone (it died, and the death may
+        not be reaped yet: a closed transport raises RuntimeError under uvloop, a broken pipe under
+        asyncio's own loop)."""
+        assert self._proc is not None and self._proc.stdin is not None
+        if self._proc.stdin.is_closing():
+            return False
+        try:
+            self._proc.stdin.write(frame(_encoder.encode(msg)))
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return False
+        return True
 
     async def restart(self) -> None:
         """Replace a dead (or live) zygote with a fresh one; same agent, gateway and config."""
@@ -231,11 +241,12 @@ class Zygote:
             return
         if self._proc.returncode is None and self._proc.stdin is not None:
             try:
-                self._proc.stdin.write(frame(_encoder.encode(Shutdown())))
-                await self._proc.stdin.drain()
-                self._proc.stdin.close()
-                await asyncio.wait_for(self._proc.wait(), 10.0)
-            except (TimeoutError, BrokenPipeError, ConnectionResetError):
+                if await self._send(Shutdown()):
+                    self._proc.stdin.close()
+                    await asyncio.wait_for(self._proc.wait(), 10.0)
+                else:
+                    self._kill_group()
+            except TimeoutError:
                 self._kill_group()
         await self._proc.wait()
         if self._reader is not None:

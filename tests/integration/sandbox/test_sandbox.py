@@ -404,6 +404,27 @@ def test_zygote_death_resolves_pending_as_crashed_and_restart_works(gateway, tmp
     assert (after.status, after.reward) == ("ok", 1.0)
 
 
+def test_a_zygote_whose_pipe_closed_before_its_death_was_reaped_fails_episodes_and_closes(gateway, tmp_path):
+    """Under uvloop a write to a closed pipe raises RuntimeError (not BrokenPipeError): a zygote
+    killed between the pipe's close and the reaping of its exit must still give "crashed" outcomes
+    and a clean close (a Ray worker stopping after its zygote was killed)."""
+    import uvloop
+
+    async def go() -> EpisodeOutcome:
+        with zygote_env():
+            z = await Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, SandboxConfig(), str(tmp_path))
+        assert z._proc is not None and z._proc.stdin is not None
+        z._proc.stdin.close()  # the transport closed; the zygote has not exited yet
+        await asyncio.sleep(0.01)  # uvloop finishes the close on a later turn of the loop
+        try:
+            return await z.run_episode("p", {"case": "reward", "value": 1}, KEY)
+        finally:
+            await z.close()
+
+    out = uvloop.run(go())
+    assert out.status == "crashed" and "zygote" in out.error
+
+
 def test_skipped_layers_are_warned_and_episodes_fall_back(gateway, tmp_path):
     skipped = ["netns", "pidns", "mountns", "cgroup", "caps"]
     temp_root = tmp_path / "roots"
