@@ -332,11 +332,14 @@ class Door:
         ACCEPTED, and be taken for the new peer's. libzmq numbers the peers it names in order
         (``_newer``), so an identity newer than the one a connection holds is that connection's
         real peer (the one it holds was a closed connection's), and an older one is a closed
-        connection's (dropped: its replies have nowhere to go)."""
+        connection's (dropped: its replies have nowhere to go).
+
+        The monitor's events are taken first, always: the new peer's ACCEPTED precedes its first
+        message, and so does the DISCONNECTED of the connection that held its fd number before.
+        Left queued, that DISCONNECTED would later close the connection this message was charged
+        to, and stop its work (its request never answered)."""
+        self._watch()
         conn = self.peers.get(fd)
-        if conn is None:
-            self._watch()  # its ACCEPTED event precedes its first message: take it now
-            conn = self.peers.get(fd)
         if conn is not None and conn.identity is not None and _newer(identity, conn.identity):
             self.by_identity.pop(conn.identity, None)
             conn.identity = None

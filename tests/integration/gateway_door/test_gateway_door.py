@@ -82,6 +82,61 @@ def test_libzmq_dealers_are_served_and_replies_reach_the_right_peer() -> None:
     asyncio.run(main())
 
 
+def test_a_new_peers_first_message_read_before_its_fds_last_close_is_answered() -> None:
+    """A peer hangs up and the next one connects on the same fd number and sends; the door reads
+    the new peer's message before the monitor's DISCONNECTED (old) and ACCEPTED (new) events. The
+    request must belong to the new connection, so the old one's close does not stop its work (the
+    gateway answers after a delay, and cancels the work of a closed connection's requests)."""
+
+    async def main() -> None:
+        address = _addr()
+        loop = asyncio.get_running_loop()
+        door: Door
+        pending: dict[int, list[asyncio.TimerHandle]] = {}
+        fds: list[int] = []
+
+        def answer_later(conn: Conn, payload: bytes) -> None:
+            fds.append(conn.fd)
+            pending.setdefault(id(conn), []).append(loop.call_later(0.05, door.send, conn, b"late:" + payload))
+
+        def on_closed(conn: Conn) -> None:
+            for handle in pending.pop(id(conn), ()):
+                handle.cancel()
+
+        door = await Door.bind(address, answer_later, on_closed=on_closed)
+        ctx = zmq.asyncio.Context()
+        first = ctx.socket(zmq.DEALER)
+        first.connect(address)
+        await first.send(b"one")
+        assert await asyncio.wait_for(first.recv(), 5) == b"late:one"
+        (old_fd,) = fds
+        old_ino = os.fstat(old_fd).st_ino
+        monitor_fd = door.monitor.getsockopt(zmq.FD)
+        loop.remove_reader(monitor_fd)  # hold the monitor's events back: the door reads the message first
+        first.close(0)
+
+        def old_fd_closed() -> bool:
+            try:
+                return os.fstat(old_fd).st_ino != old_ino
+            except OSError:
+                return True
+
+        await _until(old_fd_closed, "libzmq closes the first peer's connection")
+        second = ctx.socket(zmq.DEALER)
+        second.connect(address)
+        await second.send(b"two")
+        await _until(lambda: len(fds) == 2, "the door reads the second peer's message")
+        assert fds[1] == old_fd  # the case under test: the fd number reused
+        loop.add_reader(monitor_fd, door._watch)
+        door._watch()
+        assert await asyncio.wait_for(second.recv(), 5) == b"late:two"
+        second.close(0)
+        ctx.term()
+        door.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("case", ["not ZMTP", "oversized frame", "wrong socket type"])
 def test_hostile_peer_is_dropped_and_others_are_still_served(case: str) -> None:
     async def main() -> None:
