@@ -34,8 +34,11 @@ from areal.gateway.door import Conn, Door, DoorLimits
 from areal.protocol import GatewayReply, GatewayRequest
 
 
+_SOCKETS = tempfile.TemporaryDirectory(prefix="door-test-")  # removed with this module's process
+
+
 def _addr() -> str:
-    return f"ipc://{tempfile.mkdtemp(prefix='door-test-')}/r.sock"
+    return f"ipc://{tempfile.mkdtemp(dir=_SOCKETS.name)}/r.sock"
 
 
 async def _echo_door(address: str, limits: DoorLimits | None = None, max_frame: int = 1 << 20) -> Door:
