@@ -46,11 +46,22 @@ class ModelConfig:
 
 @dataclass
 class OpenAIRolloutConfig:
-    mode: str = "subproc"  # "subproc": sandboxed agent processes; "inline": the controller's event loop
+    # "subproc": sandboxed agent processes; "inline": the controller's event loop; "online": agents
+    # running outside the run start sessions over the gateway's HTTP door (areal/controller/online.py)
+    mode: str = "subproc"
+    # online: the HTTP door's address (port 0: any free one; the URL is printed at the start), and how
+    # long a /rl/start_session waits for the run to admit an episode before its 429
+    online_host: str = "127.0.0.1"
+    online_port: int = 0
+    online_claim_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.mode not in ("subproc", "inline"):
-            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r}")
+        if self.mode not in ("subproc", "inline", "online"):
+            raise ValueError(f"rollout.openai.mode must be 'subproc', 'inline' or 'online', got {self.mode!r}")
+        if not 0 <= self.online_port <= 65535:
+            raise ValueError(f"rollout.openai.online_port must be a port number (0: any free one), got {self.online_port}")
+        if self.online_claim_s <= 0:
+            raise ValueError(f"rollout.openai.online_claim_s must be positive, got {self.online_claim_s}")
 
 
 @dataclass

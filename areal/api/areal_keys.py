@@ -73,7 +73,6 @@ REASONS = {
     "actor.recompute_logprob": "proximal logprobs are recomputed whenever the loss needs them (use_decoupled_loss)",
     "actor.weight_update_mode": "weights go by disk, or trainer.weight_sync=collective",
     "rollout.use_lora": "the engines load merged weights (actor.use_lora trains the adapters and publishes W + B @ A)",
-    "rollout.openai.admin_api_key": "the gateway draws its own admin key",
     "rollout.openai.scheduling_spec": "processes are placed by the run itself",
     "rollout.scheduling_spec": "processes are placed by the run itself",
     "rollout.experiment_name": "one run, one name: the top-level experiment_name",

@@ -179,10 +179,11 @@ class OpenAIProxyConfig:
     engine_max_tokens: int | None = None  # prompt + sampled tokens of one call (caps the gateway's context)
     subproc_max_workers: int | None = None  # AReaL's pool size; rollout.max_concurrent_rollouts bounds episodes
     session_timeout_seconds: float | None = None  # AReaL's; an episode's limit is rollout.request_timeout
+    admin_api_key: str = ""  # online mode: the key that starts sessions (gateway.admin_key); rollout.admin_api_key too
 
     def __post_init__(self) -> None:
-        if self.mode not in ("subproc", "inline"):
-            raise ValueError(f"rollout.openai.mode must be 'subproc' or 'inline', got {self.mode!r} ('online' is not supported)")
+        if self.mode not in ("subproc", "inline", "online"):
+            raise ValueError(f"rollout.openai.mode must be 'subproc', 'inline' or 'online', got {self.mode!r}")
         if self.export_style != "individual":
             raise ValueError(f"rollout.openai.export_style must be 'individual' (one row per call), got {self.export_style!r}")
         if self.chat_template_type not in ("hf", "concat"):
@@ -203,6 +204,7 @@ class InferenceEngineConfig:
     # prompt + sampled tokens of a call (gateway.context_length, within gconfig.max_tokens); None:
     # gconfig.max_tokens alone. The run caps it at the model's positions
     context_length: int | None = None
+    admin_api_key: str = ""  # AReaL's place of the online mode's admin key (rollout.openai.admin_api_key wins)
     openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
 
     def __post_init__(self) -> None:
@@ -212,6 +214,9 @@ class InferenceEngineConfig:
             raise ValueError("rollout.server_urls must list the SGLang servers when rollout.backend=sglang")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"rollout.context_length must be >= 1 (or null), got {self.context_length}")
+        for name, key in (("rollout.admin_api_key", self.admin_api_key), ("rollout.agent.admin_api_key", self.openai.admin_api_key)):
+            if key and len(key) < 16:  # it starts episodes that train the model: a guessable one is refused
+                raise ValueError(f"{name} must be at least 16 characters (or unset: a random one is drawn and printed), got {len(key)}")
         if self.max_concurrent_rollouts < 1 or self.max_head_offpolicyness < 0 or not self.request_timeout > 0:
             raise ValueError(
                 "rollout.max_concurrent_rollouts >= 1, rollout.max_head_offpolicyness >= 0 and rollout.request_timeout > 0 are required"

@@ -71,6 +71,7 @@ from areal.controller.dapo import DROPPED, Dapo, DynamicSampling, Overlong
 from areal.controller.episodes import Episodes, episode_record, workflow_call_record
 from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_eval_mode
 from areal.controller.metrics import step_row
+from areal.controller.online import OnlineSessions, online_rollout
 from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
 from areal.controller.problems import held_out_count, held_out_problems, run_reward, train_problems, user_rows
 from areal.controller.records import RunRecords, episode_table_row, row_rewards
@@ -112,13 +113,15 @@ class Controller:
         eval_dataset: list[dict] | None = None,
         resume: Resume | None = None,
     ):
-        self.config = config
+        self.config = config = online_rollout(config)  # online: a step's sessions form one group
         self.run_dir = run_dir
         self.resume = resume  # a killed run continued (areal/controller/recovery.py), its records already cut back
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         d = config.data
         self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset, config.seed)  # None: the embedded task's
+        if config.rollout.openai.mode == "online":  # the episodes are external sessions: no row to pose, none held out
+            self.dataset, self.eval_dataset = [{}], None
         check_eval_rows(d.eval_every, held_out_count(self.dataset, self.eval_dataset, d.eval_size))  # data.eval_every needs held-out rows
         # single_turn or agent, and why (data.eval_mode=auto follows the run's agent)
         self.eval_mode, self.eval_mode_why = resolve_eval_mode(d.eval_mode, config.rollout.agent, RolloutConfig.agent, self.workflow_kind)
@@ -273,7 +276,7 @@ class Controller:
             self.grouping.gateway_config = gateway.config
         zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
         stack.callback(zmq_task.cancel)
-        http_runner, http_url = await serve_http(gateway)
+        http_runner, http_url = await serve_http(gateway, cfg.rollout.openai.online_host, cfg.rollout.openai.online_port)
         stack.push_async_callback(http_runner.cleanup)
         return engines, gateway, http_url
 
@@ -369,6 +372,10 @@ class Controller:
             write=tqdm.write,
             fail=self._fail,
         )
+        if cfg.rollout.openai.mode == "online":  # areal/controller/online.py
+            online = OnlineSessions(gateway, cfg.rollout.openai.online_claim_s, tqdm.write, scored=self.reward_fn is not None)
+            online.announce(http_url)
+            return episodes(online, run_session=online.run_session)
         if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py
             from areal.cluster.ray_rollout import RayRunner, WorkerGatewaySpec
 

@@ -143,6 +143,7 @@ def _gateway_section(config: PPOConfig) -> dict[str, Any]:
         "fit_max_tokens": True,
         "tool_parser": r.openai.tool_call_parser,
         "reasoning_parser": r.openai.reasoning_parser,
+        "admin_key": r.openai.admin_api_key or r.admin_api_key,  # "": drawn at random (printed in online mode)
     }
 
 
@@ -279,7 +280,12 @@ class PPOTrainer:
         """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
         from areal.controller.loop import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
 
-        plan = plan_workflow(workflow, workflow_kwargs, self.config.rollout)
+        if self.config.rollout.openai.mode == "online":  # the agents run outside the run (areal/controller/online.py)
+            if workflow is not None:
+                raise ValueError("rollout.agent.mode=online trains on external agents' sessions: call train(workflow=None)")
+            plan = WorkflowPlan(None, None, "spec")
+        else:
+            plan = plan_workflow(workflow, workflow_kwargs, self.config.rollout)
         embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)
         if not embedded and isinstance(self.valid_dataset, EmbeddedDataset):
             raise ValueError("a custom train_dataset with the embedded valid_dataset is not supported; give both as files")

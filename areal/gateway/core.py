@@ -264,6 +264,7 @@ class Gateway:
         # ids -> text without special tokens (what clients see), but for the markers the parsers read
         self.decode_text = families.text_decoder(tokenizer, self.config.tool_parser, self.config.reasoning_parser)
         self.doors: list[Door] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
+        self.online: Any = None  # a run's external sessions (areal/controller/online.py): its /rl/ routes
         self._n_calls = 0
         self._next_sweep = 0.0
         self._tokenize_pool: ThreadPoolExecutor | None = None  # started at the first large text
@@ -272,9 +273,13 @@ class Gateway:
 
     # ---- sessions (controller side, in-process) -------------------------------------------
 
-    def open_session(self, episode_id: str, temperature: float | None = None) -> str:
-        """A new session's key; ``temperature``: the one its requests are sampled at (None: theirs)."""
-        key = "sk-areal-" + secrets.token_urlsafe(24)
+    def open_session(self, episode_id: str, temperature: float | None = None, key: str | None = None) -> str:
+        """A new session's key; ``temperature``: the one its requests are sampled at (None: theirs).
+        ``key``: reuse a key whose session was closed (an online client's refresh), else a new one."""
+        if key is None:
+            key = "sk-areal-" + secrets.token_urlsafe(24)
+        elif key in self.sessions or key in self.expired:
+            raise ValueError("a session with this key is still open")
         self.sessions[key] = Session(key=key, episode_id=episode_id, temperature=temperature)
         return key
 

@@ -50,6 +50,8 @@ _FRONT_ENDS = {
     "/v1/messages/count_tokens": anthropic.count_tokens,
 }
 _ANTHROPIC_ROOT = "/v1/messages"
+# the same routes under a base URL without /v1 (a client given the gateway's root, as AReaL's online examples do)
+_BARE = {p.removeprefix("/v1") for p in (*_FRONT_ENDS, "/v1/models", "/v1/rewards")}
 _ENGINE_CLIENT_ERRORS = range(400, 500)
 
 
@@ -63,15 +65,16 @@ SESSION_PATH = "/sessions/"
 
 def split_session_path(raw_path: str) -> tuple[str | None, str]:
     """``(key, path)``: the key named by a ``/sessions/<key>/...`` prefix (else None) and the
-    route's path without it, its query and a trailing ``/``."""
+    route's path without it, its query and a trailing ``/``; a route named without its ``/v1``
+    (``/chat/completions``: a client given the gateway's root as its base URL) gets it."""
     path = raw_path.split("?", 1)[0].rstrip("/")
     if not path.startswith(SESSION_PATH):
-        return None, path
+        return None, "/v1" + path if path in _BARE else path
     key, _, rest = path[len(SESSION_PATH) :].partition("/")
     rest = "/" + rest
     if rest.startswith("/v1/v1/") or rest == "/v1/v1":
         rest = rest[3:]
-    return key, rest
+    return key, "/v1" + rest if rest in _BARE else rest
 
 
 async def route(gateway: Gateway, req: GatewayRequest) -> Reply:
@@ -134,7 +137,23 @@ async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
         case (_, _) if path.startswith("/admin/"):
             _admin(gateway, req)
             return _admin_route(gateway, req.method, path, req.body)
+        case ("POST", "/rl/start_session" | "/rl/set_reward" | "/rl/end_session"):
+            return await _online_route(gateway, req, path)
     raise RequestError(404, f"no route for {req.method} {path}", kind="not_found_error")
+
+
+async def _online_route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
+    """AReaL's routes of online mode (areal/controller/online.py): sessions of agents that run
+    outside the run, started with the admin key, scored and ended with their own key."""
+    if gateway.online is None:
+        raise RequestError(404, f"{path} serves online mode only (rollout.openai.mode=online)", kind="not_found_error")
+    if path == "/rl/start_session":
+        _admin(gateway, req)
+        return await gateway.online.start(json_object(req.body) if req.body else {})
+    session = _session(gateway, req)
+    if path == "/rl/set_reward":
+        return _reward(session, json_object(req.body))
+    return gateway.online.end(session.key)
 
 
 def json_object(body: bytes) -> dict:

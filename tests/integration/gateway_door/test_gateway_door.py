@@ -33,7 +33,6 @@ from raw_zmtp import READY, PeakMemory, command, frame_header, handshake
 from areal.gateway.door import Conn, Door, DoorLimits
 from areal.protocol import GatewayReply, GatewayRequest
 
-
 _SOCKETS = tempfile.TemporaryDirectory(prefix="door-test-")  # removed with this module's process
 
 
