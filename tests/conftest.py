@@ -25,9 +25,13 @@ import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``), a file's tests
-    stay on one worker, so its module fixtures (an engine, a gateway, a zygote) start once; the
-    Ray files share one group, so two Ray clusters never start side by side on one machine."""
+    """The tests that need the embedded model's agentic variant (marked ``agent_model``) run last:
+    CI builds it beside the test run (.ci/run), and a test that started first would wait minutes
+    for it while its worker does nothing else. Under pytest-xdist (``make test`` runs two workers,
+    ``--dist loadgroup``), a file's tests stay on one worker, so its module fixtures (an engine, a
+    gateway, a zygote) start once; the Ray files share one group, so two Ray clusters never start
+    side by side on one machine."""
+    items.sort(key=lambda item: item.get_closest_marker("agent_model") is not None)  # stable: the rest keep their order
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -46,7 +46,7 @@ from areal.protocol import EpisodeOutcome
 
 # The agentic variant may still be building when these tests start (CI builds it beside the test
 # run, areal/embedded/agentic.py's lock): waiting for it counts against pytest's per-test timeout.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.agent_model]
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23*7"}}\n</tool_call>'
 END = ("<|im_end|>", "<|endoftext|>")

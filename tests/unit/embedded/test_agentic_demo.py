@@ -25,7 +25,7 @@ from areal.workflow.common import execute_tool_call
 
 # The agentic variant may still be building when these tests start (CI builds it beside the test
 # run, areal/embedded/agentic.py's lock): waiting for it counts against pytest's per-test timeout.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.agent_model]
 
 CONF = ROOT / "conf"
 
