@@ -2,7 +2,7 @@
 writer's hot path + XXH3-64).
 
 pyproject.toml stays the metadata source; this file declares what it cannot: the packages, with
-the run's YAMLs (the top-level ``conf/``) installed as ``areal/conf`` (``areal.train.conf_dir``
+the run's YAMLs (the top-level ``conf/``) installed as ``areal/conf`` (``areal.config.conf_dir``
 finds them there, or beside the package in a checkout and an editable install), and the
 extension, which is ``optional``: on a machine without a C compiler ``pip install -e .`` still
 succeeds and the ring falls back to its pure-Python path (and logs one warning);

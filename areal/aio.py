@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -40,6 +41,14 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on ``loop_factory()``'s loop."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+async def until_signalled(main: Coroutine[Any, Any, T]) -> T:
+    """Await ``main``; SIGTERM cancels it as Ctrl-C does (``asyncio.Runner``), so whatever it
+    started is stopped on the way out either way (the entry points of a run and of the gateway)."""
+    task = asyncio.ensure_future(main)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await task
 
 
 def loop_name() -> str:

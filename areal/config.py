@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from areal.agent.failures import CLASSES as FAILURE_CLASSES
@@ -327,6 +329,38 @@ def describe(cls: type = TrainConfig, prefix: str = "") -> list[str]:
         kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
         lines.append(f"{prefix}{f.name}: {kind} = {default!r}")
     return lines
+
+
+def conf_dir() -> Path:
+    """The run's YAMLs: the copy ``pip install .`` put inside the package (setup.py maps
+    ``areal.conf`` onto the repository's top-level ``conf/``), else that ``conf/`` itself, beside
+    the package (a source checkout, an editable install)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "conf"
+    return installed if installed.is_dir() else package.parent / "conf"
+
+
+def register_schema() -> None:
+    """``TrainConfig`` in Hydra's ConfigStore as ``train_schema``, which conf/config.yaml composes
+    over: an unknown key or a wrong type fails at composition."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def compose(config_name: str = "config", overrides: Sequence[str] = ()) -> TrainConfig:
+    """The run's config as ``python -m areal.train`` composes it (``conf/<config_name>.yaml``, then
+    the ``key=value`` overrides), for an entry point that is not Hydra's main
+    (``python -m areal.gateway``). A wrong key or value raises Hydra's error or a ValueError naming it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_schema()
+    with initialize_config_dir(str(conf_dir()), version_base=None):
+        config = OmegaConf.to_object(hydra_compose(config_name, overrides=list(overrides)))
+    assert isinstance(config, TrainConfig)
+    return config
 
 
 if __name__ == "__main__":  # python -m areal.config: every key of the run's config, with its type

@@ -17,32 +17,20 @@ import asyncio
 import json
 import logging
 import shutil
-import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from areal.aio import run as run_loop
-from areal.config import TrainConfig, to_dict
+from areal.aio import until_signalled
+from areal.config import TrainConfig, conf_dir, register_schema, to_dict
 from areal.controller.loop import train
 
-ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-
-
-def conf_dir() -> Path:
-    """The run's YAMLs: the copy ``pip install .`` put inside the package (setup.py maps
-    ``areal.conf`` onto the repository's top-level ``conf/``), else that ``conf/`` itself, beside
-    the package (a source checkout, an editable install)."""
-    package = Path(__file__).resolve().parent
-    installed = package / "conf"
-    return installed if installed.is_dir() else package.parent / "conf"
+register_schema()
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
@@ -60,7 +48,7 @@ def main(cfg: DictConfig) -> dict:
         run_dir = _killed_run_of_this_command(run_dir, config)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     try:
-        summary = run_loop(_until_signalled(train(config, run_dir)))
+        summary = run_loop(until_signalled(train(config, run_dir)))
     except (asyncio.CancelledError, KeyboardInterrupt):
         # Every child (engine, trainer, sandboxes) was stopped on the way out; say where things are.
         print(f"\nrun interrupted; partial results in {run_dir}", file=sys.stderr)
@@ -95,13 +83,6 @@ def _sweep_dir(run_dir: Path) -> Path:
     """The sweep directory of a multirun's run: the run dir is <sweep dir>/<subdir>; going up from
     it (not re-reading sweep.dir, which may interpolate ${now:...}) names the one it really lives in."""
     return run_dir.parents[len(Path(str(HydraConfig.get().sweep.subdir)).parts) - 1]
-
-
-async def _until_signalled(run: Coroutine[Any, Any, dict]) -> dict:
-    """Run ``run``; SIGTERM cancels it like Ctrl-C does, so every child is stopped on the way out."""
-    task = asyncio.ensure_future(run)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await task
 
 
 def _print_summary(s: dict) -> None:

@@ -14,7 +14,7 @@ to ``REASON_CHARS``, its head first; episodes.jsonl is flushed at every step, so
 keeps every episode the trainer reported on; the trackers' episode tables are decoded only for
 the episodes they sample.
 
-calls.jsonl (read by ``areal/view``): one line per episode with recorded calls, each call its id,
+calls.jsonl (read by ``areal/view``, its lines written by its ``call_tree_line``): one line per episode with recorded calls, each call its id,
 parent, the prompt tokens it adds to its parent's prompt + output (a child's prompt extends them,
 ``areal/gateway/tree.py``), its sampled ids, logprobs (4 decimals) and versions, its own reward and
 the reward its row is trained with. Bounded: ``view_record_mb`` in all, spread evenly over the
@@ -38,6 +38,7 @@ from areal.controller.plots import plot_reward_curve
 from areal.controller.trackers import Trackers
 from areal.jsonl import json_line
 from areal.protocol import EpisodeOutcome, Trajectory, encode_trajectory, frame
+from areal.view.data import call_tree_line, vocabulary
 
 REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
 
@@ -75,30 +76,6 @@ def row_rewards(outcome: EpisodeOutcome, calls: Sequence[Any]) -> dict[str, tupl
     return {i: (r, r if r is not None else 0.0) for i, r in own.items()}
 
 
-def call_tree_line(episode_id: str, calls: Sequence[Any], rewards: dict[str, tuple[float | None, float]]) -> str:
-    """One episode's line of calls.jsonl: each call (a gateway ``Interaction``) with only the
-    prompt tokens it adds to its parent's prompt + output."""
-    seen = {c.id: c for c in calls}
-    out = []
-    for c in calls:
-        parent = seen.get(c.parent_id) if c.parent_id else None
-        shared = len(parent.prompt_ids) + len(parent.output_ids) if parent is not None else 0
-        out.append(
-            {
-                "id": c.id,
-                "parent": parent.id if parent is not None else None,
-                "prompt_ids": list(c.prompt_ids[shared:]),
-                "output_ids": list(c.output_ids),
-                "logprobs": [round(x, 4) for x in c.output_logprobs],
-                "versions": list(c.output_versions) or [c.version] * len(c.output_ids),
-                "finish_reason": c.finish_reason,
-                "reward": rewards.get(c.id, (c.reward, None))[0],
-                "trained": rewards.get(c.id, (c.reward, None))[1],
-            }
-        )
-    return json_line({"episode_id": episode_id, "calls": out})
-
-
 class RunRecords:
     """The run directory's files and the trackers, opened at the run's start. ``tracker``: the run's
     trackers (metrics.jsonl with logger=[jsonl], the console, W&B, TensorBoard: one object,
@@ -123,8 +100,7 @@ class RunRecords:
     def vocabulary(self, tokenizer: Any) -> None:
         """``vocab.json``: the text of every token id, so the viewer decodes without the model."""
         if self.call_log is not None:
-            pieces = [tokenizer.decode([i]) for i in range(len(tokenizer))]
-            (self.run_dir / "vocab.json").write_text(json.dumps(pieces))
+            (self.run_dir / "vocab.json").write_text(json.dumps(vocabulary(tokenizer)))
 
     def episode(
         self,

@@ -5,6 +5,8 @@
                its records cut back to the checkpoint); else RunFailed naming what to do
     model.path ─► hf_model_dir: the HF directory the engines serve and the trainer starts from
     gateway + the model's max_position_embeddings ─► gateway_config: the limits the gateway enforces
+      (both live beside their parts, areal/embedded/resolve.py and areal/gateway/families.py, which
+      ``python -m areal.gateway`` shares; imported here as the run's)
     sandbox + run_dir ─► sandbox_config: the run's own files masked in every episode's root
     a resumed run ─► load_resumed_weights: every engine on the checkpoint's weights before any rollout
 
@@ -16,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from areal.controller.recovery import Resume, holds_run, plan_resume, prepare_records
-from areal.embedded.resolve import resolve_model_path
+from areal.embedded.resolve import hf_model_dir as hf_model_dir
 from areal.engine.serving import weight_loader
-from areal.gateway import GatewayConfig
+from areal.gateway.families import gateway_config as gateway_config
 from areal.process import log_tail
 from sandbox.isolation import SandboxConfig
 
@@ -68,27 +69,6 @@ def plan_continuation(recover_mode: str, n_samples: int, run_dir: Path, write: C
     prepare_records(run_dir, plan)
     write(f"[resume] {run_dir}: {plan.describe()}")
     return plan
-
-
-def hf_model_dir(path: str) -> Path:
-    """The HF model directory of ``model.path`` ("embedded" / "scripted": built on first use)."""
-    resolved = Path(resolve_model_path(path))
-    if not (resolved / "config.json").is_file():
-        raise RunFailed(f"model.path {resolved} is not an HF model directory (no config.json)")
-    return resolved
-
-
-def gateway_config(gw: GatewayConfig, model: Path, write: Callable[[str], None]) -> GatewayConfig:
-    """``gw``, its context length capped at what the ``model`` directory's model holds
-    (``max_position_embeddings``), so that the gateway refuses a prompt the engine could not
-    take, with a 400 naming it."""
-    limit = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
-    if isinstance(limit, int) and 0 < limit < gw.context_length:
-        write(f"[gateway] context_length {gw.context_length} capped at the model's {limit} positions")
-        return dataclasses.replace(
-            gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit), default_max_tokens=min(gw.default_max_tokens, limit)
-        )
-    return gw
 
 
 def sandbox_config(sandbox: SandboxConfig, run_dir: Path) -> SandboxConfig:

@@ -5,6 +5,7 @@ GGUF file, areal/embedded/pretrained.py), a local directory as it is, a hub id t
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def resolve_model_path(path: str) -> str:
@@ -42,3 +43,16 @@ def resolve_model_path(path: str) -> str:
             f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and it could not be downloaded "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}): {e}"
         ) from None
+
+
+def hf_model_dir(path: str) -> Path:
+    """The HF model directory of ``model.path`` (``resolve_model_path``: the built-in models built on
+    first use); a ``FileNotFoundError`` naming ``model.path`` when it holds no ``config.json``."""
+    resolved = Path(resolve_model_path(path))
+    if not (resolved / "config.json").is_file():
+        what = "is not an HF model directory (no config.json)" if resolved.is_dir() else "does not exist"
+        raise FileNotFoundError(
+            f"model.path {path!r}: {resolved} {what}; model.path takes 'embedded', 'scripted', 'embedded-agent', "
+            "'smollm2-135m-instruct', an HF model directory or a hub id"
+        )
+    return resolved

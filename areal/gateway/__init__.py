@@ -7,7 +7,8 @@ gateway renders it), ``generation`` (engine calls, stop strings, streaming, reco
 ``sse``: the event streams of the latter two),
 ``parsers`` / ``toolcalls`` / ``harmony`` (tool-call and reasoning formats), ``families`` (what a
 model family's tokenizer tells: ``tool_parser=auto``, stop tokens, decoding), ``qwen`` (offline
-tokenizers for tests), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP doors).
+tokenizers for tests), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP doors),
+``standalone`` (the gateway alone, ``python -m areal.gateway``: one long-lived session, calls recorded for the viewer).
 """
 
 from areal.gateway.core import (

@@ -10,6 +10,8 @@
   ``gateway.tool_parser``, since such a model is shown no tools until a tool template is set.
 - ``resolve``: the gateway's config with ``auto`` replaced and GPT-OSS's pair made whole (harmony
   is the whole output format: its reasoning parser is ``gpt-oss`` whenever its tool parser is).
+- ``gateway_config``: the gateway's config with its context capped at the model directory's
+  ``max_position_embeddings`` (a run's gateway and ``python -m areal.gateway`` alike).
 - ``stop_token_ids``: the end of sequence and every turn end the tokenizer has as an added token:
   ``<|im_end|>`` (ChatML), ``<|eot_id|>`` / ``<|eom_id|>`` (Llama 3; the latter after a
   ``<|python_tag|>`` call), ``<|call|>`` / ``<|return|>`` (GPT-OSS; not ``<|end|>``, which
@@ -24,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from areal.gateway import harmony
 from areal.gateway.generation import text_decoder as plain_text_decoder
@@ -42,6 +46,9 @@ from areal.gateway.parsers import (
     THINK_OPEN,
     TOOL_PARSERS,
 )
+
+if TYPE_CHECKING:
+    from areal.gateway.core import GatewayConfig
 
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", harmony.CALL, harmony.RETURN, "<\uff5cend\u2581of\u2581sentence\uff5c>")
 _TOOL_PROBE = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}]
@@ -122,6 +129,19 @@ def resolve(config: Any, tokenizer: Any, tool_template: str | None = None) -> An
     if (tool, reasoning) == (config.tool_parser, config.reasoning_parser):
         return config
     return dataclasses.replace(config, tool_parser=tool, reasoning_parser=reasoning)
+
+
+def gateway_config(gw: GatewayConfig, model: Path, write: Callable[[str], None]) -> GatewayConfig:
+    """``gw``, its context length capped at what the ``model`` directory's model holds
+    (``max_position_embeddings``), so that the gateway refuses a prompt the engine could not
+    take, with a 400 naming it."""
+    limit = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < gw.context_length:
+        write(f"[gateway] context_length {gw.context_length} capped at the model's {limit} positions")
+        return dataclasses.replace(
+            gw, context_length=limit, max_tokens_cap=min(gw.max_tokens_cap, limit), default_max_tokens=min(gw.default_max_tokens, limit)
+        )
+    return gw
 
 
 def _added_ids(tokenizer: Any, texts: tuple[str, ...]) -> list[int]:

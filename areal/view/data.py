@@ -18,8 +18,15 @@ new branch because the agent rewrote its history (the gateway counts it as drift
 G = r + γ · mean(G of the children), r the call's own reward (set through the gateway or named by
 run()'s {id: reward}); an episode whose reward came as one float has it on its last call.
 
+The writers of calls.jsonl's lines and of vocab.json are here too (``call_tree_line``,
+``vocabulary``), beside their reader: a run's records (``areal/controller/records.py``) and the
+gateway on its own (``areal/gateway/standalone.py``) write with them. A later line of an episode
+replaces an earlier one, in episodes.jsonl and calls.jsonl alike (the gateway on its own writes a
+conversation again when it has grown).
+
 Covered: runs written by ``areal/controller/records.py`` (calls.jsonl may be absent: episodes are then
-listed without trees). Not covered: trajectories.bin (the trained rows; this reads the calls).
+listed without trees), and the record directories of ``python -m areal.gateway`` (no steps; one
+episode per conversation). Not covered: trajectories.bin (the trained rows; this reads the calls).
 """
 
 from __future__ import annotations
@@ -27,13 +34,46 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from areal.jsonl import json_line
 
 MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.S)
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*(?:</tool_response>|$)", re.S)
 LIST_ERROR_CHARS = 300  # of a failure's reason in the episode list (the episode page has it whole)
+
+
+def call_tree_line(episode_id: str, calls: Sequence[Any], rewards: dict[str, tuple[float | None, float | None]]) -> str:
+    """One episode's line of calls.jsonl: each call (a gateway ``Interaction``) with only the
+    prompt tokens it adds to its parent's prompt + output; ``rewards``: each call's own reward and
+    the reward its row is trained with (a call not in it: its own, and None)."""
+    seen = {c.id: c for c in calls}
+    out = []
+    for c in calls:
+        parent = seen.get(c.parent_id) if c.parent_id else None
+        shared = len(parent.prompt_ids) + len(parent.output_ids) if parent is not None else 0
+        out.append(
+            {
+                "id": c.id,
+                "parent": parent.id if parent is not None else None,
+                "prompt_ids": list(c.prompt_ids[shared:]),
+                "output_ids": list(c.output_ids),
+                "logprobs": [round(x, 4) for x in c.output_logprobs],
+                "versions": list(c.output_versions) or [c.version] * len(c.output_ids),
+                "finish_reason": c.finish_reason,
+                "reward": rewards.get(c.id, (c.reward, None))[0],
+                "trained": rewards.get(c.id, (c.reward, None))[1],
+            }
+        )
+    return json_line({"episode_id": episode_id, "calls": out})
+
+
+def vocabulary(tokenizer: Any) -> list[str]:
+    """vocab.json's content: the text of every token id, so the viewer decodes without the model."""
+    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
