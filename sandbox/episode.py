@@ -168,12 +168,15 @@ def warm_up_sdks() -> None:
 
 def agent_paths(spec: str) -> list[str]:
     """What of the agent's own its episodes must read: the directory of an exec program or of a
-    .py file (its helpers, a node_modules beside it), and the embedded models' cache (an agent may
-    load the embedded tokenizer). A module named by import path lives on sys.path, exposed anyway."""
+    .py file (its helpers, a node_modules beside it), the embedded models' cache (an agent may
+    load the embedded tokenizer) and a verifiers agent's venv. A module named by import path lives
+    on sys.path, exposed anyway."""
+    from areal.agent import verifiers_env
     from areal.agent.spec import EXEC_PREFIX, PROJECT_ROOT
     from areal.embedded import embedded_cache_root
 
     out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []
+    out += verifiers_env.read_paths(spec)  # a verifiers: agent's private venv (its interpreter runs in the episode)
     target = spec[len(EXEC_PREFIX) :] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
     if spec.startswith(EXEC_PREFIX) or target.endswith(".py"):
         for base in (os.getcwd(), str(PROJECT_ROOT)):  # where load_agent looks, in its order

@@ -12,6 +12,10 @@ a package, and is loaded by path under a private module name instead. ATTR names
 ``exec:PATH`` names a program instead (any language, e.g. agents/shell_agent.sh): the row as
 JSON on stdin, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the Anthropic pair in its environment
 (sandboxed or inline), its result as the last line of stdout.
+
+Environment libraries are agents too: ``verifiers:[ENV+]TASKSET`` runs a verifiers environment in
+its private venv (``areal/agent/verifiers_env.py``), ``textarena:GAME`` plays a TextArena game
+(``areal/agent/textarena_env.py``); ``agent_kwargs`` is their configuration.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from areal.agent import environment
+from areal.agent import environment, textarena_env, verifiers_env
 from areal.agent.failures import classify_exception, raised_types
 from areal.protocol import EpisodeOutcome
 
@@ -63,6 +67,10 @@ def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> AgentRun:
     built with ``kwargs`` (``rollout.agent_kwargs``, AReaL's ``workflow_kwargs``)."""
     if spec.startswith(EXEC_PREFIX):
         return executable_agent(spec[len(EXEC_PREFIX) :])
+    if spec.startswith(verifiers_env.PREFIX):
+        return verifiers_env.verifiers_agent(spec, kwargs)
+    if spec.startswith(textarena_env.PREFIX):
+        return textarena_env.textarena_agent(spec, kwargs)
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ValueError(f"agent spec must be TARGET:ATTR (a module or .py file, then a name), got {spec!r}")
