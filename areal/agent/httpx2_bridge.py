@@ -18,7 +18,8 @@ SDK untouched (an httpx one is refused by the SDK as before); closing the SDK's 
 closes H, which the runner owns and shares between episodes; transport errors keep their kind
 (an httpx ``ReadTimeout`` reaches the SDK as httpx2's, so its timeout handling applies).
 ``install`` wraps ``anthropic.AsyncAnthropic.__init__`` once per process: the zygote does it
-before forking, the inline runner when it starts.
+before forking, the inline runner when it starts; it also gives ``messages.create`` back the
+sampling keywords anthropic 1.0 dropped (``anthropic_compat.py``).
 
 What is covered: ``AsyncAnthropic`` and the clients it derives (``copy``, ``with_options``). Not
 covered: the synchronous ``Anthropic`` (the handed client is async) and SDKs on httpx2 other
@@ -38,6 +39,8 @@ from typing import Any
 
 import httpx
 import httpx2
+
+from areal.agent.anthropic_compat import accept_sampling_keywords
 
 HANDED: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()  # the clients the runners hand agents
 _installed = False
@@ -138,6 +141,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
 
 def _wrap(anthropic: Any) -> None:
+    accept_sampling_keywords(anthropic)  # AReaL's agents pass temperature= and top_p= (anthropic_compat.py)
     if not issubclass(anthropic.DefaultAsyncHttpxClient, httpx2.AsyncClient):  # anthropic < 2.11: httpx
         return
     init = anthropic.AsyncAnthropic.__init__

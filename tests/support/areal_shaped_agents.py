@@ -3,8 +3,9 @@
 ``AnthropicMathAgent`` has the shape of AReaL's ``areal/workflow/anthropic/math_agent.py``: the
 client built from ``extra_kwargs`` exactly as handed (``base_url`` with its ``/v1``, the
 runner's ``http_client``), the environment's values as the fallback, the system message moved
-to ``system=``. It makes one plain and one streamed call, so both ways a body comes back cross
-the runner's client.
+to ``system=``, the sampling settings (``temperature``, ``top_p``) passed as keywords, which the
+pinned anthropic SDK takes only through ``areal/agent/anthropic_compat.py``. It makes one plain and
+one streamed call, so both ways a body comes back cross the runner's client.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class AnthropicMathAgent:
         messages = data.get("messages") or [{"role": "user", "content": data["question"]}]
         system = next((m["content"] for m in messages if m["role"] == "system"), anthropic.NOT_GIVEN)
         turns = [{"role": m["role"], "content": m["content"]} for m in messages if m["role"] != "system"]
-        args = dict(model="default", max_tokens=self.max_tokens, system=system, messages=turns, extra_body=self.sampling)
+        args = dict(model="default", max_tokens=self.max_tokens, system=system, messages=turns, **self.sampling)
         reply = await client.messages.create(**args)
         async with client.messages.stream(**args) as stream:
             streamed = await stream.get_final_text()
