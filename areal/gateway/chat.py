@@ -4,9 +4,11 @@ Honoured: messages, model (echoed), max_tokens / max_completion_tokens, temperat
 seed (engine ``sampling_seed``; choice i gets seed + i), stop, n, logprobs, tools, tool_choice
 ("auto" | "none" | "required" | {"type": "function", "function": {"name": N}}: the last two by a
 forced tool-call opening after the prompt, see ``core``; a name not in tools is a 400),
-parallel_tool_calls (true: every parsed call is returned), stream, stream_options.include_usage.
+parallel_tool_calls (true: every parsed call is returned), stream, stream_options.include_usage,
+response_format ("text", "json_object", "json_schema" strict or not: the reply is decoded under
+the schema, ``structured``; with tools under "auto" it is that JSON or one tool call).
 Accepted and deliberately ignored, because they change no token: user, metadata, store,
-service_tier, and penalties / response_format at their no-op values (0 / {"type": "text"}).
+service_tier, and penalties at their no-op value (0).
 Anything else, or a value that cannot be honoured (top_logprobs without logprobs, tool_choice
 "allowed_tools", parallel_tool_calls false), is a 400 naming the parameter.
 
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway.contract import EXTENSION_FIELDS, Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id, sampling_extensions
+from areal.gateway.structured import chat_response_schema
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
@@ -50,12 +53,12 @@ _HONOURED = {
     "parallel_tool_calls",
     "stream",
     "stream_options",
+    "response_format",
 } | EXTENSION_FIELDS
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0, None),
     "presence_penalty": (0, 0.0, None),
-    "response_format": (None, {"type": "text"}),
 }
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
@@ -96,6 +99,7 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
         tools=body.get("tools"),
         tool_choice=body.get("tool_choice"),
         chat_template_kwargs=body.get("chat_template_kwargs"),
+        response_schema=chat_response_schema(body.get("response_format")),
     )
 
 

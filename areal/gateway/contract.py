@@ -121,6 +121,10 @@ class Turn(msgspec.Struct):
     # SGLang's and vLLM's extension (extra_body): keyword arguments of the chat template, e.g.
     # Qwen3's {"enable_thinking": false}; checked by ``render.check_template_kwargs``
     chat_template_kwargs: dict | None = None
+    # the JSON schema the reply must follow (chat's response_format, Responses' text.format; None:
+    # free text), and the request field that named it (for the errors): ``structured``
+    response_schema: dict | None = None
+    response_schema_param: str = "response_format"
 
 
 class TokenLogprob(msgspec.Struct):

@@ -27,13 +27,16 @@ Invariants:
   after it closed. A request whose client goes away (``server``) has its engine calls cancelled
   the same way.
 
-``tool_choice`` "required" or a named function is honoured by a forced prefix, not by constrained
+``tool_choice`` "required" or a named function is honoured by a forced prefix and constrained
 decoding: the opening of a tool call in the model's format (``parsers.forced_tool_prefix``; for
 Qwen/Hermes ``<tool_call>\n``, or through ``"arguments": `` for a named function) is appended to
-the prompt ids and the engine continues from it. Those ids are recorded as the end of the
+the prompt ids and the engine continues from it under a constraint that finishes exactly one call
+with arguments valid under the tool's schema (``structured``; the JSON-bodied formats: for
+qwen3_coder and gpt-oss the opening alone is forced). Those ids are recorded as the end of the
 Interaction's prompt (not sampled: loss mask 0, no logprob); the text parsed and returned is the
-forced text + the sampled text. What the model writes inside the call is not constrained: a call
-that does not parse comes back as text. A named function not in ``tools`` is a 400.
+forced text + the sampled text. A named function not in ``tools`` is a 400. A response format
+(``response_format``, Responses' ``text.format``) is a constraint of the same kind
+(``structured``), sent as SGLang's ``json_schema`` / ``structural_tag`` sampling params.
 
 ``tool_choice`` "none" renders the prompt without the request's tools (the model is not offered
 what it may not call; vLLM's default too) and parses no calls.
@@ -81,6 +84,7 @@ from areal.gateway.generation import (
 )
 from areal.gateway.parsers import reasoning_parser_name, tool_parser_name
 from areal.gateway.render import Prompt, PromptBuilder, PromptIndex
+from areal.gateway.structured import engine_constraint
 from areal.gateway.template import tool_template_path, tool_template_source
 from areal.gateway.tree import Interaction
 
@@ -385,6 +389,7 @@ class Gateway:
         for key, off in (("top_k", -1), ("min_p", 0.0), ("repetition_penalty", 1.0)):  # sent only when set
             if getattr(s, key) != off:
                 params[key] = getattr(s, key)
+        params.update(engine_constraint(turn, self.config, forced, prompt.reasoning_open))  # structured.py
         return prompt, params, forced
 
     def _validate(self, turn: Turn) -> list[dict] | None:

@@ -19,7 +19,8 @@ Grammars (one function each):
 - ``parse_deepseek_v31``: per call ``<｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
 
 ``ToolCall.arguments`` is always the compact JSON (``separators=(",", ":")``, non-ASCII kept) of
-an object, so equal arguments compare equal as text; NaN/Infinity and lone surrogates never parse.
+an object, so equal arguments compare equal as text; NaN/Infinity and lone surrogates never parse,
+and a raw control character in a string is read as that character (escaped in ``arguments``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+# strict=False: a raw control character inside a string (a tab, or what xgrammar's structural tags
+# let an engine write) is read as itself; the arguments are re-serialised with it escaped
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float, strict=False)
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a lone "\\ud800" escape cannot be encoded as UTF-8
 _WS = re.compile(r"\s*")
 

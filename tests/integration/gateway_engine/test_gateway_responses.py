@@ -110,7 +110,8 @@ def test_named_tool_choice_translates_and_must_exist():
     [
         ({"input": "x", "frequency_penalty": 1}, "frequency_penalty"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}}, "text"),
+        ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format"),
+        ({"input": "x", "text": {"verbosity": "low"}}, "text"),
         ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
         ({"input": "x", "parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"input": "x", "truncation": "auto"}, "truncation"),

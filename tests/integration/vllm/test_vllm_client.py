@@ -71,9 +71,17 @@ def test_sampling_params_map_to_vllm_names():
     assert vllm_body("m", [1], {"top_k": 5, "max_new_tokens": None})["sampling_params"]["top_k"] == 5
     assert "max_tokens" not in vllm_body("m", [1], {"max_new_tokens": None})["sampling_params"]  # unlimited, both sides
     assert vllm_body("m", [1], {})["sampling_params"] == {"logprobs": 0, "max_tokens": 128}  # SGLang's default, not vLLM's 16
-    with pytest.raises(EngineError, match="sampling_params.json_schema") as err:
-        vllm_body("m", [1], {"json_schema": "{}"})
+    with pytest.raises(EngineError, match="sampling_params.stop_regex") as err:
+        vllm_body("m", [1], {"stop_regex": "a"})
     assert err.value.status == 400
+    # SGLang's constraint params are vLLM's structured outputs, applied from the first token
+    for key, field, value in [("json_schema", "json", '{"type": "object"}'), ("json_schema", "json", "$$ANY$$"), ("regex", "regex", "a+"),
+                              ("ebnf", "grammar", 'root ::= "a"'), ("structural_tag", "structural_tag", '{"type": "structural_tag"}')]:  # fmt: skip
+        body = vllm_body("m", [1], {key: value})
+        assert body["sampling_params"]["structured_outputs"] == {field: "{}" if value == "$$ANY$$" else value}
+        assert body["reasoning_ended"] is True
+    with pytest.raises(EngineError, match="only one of"):
+        vllm_body("m", [1], {"json_schema": "{}", "regex": "a"})
     with pytest.raises(EngineError, match="sampling_params.n"):
         vllm_body("m", [1], {"n": 2})
 
@@ -228,8 +236,8 @@ def test_errors_are_typed_and_name_what_the_server_lacks(tmp_path):
         body = {"max_new_tokens": 2}
         with pytest.raises(EngineError, match="input_ids cannot be empty"):
             await client.generate([], body)
-        with pytest.raises(EngineError, match="sampling_params.regex"):
-            await client.generate([1], {"regex": "a"})
+        with pytest.raises(EngineError, match="sampling_params.stop_regex"):
+            await client.generate([1], {"stop_regex": "a"})
         assert stand_in.bodies == []  # refused before sending
         fresh = VLLMClient(url)
         assert await client.health()
