@@ -39,6 +39,7 @@ RolloutWorkflow objects, which have no runner (the controller calls them with it
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -204,8 +205,25 @@ class Episodes:
         return msgspec.structs.replace(outcome, reward=reward)
 
 
-def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str) -> dict[str, Any]:
-    """A training episode's line in episodes.jsonl: how it ended and what its session recorded."""
+DATA_RECORD_BYTES = 64 << 10  # of an episode's dataset row as JSON in episodes.jsonl; a larger one is not recorded
+
+
+def data_field(row: dict | None) -> dict[str, Any]:
+    """An episode's dataset row for its line in episodes.jsonl (what ``python -m areal.replay`` poses
+    again): ``{"data": row}``; ``{"data_recorded": False}`` when its JSON is over DATA_RECORD_BYTES
+    or JSON cannot hold it; nothing when the caller has no row."""
+    if row is None:
+        return {}
+    try:
+        size = len(json.dumps(row))
+    except (TypeError, ValueError):  # a value JSON cannot hold (bytes, an object): the row is not recorded, the run goes on
+        return {"data_recorded": False}
+    return {"data": row} if size <= DATA_RECORD_BYTES else {"data_recorded": False}
+
+
+def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str, problem: dict | None = None) -> dict[str, Any]:
+    """A training episode's line in episodes.jsonl: how it ended, what its session recorded, and
+    its dataset row ``problem`` (``data_field``)."""
     inters = list(session.interactions.values())
     return {
         "episode_id": outcome.episode_id,
@@ -224,6 +242,7 @@ def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str) -> 
         "drift": session.drift,
         "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
         "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
+        **data_field(problem),
     }
 
 

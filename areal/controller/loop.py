@@ -504,7 +504,7 @@ class Controller:
             if recovered and attempt == last:  # no attempt left: the group is what this one trained
                 break
             for o, s in results:
-                self._log_episode(o, s, group_id)
+                self._log_episode(o, s, group_id, problem=problem)
             if not recovered:
                 return
         self._count_failures([o for o, _ in results])
@@ -513,9 +513,9 @@ class Controller:
         good = [(o, s) for o, s in results if (o.status == "ok" or o.failure_class == POLICY) and s.interactions]
         trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.dapo.overlong) for o, s in good]
         dropped = bool(good) and self.dapo.drop(trajectories, self.accepted_groups)  # logged with its episodes, then not published
-        trained = {o.episode_id for o, _ in good}
+        kept = {o.episode_id for o, _ in good}
         for o, s in results:
-            self._log_episode(o, s, group_id, DROPPED if dropped and o.episode_id in trained else "")
+            self._log_episode(o, s, group_id, DROPPED if dropped and o.episode_id in kept else "", problem)
         if not good:
             self._group_failed(results[0][0])
             return
@@ -688,7 +688,7 @@ class Controller:
         def cancelled(session: Session) -> None:
             why = self.failure or "the run was stopped (interrupted, or it ended with episodes in flight)"
             cut = EpisodeOutcome(episode_id, "cancelled", error=f"cancelled before it finished: {why[:2000]}", wall_s=time.monotonic() - t0)
-            self._log_episode(classify_outcome(cut, bool(session.interactions)), session, group_id)
+            self._log_episode(classify_outcome(cut, bool(session.interactions)), session, group_id, problem=problem)
 
         # sampled at rollout.temperature whatever the agent asks: the trainer scores its tokens at that one
         outcome, session = await episodes.run(episode_id, problem, self.config.rollout.temperature, cancelled=cancelled)
@@ -725,11 +725,11 @@ class Controller:
 
         return single_turn
 
-    def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str, dropped: str = "") -> None:
+    def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str, dropped: str = "", problem: dict | None = None) -> None:
         """The episode's line in episodes.jsonl; ``dropped``: why an episode with something to
-        train on was not published (``"dynamic_sampling"``), else "" (no key)."""
+        train on was not published (``"dynamic_sampling"``), else "" (no key); ``problem``: its row."""
         inters = list(s.interactions.values())
-        record = episode_record(o, s, group_id)
+        record = episode_record(o, s, group_id, problem)
         if dropped:
             record["dropped"] = dropped
         self.window_calls.append((len(inters), record["tool_calls"], record["malformed_tool_calls"]))
