@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.agent.failures import CLASSES as FAILURE_CLASSES
+from areal.agent.failures import REWARD_HACK_MODES
 from areal.cluster.config import ClusterConfig
 from areal.controller.recovery import RecoverConfig
 from areal.controller.trackers import TrackerConfig, check_loggers
@@ -26,6 +27,7 @@ from areal.engine.config import EngineConfig
 from areal.gateway import GatewayConfig
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
+from sandbox.world import TRIPWIRE_KINDS
 
 _QUALIFIED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.(?:[A-Za-z_]\w*|<locals>))+")  # module.Class, module.f.<locals>.Class
 
@@ -98,6 +100,14 @@ class RolloutConfig:
     # {"dspy.utils.exceptions.AdapterParseError": "policy"}. Looked up in the episode's exception
     # chain before the built-in rules of areal/agent/failures.py; for SDKs they do not know.
     failure_classes: dict[str, str] = field(default_factory=dict)
+    # Episodes with a world (sandbox/world.py) whose sandbox recorded a tripwire of a kind in
+    # reward_hack_tripwires (sandbox/grader.py: a protected path or a test-runner hook written, the
+    # checks sought, the grader's run cut short) are the "reward_hack" failure class, counted per
+    # step (failures_reward_hack): "exclude" leaves them out of training; "penalty" trains their
+    # completions with reward reward_hack_penalty (within reward_range) in their group.
+    reward_hack: str = "exclude"
+    reward_hack_penalty: float = -1.0
+    reward_hack_tripwires: list[str] = field(default_factory=lambda: list(TRIPWIRE_KINDS))
     # DAPO's dynamic sampling (Yu et al. 2025; areal/controller/dapo.py): a finished group whose
     # samples all have the same rewards (every advantage 0) is not trained: its episodes are
     # logged with "dropped": "dynamic_sampling" and another prompt is started in its place, so
@@ -160,6 +170,15 @@ class RolloutConfig:
             raise ValueError(f"rollout.overlong_penalty_tokens must be >= 0 (0: no penalty), got {self.overlong_penalty_tokens}")
         if not self.overlong_penalty_factor >= 0:
             raise ValueError(f"rollout.overlong_penalty_factor must be >= 0, got {self.overlong_penalty_factor}")
+        if self.reward_hack not in REWARD_HACK_MODES:
+            raise ValueError(f"rollout.reward_hack must be one of {REWARD_HACK_MODES}, got {self.reward_hack!r}")
+        p = self.reward_hack_penalty
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not r[0] <= p <= r[1]:
+            raise ValueError(f"rollout.reward_hack_penalty must be a number within rollout.reward_range {self.reward_range}, got {p!r}")
+        self.reward_hack_penalty = float(p)
+        unknown = sorted(set(self.reward_hack_tripwires) - set(TRIPWIRE_KINDS))
+        if unknown:
+            raise ValueError(f"rollout.reward_hack_tripwires has unknown kind(s) {unknown}; the kinds: {list(TRIPWIRE_KINDS)}")
         for name, cls in self.failure_classes.items():
             if not isinstance(name, str) or not _QUALIFIED_NAME.fullmatch(name):
                 raise ValueError(

@@ -20,6 +20,9 @@ Sources (``dataset_config.path``):
   task or a weighted mix, generated (``size`` rows, the run's ``seed``) with their entries
   (``metadata``, ``task``, ``task_config``) for the task's own scorer; train and held-out rows
   never share a question (areal/tasks/reasoning_gym.py).
+- ``"swe:DIR"``: a library of repository bug-fix tasks with a world (one row per task directory,
+  naming it in ``world``: the sandbox gives each episode a private copy of its repository and
+  grades it; areal/tasks/swe.py, sandbox/world.py). Both splits hold every task.
 Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split to disk.
 """
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.tasks import swe
 from areal.tasks.reasoning_gym import is_task_spec, task_rows
 
 DEFAULT_SIZES = {"train": 4000, "test": 500}
@@ -85,7 +89,7 @@ def get_custom_dataset(
 
         rows = [normalize_row(r, i) for i, r in enumerate(make_problems(kind, n, seed=seed))]
         return EmbeddedDataset(_filter_length(rows, dataset_config, tokenizer), kind, seed)
-    if is_task_spec(path):
+    if is_task_spec(path) or swe.is_swe_spec(path):
         rows = _filter_length(load_rows(path, split, size=n, seed=seed), dataset_config, tokenizer)
         if not rows:
             raise ValueError(f"dataset {path} ({split}) has no rows left (max_length={dataset_config.max_length})")
@@ -124,6 +128,11 @@ def load_rows(
             )
         n = size if size is not None else DEFAULT_SIZES[kind]
         return [normalize_row(r, i) for i, r in enumerate(task_rows(path, kind, n, seed))]
+    if swe.is_swe_spec(path):
+        if prompt_key or answer_key != "answer":
+            raise ValueError(f"{path}: task rows have question/messages; data.prompt_key / data.answer_key name a file's columns")
+        rows = [normalize_row(r, i) for i, r in enumerate(swe.task_rows(path))]
+        return rows[:size] if size is not None else rows
     source = Path(path)
     if _is_hf_folder(source):
         raw = _read_hf_folder(source, split)

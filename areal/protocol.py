@@ -14,6 +14,7 @@ Boundaries and what crosses them:
                                             <--GatewayReply---
     controller --SpawnEpisode/Shutdown--> zygote (stdin pipe)
                <--EpisodeOutcome/ZygoteReady-- zygote (stdout pipe)
+    grader process --Grade--> zygote (result pipe; sandbox/grader.py)
     controller --Trajectory (bytes)--> shared-memory ring --> trainer rank
     rollout worker --HopHello/HopRecord + Trajectory--> receiver on the trainer node (TCP)
                    <--HopAck/HopRefused--               (areal/ring/remote.py) --> ring
@@ -72,6 +73,9 @@ class SpawnEpisode(msgspec.Struct, frozen=True, tag=True):
     data: bytes  # JSON of the dataset row handed to ``agent.run(data, ...)``
     api_key: str  # session-scoped gateway key; the only credential the agent receives
     deadline_s: float
+    # A task directory (sandbox/world.py): the episode works in a private copy-on-write view of its
+    # base at /workspace, and the grader's verdict on it is the reward. "": no world.
+    world: str = ""
 
 
 class Shutdown(msgspec.Struct, frozen=True, tag=True):
@@ -115,6 +119,24 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     # An error run() raised: the qualified names of its exception chain, outermost first, each with
     # its bases' (areal/agent/failures.py's raised_types), for the controller's rollout.failure_classes.
     raised: list[list[str]] = []
+    # An episode with a world (sandbox/world.py), from the sandbox, never from the episode: the
+    # grader's verdict per check (1.0 passed, 0.0 not), the tripwires it witnessed ("kind: detail",
+    # sandbox/grader.py), and how the grading ended ("complete", "timeout", "no verdict: ...").
+    checks: dict[str, float] = {}
+    tripwires: list[str] = []
+    grader: str = ""
+
+
+class Grade(msgspec.Struct, frozen=True, tag=True):
+    """A grader process's verdict on one episode's final workspace (sandbox/grader.py -> the zygote).
+
+    verdict: "complete" (the checks ran to their end), "timeout", "no verdict" (the checks' process
+    ended without finishing its report), "error" (the grader itself failed; ``detail`` says why)."""
+
+    verdict: str
+    checks: dict[str, float] = {}
+    tripwires: list[str] = []
+    detail: str = ""
 
 
 ZygoteInbound = SpawnEpisode | Shutdown

@@ -71,7 +71,7 @@ What is covered (each line has an attack in tests/integration/sandbox/test_sandb
   files are absent, so a root-owned 0600 file is not readable even by the agent's uid 0. Writable:
   a private size-capped tmpfs on /tmp (HOME and TMPDIR point there) and an empty tmpfs on
   /dev/shm, so the trainer's shared-memory rings are invisible; /proc is the namespace's own,
-  read-only. Secrets in the controller's environment are not inherited (ENV_ALLOW below, and the
+  read-only; in a world's episode, /workspace (an overlay of its task's base, sandbox/world.py). Secrets in the controller's environment are not inherited (ENV_ALLOW below, and the
   names the user lists in ``sandbox.env``).
 - privileges: no_new_privs; all capabilities dropped in the agent (bounding set included), so
   root inside cannot remount, raise rlimits or leave its cgroup; a seccomp deny-list (ptrace,
@@ -195,6 +195,12 @@ REACH_MOUNTS = {  # file system type -> where an episode's root may have one (re
     "devtmpfs": "device nodes (rootfs.DEVICES) and /dev/null over hidden files",
 }
 REACH_WRITABLE = ("/tmp", "/dev/shm")
+# A world's episode (sandbox/world.py): mount point -> its file system type, writable.
+REACH_WORLD_MOUNTS = {
+    "/workspace": "overlay",  # its task's base under a layer of its own: the agent's working copy
+    "/checks": "tmpfs",  # decoys: files owned by nobody, readable, not writable (their access times are the evidence)
+    "/reference": "tmpfs",
+}
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
@@ -239,6 +245,9 @@ class SandboxConfig:
     # config path), beside ENV_ALLOW; every other variable is dropped. Inline episodes see the whole
     # environment anyway. Not the ones the sandbox sets for each episode (SET_PER_EPISODE).
     env: list[str] = field(default_factory=list)
+    # Size of the tmpfs that holds each world episode's writable layer of /workspace (sandbox/world.py):
+    # what an agent may change or add to its task's repository; its pages count to its memory limit too.
+    workspace_size_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
@@ -255,7 +264,7 @@ class SandboxConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"sandbox.{name} must be a positive int or None, got {value!r}")
-        for name in ("tmp_size_bytes", "shm_size_bytes"):
+        for name in ("tmp_size_bytes", "shm_size_bytes", "workspace_size_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
         if not isinstance(self.warm_slots, int) or self.warm_slots < 0:
@@ -563,9 +572,20 @@ def prepare(config: SandboxConfig, layers: list[str], name: str) -> EpisodeResou
     return EpisodeResources(name=name, cgroups=cgroups, host_tmp=host_tmp)
 
 
-def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gateway_path: str, plan: rootfs.RootPlan | None = None) -> str:
+def enter(
+    config: SandboxConfig,
+    layers: list[str],
+    res: EpisodeResources,
+    gateway_path: str,
+    plan: rootfs.RootPlan | None = None,
+    view: rootfs.WorldView | None = None,
+) -> str:
     """Episode child side: apply every available layer but the PID namespace; returns the home dir.
-    ``plan``: the minimal root (``rootfs.plan_root``), used when the readonly_root layer is on."""
+    ``plan``: the minimal root (``rootfs.plan_root``), used when the readonly_root layer is on;
+    ``view``: a world's mounts in it (sandbox/world.py), whose /workspace becomes the working
+    directory. ``gateway_path`` "": no way out (a grader)."""
+    if view is not None and not {"mountns", "readonly_root"} <= set(layers):
+        raise OSError("a world needs the mountns and readonly_root layers, which this zygote does not have")
     if "session" in layers:
         os.setsid()  # own process group: the zygote kills the episode with one killpg
     for d in res.cgroups:
@@ -585,7 +605,7 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
     if "mountns" in layers and "readonly_root" in layers:
         if plan is None:
             raise ValueError("the readonly_root layer needs a RootPlan (rootfs.plan_root)")
-        rootfs.enter_minimal_root(plan, config.tmp_size_bytes, config.shm_size_bytes, gateway_path)
+        rootfs.enter_minimal_root(plan, config.tmp_size_bytes, config.shm_size_bytes, gateway_path, view)
         home = "/tmp"
     elif "mountns" in layers:
         _private_tmp(config.tmp_size_bytes, gateway_path, shm_size=config.shm_size_bytes)
@@ -596,7 +616,11 @@ def enter(config: SandboxConfig, layers: list[str], res: EpisodeResources, gatew
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     if "env" in layers:
         scrub_environment(home, config.env)
-    os.chdir(home)
+    if view is not None:  # the shell commands of a world's agent find the sandbox's interpreter (and its pytest) first
+        os.environ["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), os.environ.get("PATH", "")) if p)
+        os.chdir(rootfs.WORKSPACE)
+    else:
+        os.chdir(home)
     return home
 
 

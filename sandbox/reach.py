@@ -110,6 +110,8 @@ def _unlisted_mounts(mounts: list[Mount], root: list[str], socket_path: str) -> 
         rule = isolation.REACH_MOUNTS.get(m.fstype)
         if m.point in allowed_files:
             continue  # a device node, or the gateway's socket: bound, nothing to list or lock
+        if isolation.REACH_WORLD_MOUNTS.get(m.point) == m.fstype:
+            continue  # a world's workspace and decoys (sandbox/world.py)
         if rule is None:
             out.append(f"mount {m.point} ({m.fstype}): no file system of this type is in isolation.REACH_MOUNTS")
         elif m.fstype == "overlay" and not (m.readonly and any(_under(m.point, p) for p in root)):

@@ -23,6 +23,12 @@ builds its root from it (``enter_minimal_root``) in its own mount namespace, bef
 arrives (a warm slot), so the mounts cost no episode latency. Paths are resolved to real paths
 and nested ones dropped, so each exposed tree is one recursive bind.
 
+A world (sandbox/world.py) adds a ``WorldView`` to an episode's or a grader's root: a writable
+overlay at /workspace over the task's read-only layers, read-only binds (the grader's checks), and
+decoys (directories of files owned by nobody, readable, with access times kept: what an episode
+finds where the grader's checks are mounted). Its sources are opened before anything is hidden,
+its mountpoints made before the read-only pass, its mounts made after it (``_mount_view``).
+
 Refused as too broad to expose (a sys.path entry such as the zygote's working directory, or a
 ``sandbox.expose`` entry): ``/``, ``/tmp``, and any home directory or a directory above one. A user whose
 agent lives in a home directory exposes that project's directory, not the home.
@@ -80,11 +86,28 @@ DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_MS_BIND, _MS_REC, _MS_PRIVATE, _MS_STRICTATIME = 4096, 16384, 1 << 18, 1 << 24
 _CLONE_NEWNS, _MNT_DETACH = 0x00020000, 2
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, 155)
 _SYS_MOUNT_SETATTR = 442  # the same on every architecture (numbered after the syscall tables merged)
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+
+
+@dataclass(frozen=True)
+class WorldView:
+    """What a world adds to a root (sandbox/world.py makes it; paths on the left are in the root)."""
+
+    lower: tuple[str, ...]  # /workspace's read-only layers, topmost first (host directories)
+    upper: str  # /workspace's writable layer (a host directory); "": a fresh one in the root's private /tmp
+    work: str  # overlayfs's work directory beside ``upper`` ("" with it)
+    readonly: tuple[tuple[str, str], ...] = ()  # (path, host directory): bound read-only
+    decoys: tuple[tuple[str, str], ...] = ()  # (path, host directory): bound with strict access times
+
+    def targets(self) -> list[str]:
+        return [WORKSPACE, *(p for p, _ in self.readonly), *(p for p, _ in self.decoys)]
+
+
+WORKSPACE = "/workspace"
 
 
 @dataclass(frozen=True)
@@ -276,9 +299,31 @@ def _expose(
         os.rmdir(staging)
 
 
-def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str) -> None:
+def _mount_view(root: str, view: WorldView, fds: dict[str, int]) -> None:
+    """``view`` into ``root`` (after its read-only pass and its /tmp); ``fds``: an O_PATH
+    descriptor of each host directory it names, opened before anything was hidden."""
+    upper, work = (f"/proc/self/fd/{fds[view.upper]}", f"/proc/self/fd/{fds[view.work]}") if view.upper else ("", "")
+    if not view.upper:  # the grader's scratch layer: what its checks write stays in its own /tmp
+        upper, work = f"{root}/tmp/.world/upper", f"{root}/tmp/.world/work"
+        os.makedirs(upper, mode=0o755)
+        os.makedirs(work, mode=0o700)
+    lower = ":".join(f"/proc/self/fd/{fds[d]}" for d in view.lower)
+    # No redirects and no metacopy: an episode's upper layer holds whole files and plain
+    # directories, so that it can serve as a lower layer of the grader's view as it is.
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=off,metacopy=off,index=off"
+    _mount("overlay", root + WORKSPACE, "overlay", _MS_NOSUID | _MS_NODEV, options)
+    for path, source in view.readonly:
+        _bind(fds[source], root + path, is_dir=True, readonly=True)
+    for path, source in view.decoys:
+        _bind(fds[source], root + path, is_dir=True, readonly=False)
+        # Access times updated on every read: the evidence of sandbox/world.py's decoys.
+        _mount(None, root + path, None, _MS_BIND | _MS_REMOUNT | _MS_STRICTATIME | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+
+def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str, view: WorldView | None = None) -> None:
     """A new mount namespace whose root holds only ``plan`` (read-only), a private /tmp, an empty
-    /dev/shm, the devices of DEVICES and the gateway's socket; and the host's /proc, read-only,
+    /dev/shm, the devices of DEVICES and the gateway's socket (none for ""), and ``view``'s
+    mounts; and the host's /proc, read-only,
     which the PID namespace's own /proc then covers (``isolation.mount_proc``). It must be
     there: in a user namespace the kernel mounts a new proc only where a fully visible one exists."""
     _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
@@ -292,6 +337,9 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
     sock = os.path.realpath(socket_path) if socket_path else ""
     sock_fd = os.open(sock, os.O_PATH) if sock else -1
     proc_fd = os.open("/proc", os.O_PATH)
+    view_dirs = [d for d in (*(view.lower if view else ()), view.upper if view else "", view.work if view else "") if d]
+    view_dirs += [d for _, d in (*view.readonly, *view.decoys)] if view else []
+    view_fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in view_dirs}
     root = "/tmp"  # staging: a tmpfs over /tmp, in this namespace only; it becomes /
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
     # Under /tmp: exposed inside the private /tmp, which is mounted after the read-only pass.
@@ -316,7 +364,7 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, f"{root}/dev/{name}")
-    for d in ("/proc", "/tmp", "/dev/shm"):
+    for d in ("/proc", "/tmp", "/dev/shm", *(view.targets() if view else ())):
         os.makedirs(root + d, mode=0o755, exist_ok=True)
     _mount(f"/proc/self/fd/{proc_fd}", root + "/proc", None, _MS_BIND | _MS_REC)
     if sock and not sock.startswith("/tmp/"):
@@ -330,6 +378,10 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
         if (path == "/tmp" or path.startswith("/tmp/")) and os.path.isdir(root + path):
             _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k,mode=0755")
     _mount("tmpfs", root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, f"size={shm_size},mode=1777")
+    if view is not None:
+        _mount_view(root, view, view_fds)
+    for fd in view_fds.values():
+        os.close(fd)
     for _, fd, _ in sources:
         os.close(fd)
     for fd in [fd for _, fd in devices] + list(parents.values()) + [f for f in (sock_fd, proc_fd) if f != -1]:

@@ -21,6 +21,14 @@ than the pool forks slots on the spot and hands them their frame at once (the sa
 ``warm_slots=0`` makes every spawn take it). A slot whose setup failed still takes its spawn and
 reports the setup traceback as the episode's error. Its deadline starts at the handover.
 
+Worlds: a spawn naming a task directory (``SpawnEpisode.world``, sandbox/world.py) is forked on
+the spot, never handed to a warm slot, as its root holds its own workspace (an overlay on the
+task's base; the zygote enters a mount namespace of its own at the first, for the workspaces'
+tmpfs). Once every process of such an episode is gone, a grader process (sandbox/grader.py) is
+forked with the same layers, no gateway socket and the task's checks; the episode is reported when
+its Grade is in, the grader's verdict its reward (``world.apply_grade``), and its workspace is
+released. A world episode's wall time therefore includes its slot's setup, not its grading.
+
 Fork cost: the kernel time of an episode is mostly its process's life cycle (copying the page
 tables of a zygote holding the SDKs, copy-on-write faults, the exit's teardown), not its
 namespaces. So there is one fork of the zygote per episode: a root zygote forks each slot
@@ -83,8 +91,8 @@ import msgspec
 from areal.agent.failures import BASES_LIMIT, CLASSES, INFRASTRUCTURE, RAISED_LIMIT, classify_exception, raised_types
 from areal.agent.spec import AgentRun, load_agent
 from areal.process import log_tail
-from areal.protocol import FRAME_HEADER, EpisodeOutcome, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
-from sandbox import episode, heap, isolation, keys, rootfs
+from areal.protocol import FRAME_HEADER, EpisodeOutcome, Grade, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
+from sandbox import episode, grader, heap, isolation, keys, rootfs, world
 from sandbox.isolation import EpisodeResources, SandboxConfig
 
 log = logging.getLogger("sandbox.zygote")
@@ -100,6 +108,7 @@ IMPORTED_LIMIT = 20  # as many as sandbox/episode.py's run_time_imports reports
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 QUALIFIED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.<>]{0,199}")  # an exception class's (``<locals>`` in a function's)
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+TASK_CACHE = 1024  # task directories whose task.json the zygote keeps read
 
 
 @dataclass
@@ -126,6 +135,10 @@ class _Slot:
     read_back: bool = False  # the verdict is completed from what the episode sent back (``_report``)
     has_result: bool = False  # ... by the agent's own outcome, if its frame decodes
     reaped_at: float = 0.0
+    world: world.WorldResources | None = None  # its task's world (sandbox/world.py), until graded
+    plan: rootfs.RootPlan | None = None  # its root: the zygote's, with its task's library masked
+    seen: list[str] = dataclasses.field(default_factory=list)  # what the world's decoys saw
+    grade: Grade | None = None  # the grader's verdict, applied to its outcome when reported
 
 
 def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOutcome:
@@ -185,6 +198,10 @@ class ZygoteServer:
         self.idle: list[_Slot] = []
         self.draining: list[_Slot] = []
         self.seq = 0
+        self.graders: dict[int, grader.GraderProcess] = {}  # by pid, until reaped, drained and reported
+        self.tasks: dict[str, world.Task] = {}  # read task directories (sandbox/world.py), by path
+        self.worlds = ""  # where the workspaces' tmpfs mounts go, once the first world made it
+        self.stopping = False  # shutting down: no grader is started any more
         self.controller_gone = False
         self.inbuf = keys.ControlBuffer()
         self.unspawned: list[SpawnEpisode] = []  # decoded, not yet handed over (their keys live here)
@@ -246,9 +263,10 @@ class ZygoteServer:
                 return
 
     def _timeout(self) -> float:
-        if self.draining:
+        if self.draining or any(g.status is not None for g in self.graders.values()):
             return 0.02
         deadlines = [s.deadline for s in self.slots.values() if s.spawn is not None and s.outcome is None]
+        deadlines += [g.deadline for g in self.graders.values() if g.status is None]
         return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _read_control(self) -> bool:
@@ -272,13 +290,14 @@ class ZygoteServer:
         return running
 
     def _spawn(self, spawn: SpawnEpisode, raw: memoryview) -> None:
-        """Hand ``raw`` (the SpawnEpisode frame's body) to an idle slot, or to a slot forked now."""
-        if self.idle:
+        """Hand ``raw`` (the SpawnEpisode frame's body) to an idle slot, or to a slot forked now. An
+        episode with a world always gets a slot forked now: its root holds its task's workspace."""
+        if self.idle and not spawn.world:
             slot = self.idle.pop(0)  # the oldest: the most likely to have finished its setup
         else:
             try:
-                slot = self._fork_slot()
-            except OSError as e:  # e.g. cgroup creation refused: this episode fails, the zygote serves on
+                slot = self._fork_slot(self._task(spawn.world) if spawn.world else None)
+            except (OSError, ValueError) as e:  # e.g. cgroup creation refused, a bad task: this episode fails, the zygote serves on
                 self.send(
                     EpisodeOutcome(
                         spawn.episode_id,
@@ -322,10 +341,33 @@ class ZygoteServer:
         os.close(slot.spawn_fd)
         slot.spawn_fd = -1
 
-    def _fork_slot(self) -> _Slot:
+    def _task(self, path: str) -> world.Task:
+        """The task at ``path``, read once; the zygote's own mount namespace made at the first."""
+        if not {"mountns", "readonly_root"} <= set(self.layers) or os.geteuid() != 0:
+            raise OSError(f"a world needs a root zygote with the mountns and readonly_root layers (layers here: {self.layers})")
+        if not self.worlds:
+            world.enter_private_mounts()
+            self.worlds = world.worlds_dir(self.config.temp_root, os.getpid())
+            os.makedirs(self.worlds, mode=0o700, exist_ok=True)
+        if path not in self.tasks:
+            if len(self.tasks) >= TASK_CACHE:
+                self.tasks.clear()
+            self.tasks[path] = world.load_task(path)
+        return self.tasks[path]
+
+    def _fork_slot(self, task: world.Task | None = None) -> _Slot:
         self.seq += 1
         name = f"{os.getpid()}-{self.seq}"
+        plan = self.plan
+        if task is not None:  # its library masked in its root, before anything is made for it
+            assert plan is not None
+            plan = dataclasses.replace(plan, hide=tuple(sorted({*plan.hide, *world.hidden_paths(task, plan)})))
         res = isolation.prepare(self.config, self.layers, name)
+        try:
+            found = world.prepare(task, name, self.worlds, self.config.workspace_size_bytes) if task is not None else None
+        except OSError:
+            isolation.release(res)
+            raise
         log_path = os.path.join(self.log_dir, f"{name}.log")
         # Created here, not in the child: a handover renames it, maybe before the child runs.
         logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -337,45 +379,52 @@ class ZygoteServer:
         if pid == 0:
             os.close(result_r)
             os.close(spawn_w)
-            self._child(spawn_r, result_w, logfd, res)  # never returns
+            self._child(spawn_r, result_w, logfd, res, plan, world.episode_view(found) if found else None)  # never returns
         os.close(logfd)
         os.close(result_w)
         os.close(spawn_r)
         os.set_blocking(result_r, False)
         os.set_blocking(spawn_w, False)
-        slot = _Slot(pid, name, result_r, spawn_w, log_path, res)
+        slot = _Slot(pid, name, result_r, spawn_w, log_path, res, world=found, plan=plan)
         self.slots[pid] = slot
         self.sel.register(result_r, selectors.EVENT_READ, slot)
         return slot
 
-    def _child(self, spawn_r: int, result_w: int, logfd: int, res: EpisodeResources) -> None:
+    def _forget(self, logfd: int, keep: tuple[int, ...]) -> None:
+        """In a forked child, first: die with the zygote, hold nothing of other episodes, stdio on
+        ``logfd``, no descriptor but ``keep``."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        isolation.set_parent_death_signal()
+        gone = select.poll()  # not select.select: fds may pass FD_SETSIZE
+        gone.register(self.alive_fd, select.POLLIN)
+        if gone.poll(0):  # the zygote died before the death signal was armed
+            os._exit(1)
+        # Other episodes' keys: frames not yet read, spawns not yet handed over or written.
+        self.inbuf.wipe()
+        for other in self.unspawned:
+            keys.wipe_str(other.api_key)
+        for slot in [*self.slots.values(), *(g.episode for g in self.graders.values())]:
+            keys.zero(slot.unsent)
+            slot.result.wipe()  # other episodes' results, their keys maybe (masked only if honest)
+        self.reports.wipe()
+        self.sel.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(logfd, 1)
+        os.dup2(logfd, 2)
+        # Every descriptor but the child's own, whoever opened it: the zygote's control channel,
+        # its other slots' pipes, and whatever its launcher leaked into it (isolation.OWN_FDS).
+        isolation.close_all_fds_but(keep)
+
+    def _child(
+        self, spawn_r: int, result_w: int, logfd: int, res: EpisodeResources, plan: rootfs.RootPlan | None, view: rootfs.WorldView | None
+    ) -> None:
         """The slot: every isolation layer and the relay first, then wait for the spawn, run it."""
         setup_error = ""
         try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            isolation.set_parent_death_signal()
-            gone = select.poll()  # not select.select: fds may pass FD_SETSIZE
-            gone.register(self.alive_fd, select.POLLIN)
-            if gone.poll(0):  # the zygote died before the death signal was armed
-                os._exit(1)
-            # Other episodes' keys: frames not yet read, spawns not yet handed over or written.
-            self.inbuf.wipe()
-            for other in self.unspawned:
-                keys.wipe_str(other.api_key)
-            for slot in self.slots.values():
-                keys.zero(slot.unsent)
-                slot.result.wipe()  # other episodes' results, their keys maybe (masked only if honest)
-            self.reports.wipe()
-            self.sel.close()
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(logfd, 1)
-            os.dup2(logfd, 2)
-            # Every descriptor but the slot's own, whoever opened it: the zygote's control channel,
-            # its other slots' pipes, and whatever its launcher leaked into it (isolation.OWN_FDS).
-            isolation.close_all_fds_but((0, 1, 2, spawn_r, result_w))
-            isolation.enter(self.config, self.layers, res, self.gateway_path, self.plan)
+            self._forget(logfd, (0, 1, 2, spawn_r, result_w))
+            isolation.enter(self.config, self.layers, res, self.gateway_path, plan, view)
             if self.pid_init and "mountns" in self.layers:  # already PID 1 of its namespace
                 isolation.mount_proc(readonly="readonly_root" in self.layers)
             elif "pidns" in self.layers and not self.pid_init:
@@ -440,6 +489,8 @@ class ZygoteServer:
                 return
             slot = self.slots.get(pid)
             if slot is None:
+                if pid in self.graders:
+                    self._grader_reaped(self.graders[pid], status)
                 continue
             self._read_result(slot)
             for fd in (slot.result_fd, slot.spawn_fd):
@@ -536,6 +587,8 @@ class ZygoteServer:
                 outcome = msgspec.structs.replace(outcome, error=f"bad result frame: {e}")
             else:
                 outcome = episode_says(reported, outcome)
+        if slot.world is not None and slot.grade is not None:
+            outcome = world.apply_grade(outcome, slot.grade, slot.world, slot.seen)
         if outcome.status == "ok":
             os.unlink(slot.log_path)  # keep logs of failed episodes only
             return outcome
@@ -543,7 +596,7 @@ class ZygoteServer:
         tail = printable(keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes)))
         return msgspec.structs.replace(outcome, log_tail=f"--- {slot.log_path} ---\n{tail}" if tail else "")
 
-    def _kill(self, slot: _Slot) -> None:
+    def _kill(self, slot: _Slot | grader.GraderProcess) -> None:
         for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid
             try:
                 kill(slot.pid, signal.SIGKILL)
@@ -557,6 +610,11 @@ class ZygoteServer:
                 slot.timed_out = True
                 self._kill(slot)
                 isolation.release(slot.res)  # also kills what left the process group
+        for g in self.graders.values():
+            if g.status is None and not g.timed_out and now >= g.deadline:
+                g.timed_out = True
+                self._kill(g)
+                isolation.release(g.res)
 
     def _send_drained(self) -> None:
         read_back: list[_Slot] = []  # reported together: one reporter for a burst
@@ -568,19 +626,66 @@ class ZygoteServer:
                 log.warning("slot %s: cgroup %s not empty after %.0fs", slot.name, slot.res.cgroups, DRAIN_LIMIT_S)
             self.draining.remove(slot)
             del self.slots[slot.pid]
+            if slot.read_back and slot.world is not None and slot.grade is None:
+                if not self.stopping:
+                    self._start_grader(slot)  # reported once graded
+                    continue
+                slot.grade = Grade("error", detail="the zygote shut down before grading")
+                world.release(slot.world)
             if slot.read_back:
                 read_back.append(slot)
                 continue
+            if slot.world is not None:
+                world.release(slot.world)
             slot.result.wipe()
             if slot.outcome is None:  # an idle slot: nothing was asked of it
                 os.unlink(slot.log_path)
             else:  # at shutdown: nothing of the episode's is read back
                 self.send(slot.outcome)
+        read_back += self._graded()
         if read_back:
             self._report(read_back)
 
+    # ---- graders: one per world episode, once its processes are gone ----------------------
+
+    def _start_grader(self, slot: _Slot) -> None:
+        """Fork the grader of ``slot``'s world (sandbox/grader.py); the episode is reported once its
+        Grade is in (``_graded``). A grader that cannot be prepared is the episode's grade."""
+        assert slot.world is not None and slot.plan is not None
+        slot.seen = world.decoy_tripwires(slot.world)  # before anything else can touch them
+        try:
+            g = grader.start(slot, slot.world, slot.plan, f"{slot.name}-grader", self.config, self.layers, self.log_dir, self._forget)
+        except OSError as e:
+            slot.grade = Grade("error", detail=f"the grader could not be prepared: {e!r}")
+            world.release(slot.world)
+            self._report([slot])
+            return
+        self.graders[g.pid] = g
+        self.sel.register(g.result_fd, selectors.EVENT_READ, g)
+
+    def _grader_reaped(self, g: grader.GraderProcess, status: int) -> None:
+        self._read_result(g)
+        if g.result_fd in self.sel.get_map():
+            self.sel.unregister(g.result_fd)
+        os.close(g.result_fd)
+        g.status, g.reaped_at = status, time.monotonic()
+
+    def _graded(self) -> list[_Slot]:
+        """The episodes whose grader is reaped and drained, their Grade set and their world released."""
+        done = []
+        for g in [g for g in self.graders.values() if g.status is not None]:
+            if not isolation.release(g.res) and time.monotonic() - g.reaped_at < DRAIN_LIMIT_S:
+                continue
+            del self.graders[g.pid]
+            slot = g.episode
+            slot.grade = slot.grade or grader.verdict(g)  # decided already when the zygote shut down
+            world.release(slot.world)
+            done.append(slot)
+        return done
+
     def kill_all(self) -> None:
         """Kill every slot and wait for it; report each busy one as crashed (the zygote stops)."""
+        self.stopping = True
         live = [s for s in self.slots.values() if s.outcome is None and s not in self.draining]
         for slot in live:
             self._kill(slot)
@@ -600,9 +705,17 @@ class ZygoteServer:
             slot.reaped_at = time.monotonic()
             self.draining.append(slot)
         self.idle.clear()
-        while self.draining:
+        for g in self.graders.values():
+            if g.status is None:
+                g.episode.grade = Grade("error", detail="the zygote shut down while grading")
+                self._kill(g)
+                os.waitpid(g.pid, 0)
+                self._grader_reaped(g, 0)
+        while self.draining or self.graders:
             self._send_drained()
             time.sleep(0.01)
+        if self.worlds:
+            os.rmdir(self.worlds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -646,6 +759,8 @@ def main(argv: list[str] | None = None) -> None:
     if "cgroup" in layers:
         for d in isolation.sweep_stale_cgroups():
             log.info("removed stale cgroup %s", d)
+    for d in world.sweep_stale_worlds(config.temp_root):
+        log.info("removed the workspace directory of a zygote that is gone: %s", d)
     gc.freeze()  # keep imported objects out of later collections: fewer copy-on-write page faults
     if config.huge_pages:
         collapsed, refused = heap.collapse_heap()  # fewer page-table entries for every fork to copy

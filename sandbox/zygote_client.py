@@ -30,6 +30,7 @@ from sandbox import isolation, keys
 from sandbox.isolation import SandboxConfig
 
 log = logging.getLogger("sandbox.zygote")
+WORLD_KEY = "world"  # a row's task directory (sandbox/world.py)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -194,7 +195,10 @@ class Zygote:
 
     async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float | None = None) -> EpisodeOutcome:
         """Run one sandboxed episode; many may run concurrently. Never raises for agent failures:
-        they come back as the outcome's status. If the zygote dies, the outcome is "crashed"."""
+        they come back as the outcome's status. If the zygote dies, the outcome is "crashed".
+        A row naming a task directory in ``data["world"]`` (sandbox/world.py) runs in its world, and
+        is graded: the agent gets the row without that key (the host's path is none of its business)
+        and works in /workspace."""
         if self._dead:
             return EpisodeOutcome(episode_id, "crashed", error=f"zygote not running: {self._dead}")
         if episode_id in self._pending:
@@ -204,8 +208,16 @@ class Zygote:
         if len(api_key) < keys.MIN_SECRET_BYTES:  # the slot masks it, verbatim, in what it sends back
             raise ValueError(f"api_key must be at least {keys.MIN_SECRET_BYTES} characters, got {len(api_key)}")
         assert self._proc is not None and self._proc.stdin is not None
+        task_dir = data.get(WORLD_KEY, "")
+        if not isinstance(task_dir, str) or (task_dir and not os.path.isabs(task_dir)):
+            raise ValueError(f"data[{WORLD_KEY!r}] must be a task directory's absolute path, got {task_dir!r}")
+        row = {k: v for k, v in data.items() if k != WORLD_KEY} if task_dir else data
         spawn = SpawnEpisode(
-            episode_id, json.dumps(data).encode(), api_key, deadline_s if deadline_s is not None else self.config.deadline_s
+            episode_id,
+            json.dumps(row).encode(),
+            api_key,
+            deadline_s if deadline_s is not None else self.config.deadline_s,
+            world=task_dir,
         )
         future: asyncio.Future[EpisodeOutcome] = asyncio.get_running_loop().create_future()
         self._pending[episode_id] = future

@@ -16,6 +16,8 @@ What each class means for the run:
                     (no completion recorded: nothing, counted)
     agent           no                                             left out           counted
     infrastructure  no                                             left out           counted
+    reward_hack     rollout.reward_hack: "exclude": no; "penalty": as a policy failure, with
+                    reward ``rollout.reward_hack_penalty``                            not counted
 
 A group's advantage is normalised over the episodes it publishes (ok ones and policy failures with
 completions; ``Trajectory.group_size`` says how many), so a left-out episode shifts nobody's
@@ -24,7 +26,12 @@ advantage. Every episode's class and cause are in ``episodes.jsonl`` (``failure_
 stops when agent and infrastructure failures make up ``rollout.max_failure_rate`` of the last
 ``rollout.failure_window`` episodes: policy failures are what RL learns from, not a reason to stop.
 
-How the class is decided. The outcome's status first:
+How the class is decided. Evidence of reward hacking first: an episode with a world
+(sandbox/world.py) whose sandbox recorded a tripwire (``EpisodeOutcome.tripwires``: a protected
+path or a test-runner hook written, the checks sought, the grader's run cut short; sandbox/grader.py)
+of a kind in ``rollout.reward_hack_tripwires`` is ``reward_hack``, whatever its status; the cause
+names the first such tripwire. It is evidence the sandbox witnessed, never the episode's word.
+Then the outcome's status:
 
 - ``timeout`` (the deadline passed: under load, a slow engine or gateway), ``crashed`` (died by a
   signal or exited without reporting: the sandbox cannot tell an agent's native crash from a kill),
@@ -100,14 +107,16 @@ from __future__ import annotations
 import itertools
 import re
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import msgspec
 
 from areal.protocol import EpisodeOutcome
 
-POLICY, AGENT, INFRASTRUCTURE = "policy", "agent", "infrastructure"
-CLASSES = (POLICY, AGENT, INFRASTRUCTURE)
+POLICY, AGENT, INFRASTRUCTURE, REWARD_HACK = "policy", "agent", "infrastructure", "reward_hack"
+CLASSES = (POLICY, AGENT, INFRASTRUCTURE)  # what an exception or an episode's own report may be
+OUTCOME_CLASSES = (*CLASSES, REWARD_HACK)  # and what the sandbox's evidence decides
+REWARD_HACK_MODES = ("exclude", "penalty")  # rollout.reward_hack
 CONTEXT_OVERFLOW = "context overflow"  # the head of a context overflow's cause (see classify_outcome)
 
 _INFRASTRUCTURE_STATUSES = frozenset({"timeout", "crashed", "oom", "cancelled"})
@@ -177,11 +186,21 @@ def raised_types(exc: BaseException) -> list[list[str]]:
     return [[_qualified(c) for c in type(e).__mro__[:-1]][:BASES_LIMIT] for e in itertools.islice(_chain(exc), RAISED_LIMIT)]
 
 
-def classify_outcome(outcome: EpisodeOutcome, sampled: bool, failure_classes: Mapping[str, str] | None = None) -> EpisodeOutcome:
+def classify_outcome(
+    outcome: EpisodeOutcome,
+    sampled: bool,
+    failure_classes: Mapping[str, str] | None = None,
+    hack_tripwires: Collection[str] | None = None,
+) -> EpisodeOutcome:
     """``outcome`` with its ``failure_class`` and ``failure_cause`` decided; ``sampled``: the model
     answered at least once in the episode (the gateway recorded a completion); ``failure_classes``:
     ``rollout.failure_classes``, looked up in the exceptions the episode raised before the class its
-    runner found. An ok episode that the model answered is no failure (both fields empty)."""
+    runner found; ``hack_tripwires``: the tripwire kinds that make an episode a reward hack
+    (``rollout.reward_hack_tripwires``; None: every kind). An ok episode that the model answered
+    is no failure (both fields empty)."""
+    hack = next((t for t in outcome.tripwires if hack_tripwires is None or t.partition(":")[0] in hack_tripwires), None)
+    if hack is not None:
+        return msgspec.structs.replace(outcome, failure_class=REWARD_HACK, failure_cause=hack[:200])
     if outcome.status == "error" and failure_classes:
         for names in outcome.raised:
             key = next((n for n in names if n in failure_classes), None)
@@ -199,6 +218,14 @@ def classify_outcome(outcome: EpisodeOutcome, sampled: bool, failure_classes: Ma
     if cls == POLICY and cause.startswith(CONTEXT_OVERFLOW) and not sampled:
         cls, cause = AGENT, f"{cause}, before the model answered once: the prompt alone is too long"
     return msgspec.structs.replace(outcome, failure_class=cls, failure_cause=cause)
+
+
+def trained(outcome: EpisodeOutcome, reward_hack: str) -> bool:
+    """Whether a classified episode is trained on (given completions to train): an ok one, a
+    policy failure, and a reward hack when ``reward_hack`` (rollout.reward_hack) is "penalty"."""
+    if outcome.failure_class == REWARD_HACK:
+        return reward_hack == "penalty"
+    return outcome.status == "ok" or outcome.failure_class == POLICY
 
 
 def _qualified(cls: type) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 
 import msgspec
 
-from areal.agent.failures import POLICY, classify_outcome
+from areal.agent.failures import POLICY, REWARD_HACK, classify_outcome
 from areal.agent.groups import WorkflowCall
 from areal.agent.spec import EpisodeRunner, check_episode_rewards
 from areal.config import RolloutConfig
@@ -182,9 +182,12 @@ class Episodes:
         # Whoever produced the outcome (a sandboxed agent's is the agent's word), its rewards are
         # checked against this episode's own completions and the configured range here, once.
         outcome = check_episode_rewards(outcome, {i: x.reward for i, x in session.interactions.items()}, self.rollout.reward_range)
-        outcome = classify_outcome(outcome, bool(session.interactions), self.rollout.failure_classes)
+        r = self.rollout
+        outcome = classify_outcome(outcome, bool(session.interactions), r.failure_classes, r.reward_hack_tripwires)
         if outcome.failure_class == POLICY:  # trained on (when it has completions) with the configured reward
-            outcome = msgspec.structs.replace(outcome, reward=self.rollout.policy_failure_reward, rewards_by_id={})
+            outcome = msgspec.structs.replace(outcome, reward=r.policy_failure_reward, rewards_by_id={})
+        elif outcome.failure_class == REWARD_HACK and r.reward_hack == "penalty":  # trained on, penalised
+            outcome = msgspec.structs.replace(outcome, reward=r.reward_hack_penalty, rewards_by_id={})
         return outcome
 
     async def score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
@@ -242,6 +245,8 @@ def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str, pro
         "drift": session.drift,
         "tool_calls": sum(i.tool_calls for i in inters),  # well-formed calls the agent received
         "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
+        # an episode with a world (sandbox/world.py): the grader's checks and verdict, the sandbox's tripwires
+        **({"checks": outcome.checks, "grader": outcome.grader, "tripwires": outcome.tripwires} if outcome.grader else {}),
         **data_field(problem),
     }
 

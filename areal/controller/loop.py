@@ -62,7 +62,7 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent.failures import AGENT, INFRASTRUCTURE, POLICY, classify_outcome
+from areal.agent.failures import AGENT, INFRASTRUCTURE, classify_outcome, trained
 from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import RolloutConfig, TrainConfig, to_dict
@@ -73,7 +73,7 @@ from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_
 from areal.controller.metrics import step_row
 from areal.controller.online import OnlineSessions, online_rollout
 from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
-from areal.controller.problems import held_out_count, held_out_problems, run_reward, train_problems, user_rows
+from areal.controller.problems import check_worlds, held_out_count, held_out_problems, run_reward, train_problems, user_rows
 from areal.controller.records import RunRecords, episode_table_row, row_rewards
 from areal.controller.recovery import Journal, Resume, trained_episodes
 from areal.controller.run_setup import RunFailed, gateway_config, hf_model_dir, load_resumed_weights, plan_continuation, sandbox_config
@@ -123,6 +123,7 @@ class Controller:
         if config.rollout.openai.mode == "online":  # the episodes are external sessions: no row to pose, none held out
             self.dataset, self.eval_dataset = [{}], None
         check_eval_rows(d.eval_every, held_out_count(self.dataset, self.eval_dataset, d.eval_size))  # data.eval_every needs held-out rows
+        check_worlds(self.dataset, self.eval_dataset, config.rollout.openai.mode)  # worlds run in the sandbox only
         # single_turn or agent, and why (data.eval_mode=auto follows the run's agent)
         self.eval_mode, self.eval_mode_why = resolve_eval_mode(d.eval_mode, config.rollout.agent, RolloutConfig.agent, self.workflow_kind)
         self.periodic_eval: PeriodicEval | None = None  # evaluation during training; made at the start (it needs the engine)
@@ -508,9 +509,10 @@ class Controller:
             if not recovered:
                 return
         self._count_failures([o for o, _ in results])
-        # Trained: ok episodes and policy failures (with policy_failure_reward), each with the
-        # completions the gateway recorded; agent and infrastructure failures leave the group.
-        good = [(o, s) for o, s in results if (o.status == "ok" or o.failure_class == POLICY) and s.interactions]
+        # Trained: ok episodes and policy failures (with policy_failure_reward), and reward hacks under
+        # rollout.reward_hack=penalty, each with the completions the gateway recorded; agent and
+        # infrastructure failures (and excluded reward hacks) leave the group.
+        good = [(o, s) for o, s in results if trained(o, self.config.rollout.reward_hack) and s.interactions]
         trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.dapo.overlong) for o, s in good]
         dropped = bool(good) and self.dapo.drop(trajectories, self.accepted_groups)  # logged with its episodes, then not published
         kept = {o.episode_id for o, _ in good}

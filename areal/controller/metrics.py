@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from areal.agent import stats as workflow_stats
-from areal.agent.failures import CLASSES as FAILURE_CLASSES
+from areal.agent.failures import OUTCOME_CLASSES as FAILURE_CLASSES
 from areal.controller.task_metrics import task_reward_means
 from areal.protocol import EpisodeOutcome, TrainerReport
 
@@ -26,7 +26,8 @@ def step_row(
     of ``outcomes`` and the mean LLM, well-formed and malformed tool calls of ``calls`` (one
     triple per episode), both the episodes logged since the previous report; the reward per task
     of ``tasks`` (``reward/<task>``, ``episodes/<task>``: (task, reward) of each trained episode
-    among them whose row has a task); what in-process workflows recorded (stats_tracker); the time."""
+    among them whose row has a task); the episodes with each kind of tripwire (worlds only); what
+    in-process workflows recorded (stats_tracker); the time."""
     statuses: dict[str, int] = {}
     for o in outcomes:
         statuses[o.status] = statuses.get(o.status, 0) + 1
@@ -37,6 +38,7 @@ def step_row(
         **r.metrics,
         **{f"episodes_{k}": v for k, v in statuses.items()},
         **{f"failures_{c}": sum(1 for o in outcomes if o.failure_class == c) for c in FAILURE_CLASSES},
+        **tripwire_counts(outcomes),  # tripwires_<kind>: episodes whose sandbox saw one (sandbox/grader.py)
         # what the agents did: LLM calls, well-formed and malformed tool calls per episode (logged since the last step)
         **(
             {
@@ -51,3 +53,13 @@ def step_row(
         **workflow_stats.DEFAULT.export(),  # what in-process workflows recorded (stats_tracker)
         "time": time.time(),
     }
+
+
+def tripwire_counts(outcomes: list[EpisodeOutcome]) -> dict[str, int]:
+    """``tripwires_<kind>``: how many of ``outcomes`` had a tripwire of that kind (a world's
+    episodes; sandbox/world.py's kinds), only the kinds seen."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        for kind in {t.partition(":")[0] for t in o.tripwires}:
+            counts[f"tripwires_{kind}"] = counts.get(f"tripwires_{kind}", 0) + 1
+    return counts

@@ -23,6 +23,7 @@ from __future__ import annotations
 from areal.config import DataConfig, RolloutConfig
 from areal.dataset import load_rows, normalize_row
 from areal.tasks.reasoning_gym import is_task_row, is_task_spec
+from areal.tasks.swe import has_worlds
 
 REASONING_GYM_REWARD = "areal.reward.reasoning_gym:reasoning_gym_reward"  # the task's own scorer
 REASONING_GYM_AGENT = "agents/reasoning_gym_agent.py:ReasoningGymAgent"
@@ -97,3 +98,14 @@ def run_reward(reward: str, rows: list[dict] | None, agent: str) -> str:
             "that returns no reward, so that each task's own scorer scores it)"
         )
     return reward or REASONING_GYM_REWARD
+
+
+def check_worlds(rows: list[dict] | None, held_out: list[dict] | None, mode: str) -> None:
+    """Rows naming a world (a task directory under ``world``: areal/tasks/swe.py) run only in the
+    sandbox, where each episode gets its private workspace and a grader: a ``ValueError`` naming
+    rollout.openai.mode otherwise (an inline agent would act on the controller's own files)."""
+    if mode != "subproc" and (has_worlds(rows) or has_worlds(held_out)):
+        raise ValueError(
+            f"the rows name worlds (task directories: a private workspace per episode and a grader, sandbox/world.py), "
+            f"which only sandboxed episodes have: set rollout.openai.mode=subproc (got {mode!r})"
+        )

@@ -1,0 +1,1 @@
+"""listkit: see chunks.py."""

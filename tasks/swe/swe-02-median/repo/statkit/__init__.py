@@ -1,0 +1,1 @@
+"""statkit: see center.py."""

@@ -1,0 +1,1 @@
+"""textkit: see slug.py."""

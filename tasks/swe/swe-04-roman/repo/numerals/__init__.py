@@ -1,0 +1,1 @@
+"""numerals: see roman.py."""

@@ -1,0 +1,1 @@
+"""timefmt: see duration.py."""

@@ -1,0 +1,1 @@
+"""cachekit: see lru.py."""

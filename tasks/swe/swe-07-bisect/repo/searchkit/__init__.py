@@ -1,0 +1,1 @@
+"""searchkit: see binary.py."""

@@ -1,0 +1,1 @@
+"""textstats: see words.py."""

@@ -1,0 +1,12 @@
+"""Flattening nested iterables."""
+
+
+def flatten(items):
+    """Every leaf of nested lists, tuples and other iterables, in order; strings and bytes are leaves."""
+    out = []
+    for item in items:
+        if not isinstance(item, (list, tuple)):
+            out.append(item)
+        else:
+            out.extend(flatten(item))
+    return out

@@ -1,0 +1,1 @@
+"""spans: see merge.py."""

@@ -1,0 +1,1 @@
+"""casing: see snake.py."""

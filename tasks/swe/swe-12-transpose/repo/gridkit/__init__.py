@@ -1,0 +1,1 @@
+"""gridkit: see matrix.py."""

@@ -1,0 +1,12 @@
+"""Merging configuration dictionaries."""
+
+
+def deep_merge(base, override):
+    """A new dict: ``base`` updated by ``override``, nested dicts merged key by key."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

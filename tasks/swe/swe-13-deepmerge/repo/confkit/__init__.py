@@ -1,0 +1,1 @@
+"""confkit: see merge.py."""

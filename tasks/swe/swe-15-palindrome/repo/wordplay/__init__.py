@@ -1,0 +1,1 @@
+"""wordplay: see palindrome.py."""

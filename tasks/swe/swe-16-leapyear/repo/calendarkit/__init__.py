@@ -1,0 +1,1 @@
+"""calendarkit: see years.py."""

@@ -1,0 +1,1 @@
+"""units: see temperature.py."""

@@ -1,0 +1,1 @@
+"""versions: see semver.py."""

@@ -1,0 +1,1 @@
+"""rowparse: see fields.py."""

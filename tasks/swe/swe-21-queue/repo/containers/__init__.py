@@ -1,0 +1,1 @@
+"""containers: see fifo.py."""

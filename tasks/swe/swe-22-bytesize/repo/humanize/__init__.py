@@ -1,0 +1,1 @@
+"""humanize: see sizes.py."""

@@ -1,0 +1,1 @@
+"""graphs: see paths.py."""

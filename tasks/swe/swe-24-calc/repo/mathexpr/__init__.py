@@ -1,0 +1,1 @@
+"""mathexpr: see evaluate.py."""
