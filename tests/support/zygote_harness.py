@@ -1,6 +1,7 @@
 """Driving a real sandbox zygote from a test: its start environment (this folder importable, for
-``sandbox_agents``), coroutines run on a loop in another thread, and its processes read off /proc
-(children, warm slots, the episodes still running)."""
+``sandbox_agents``), coroutines run on a loop in another thread (``loop_thread``, ``run``), rows run
+as sandboxed episodes over a gateway thread (``sandboxed_episodes``), and its processes read off
+/proc (children, warm slots, the episodes still running)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,61 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
+import tempfile
+import threading
+import uuid
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from paths import support_env
 
+from sandbox.isolation import SandboxConfig
 from sandbox.zygote_client import Zygote
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+@contextlib.contextmanager
+def loop_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread of its own (``run`` hands it coroutines), stopped at exit."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+def sandboxed_episodes(
+    gw: Any, spec: str, rows: list[dict], kwargs: dict | None = None, config: SandboxConfig | None = None, deadline_s: float = 120.0
+) -> list[tuple]:
+    """Each row as one sandboxed episode of agent ``spec`` (built with ``kwargs``) on a zygote of
+    ``config`` (one warm slot by default), one session each on the gateway thread ``gw``
+    (``gateway_harness.GatewayThread``), one after another: [(outcome, its session's interactions)]."""
+    log_dir = tempfile.mkdtemp(prefix="episodes-")
+
+    async def go() -> list[tuple]:
+        with zygote_env():
+            zygote = await Zygote.start(spec, gw.zmq, config or SandboxConfig(warm_slots=1), log_dir, agent_kwargs=kwargs)
+        try:
+            out = []
+            for row in rows:
+                episode = f"ep-{uuid.uuid4().hex[:8]}"
+                key = gw.gateway.open_session(episode)
+                out.append((await zygote.run_episode(episode, row, key, deadline_s), key))
+            return out
+        finally:
+            await zygote.close()
+
+    try:
+        return [(outcome, gw.interactions(key)) for outcome, key in gw.run(go(), timeout=600)]
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

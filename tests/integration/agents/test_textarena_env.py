@@ -12,20 +12,16 @@ give every move a known owner and a known end.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-import uuid
 
 import pytest
 from textarena_games import SEAT_PROMPT
 from transformers import AutoTokenizer
-from zygote_harness import zygote_env
+from zygote_harness import sandboxed_episodes
 
 from areal.agent.spec import InlineRunner, load_agent
 from areal.agent.textarena_env import game_rows
 from areal.embedded import ensure_scripted_model
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote_client import Zygote
 
 DEADLINE_S = 120.0
 
@@ -37,25 +33,8 @@ def tokenizer():
 
 def _episodes(gw, spec: str, rows: list[dict], kwargs: dict | None = None) -> list[tuple]:
     """Each row as one sandboxed episode of ``spec``: [(outcome, the gateway's interactions)]."""
-    log_dir = tempfile.mkdtemp(prefix="textarena-agent-")
-
-    async def go() -> list[tuple]:
-        with zygote_env():
-            config = SandboxConfig(warm_slots=1, preload=["openai", "anthropic", "textarena_games"])  # the games registered here
-            zygote = await Zygote.start(spec, gw.zmq, config, log_dir, agent_kwargs=kwargs)
-        try:
-            out = []
-            for row in rows:
-                key = gw.gateway.open_session(f"ta-{uuid.uuid4().hex[:8]}")
-                out.append((await zygote.run_episode(f"ta-{uuid.uuid4().hex[:8]}", row, key, DEADLINE_S), key))
-            return out
-        finally:
-            await zygote.close()
-
-    try:
-        return [(outcome, gw.interactions(key)) for outcome, key in gw.run(go(), timeout=600)]
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+    config = SandboxConfig(warm_slots=1, preload=["openai", "anthropic", "textarena_games"])  # the games registered here
+    return sandboxed_episodes(gw, spec, rows, kwargs, config, DEADLINE_S)
 
 
 def test_a_single_player_game_rewards_every_move_it_played(served_scripted, tokenizer):

@@ -15,21 +15,16 @@ Skipped without the private venv; ``AREAL_REQUIRE_VERIFIERS=1`` makes that a fai
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import uuid
 
 import pytest
 from paths import SUPPORT
 from transformers import AutoTokenizer
 from verifiers_venv import need_verifiers
-from zygote_harness import zygote_env
+from zygote_harness import sandboxed_episodes
 
 from areal.agent.spec import load_agent
 from areal.agent.verifiers_env import VerifiersError, taskset_rows
 from areal.embedded import ensure_scripted_model
-from sandbox.isolation import SandboxConfig
-from sandbox.zygote_client import Zygote
 
 ENVS = SUPPORT / "verifiers_envs"
 NULL_HARNESS = {"agent": {"harness": {"id": "null"}}}
@@ -52,24 +47,7 @@ def tokenizer():
 
 def _episodes(gw, spec: str, rows: list[dict], kwargs: dict | None = None) -> list[tuple]:
     """Each row as one sandboxed episode of ``spec``: [(outcome, the gateway's interactions)]."""
-    log_dir = tempfile.mkdtemp(prefix="verifiers-agent-")
-
-    async def go() -> list[tuple]:
-        with zygote_env():
-            zygote = await Zygote.start(spec, gw.zmq, SandboxConfig(warm_slots=1), log_dir, agent_kwargs=kwargs)
-        try:
-            out = []
-            for row in rows:
-                key = gw.gateway.open_session(f"vf-{uuid.uuid4().hex[:8]}")
-                out.append((await zygote.run_episode(f"vf-{uuid.uuid4().hex[:8]}", row, key, DEADLINE_S), key))
-            return out
-        finally:
-            await zygote.close()
-
-    try:
-        return [(outcome, gw.interactions(key)) for outcome, key in gw.run(go(), timeout=600)]
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+    return sandboxed_episodes(gw, spec, rows, kwargs, deadline_s=DEADLINE_S)
 
 
 def _extends(parent, child) -> bool:

@@ -30,7 +30,7 @@ import pytest
 import zmq
 from paths import ROOT, SUPPORT
 from run_checks import run_in_repo
-from zygote_harness import busy_children, processes_with_arg, run, zygote_env
+from zygote_harness import busy_children, loop_thread, processes_with_arg, run, zygote_env
 
 from areal.protocol import EpisodeOutcome, GatewayReply, GatewayRequest
 from sandbox.isolation import ENV_ALLOW, SET_PER_EPISODE, SandboxConfig
@@ -114,12 +114,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGateway]:
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
+    with loop_thread() as loop:
+        yield loop
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import msgspec
 import pytest
 import zmq
 from world_tasks import CHECKS, FIXED, HIDDEN_MARK, make_task, tree_digest, world_leftovers
-from zygote_harness import busy_children, processes_with_arg, run, zygote_env
+from zygote_harness import busy_children, loop_thread, processes_with_arg, run, zygote_env
 
 from areal.protocol import EpisodeOutcome
 from sandbox import reach
@@ -52,12 +51,8 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
+    with loop_thread() as loop:
+        yield loop
 
 
 @contextlib.contextmanager
