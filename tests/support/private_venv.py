@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,19 @@ class PrivateVenv:
         if self.stamp_path.is_file() and self.stamp_path.read_text() == self.stamp and python.exists():
             return python
         return None
+
+    def need(self, require: str, how: str) -> Path:
+        """The interpreter; else a skip saying ``how`` to build the venv, a failure when the
+        environment variable ``require`` is "1" (CI, the make targets that must run these tests)."""
+        import pytest  # here: benchmarks import the venv modules without pytest
+
+        python = self.python()
+        if python is None:
+            why = f"the {self.name} venv is not set up at {self.root} ({how})"
+            if os.environ.get(require) == "1":
+                pytest.fail(f"{require}=1: {why}")
+            pytest.skip(why)
+        return python
 
     def ensure(self, install: Callable[[Path, Run], None], progress: bool = True) -> Path:
         """Build the venv if needed (``install(python, run)`` fills it) and return its interpreter."""

