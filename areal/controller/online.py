@@ -94,7 +94,8 @@ class _Slot:
 
 class OnlineSessions:
     """The run's external sessions: ``run_session`` is ``Episodes``' hook (one admitted episode, run
-    by whoever claims it); ``start`` / ``end`` serve the gateway's ``/rl/`` routes (``gateway.online``)."""
+    by whoever claims it), so ``Episodes`` never asks it for ``run_episode`` and holds it as its
+    runner only to ``close`` it; ``start`` / ``end`` serve the gateway's ``/rl/`` routes (``gateway.online``)."""
 
     def __init__(self, gateway: Gateway, claim_s: float, write: Callable[[str], None], scored: bool = False) -> None:
         """``scored``: the run has a reward function (``reward=``), which scores a session its client
@@ -161,9 +162,6 @@ class OnlineSessions:
             f"{self.gateway.admin_key}); each gets an api_key for OPENAI_BASE_URL={root}/v1 (or ANTHROPIC_BASE_URL={root}), "
             f'scores it with POST {root}/rl/set_reward {{"reward": r}} and ends it with /rl/end_session or a refresh'
         )
-
-    async def run_episode(self, episode_id: str, data: dict, api_key: str, deadline_s: float | None = None) -> EpisodeOutcome:
-        raise RuntimeError("online episodes are run by their external clients (OnlineSessions.run_session)")
 
     async def close(self) -> None:
         """The run is over: a start waiting for an episode, and every later one, is told so."""
