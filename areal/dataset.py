@@ -20,6 +20,10 @@ Sources (``dataset_config.path``):
   task or a weighted mix, generated (``size`` rows, the run's ``seed``) with their entries
   (``metadata``, ``task``, ``task_config``) for the task's own scorer; train and held-out rows
   never share a question (areal/tasks/reasoning_gym.py).
+- ``"verifiers:[ENV+]TASKSET"``: a verifiers taskset's own tasks (its ``load()``, in the verifiers
+  venv: areal/agent/verifiers_env.py ``taskset_rows``), ``size`` of them from task ``offset`` on,
+  each with its TaskData (``verifiers_task``) for ``rollout.agent=verifiers:...``; the run's held-out
+  rows are the tasks after the training ones (areal/controller/problems.py).
 - ``"swe:DIR"``: a library of repository bug-fix tasks with a world (one row per task directory,
   naming it in ``world``: the sandbox gives each episode a private copy of its repository and
   grades it; areal/tasks/swe.py, sandbox/world.py). Both splits hold every task.
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.agent.verifiers_env import is_taskset_spec, taskset_rows
 from areal.tasks import swe
 from areal.tasks.reasoning_gym import is_task_spec, task_rows
 
@@ -105,7 +110,14 @@ def get_custom_dataset(
 
 
 def load_rows(
-    path: str, split: str = "train", prompt_key: str = "", answer_key: str = "answer", *, size: int | None = None, seed: int = 1
+    path: str,
+    split: str = "train",
+    prompt_key: str = "",
+    answer_key: str = "answer",
+    *,
+    size: int | None = None,
+    seed: int = 1,
+    offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Every row of a data file or folder (module docstring), in the common shape.
 
@@ -116,7 +128,8 @@ def load_rows(
 
     A reasoning-gym spec is generated instead: ``size`` rows (default: 4000 train, 500 held-out)
     of ``split``'s side (train, or test/valid/validation/eval: held-out) with ``seed``; it has no
-    columns to map.
+    columns to map. A verifiers taskset's rows are its tasks from ``offset`` on, ``size`` of them
+    (default as above; fewer when the taskset ends first).
     """
     if is_task_spec(path):
         kind = SPLIT_KINDS.get(split)
@@ -128,6 +141,16 @@ def load_rows(
             )
         n = size if size is not None else DEFAULT_SIZES[kind]
         return [normalize_row(r, i) for i, r in enumerate(task_rows(path, kind, n, seed))]
+    if is_taskset_spec(path):
+        if SPLIT_KINDS.get(split) is None or prompt_key or answer_key != "answer":
+            raise ValueError(f"{path}: a taskset's rows are its tasks: no split other than train/test, no data.prompt_key / answer_key")
+        rows = taskset_rows(path, size if size is not None else DEFAULT_SIZES[SPLIT_KINDS[split]], offset)
+        if not rows:
+            raise ValueError(
+                f"{path}: its taskset has no task from task {offset} on"
+                + (" (held-out rows are the tasks after the training ones: lower data.train_size)" if offset else "")
+            )
+        return [normalize_row(r, i) for i, r in enumerate(rows)]
     if swe.is_swe_spec(path):
         if prompt_key or answer_key != "answer":
             raise ValueError(f"{path}: task rows have question/messages; data.prompt_key / data.answer_key name a file's columns")

@@ -61,6 +61,12 @@ class GatewayReply(msgspec.Struct, frozen=True, tag=True):
 
 GatewayMessage = GatewayRequest | GatewayReply
 
+# Branch points (areal/gateway/branching.py ⇄ sandbox/branch.py), as HTTP headers of the exchange:
+BRANCHABLE_HEADER = "x-areal-branchable"  # request: the sender can fork at this call ("1")
+BRANCH_REFUSED_HEADER = "x-areal-branch-refused"  # request: the ordered branch point was refused; the value says why
+BRANCH_ORDER_HEADER = "x-areal-branch"  # reply: a branch order ({"branch": {"call", "keys"}}), not a completion
+BRANCH_REASON_LIMIT = 2000  # characters of a refusal's reason kept
+
 # --------------------------------------------------------------------------------------------
 # Controller <-> sandbox zygote (length-prefixed msgpack frames over pipes).
 # --------------------------------------------------------------------------------------------
@@ -113,8 +119,9 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     log_tail: str = ""  # the end of a failed episode's log (stdout and stderr), apart from the reason
     failure_class: str = ""
     failure_cause: str = ""
-    # Sandboxed episodes: top-level packages run() imported that the zygote had not preloaded
-    # (every episode imports them again; sandbox.preload lists them ahead).
+    # Sandboxed episodes: the modules run() imported that the zygote had not preloaded, whether it
+    # returned or raised (a new package by its name, a lazy package's submodule by its own; every
+    # episode imports them again; sandbox.preload lists them ahead).
     imported: list[str] = []
     # An error run() raised: the qualified names of its exception chain, outermost first, each with
     # its bases' (areal/agent/failures.py's raised_types), for the controller's rollout.failure_classes.
@@ -125,6 +132,12 @@ class EpisodeOutcome(msgspec.Struct, frozen=True, tag=True):
     checks: dict[str, float] = {}
     tripwires: list[str] = []
     grader: str = ""
+    # An episode branched at a model call (sandbox/branch.py): one outcome per branch, in branch
+    # order, each its own episode ("<episode id>/b<i>"); where ("call <k> of <episode id>"); and why a
+    # branch point the gateway ordered was not taken, or its branches cut short ("" when none).
+    branches: list[EpisodeOutcome] = []
+    branch_point: str = ""
+    branch_refused: str = ""
 
 
 class Grade(msgspec.Struct, frozen=True, tag=True):

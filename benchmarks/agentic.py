@@ -126,10 +126,10 @@ def measure(run_dir: Path, overrides: list[str], problems: int, samples: int, ti
 
 
 def main(quick: bool) -> list[dict]:
-    """The harness's entry: one run (quick: 6 steps, 40 problems; else the demo's settings)."""
-    overrides = ["trainer.steps=6", "rollout.groups_per_step=2", "data.eval_size=20"] if quick else []
+    """The harness's entry: one run (quick, a smoke run: 4 steps, 20 problems; else the demo's settings)."""
+    overrides = ["trainer.steps=4", "rollout.groups_per_step=2", "data.eval_size=10"] if quick else []
     with tempfile.TemporaryDirectory() as tmp:
-        r = measure(Path(tmp) / "run", overrides, 40 if quick else 300, 1 if quick else 2, 1800.0)
+        r = measure(Path(tmp) / "run", overrides, 20 if quick else 300, 1 if quick else 2, 1800.0)
     gain = r["after"]["accuracy"] - r["before"]["accuracy"]
     rows = [
         {

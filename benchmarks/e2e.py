@@ -33,6 +33,9 @@ per episode it built, from the run's process tree (`RUSAGE_CHILDREN` of the `are
 which waits for the zygote, the engine and the trainer); the sandbox's share of it is in
 benchmarks/sandbox_kernel.py.
 
+Quick mode is a smoke run of the same paths: 4 steps a small run, one round of 3 steps of 2
+groups per configuration (full: 16 steps, three rounds of 16 steps of the configuration's groups).
+
 Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
     python -m benchmarks.run e2e [--quick]
 """
@@ -61,7 +64,7 @@ AGENT = "agents/openai_tools.py:CalculatorAgent"
 def small_run(quick: bool) -> list[str]:
     """Hydra overrides of a short run: few steps, small groups, no evaluation, trajectories kept."""
     return [
-        f"trainer.steps={6 if quick else 16}",
+        f"trainer.steps={4 if quick else 16}",
         "rollout.groups_per_step=2",
         "rollout.n_samples=4",
         "data.eval_size=0",
@@ -149,7 +152,8 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
     only) subproc with a step's worth of warm slots, interleaved (the order rotates run by run).
     Per variant, the medians over the rounds of steady-state episodes/s and of the run's user and
     system CPU seconds per episode built."""
-    rounds, steps = (2, 8) if quick else (3, 16)
+    rounds, steps = (1, 3) if quick else (3, 16)  # quick: two steady-state steps after the first (run_stats)
+    size = ["rollout.groups_per_step=2"] if quick else []  # quick: 16 episodes a step, not the config's 64
     variants = {
         "inline": ["rollout.openai.mode=inline"],
         "subproc": ["rollout.openai.mode=subproc"],
@@ -168,6 +172,7 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
                 [
                     *named,
                     f"trainer.steps={steps}",
+                    *size,
                     "data.eval_size=0",
                     "save_trajectories=true",
                     f"experiment_name=bench-e2e-{config_name or 'default'}-{name}",

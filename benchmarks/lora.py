@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.trainer import LORA_RANK
+
 ROOT = Path(__file__).resolve().parents[1]
 QWEN_VOCAB = 151936  # Qwen2.5's embedding rows (the tokenizer's 151,665 tokens, padded)
-LORA_RANK, LORA_ALPHA = 8, 16.0
 
 
 def _qwen_vocab_model(path: Path, hidden: int) -> None:
@@ -53,22 +54,13 @@ def _qwen_vocab_model(path: Path, hidden: int) -> None:
 def _measure(model_path: str, variant: str, rows: int, steps: int) -> dict[str, float]:
     """Train ``steps`` steps (after one warm-up) here, in the child; returns the figures."""
     import numpy as np
-    from transformers import AutoModelForCausalLM
 
-    from areal.trainer.config import LoraConfig, TrainerConfig
+    from areal.trainer.config import TrainerConfig
     from areal.trainer.packing import PolicyScorer
     from areal.trainer.step import train_step
-    from benchmarks.trainer import _clip, synthetic_trajectories
+    from benchmarks.trainer import _clip, load_variant, synthetic_trajectories
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    if variant == "lora":
-        from areal.trainer.lora import attach_adapters
-
-        attach_adapters(model, LoraConfig(rank=LORA_RANK, alpha=LORA_ALPHA))
-    elif variant != "full":
-        raise ValueError(f"variant must be lora or full, got {variant!r}")
+    model = load_variant(model_path, variant)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     batches = [[_clip(t, vocab) for t in synthetic_trajectories(1 << 30, rows, rng)] for _ in range(steps + 1)]

@@ -21,6 +21,8 @@ and exit cost (kernel time per episode, see the ``sandbox_kernel`` benchmark) an
 CPU cap the curve long before real nodes would. Not measured: real network latency between nodes,
 many controllers.
 
+Quick mode: 1 and 2 workers (full: 1, 2 and 4), 2 episodes per slot (full: 4).
+
     python -m benchmarks.run [--quick] ray_scaling
 """
 
@@ -39,6 +41,7 @@ TOOL_S = 0.5  # the emulated tool call of every episode
 SLOTS = 8  # cluster.slots_per_worker
 EPISODES_PER_SLOT = 4  # per measured point: N x SLOTS x this many episodes
 WORKERS = (1, 2, 4)
+QUICK_WORKERS = (1, 2)  # quick: a smoke of both gateway modes on a smaller cluster
 GATEWAYS = ("worker", "controller")  # cluster.gateway
 
 
@@ -97,14 +100,15 @@ async def _measure(quick: bool, tmp: str) -> dict[tuple[str, int], tuple[float, 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     world = _InstantWorld()
     try:
-        for _ in range(max(WORKERS)):
+        workers = QUICK_WORKERS if quick else WORKERS
+        for _ in range(max(workers)):
             cluster.add_node(num_cpus=1, resources={"rollout": 1})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
         await world.start(tmp)
         per_slot = 2 if quick else EPISODES_PER_SLOT
         await _episodes_per_s(world, 1, 1, f"{tmp}/warm", "controller")  # the first placement pays Ray's worker start-up
-        return {(g, n): await _episodes_per_s(world, n, per_slot, f"{tmp}/{g}{n}", g) for g in GATEWAYS for n in WORKERS}
+        return {(g, n): await _episodes_per_s(world, n, per_slot, f"{tmp}/{g}{n}", g) for g in GATEWAYS for n in workers}
     finally:
         await world.stop()
         ray.shutdown()
@@ -114,10 +118,11 @@ async def _measure(quick: bool, tmp: str) -> dict[tuple[str, int], tuple[float, 
 def main(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="areal-bench-ray-") as tmp:
         rates = asyncio.run(_measure(quick, tmp))
+    workers = sorted({n for _, n in rates})
     rows = []
     for gateway in GATEWAYS:
         one = rates[gateway, 1][0]
-        for n in WORKERS:
+        for n in workers:
             rate, episodes = rates[gateway, n]
             rows.append(
                 {
@@ -132,7 +137,7 @@ def main(quick: bool) -> list[dict]:
             )
         print(
             f"[ray_scaling] {gateway} gateway: "
-            + ", ".join(f"{n} workers: {rates[gateway, n][0]:.1f} ep/s ({rates[gateway, n][0] / (n * one):.2f} of linear)" for n in WORKERS)
+            + ", ".join(f"{n} workers: {rates[gateway, n][0]:.1f} ep/s ({rates[gateway, n][0] / (n * one):.2f} of linear)" for n in workers)
         )
     return rows
 

@@ -64,7 +64,15 @@ def _cpu_s(pid: int) -> float:
 
 
 def _cgroup_memory(zygote_pid: int) -> int:
-    return sum(int(open(p).read()) for p in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*/memory.usage_in_bytes"))
+    """Memory of the zygote's episode cgroups now; one that its episode's end removed between the
+    listing and the read counts nothing."""
+    total = 0
+    for path in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*/memory.usage_in_bytes"):
+        try:
+            total += int(Path(path).read_text())
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def _bare_pytest_cpu_s(n: int) -> float:

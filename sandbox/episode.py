@@ -37,11 +37,15 @@ def start_relay(gateway_addr: str) -> Relay:
     return Relay.start(gateway_addr, lazy=True)  # requests queue in the backlog until it serves
 
 
-def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay) -> EpisodeOutcome:
-    """In the agent process, once the spawn arrived: hand run() its endpoints, await it."""
+def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay, result_fd: int = -1) -> EpisodeOutcome:
+    """In the agent process, once the spawn arrived: hand run() its endpoints, await it.
+    ``result_fd``: the slot's result pipe, where a branch point's branches report (sandbox/branch.py)."""
     import httpx
 
+    from sandbox import branch
     from sandbox.relay import ZmqTransport
+
+    branch.arm(result_fd, spawn.api_key, spawn.episode_id, relay)
 
     data = json.loads(spawn.data)
     # The session in the URL as well as the key: agents that send no key, or a hard-coded
@@ -57,19 +61,34 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
             result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
             return await result if inspect.isawaitable(result) else result
 
-    held = len(sys.modules)  # modules are appended to sys.modules in import order
-    result = asyncio.run(main())
-    return msgspec.structs.replace(outcome_from_result(spawn.episode_id, result), imported=run_time_imports(held))
+    global _agent_started
+    _agent_started = len(sys.modules)  # modules are appended to sys.modules in import order
+    return outcome_from_result(spawn.episode_id, asyncio.run(main()))
+
+
+# len(sys.modules) when this process's episode started its agent (run_agent), 0 before: what the
+# agent imports after is named in its outcome (``imported_by_agent``), whether it returned or raised.
+_agent_started = 0
+
+
+def imported_by_agent() -> list[str]:
+    """``run_time_imports`` since this process's agent started; nothing if it never did."""
+    return run_time_imports(_agent_started) if _agent_started else []
 
 
 def run_time_imports(held: int, limit: int = 20) -> list[str]:
-    """The top-level packages of the modules imported since ``sys.modules`` held ``held`` of
-    them (at most ``limit``): what this episode imported that its zygote had not."""
+    """What this episode imported that its zygote had not, as the modules to preload (at most
+    ``limit``): of the modules imported since ``sys.modules`` held ``held`` of them (they are
+    appended in import order), each one whose parent package was loaded before, so that a lazy
+    package's submodule is named itself (``sympy.parsing``, its package ``sympy`` being preloaded
+    already), and a new package once (``numpy``, not each of its modules). Preloading the names
+    reported makes the episodes import none of them: the hint stops once followed."""
+    new = list(itertools.islice(sys.modules, held, None))
+    fresh = set(new)
     names: list[str] = []
-    for name in itertools.islice(sys.modules, held, None):
-        top = name.partition(".")[0]
-        if top not in names and not top.startswith("_"):
-            names.append(top)
+    for name in new:
+        if name.rpartition(".")[0] not in fresh and not name.startswith("_"):
+            names.append(name)
             if len(names) == limit:
                 break
     return names
@@ -169,14 +188,15 @@ def warm_up_sdks() -> None:
 def agent_paths(spec: str) -> list[str]:
     """What of the agent's own its episodes must read: the directory of an exec program or of a
     .py file (its helpers, a node_modules beside it), the embedded models' cache (an agent may
-    load the embedded tokenizer) and a verifiers agent's venv. A module named by import path lives
+    load the embedded tokenizer) and a verifiers or mini-swe agent's venv. A module named by import path lives
     on sys.path, exposed anyway."""
-    from areal.agent import verifiers_env
+    from areal.agent import mini_swe, verifiers_env
     from areal.agent.spec import EXEC_PREFIX, PROJECT_ROOT
     from areal.embedded import embedded_cache_root
 
     out = [str(embedded_cache_root())] if embedded_cache_root().is_dir() else []
     out += verifiers_env.read_paths(spec)  # a verifiers: agent's private venv (its interpreter runs in the episode)
+    out += mini_swe.read_paths(spec)  # mini-swe-agent's private venv, the same way
     target = spec[len(EXEC_PREFIX) :] if spec.startswith(EXEC_PREFIX) else spec.rpartition(":")[0]
     if spec.startswith(EXEC_PREFIX) or target.endswith(".py"):
         for base in (os.getcwd(), str(PROJECT_ROOT)):  # where load_agent looks, in its order

@@ -550,9 +550,16 @@ def sweep_stale_cgroups() -> list[str]:
             owner = name.split("-", 1)[0]
             if not (os.path.isdir(d) and owner.isdigit()) or os.path.exists(f"/proc/{owner}"):
                 continue
-            if not open(os.path.join(d, "cgroup.procs")).read().split():
+            # Another zygote's sweep may remove the same group meanwhile (ENOENT, or ENODEV on a
+            # group being removed), or a process may still be leaving it (EBUSY): skip it then.
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    if f.read().split():
+                        continue
                 os.rmdir(d)
-                removed.append(d)
+            except OSError:
+                continue
+            removed.append(d)
     return removed
 
 

@@ -36,7 +36,8 @@ import zmq.asyncio
 from aiohttp import web
 from zmq.utils.monitor import parse_monitor_message
 
-from areal.protocol import GatewayReply, GatewayRequest
+from areal.protocol import BRANCH_ORDER_HEADER, GatewayReply, GatewayRequest
+from sandbox import branch
 
 # Connection-level headers belong to one HTTP hop, not to the relayed exchange.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "proxy-connection", "content-length"})
@@ -200,12 +201,17 @@ class ZmqTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, gateway_addr: str) -> None:
         self.channel = GatewayChannel(gateway_addr)
+        self.branch_key: tuple[str, str] | None = None  # (trunk's, own) after a branch point (sandbox/branch.py)
+        self.branch_refused = ""  # why the episode refused a branch order, sent with the call once more
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
-        path = request.url.raw_path.decode("ascii")
-        replies = self.channel.request(request.method, path, dict(request.headers), body)
+        path, headers = branch.outgoing(self, request.url.raw_path.decode("ascii"), dict(request.headers))
+        replies = self.channel.request(request.method, path, headers, body)
         first = await anext(replies)
+        if BRANCH_ORDER_HEADER in first.headers:  # the gateway holds this call: fork here
+            await replies.aclose()
+            return await branch.follow(self, request, first.body)
         return httpx.Response(first.status, headers=_reply_headers(first), stream=_ReplyStream(first, replies), request=request)
 
     async def aclose(self) -> None:

@@ -38,6 +38,7 @@ collapsed into huge pages before the first fork (sandbox/heap.py, ``config.huge_
 
 Invariants:
 - exactly one EpisodeOutcome per SpawnEpisode, always (timeout, crash, OOM, shutdown included);
+  an episode branched at a model call sends one too, its branches' in it (sandbox/branch.py);
   an outcome is sent only after every process of the episode is gone (its cgroup is empty).
   An idle slot gets no outcome: nothing was asked of it; one that dies idle is reaped, drained
   and logged, and not replaced until the next control message (no respawn loop).
@@ -105,7 +106,7 @@ AGENT_STATUSES = ("ok", "error")  # what an episode may report of itself; the ot
 ERROR_LIMIT = 64 << 10  # characters of an episode's own error text kept, from its head (the run's records keep less)
 CAUSE_LIMIT = 200
 IMPORTED_LIMIT = 20  # as many as sandbox/episode.py's run_time_imports reports
-MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,15}")  # a dotted module name
 QUALIFIED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.<>]{0,199}")  # an exception class's (``<locals>`` in a function's)
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 TASK_CACHE = 1024  # task directories whose task.json the zygote keeps read
@@ -167,6 +168,13 @@ def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOu
         failure_cause=printable(reported.failure_cause[:CAUSE_LIMIT]),
         imported=[m for m in reported.imported[:IMPORTED_LIMIT] if MODULE_NAME.fullmatch(m)],
         raised=[[n for n in names[:BASES_LIMIT] if QUALIFIED_NAME.fullmatch(n)] for names in reported.raised[:RAISED_LIMIT]],
+        # a branched episode's (sandbox/branch.py): each branch's word checked as its own, under an id the sandbox gives
+        branches=[
+            episode_says(b, EpisodeOutcome(f"{verdict.episode_id}/b{i}", "ok", wall_s=b.wall_s))
+            for i, b in enumerate(reported.branches[:16])
+        ],
+        branch_point=printable(reported.branch_point[:CAUSE_LIMIT]),
+        branch_refused=printable(reported.branch_refused[:ERROR_LIMIT]),
     )
 
 
@@ -443,7 +451,7 @@ class ZygoteServer:
                     spawn.episode_id, "error", error=setup_error, failure_class=INFRASTRUCTURE, failure_cause="sandbox setup"
                 )
             else:
-                outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay)
+                outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay, result_w)
         except BaseException as e:  # process boundary: whatever happened becomes the outcome
             failure_class, failure_cause = classify_exception(e)
             outcome = EpisodeOutcome(
@@ -454,6 +462,7 @@ class ZygoteServer:
                 failure_cause=failure_cause,
                 raised=raised_types(e),
             )
+        outcome = msgspec.structs.replace(outcome, imported=episode.imported_by_agent())  # failed or not
         encoded = bytearray(frame(_encoder.encode(outcome)))
         keys.mask(encoded, spawn.api_key.encode())  # its error text may quote it (a traceback, an SDK message)
         payload = memoryview(encoded)

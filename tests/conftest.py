@@ -27,16 +27,41 @@ import pytest
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests that need the embedded model's agentic variant (marked ``agent_model``) run last:
     CI builds it beside the test run (.ci/run), and a test that started first would wait minutes
-    for it while its worker does nothing else. Under pytest-xdist (``make test`` runs two workers,
-    ``--dist loadgroup``), a file's tests stay on one worker, so its module fixtures (an engine, a
-    gateway, a zygote) start once; the Ray files share one group, so two Ray clusters never start
-    side by side on one machine."""
+    for it while its worker does nothing else."""
     items.sort(key=lambda item: item.get_closest_marker("agent_model") is not None)  # stable: the rest keep their order
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        group = "ray" if item.path.name.startswith("test_ray_") else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Files whose tests are independent whole runs with no shared fixture: each its own unit, so that
+# the workers share them out.
+SPREAD_FILES = {"benchmarks/tests/test_bench_modules_quick.py"}
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole: the test's file, so that its module
+    fixtures (an engine, a gateway, a zygote) start once; every test that starts a Ray cluster in
+    one unit, so that two clusters never start side by side on one machine."""
+    path, _, test = nodeid.partition("::")
+    if Path(path).name.startswith("test_ray_") or "[ray_" in test:
+        return "ray"
+    return nodeid if path in SPREAD_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test``'s workers (``-n 2 --dist loadfile``) take the units of ``xdist_unit``. Its rule
+    lives here, on the controller, which sees test ids only: pytest-xdist's ``xdist_group`` markers
+    do not reach it under pytest 9 (the suffix xdist writes into ``item._nodeid`` is no longer part
+    of the id), and each test then was a unit of its own, its file's fixtures started again on
+    every worker that took one of its tests."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return FileUnits(config, log)
 
 
 def _engine(model_dir: Path) -> Iterator[str]:

@@ -15,7 +15,9 @@ JSON on stdin, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and the Anthropic pair in 
 
 Environment libraries are agents too: ``verifiers:[ENV+]TASKSET`` runs a verifiers environment in
 its private venv (``areal/agent/verifiers_env.py``), ``textarena:GAME`` plays a TextArena game
-(``areal/agent/textarena_env.py``); ``agent_kwargs`` is their configuration.
+(``areal/agent/textarena_env.py``), ``openenv:MODULE:CLASS`` runs an OpenEnv environment class in the
+episode (``areal/agent/openenv_env.py``); ``agent_kwargs`` is their configuration. A software-engineering
+agent too: ``mini-swe[:CONFIG]`` runs mini-swe-agent's own loop in its private venv (``areal/agent/mini_swe.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from areal.agent import environment, textarena_env, verifiers_env
+from areal.agent import environment, mini_swe, openenv_env, textarena_env, verifiers_env
 from areal.agent.failures import classify_exception, raised_types
 from areal.protocol import EpisodeOutcome
 
@@ -71,6 +73,10 @@ def load_agent(spec: str, kwargs: dict[str, Any] | None = None) -> AgentRun:
         return verifiers_env.verifiers_agent(spec, kwargs)
     if spec.startswith(textarena_env.PREFIX):
         return textarena_env.textarena_agent(spec, kwargs)
+    if mini_swe.is_mini_swe_spec(spec):
+        return mini_swe.mini_swe_agent(spec, kwargs)
+    if spec.startswith(openenv_env.PREFIX):
+        return openenv_env.openenv_agent(spec, _load_module, kwargs)
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ValueError(f"agent spec must be TARGET:ATTR (a module or .py file, then a name), got {spec!r}")

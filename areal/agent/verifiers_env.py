@@ -50,7 +50,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -61,31 +60,31 @@ VERIFIERS_PIN = "verifiers==0.4.0"
 OPENAI_PIN = "openai==2.54.0"  # the newest openai verifiers 0.4.0 resolved to when it was tested
 SESSION_HEADER = "X-Session-ID"  # verifiers' per-trace routing header (verifiers.v1.clients.client)
 MODEL = "policy"  # the name verifiers' client asks for; the gateway serves its one policy whatever the name
-_TERM_GRACE_S = 5.0  # a cancelled episode's runner gets this long to tear down verifiers' own processes
 
 
 class VerifiersError(RuntimeError):
     """A verifiers environment failed: it did not load, its episode failed, or its rewards are unusable."""
 
 
+def is_taskset_spec(path: str) -> bool:
+    """Whether a data path (data.train, data.eval) names a verifiers taskset, whose tasks are the rows."""
+    return path.startswith(PREFIX)
+
+
 def verifiers_venv_dir() -> Path:
     """The private venv (``make verifiers-venv``): ``$AREAL_VERIFIERS_VENV``, else
     ``$AREAL_CACHE/verifiers-venv`` (``~/.cache/areal/verifiers-venv``)."""
-    if os.environ.get("AREAL_VERIFIERS_VENV"):
-        return Path(os.environ["AREAL_VERIFIERS_VENV"])
-    return Path(os.environ.get("AREAL_CACHE", Path.home() / ".cache" / "areal")) / "verifiers-venv"
+    from areal.agent import private_venv
+
+    return private_venv.venv_dir("AREAL_VERIFIERS_VENV", "verifiers-venv")
 
 
 def verifiers_python(spec: str = "") -> Path:
     """The private venv's interpreter; a ``VerifiersError`` saying how to build it when absent."""
-    python = verifiers_venv_dir() / "bin" / "python"
-    if not python.exists():
-        raise VerifiersError(
-            f"{spec or 'a verifiers agent'}: verifiers runs in its own venv and {python} does not exist: build it with "
-            f"`make verifiers-venv` in areal's checkout (AREAL_VERIFIERS_VENV sets where), or point AREAL_VERIFIERS_VENV "
-            f"at a venv holding {VERIFIERS_PIN}"
-        )
-    return python
+    from areal.agent import private_venv
+
+    what = f"{spec or 'a verifiers agent'}: verifiers"
+    return private_venv.interpreter(verifiers_venv_dir(), what, "verifiers-venv", "AREAL_VERIFIERS_VENV", VERIFIERS_PIN, VerifiersError)
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -107,32 +106,20 @@ def verifiers_agent(spec: str, kwargs: dict[str, Any] | None = None) -> Callable
     """The agent run of ``spec`` (module docstring); ``kwargs`` (``rollout.agent_kwargs``) is
     merged over the env config. Checks now, where the host is visible (the zygote, before any
     fork), that the venv exists and verifiers loads the env: a ``VerifiersError`` naming it."""
+    from areal.agent import private_venv
+
     config = _config(spec, kwargs)
     python = str(verifiers_python(spec))  # resolved here: a sandboxed episode has another HOME
     environment = {"PYTHONPATH": os.pathsep.join(_code_paths())}
-    checked = subprocess.run(
-        _command(python, "check"), input=_request(spec, config), stdout=subprocess.PIPE, env={**os.environ, **environment}
-    )
-    reply = _reply_of(spec, python, checked.returncode, checked.stdout)
+    what = f"verifiers environment {spec!r}"
+    reply = private_venv.call(python, __file__, "check", _request(spec, config), what, env={**os.environ, **environment})
     if "error" in reply:
         raise VerifiersError(reply["error"])
 
     async def run(data: dict, **_: Any) -> float | dict[str, float]:
+        # cancelled (the episode's deadline, inline): the private side stops verifiers' own processes first
         request = _request(spec, config, row=data)
-        proc = await asyncio.create_subprocess_exec(
-            *_command(python, "episode"), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env={**os.environ, **environment}
-        )
-        try:
-            out, _ = await proc.communicate(request)
-        finally:  # cancelled (the episode's deadline, inline): it stops verifiers' own processes first
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), _TERM_GRACE_S)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-        reply = _reply_of(spec, python, proc.returncode, out)
+        reply = await private_venv.call_async(python, __file__, "episode", request, what, env={**os.environ, **environment})
         if "error" in reply:
             raise VerifiersError(reply["error"])
         return reply["rewards"] if "rewards" in reply else reply["reward"]
@@ -144,10 +131,11 @@ def taskset_rows(spec: str, n: int, offset: int = 0, kwargs: dict[str, Any] | No
     """``n`` dataset rows from the taskset's own ``load()`` (from task ``offset`` on): ``question``
     (its prompt's text), ``answer`` (its ``answer`` field, else ""), ``verifiers_task`` (its TaskData)."""
     request = _request(spec, _config(spec, kwargs), n=n, offset=offset)
+    from areal.agent import private_venv
+
     python = str(verifiers_python(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(_code_paths())}
-    done = subprocess.run(_command(python, "rows"), input=request, stdout=subprocess.PIPE, env=env)
-    reply = _reply_of(spec, python, done.returncode, done.stdout)
+    reply = private_venv.call(python, __file__, "rows", request, f"verifiers environment {spec!r}", env=env)
     if "error" in reply:
         raise VerifiersError(reply["error"])
     return reply["rows"]
@@ -164,19 +152,6 @@ def _config(spec: str, kwargs: dict[str, Any] | None) -> dict[str, Any]:
 
 def _request(spec: str, config: dict[str, Any], **fields: Any) -> bytes:
     return json.dumps({"spec": spec, "config": config, **fields}).encode()
-
-
-def _command(python: str, command: str) -> list[str]:
-    # -P: this file's folder (areal/agent/) must not shadow top-level names in the private venv
-    return [python, "-P", __file__, "--inside", command]
-
-
-def _reply_of(spec: str, python: str, code: int | None, out: bytes) -> dict[str, Any]:
-    """The private side's one JSON line (everything else it printed went to stderr, the log)."""
-    lines = out.decode(errors="replace").strip().splitlines()
-    if code != 0 or not lines:
-        return {"error": f"verifiers environment {spec!r}: {python} exited with code {code} without a reply (its log says why)"}
-    return json.loads(lines[-1])
 
 
 def _code_paths() -> list[str]:

@@ -394,9 +394,15 @@ def load_expr_config(argv: list[str], config_cls: type[T]) -> tuple[T, str | Non
 
 
 class AReaLKeysIgnored(UserWarning):
-    """One warning per loaded config: the AReaL keys that have no effect here, each with why."""
+    """One warning per loaded config: the AReaL keys that have no effect here, each with why.
+    Rebuilt from its message (``cls(*warning.args)``, as pytest-xdist carries warnings between
+    processes), it is that message again."""
 
-    def __init__(self, ignored: dict[str, str]) -> None:
+    def __init__(self, ignored: dict[str, str] | str) -> None:
+        if isinstance(ignored, str):
+            self.ignored: dict[str, str] = {}
+            super().__init__(ignored)
+            return
         self.ignored = ignored
         by_reason: dict[str, list[str]] = {}
         for key, why in ignored.items():

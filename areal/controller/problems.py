@@ -3,7 +3,8 @@ reward function the rows call for.
 
     dataset= / eval_dataset= (objects)   ─┐
     data.train / data.eval (files, or    ─┼─► user_rows ─► (train, held_out), normalised, or None
-      reasoning-gym tasks: generated)     │        │
+      reasoning-gym tasks: generated,     │        │
+      a verifiers taskset's tasks)        │        │
     neither: the embedded task           ─┘        ├─► train_problems     rows + levels (the rollout order mixes levels)
                                                    ├─► held_out_problems  the rows the evaluations score
                                                    └─► run_reward         reward=, else reasoning-gym's scorer for its rows
@@ -13,13 +14,16 @@ Invariants: every row is in the common shape (``areal.dataset.normalize_row``: `
 one: a single level), so a step's groups mix the tasks in the data's proportions and their order
 is otherwise a shuffle; the embedded task's splits, and a reasoning-gym spec's, never share a
 question and depend only on the seed. A reasoning-gym spec in data.train gives the held-out rows
-too (data.eval_size of them, from data.eval's spec when set, else the same one).
+too (data.eval_size of them, from data.eval's spec when set, else the same one); a verifiers
+taskset in data.train too: data.eval_size of its tasks after the training ones (data.eval's
+taskset when set: its first ones), so no task is both.
 What is not covered: the user's data files without a held-out split are not scored (no rows are
 taken out of the training set for them).
 """
 
 from __future__ import annotations
 
+from areal.agent.verifiers_env import is_taskset_spec
 from areal.config import DataConfig, RolloutConfig
 from areal.dataset import load_rows, normalize_row
 from areal.tasks.reasoning_gym import is_task_row, is_task_spec
@@ -44,6 +48,9 @@ def user_rows(
         dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key, size=d.train_size, seed=seed)
         if eval_dataset is None and is_task_spec(d.eval or d.train):  # generated: the held-out side of the tasks
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, seed=seed) if d.eval_size else None
+        elif eval_dataset is None and is_taskset_spec(d.eval or d.train):  # a taskset's: the tasks after the training ones
+            first = 0 if d.eval else len(dataset)
+            eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, offset=first) if d.eval_size else None
         elif eval_dataset is None and d.eval:
             eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
     rows = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
@@ -88,7 +95,13 @@ def run_reward(reward: str, rows: list[dict] | None, agent: str) -> str:
     when set; else, when every training row is a reasoning-gym entry, the task's own scorer
     (areal/reward/reasoning_gym.py); else none. ``agent``: rollout.agent when the run names its
     agent that way (else empty). The built-in agent scores its replies itself with the \\boxed{}
-    check, which is not the tasks' scorer: refused on reasoning-gym rows, naming the agent to use."""
+    check, which is not the tasks' scorer: refused on reasoning-gym rows and on a verifiers taskset's
+    tasks (whose rubric scores them: rollout.agent=verifiers:...), naming the agent to use."""
+    if rows and agent == RolloutConfig.agent and all("verifiers_task" in r for r in rows):
+        raise ValueError(
+            f"the data are a verifiers taskset's tasks, and the built-in agent ({agent}) scores its replies itself with the "
+            "\\boxed{} check, not with the taskset's rubric: set rollout.agent=verifiers:TASKSET (the data's taskset)"
+        )
     if not rows or not all(is_task_row(r) for r in rows):
         return reward
     if agent == RolloutConfig.agent:

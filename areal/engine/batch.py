@@ -143,6 +143,10 @@ class Counters:
     retracted: int = 0
     # rows the worker took in: less requests_served, the rows it holds (waiting or running), exactly
     requests_received: int = 0
+    # Worker seconds (wall) in each stage: where a served step's time goes (benchmarks/engine.py)
+    prefill_s: float = 0.0  # prefill forwards
+    decode_s: float = 0.0  # decode forwards
+    sample_s: float = 0.0  # sampling, appending, stop checks, retiring rows
 
 
 def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -451,11 +455,15 @@ class Engine:
             self._admit(group)
         if not self._batch.rows:
             return
+        start = time.perf_counter()
         logits = self._batch.decode(self.model)
+        forwarded = time.perf_counter()
         c.decode_steps += 1
         self._sample_into(logits, 0, self._batch.rows)
         for r in self._batch.remove(lambda r: r.finish_reason is not None):
             self._finish(r)
+        c.decode_s += forwarded - start
+        c.sample_s += time.perf_counter() - forwarded
 
     def _admit(self, group: list[GenerationRequest]) -> None:
         c = self.counters
@@ -477,7 +485,9 @@ class Engine:
         c.batches_run += 1
         c.joined_running += len(live) if self._batch.rows else 0
         first = len(self._batch.rows)
+        start = time.perf_counter()
         logits = self._batch.prefill(self.model, live)
+        c.prefill_s += time.perf_counter() - start
         c.max_batch_size_seen = max(c.max_batch_size_seen, len(self._batch.rows))
         self._sample_into(logits, first, live)
         # A row whose first token already stopped it leaves now: the decode step that follows

@@ -77,7 +77,14 @@ def server_launcher(
     if cfg.kind == "vllm":
         fields = {"vllm_python": str(vllm_venv_python())} if "{vllm_python}" in cfg.launch.command else {}
         launch = command_launcher(
-            cfg.launch.command, model_dir, cfg.launch.health_timeout_s, fields=fields, env=VLLM_SERVER_ENV, gpus_of=gpus_of, host=host
+            cfg.launch.command,
+            model_dir,
+            cfg.launch.health_timeout_s,
+            fields=fields,
+            env=VLLM_SERVER_ENV,
+            gpus_of=gpus_of,
+            host=host,
+            scratch_env="VLLM_RPC_BASE_PATH",
         )
         return launch, cfg.launch.count
     raise ValueError(f"engine.kind must be one of {KINDS}, got {cfg.kind!r}")

@@ -124,19 +124,24 @@ def launch_command(
     timeout_s: float = 900,
     fields: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
+    scratch_env: str | None = None,
 ) -> EngineProcess:
     """Start an inference server from a command template (``{python}``, ``{model}``, ``{host}``,
     ``{port}`` and the extra ``fields`` filled in; e.g. ``python -m sglang.launch_server
     --model-path {model} --port {port}``) in its own process group, with ``env`` added to this
-    process's environment, logging to ``log_path``, and wait until ``/health`` answers 200."""
+    process's environment, logging to ``log_path``, and wait until ``/health`` answers 200.
+    ``scratch_env``: a variable naming where the server keeps its own temp files (vLLM's
+    ``VLLM_RPC_BASE_PATH``, its ZeroMQ sockets), set to a folder removed when it stops."""
     fields = {"python": sys.executable, "model": model_path, "host": host, "port": port, **(fields or {})}
     try:
         cmd = shlex.split(template.format(**fields))
     except (KeyError, IndexError, ValueError) as e:
         names = ", ".join(f"{{{k}}}" for k in fields)
         raise ValueError(f"engine.launch.command {template!r}: only {names} can be filled in ({e!r})") from None
+    scratch = owned_temp_dir("engine") if scratch_env else None
+    env = {**(env or {}), scratch_env: scratch} if scratch_env and scratch else env
     popen = spawn(cmd, log_path, env={**os.environ, **env} if env else None)
-    return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path), cmd[0], timeout_s)
+    return wait_healthy(EngineProcess(popen, f"http://{host}:{port}", log_path, scratch_dir=scratch), cmd[0], timeout_s)
 
 
 def launch_embedded_engine(
@@ -250,11 +255,12 @@ def command_launcher(
     env: dict[str, str] | None = None,
     gpus_of: Callable[[int], list[int]] = lambda index: [],
     host: str = "127.0.0.1",
+    scratch_env: str | None = None,
 ) -> Launcher:
     """Any server started by a command template (``engine.launch``): SGLang's, or vLLM's
     (``areal.engine.fleet.server_launcher`` adds its fields and environment), its ``{host}`` filled
     in with ``host``. ``gpus_of(index)`` is server ``index``'s CUDA_VISIBLE_DEVICES (a restarted
-    server gets its predecessor's GPUs)."""
+    server gets its predecessor's GPUs); ``scratch_env`` as in ``launch_command``."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         gpus = gpus_of(index)
@@ -268,6 +274,7 @@ def command_launcher(
             timeout_s=health_timeout_s,
             fields=fields,
             env=env_i,
+            scratch_env=scratch_env,
         )
 
     return launch

@@ -4,12 +4,14 @@ The embedded model is tiny (3 layers, hidden 128), so a decode step costs the pe
 HF's module tree, its cache object and its mask builders, not FLOPs. ``LeanForward`` reads the
 same weights and does the same arithmetic in about 15 torch ops per layer:
 
-    x ─ rms_norm ─ linear [q|k|v|rot(q)|rot(k)] ─ RoPE (mul, addcmul) ─ index_copy_ k, v into cache
+    x ─ rms_norm ─ linear [q|k|v] ─ RoPE (mul, roll, addcmul) ─ index_copy_ k, v into cache
       ─ baddbmm(mask, q, K^T) ─ softmax ─ bmm(·, V) ─ addmm(x, ·, Wo^T)
       ─ rms_norm ─ linear [gate|up] ─ silu·up ─ addmm(x, ·, Wdown^T)
 
-- RoPE's ``rotate_half`` is a signed permutation of each head's outputs, so it is folded into the
-  fused projection as extra rows (``rot(q)``, ``rot(k)``): RoPE is then one mul and one addcmul.
+- RoPE's ``rotate_half`` is a signed swap of each head's halves: the swap is a ``roll`` by half a
+  head, the sign is folded into the sine table, so RoPE is one mul, one roll and one addcmul.
+  (Folding the rotation into the projection as extra weight rows saves the roll but adds 80% to
+  the q|k|v GEMM: a loss on SmolLM2, where decode at few rows is bound by reading the weights.)
 - The attention scale and the causal/length mask enter through ``baddbmm``'s alpha and input.
   Prefill (T > 1 tokens per row) uses SDPA instead, whose kernel never holds a T x L matrix.
 - Measured (benchmarks/engine.py, ``cpu_tokens_per_s_*_batch``, same engine and sampler): 1.7-2.2x
@@ -45,6 +47,7 @@ window, dynamic RoPE, q/k norms (Qwen3), MoE, quantised weights, anything else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +58,7 @@ LEAN_MODEL_TYPES = ("qwen2", "llama")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 INITIAL_CAPACITY = 256  # positions per slot allocated up front (grown by doubling when needed)
 INITIAL_ROWS = 4  # slots allocated up front (grown by doubling up to ``slots``)
+MIN_SHARED_PREFIX = 8  # shorter shared prefixes are prefilled with each row (not worth a pass)
 LEAN_DTYPES = (torch.float32, torch.bfloat16)  # the served dtype; the cache and RoPE tables follow it
 
 
@@ -77,13 +81,6 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     if any(p.dtype not in LEAN_DTYPES for p in model.parameters()):
         return f"parameters are not all one of {LEAN_DTYPES}"
     return None
-
-
-def _rotate_rows(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Rows of ``w`` (heads*head_dim, ...) mapped so that ``rot(w) @ h == rotate_half(w @ h)``."""
-    half = head_dim // 2
-    per_head = w.reshape(heads, head_dim, *w.shape[1:])
-    return torch.cat([-per_head[:, half:], per_head[:, :half]], dim=1).reshape(w.shape)
 
 
 def _residual(x: torch.Tensor, y: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -116,7 +113,10 @@ class LeanForward:
         emb = torch.cat([freqs, freqs], dim=-1)  # (context, head_dim)
         # as HF: computed in fp32, cast to the activations' dtype
         self.cos = (emb.cos() * rotary.attention_scaling).to(self.device, self.dtype)
-        self.sin = (emb.sin() * rotary.attention_scaling).to(self.device, self.dtype)
+        sin = emb.sin() * rotary.attention_scaling
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin | sin]: the sign lives in the table
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.device, self.dtype)
         self.rows_allocated = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
@@ -126,25 +126,18 @@ class LeanForward:
 
     def refresh(self) -> None:
         """Rebuild the fused projections from the model's current weights (after any update)."""
-        h, kv, d = self.heads, self.kv_heads, self.head_dim
         self.layers: list[dict[str, Any]] = []
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a, m = layer.self_attn, layer.mlp
-                ws = [
-                    a.q_proj.weight,
-                    a.k_proj.weight,
-                    a.v_proj.weight,
-                    _rotate_rows(a.q_proj.weight, h, d),
-                    _rotate_rows(a.k_proj.weight, kv, d),
-                ]
+                ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
                 biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
                 qkv_bias = None
                 if any(b is not None for b in biases):
                     q_b, k_b, v_b = (
                         b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for b, w in zip(biases, ws)
                     )
-                    qkv_bias = torch.cat([q_b, k_b, v_b, _rotate_rows(q_b, h, d), _rotate_rows(k_b, kv, d)])
+                    qkv_bias = torch.cat([q_b, k_b, v_b])
                 gu_bias = None
                 if m.gate_proj.bias is not None:
                     gu_bias = torch.cat([m.gate_proj.bias, m.up_proj.bias]).contiguous()
@@ -198,7 +191,11 @@ class LeanForward:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, last: torch.Tensor) -> torch.Tensor:
         """Run ``ids`` (n, T) at ``positions`` (n, T) for slots start..start+n, writing their K/V;
         returns the fp32 logits (n, V) of position ``last[b]`` (an index into T) of each row, on
-        the CPU (where sampling runs). The inputs may be on the CPU: they move to the model's device."""
+        the CPU (where sampling runs). The inputs may be on the CPU: they move to the model's device.
+
+        With T > 1 (prefill), positions past ``last[b]`` are right padding: they are left out of
+        every projection and MLP (the rows' real tokens are packed into one (N, D) batch) and
+        only enter attention as masked-out query rows; their cache positions are not written."""
         dev = self.device
         ids, positions, last = ids.to(dev), positions.to(dev), last.to(dev)
         n, t = ids.shape
@@ -206,30 +203,34 @@ class LeanForward:
         length = int(positions.max()) + 1
         self.reserve(start + n, length)
         cap = self.capacity
+        # Prefill packs the real tokens: ``real`` indexes the (n*T) grid, row-major (N,).
+        real = (torch.arange(t, device=dev)[None, :] <= last[:, None]).reshape(-1).nonzero().squeeze(1) if t > 1 else None
+        flat_pos = positions.reshape(-1) if real is None else positions.reshape(-1)[real]  # (N,)
         # Shared by every layer: RoPE rows, cache write indices, additive mask.
-        cos = self.cos[positions][:, :, None, :]  # (n, T, 1, d)
-        sin = self.sin[positions][:, :, None, :]
+        cos = self.cos[flat_pos][:, None, :]  # (N, 1, d)
+        sin = self.sin[flat_pos][:, None, :]
         slot = torch.arange(start, start + n, device=dev)[:, None, None]  # (n, 1, 1)
-        write = ((slot * kv + torch.arange(kv, device=dev)[None, None, :]) * cap + positions[:, :, None]).reshape(-1)  # (n*T*kv,)
+        write = ((slot * kv + torch.arange(kv, device=dev)[None, None, :]) * cap + positions[:, :, None]).reshape(n * t, kv)
+        write = (write if real is None else write[real]).reshape(-1)  # (N*kv,)
         visible = torch.arange(length, device=dev)[None, None, :] <= positions[:, :, None]  # (n, T, L)
         if t == 1:  # additive, one row per (row, kv head): baddbmm's input
             mask = torch.zeros(n, length, dtype=self.dtype, device=dev).masked_fill_(~visible[:, 0], float("-inf"))
             mask = mask[:, None, None, :].expand(n, kv, 1, length).reshape(n * kv, 1, length)
         else:
             mask = visible[:, None]  # (n, 1, T, L) boolean: SDPA's
-        x = F.embedding(ids.reshape(-1), self.embed)  # (n*T, D)
+        flat_ids = ids.reshape(-1) if real is None else ids.reshape(-1)[real]
+        x = F.embedding(flat_ids, self.embed)  # (N, D); N = n when decoding
         qk_width, v_width = (h + kv) * d, kv * d
         for p, k_cache, v_cache in zip(self.layers, self.keys, self.values):
             y = F.rms_norm(x, (x.shape[-1],), p["norm1"], self.eps)
-            proj = F.linear(y, p["qkv"], p["qkv_bias"])  # (n*T, [q|k|v|rot q|rot k])
-            qk = proj[:, :qk_width].view(n, t, h + kv, d)
-            rot = proj[:, qk_width + v_width :].view(n, t, h + kv, d)
-            qk = torch.addcmul(qk * cos, rot, sin)  # RoPE: x*cos + rotate_half(x)*sin
+            proj = F.linear(y, p["qkv"], p["qkv_bias"])  # (N, [q|k|v])
+            qk = proj[:, :qk_width].view(-1, h + kv, d)
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # RoPE: x*cos + rotate_half(x)*sin
             k_flat = k_cache.view(-1, d)
-            k_flat.index_copy_(0, write, qk[:, :, h:].reshape(-1, d))
+            k_flat.index_copy_(0, write, qk[:, h:].reshape(-1, d))
             v_cache.view(-1, d).index_copy_(0, write, proj[:, qk_width : qk_width + v_width].reshape(-1, d))
             if t == 1:  # decode: GQA as batched matmuls over (row, kv head), mask and scale fused in
-                q = qk[:, 0, :h].reshape(n * kv, g, d)
+                q = qk[:, :h].reshape(n * kv, g, d)
                 keys = k_cache[start : start + n].view(n * kv, cap, d)[:, :length]  # (n*kv, L, d)
                 vals = v_cache[start : start + n].view(n * kv, cap, d)[:, :length]
                 scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # (n*kv, g, L)
@@ -238,10 +239,11 @@ class LeanForward:
             else:  # prefill: SDPA's memory-bounded kernel (a T x L score matrix per head would not be)
                 keys = k_cache[start : start + n, :, :length]  # (n, kv, L, d)
                 vals = v_cache[start : start + n, :, :length]
+                q = qk.new_zeros(n * t, h, d).index_copy_(0, real, qk[:, :h])  # padded back to the grid
                 out = F.scaled_dot_product_attention(
-                    qk[:, :, :h].transpose(1, 2), keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=g > 1
+                    q.view(n, t, h, d).transpose(1, 2), keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=g > 1
                 )  # (n, H, T, d)
-                out = out.transpose(1, 2).reshape(n * t, h * d)
+                out = out.transpose(1, 2).reshape(n * t, h * d)[real]  # (N, H*d)
             x = _residual(x, out, p["o_t"], p["o_bias"])
             y = F.rms_norm(x, (x.shape[-1],), p["norm2"], self.eps)
             gu = F.linear(y, p["gu"], p["gu_bias"])  # (n*T, 2I)
@@ -249,7 +251,7 @@ class LeanForward:
             act = F.silu(gu[:, :inner]) * gu[:, inner:]
             x = _residual(x, act, p["down_t"], p["down_bias"])
         if t > 1:
-            x = x.view(n, t, -1)[torch.arange(n, device=dev), last]  # (n, D): only the positions that are sampled
+            x = x[(last + 1).cumsum(0) - 1]  # (n, D): each row's last real token, the one that is sampled
         x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
         return F.linear(x, self.lm_head, self.lm_bias).float().cpu()  # (n, V)
 
@@ -275,13 +277,25 @@ class SlotBatch:
         if len(self.rows) + len(rows) > self.lean.slots:
             raise ValueError(f"{len(self.rows)} + {len(rows)} rows exceed the {self.lean.slots} cache slots")
         seqs = [r.input_ids + r.output_ids for r in rows]
+        first = len(self.rows)
+        # A prefix every row shares (a system prompt, a chat template's header) is run once, in
+        # the first row's slot, and its K/V copied to the others; each row keeps >= 1 own token,
+        # whose logits are the ones sampled.
+        shared = len(os.path.commonprefix(seqs)) if len(seqs) > 1 else 0  # lists compare element-wise
+        shared = min(shared, min(len(s) for s in seqs) - 1)
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        else:
+            self.lean.reserve(first + len(rows), shared)
+            self.lean.forward(torch.tensor([seqs[0][:shared]]), torch.arange(shared)[None, :], first, torch.tensor([shared - 1]))
+            self.lean.move([first] * (len(rows) - 1), list(range(first + 1, first + len(rows))), shared)
         lengths = torch.tensor([len(s) for s in seqs])  # (b,)
-        width = int(lengths.max())
+        width = int(lengths.max()) - shared
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # (b, T); padding sits past each row's end
         for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-        positions = torch.arange(width)[None, :].expand(len(rows), width)
-        logits = self.lean.forward(ids, positions, len(self.rows), lengths - 1)
+            ids[i, : len(s) - shared] = torch.tensor(s[shared:])
+        positions = torch.arange(shared, shared + width)[None, :].expand(len(rows), width)
+        logits = self.lean.forward(ids, positions, first, lengths - shared - 1)
         self.rows += rows
         self.next_tok = torch.cat([self.next_tok, torch.zeros(len(rows), dtype=torch.long)])
         self.next_pos = torch.cat([self.next_pos, lengths])

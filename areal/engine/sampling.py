@@ -14,7 +14,9 @@ Invariants:
   seeded ``torch.Generator`` drawn in blocks), advanced once per token of that request only,
   so a seeded request samples the same tokens whatever shares its batch. One uniform per row
   instead of a Gumbel draw per vocabulary entry keeps sampling cheap at any vocabulary size; the
-  CDF is summed in float64 per row, so it does not depend on the batch either.
+  CDF is summed in float64 per row, so it does not depend on the batch either. It is searched
+  in two levels (``_inverse_cdf``): float64 sums of blocks of ``CDF_BLOCK`` tokens, then the
+  cumulative sum inside the one block the uniform falls in, so no (B, V) float64 tensor is built.
 
 - A constrained row (``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``: ``grammar.py``)
   is sampled from its masked logits, so its logprobs are those of the masked, renormalised
@@ -35,6 +37,7 @@ import torch
 GREEDY_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 MAX_STOP_STRINGS = 32
+CDF_BLOCK = 256  # tokens per block of the two-level inverse CDF
 CANDIDATES = 64  # tokens ranked before falling back to a full sort for top-k/top-p/min-p
 SUPPORTED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "sampling_seed", "n"}
 CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")  # at most one (grammar.py runs it)
@@ -225,6 +228,30 @@ def _truncated_probs(logprobs: torch.Tensor, params: list[SamplingParams], trunc
     return torch.where(rows[:, None], kept, logprobs.exp())
 
 
+def _inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """Per row b, the first token whose float64 CDF exceeds ``uniforms[b]`` x the row's mass (B,):
+    the block the target falls in from the blocks' float64 sums, then the token inside it. Never a
+    zero-mass token (its CDF equals its predecessor's); rounding between a block's sum and its
+    own cumulative sum is clamped to the block's last token with mass."""
+    b, vocab = probs.shape
+    nblocks = -(-vocab // CDF_BLOCK)
+    full = vocab // CDF_BLOCK * CDF_BLOCK
+    sums = probs[:, :full].reshape(b, -1, CDF_BLOCK).sum(-1, dtype=torch.float64)  # (B, full blocks)
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, dtype=torch.float64)[:, None]], dim=1)  # (B, nblocks)
+    block_cdf = sums.cumsum(-1)
+    target = torch.tensor(uniforms, dtype=torch.float64) * block_cdf[:, -1]  # (B,) in [0, mass)
+    block = torch.searchsorted(block_cdf, target[:, None], right=True).squeeze(1).clamp_(max=nblocks - 1)  # (B,)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
+    cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK)[None, :]  # (B, CDF_BLOCK)
+    inside = cols < vocab
+    local = probs.gather(1, cols.clamp(max=vocab - 1)).masked_fill(~inside, 0.0)  # (B, CDF_BLOCK)
+    cdf = before[:, None] + local.double().cumsum(-1)
+    j = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    last_with_mass = torch.where(local > 0, torch.arange(CDF_BLOCK)[None, :], 0).amax(-1)
+    return block * CDF_BLOCK + torch.minimum(j, last_with_mass)
+
+
 def sample_next(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], top_n: int = 0) -> Sampled:
     """Per-row sampling, vectorised over the batch. logits: (B, V) fp32; ``uniforms``: one draw
     in [0, 1) per row (``RowRandom.draw``), used by the rows that do not decode greedily."""
@@ -236,14 +263,11 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], uniforms: li
         choice = logits.argmax(dim=-1)
     else:
         scale = torch.tensor([1.0 if g else t for g, t in zip(greedy_rows, temps)])
-        logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)  # (B, V)
+        scaled = logits if all(t == 1.0 for t in scale.tolist()) else logits / scale[:, None]  # x / 1 == x
+        logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
         truncating = [p.top_p < 1 or p.top_k < vocab or p.min_p > 0 for p in params]
         probs = _truncated_probs(logprobs, params, truncating) if any(truncating) else logprobs.exp()
-        cdf = probs.double().cumsum(dim=-1)  # (B, V); truncated tokens add nothing
-        target = torch.tensor(uniforms, dtype=torch.float64) * cdf[:, -1]  # (B,) in [0, mass)
-        # First token whose CDF exceeds the target: never a zero-mass one (its CDF equals its
-        # predecessor's); clamped in case rounding put the target on the total mass.
-        sampled = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_(max=vocab - 1)
+        sampled = _inverse_cdf(probs, uniforms)
         choice = torch.where(torch.tensor(greedy_rows), logits.argmax(dim=-1), sampled) if any(greedy_rows) else sampled
     out = Sampled(choice.tolist(), logprobs.gather(1, choice[:, None]).squeeze(1).tolist())
     if top_n > 0:

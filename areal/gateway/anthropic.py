@@ -7,7 +7,13 @@
 ``system`` (a string or text blocks) becomes the system message; user content blocks become a
 user message, with each ``tool_result`` block a ``tool`` message placed before the user's text
 (Anthropic puts results first in the turn that answers the calls); assistant ``text``,
-``thinking`` and ``tool_use`` blocks fold into one assistant chat message. ``tools``
+``thinking`` and ``tool_use`` blocks fold into one assistant chat message. A final assistant
+message is a prefill: the reply continues its text and returns only the continuation
+(``assistant_turn``; trailing whitespace is a 400, as Anthropic answers; an empty one is dropped).
+``thinking`` turns the chat template's thinking switch on (enabled, adaptive) or off (disabled);
+a model without a switch takes only disabled, else a 400 naming ``thinking``; the model's
+reasoning comes back as ``thinking`` blocks (signature ""). ``budget_tokens`` is checked as
+Anthropic checks it (>= 1024, < max_tokens) but does not cap the thinking: ``max_tokens`` bounds it. ``tools``
 (``name``/``description``/``input_schema``) become chat function tools and parsed tool calls come
 back as ``tool_use`` blocks whose ``input`` is the model's JSON arguments.
 
@@ -32,8 +38,9 @@ Invariants:
   content_block_stop, then message_delta (stop reason, usage) and message_stop.
 
 Not covered: images, documents, citations, server tools (bash, web search, code execution),
-prompt caching (``cache_control`` is accepted on blocks and has no effect), extended thinking
-budgets (``thinking`` other than disabled is a 400).
+prompt caching (``cache_control`` is accepted on blocks and has no effect), a thinking budget as
+a cap (``budget_tokens`` is validated, not enforced), thinking signatures (always ""), a prefill
+on a chat template whose assistant turn does not follow its generation prompt (a 400).
 """
 
 from __future__ import annotations
@@ -62,9 +69,10 @@ _HONOURED = {
     "stream",
     "tools",
     "tool_choice",
+    "thinking",
 } | contract.EXTENSION_FIELDS
-# Accepted without effect on what is sampled; thinking is checked below.
-_NEUTRAL = {"metadata", "service_tier", "thinking", "cache_control", "inference_geo", "speed"}
+# Accepted without effect on what is sampled.
+_NEUTRAL = {"metadata", "service_tier", "cache_control", "inference_geo", "speed"}
 # What /v1/messages/count_tokens reads (it renders the prompt only) and accepts without effect.
 _COUNTED = {"model", "messages", "system", "tools", "tool_choice", "chat_template_kwargs", "thinking", "cache_control", "speed"}
 _ERROR_KINDS = {
@@ -90,13 +98,29 @@ def error_body(status: int, message: str, kind: str) -> dict:
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
-    """A 400 naming the first field of ``body`` not in ``allowed``, or a ``thinking`` budget."""
+    """A 400 naming the first field of ``body`` not in ``allowed``."""
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise RequestError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
-    thinking = body.get("thinking")
-    if thinking is not None and thinking != {"type": "disabled"}:
-        raise RequestError(400, "thinking budgets are not supported; the model thinks as it was trained to", param="thinking")
+
+
+def _thinking_effort(thinking: Any, max_tokens: int | None) -> str | None:
+    """``thinking`` in OpenAI's effort words (``assistant_turn`` maps them on the template's
+    switch): disabled is "none", enabled (its ``budget_tokens`` checked as Anthropic checks it, at
+    least 1,024 and below ``max_tokens``, but not enforced) and adaptive are "medium"."""
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled" and set(thinking) == {"type"}:
+        return "none"
+    if kind == "adaptive" and set(thinking) == {"type"}:
+        return "medium"
+    if kind == "enabled" and set(thinking) == {"type", "budget_tokens"}:
+        contract.check_number("thinking.budget_tokens", thinking["budget_tokens"], 1024, 1 << 31, integer=True)
+        if max_tokens is not None and thinking["budget_tokens"] >= max_tokens:
+            raise RequestError(400, "thinking.budget_tokens must be less than max_tokens", param="thinking.budget_tokens")
+        return "medium"
+    raise RequestError(400, "thinking must be {type: disabled}, {type: adaptive} or {type: enabled, budget_tokens: N}", param="thinking")
 
 
 def request_to_turn(body: dict) -> Turn:
@@ -118,7 +142,7 @@ def request_to_turn(body: dict) -> Turn:
     sampling = Sampling(
         max_tokens=body["max_tokens"], temperature=temperature, top_p=top_p, stop=list(stops), **contract.sampling_extensions(body)
     )
-    return _prompt_turn(body, sampling)
+    return _prompt_turn(body, sampling, body["max_tokens"])
 
 
 def count_tokens_turn(body: dict) -> Turn:
@@ -128,12 +152,38 @@ def count_tokens_turn(body: dict) -> Turn:
     return _prompt_turn(body, Sampling(max_tokens=1))
 
 
-def _prompt_turn(body: dict, sampling: Sampling) -> Turn:
-    """The Turn of what a body puts in the prompt (system, messages, tools, tool_choice, template kwargs)."""
+def _prompt_turn(body: dict, sampling: Sampling, max_tokens: int | None = None) -> Turn:
+    """The Turn of what a body puts in the prompt (system, messages, tools, tool_choice, thinking,
+    template kwargs, a prefill)."""
     messages = _system_messages(body.get("system")) + _chat_messages(body.get("messages"))
     tools = _convert_tools(body.get("tools"))
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
-    return Turn(messages, sampling, tools, tool_choice, chat_template_kwargs=body.get("chat_template_kwargs"))
+    return Turn(
+        messages,
+        sampling,
+        tools,
+        tool_choice,
+        chat_template_kwargs=body.get("chat_template_kwargs"),
+        continue_final=_prefill(messages, len(body["messages"]) - 1),
+        reasoning_effort=_thinking_effort(body.get("thinking"), max_tokens),
+        reasoning_param="thinking",
+    )
+
+
+def _prefill(messages: list[dict], last: int) -> bool:
+    """Whether the conversation ends in an assistant message the reply continues (Anthropic's
+    prefill; an empty one is dropped, in place: the reply starts the turn). Its text may not end
+    in whitespace (Anthropic's rule: a token boundary there would be the prompt's, not the model's)."""
+    final = messages[-1]
+    if final["role"] != "assistant":
+        return False
+    if not final["content"] and not final.get("tool_calls") and "reasoning_content" not in final:
+        messages.pop()
+        return False
+    if final["content"] and final["content"] != final["content"].rstrip():
+        at = f"messages[{last}].content"
+        raise RequestError(400, f"{at}: final assistant content cannot end with trailing whitespace", param=at)
+    return True
 
 
 def _system_messages(system: Any) -> list[dict]:
@@ -267,7 +317,7 @@ def content_blocks(choice: Choice) -> list[dict]:
     if parsed.content or not parsed.tool_calls:
         blocks.append({"type": "text", "text": parsed.content})
     for tc in parsed.tool_calls:
-        blocks.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc.arguments)})
+        blocks.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc.arguments), "caller": {"type": "direct"}})
     return blocks
 
 
@@ -412,7 +462,7 @@ class MessageEvents:
         frames += self._close()
         for tc in parsed.tool_calls:
             self.index += 1
-            start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}
+            start = {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}, "caller": {"type": "direct"}}
             frames.append(sse_event({"type": "content_block_start", "index": self.index, "content_block": start}))
             frames.append(
                 sse_event(

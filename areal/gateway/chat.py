@@ -6,7 +6,12 @@ seed (engine ``sampling_seed``; choice i gets seed + i), stop, n, logprobs, tool
 forced tool-call opening after the prompt, see ``core``; a name not in tools is a 400),
 parallel_tool_calls (true: every parsed call is returned), stream, stream_options.include_usage,
 response_format ("text", "json_object", "json_schema" strict or not: the reply is decoded under
-the schema, ``structured``; with tools under "auto" it is that JSON or one tool call).
+the schema, ``structured``; with tools under "auto" it is that JSON or one tool call),
+reasoning_effort (on the chat template's thinking switch: "none" / "minimal" off, others on; a
+model without one takes only "none", anything else is a 400 with code ``unsupported_parameter``;
+the model's reasoning comes back as ``reasoning_content``), and vLLM's / SGLang's extension
+``continue_final_message`` (true: the reply continues the last message, an assistant one; its
+content is only the continuation), both ``assistant_turn``.
 Accepted and deliberately ignored, because they change no token: user, metadata, store,
 service_tier, and penalties at their no-op value (0).
 Anything else, or a value that cannot be honoured (top_logprobs without logprobs, tool_choice
@@ -30,7 +35,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import EXTENSION_FIELDS, Choice, ChoiceDelta, Reply, RequestError, Sampling, Turn, new_id, sampling_extensions
+from areal.gateway.contract import (
+    EXTENSION_FIELDS,
+    Choice,
+    ChoiceDelta,
+    Reply,
+    RequestError,
+    Sampling,
+    Turn,
+    new_id,
+    reasoning_effort,
+    sampling_extensions,
+)
 from areal.gateway.structured import chat_response_schema
 
 if TYPE_CHECKING:
@@ -54,6 +70,8 @@ _HONOURED = {
     "stream",
     "stream_options",
     "response_format",
+    "reasoning_effort",
+    "continue_final_message",
 } | EXTENSION_FIELDS
 _NEUTRAL = {"user", "metadata", "store", "service_tier"}
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -71,7 +89,7 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
                 raise RequestError(400, f"{key}={value!r} is not supported by this gateway", param=key)
         elif key not in _HONOURED and key not in _NEUTRAL:
             raise RequestError(400, f"unsupported parameter: {key}", param=key)
-    for key in ("stream", "logprobs", "parallel_tool_calls"):
+    for key in ("stream", "logprobs", "parallel_tool_calls", "continue_final_message"):
         if not isinstance(body.get(key, False), bool):
             raise RequestError(400, f"{key} must be a boolean", param=key)
     if body.get("parallel_tool_calls") is False:
@@ -100,6 +118,8 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
         tool_choice=body.get("tool_choice"),
         chat_template_kwargs=body.get("chat_template_kwargs"),
         response_schema=chat_response_schema(body.get("response_format")),
+        continue_final=bool(body.get("continue_final_message")),
+        reasoning_effort=reasoning_effort(body.get("reasoning_effort"), "reasoning_effort"),
     )
 
 

@@ -6,7 +6,8 @@ stream), and answers with a ``Reply``. Bad input raises ``RequestError``; the co
 the API's own error shape. What every front-end checks alike: ``check_number`` (a parameter's
 range; the core's too), ``string_field``, ``named_tools`` (the request's tools, each named) and
 ``EXTENSION_FIELDS`` (the sampling extensions a body may carry, ``sampling_extensions``),
-``as_system`` (a ``developer`` message as a system one) and ``context_exceeded`` (the 400 of a
+``as_system`` (a ``developer`` message as a system one), ``reasoning_effort`` (OpenAI's effort
+vocabulary, which the Anthropic front-end maps its ``thinking`` onto) and ``context_exceeded`` (the 400 of a
 prompt that does not fit, with OpenAI's ``context_length_exceeded`` code).
 """
 
@@ -41,6 +42,17 @@ class RequestError(Exception):
 def context_exceeded(message: str) -> RequestError:
     """The 400 of a prompt that does not fit the context, with OpenAI's code for it."""
     return RequestError(400, message, param="messages", code="context_length_exceeded")
+
+
+# OpenAI's reasoning efforts (chat's reasoning_effort, Responses' reasoning.effort), least first
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def reasoning_effort(value: Any, param: str) -> str | None:
+    """A request's reasoning effort: None (unset) or one of ``REASONING_EFFORTS``, else a 400 naming ``param``."""
+    if value is not None and value not in REASONING_EFFORTS:
+        raise RequestError(400, f"{param} must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}", param=param, code="invalid_value")
+    return value
 
 
 def as_system(message: dict) -> dict:
@@ -125,6 +137,13 @@ class Turn(msgspec.Struct):
     # free text), and the request field that named it (for the errors): ``structured``
     response_schema: dict | None = None
     response_schema_param: str = "response_format"
+    # the last message is an assistant turn the reply continues (Anthropic's prefill, chat's
+    # continue_final_message): ``assistant_turn``
+    continue_final: bool = False
+    # how much the model should reason, in OpenAI's words (``REASONING_EFFORTS``; None: not asked),
+    # and the request field that asked: mapped to the chat template's thinking switch (``assistant_turn``)
+    reasoning_effort: str | None = None
+    reasoning_param: str = "reasoning_effort"
 
 
 class TokenLogprob(msgspec.Struct):

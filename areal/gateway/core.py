@@ -38,6 +38,10 @@ forced text + the sampled text. A named function not in ``tools`` is a 400. A re
 (``response_format``, Responses' ``text.format``) is a constraint of the same kind
 (``structured``), sent as SGLang's ``json_schema`` / ``structural_tag`` sampling params.
 
+A prefill (the last message an assistant turn to continue) and a reasoning effort (on the
+template's thinking switch) are ``assistant_turn``'s: a prefill's turn is written after the
+prompt like a forced opening, recorded as prompt, but neither parsed nor returned.
+
 ``tool_choice`` "none" renders the prompt without the request's tools (the model is not offered
 what it may not call; vLLM's default too) and parses no calls.
 
@@ -70,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway import families, tree
+from areal.gateway.assistant_turn import apply_reasoning, check_prefill, continuation, history, leaves_reasoning_open
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn, context_exceeded
 from areal.gateway.generation import (
     all_or_none,
@@ -269,6 +274,7 @@ class Gateway:
         self.decode_text = families.text_decoder(tokenizer, self.config.tool_parser, self.config.reasoning_parser)
         self.doors: list[Door] = []  # the ZeroMQ ROUTERs serving this gateway (server.serve_zmq), for metrics
         self.online: Any = None  # a run's external sessions (areal/controller/online.py): its /rl/ routes
+        self.branching: Any = None  # a BranchConfig: where episodes branch (areal/gateway/branching.py); None: never
         self._n_calls = 0
         self._next_sweep = 0.0
         self._tokenize_pool: ThreadPoolExecutor | None = None  # started at the first large text
@@ -354,7 +360,7 @@ class Gateway:
         if fit and type(s.max_tokens) is int:
             s.max_tokens = min(s.max_tokens, self.config.max_tokens_cap)
         tools = self._validate(turn)
-        plan = self.prompts.plan(session.index, session.interactions, turn.messages, tools, turn.chat_template_kwargs)
+        plan = self.prompts.plan(session.index, session.interactions, history(turn), tools, turn.chat_template_kwargs)
         floor = plan.known + self.prompts.min_tokens(plan.text)
         if floor + (1 if fit else s.max_tokens) > context:
             raise context_exceeded(
@@ -364,7 +370,9 @@ class Gateway:
             )
         tail = await self._tokenize(session, plan.text) if plan.text else []
         forced = forced_text(turn, self.config)
-        forced_ids = self.prompts.encode(forced) if forced else []
+        # what the gateway writes after the prompt: a forced tool-call opening, or a prefill's turn (assistant_turn)
+        written = continuation(self.prompts, turn, tools) if turn.continue_final else forced
+        forced_ids = self.prompts.encode(written) if written else []
         size = plan.known + len(tail) + len(forced_ids)
         if fit and size < context:
             s.max_tokens = min(s.max_tokens, context - size)
@@ -372,8 +380,10 @@ class Gateway:
         # or expired meanwhile has had its entries released already)
         keep = size + s.max_tokens <= context and self.sessions.get(session.key) is session
         prompt = self.prompts.finish(plan, tail, session.index, cache=keep)
-        if forced:  # not sampled: recorded as prompt (loss mask 0), so a follow-up extends it exactly
+        if written:  # not sampled: recorded as prompt (loss mask 0), so a follow-up extends it exactly
             prompt.ids = prompt.ids + forced_ids  # a new list: finish's may be cached
+        if turn.continue_final:
+            prompt.reasoning_open = leaves_reasoning_open(prompt.reasoning_open, written)
         if len(prompt.ids) + s.max_tokens > context:
             raise context_exceeded(
                 f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}"
@@ -394,19 +404,23 @@ class Gateway:
 
     def _validate(self, turn: Turn) -> list[dict] | None:
         """Validate ``turn`` (``validate_turn``: in place, ``developer`` messages become system
-        ones where the chat template has no developer branch) and return the tools its prompt
-        offers: none under ``tool_choice`` "none", so the model is not shown what it may not call."""
+        ones where the chat template has no developer branch; a reasoning effort becomes the
+        template's thinking switch, a prefill is checked: ``assistant_turn``) and return the tools
+        its prompt offers: none under ``tool_choice`` "none", so the model is not shown what it may not call."""
         tools = None if turn.tool_choice == "none" else turn.tools
         validate_turn(turn, self.config, renders_developer=self.prompts.template.renders_developer[bool(tools)])
+        check_prefill(turn)
+        apply_reasoning(turn, self.prompts.template.thinking_switch[bool(tools)])
         return tools
 
     async def count_prompt_tokens(self, session: Session, turn: Turn) -> int:
         """The prompt ids a completion of ``turn`` would send: a full render of its messages and
-        tools, plus a forced tool-call opening (``usage``'s prompt tokens count it too). Nothing
-        is recorded and the session's prompt index is untouched (no parent matched, no drift)."""
+        tools, plus a forced tool-call opening or a prefill's turn (``usage``'s prompt tokens count
+        them too). Nothing is recorded and the session's prompt index is untouched (no parent
+        matched, no drift)."""
         tools = self._validate(turn)
-        text = self.prompts.full_text(turn.messages, tools, turn.chat_template_kwargs)
-        forced = forced_text(turn, self.config)
+        text = self.prompts.full_text(history(turn), tools, turn.chat_template_kwargs)
+        forced = continuation(self.prompts, turn, tools) if turn.continue_final else forced_text(turn, self.config)
         return len(await self._tokenize(session, text)) + (len(self.prompts.encode(forced)) if forced else 0)
 
     async def _tokenize(self, session: Session, text: str) -> list[int]:

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from areal.gateway.assistant_turn import prefill_text
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, as_system, check_number, new_id
 from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output, takes_no_arguments
 from areal.gateway.render import Prompt
@@ -276,9 +277,9 @@ def record_choice(
         max_tokens=turn.sampling.max_tokens if type(turn.sampling.max_tokens) is int else 0,
     )
     session.interactions[inter.id] = inter
-    reply = {
+    reply = {  # what a follow-up call sends back: a prefill joined to its continuation (assistant_turn)
         "role": "assistant",
-        "content": parsed.content,
+        "content": prefill_text(turn) + parsed.content,
         "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls],
     }
     gateway.prompts.record(session.index, prompt, inter, reply)

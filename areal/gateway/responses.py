@@ -22,7 +22,11 @@ Invariants:
 - A parameter this gateway cannot honour is a 400 naming it, never a silent ignore. Accepted
   without effect (they change nothing the gateway computes): ``model``, ``user``, ``metadata``,
   ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``background=false``,
-  ``truncation="disabled"``, ``reasoning`` of null, ``include`` of an empty list. A function
+  ``truncation="disabled"``, ``include`` of an empty list.
+- ``reasoning.effort`` is mapped to the chat template's thinking switch (``assistant_turn``:
+  "none" / "minimal" off, others on; a model without one takes only "none", anything else is a
+  400 with code ``unsupported_parameter``); the model's reasoning comes back as a ``reasoning``
+  item. ``reasoning.summary`` other than null is a 400: no summary is written. A function
   tool's ``strict`` flag is accepted; its arguments are constrained to its schema only when
   ``tool_choice`` forces a call (``structured``).
 - ``text.format`` ("text", "json_object", "json_schema" strict or not) is honoured by decoding
@@ -35,8 +39,12 @@ Invariants:
   is optional, not nullable); every ``usage`` has its ``input_tokens_details`` /
   ``output_tokens_details``.
 
+Past 600 lines because one API's request translation, reply body and stream events belong
+together: each changes with the others when the API does.
+
 Not covered: built-in tools (web search, file search, computer use), images and files,
-``conversation`` objects, ``text.verbosity``, retrieving or deleting stored responses by id.
+``conversation`` objects, ``text.verbosity``, retrieving or deleting stored responses by id,
+reasoning summaries, a prefill (a last ``input`` item of the assistant starts a new turn).
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ _HONOURED = {
     "store",
     "parallel_tool_calls",
     "top_logprobs",
+    "reasoning",
 } | contract.EXTENSION_FIELDS
 _NEUTRAL = {
     "model",
@@ -79,7 +88,6 @@ _NEUTRAL = {
     "background",
     "truncation",
     "text",
-    "reasoning",
     "include",
     "stream_options",
 }
@@ -135,6 +143,8 @@ def request_to_turn(body: dict, default_max_tokens: int, history: list[dict] | N
         chat_template_kwargs=body.get("chat_template_kwargs"),
         response_schema=responses_text_schema(body.get("text")),
         response_schema_param="text.format",
+        reasoning_effort=contract.reasoning_effort((body.get("reasoning") or {}).get("effort"), "reasoning.effort"),
+        reasoning_param="reasoning.effort",
     )
 
 
@@ -148,8 +158,12 @@ def _check_parameters(body: dict) -> None:
         raise RequestError(400, "background responses are not supported", param="background")
     if body.get("truncation") not in (None, "disabled"):
         raise RequestError(400, "only truncation='disabled' is supported", param="truncation")
-    if body.get("reasoning") is not None:
-        raise RequestError(400, "reasoning options are not supported", param="reasoning")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and (not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}):
+        raise RequestError(400, "reasoning must be an object of effort (and a null summary)", param="reasoning")
+    for key in ("summary", "generate_summary"):
+        if (reasoning or {}).get(key) is not None:
+            raise RequestError(400, f"reasoning.{key}: no summary is written; the reasoning comes back whole", param=f"reasoning.{key}")
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or set(include) - {"message.output_text.logprobs"}):
         raise RequestError(400, "include may only hold 'message.output_text.logprobs'", param="include")
@@ -354,7 +368,7 @@ def _response_tool_choice(choice: Any) -> Any:
 def usage_of(choice: Choice) -> dict:
     return {
         "input_tokens": choice.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": choice.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": choice.prompt_tokens + choice.completion_tokens,

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from areal.engine.client import EngineError, EngineUnavailable
-from areal.gateway import anthropic, chat, responses
+from areal.gateway import anthropic, branching, chat, responses
 from areal.gateway.contract import Reply, RequestError
 from areal.protocol import GatewayRequest
 
@@ -115,8 +115,9 @@ async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
     if handler is not None:
         if req.method != "POST":
             raise RequestError(405, f"{path} takes POST, not {req.method}", kind="invalid_request_error")
-        session = _session(gateway, req)
-        return await handler(gateway, session, json_object(req.body))
+        session, body = _session(gateway, req), json_object(req.body)
+        order = branching.intercept(gateway, session, path, req.headers, body)  # None unless a branch point (off by default)
+        return order if order is not None else await handler(gateway, session, body)
     match (req.method, path):
         case ("GET", "/health"):
             return Reply(status=200, body={"status": "ok"})

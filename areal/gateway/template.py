@@ -41,6 +41,9 @@ to describe its tools in the system prompt, and the request's ``tools`` still tu
 ``renders_developer`` (per kind of request) says whether the template has a branch for the
 ``developer`` role (it names it, and a probe's developer text reaches the render); where it has
 none, the core hands it developer messages as system ones rather than let it drop them.
+``thinking_switch`` (per kind of request) names the keyword argument that turns its reasoning on
+and off (``enable_thinking``, ``thinking``) or sets its effort (``reasoning_effort``), if any: the
+core maps a request's reasoning effort onto it (``assistant_turn``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ from jinja2 import TemplateError
 from areal.gateway.contract import RequestError
 
 THINK_OPEN = "<think>"
+# a chat template's reasoning switch, by the keyword argument it reads: on/off (Qwen3, GLM, SmolLM3,
+# DeepSeek-V3.1; Granite's ``thinking``), or the effort itself (GPT-OSS: low | medium | high)
+THINKING_SWITCHES = ("enable_thinking", "thinking", "reasoning_effort")
 # What a template raises on messages it refuses: raise_exception's TemplateError, and the filters'
 # TypeError / ValueError (``str + none``, ``items`` of a string): a 400, not a server error.
 TEMPLATE_ERRORS = (TemplateError, TypeError, ValueError, KeyError, IndexError)
@@ -140,6 +146,8 @@ class ChatTemplate:
         self.renders_tools = self._shows([{"role": "user", "content": "u"}], _SHOWN_TOOLS, True)
         self.renders_calls = {has: self._shows(_SHOWN_CALL, _SHOWN_TOOLS if has else None, False) for has in (False, True)}
         self.renders_developer = {has: self._renders_developer(has) for has in (False, True)}
+        # the keyword argument that turns reasoning on and off (``thinking_switch``), per kind of request
+        self.thinking_switch = {has: thinking_switch(self.sources[has]) for has in (False, True)}
 
     def _own_source(self, tools: bool) -> str | None:
         try:
@@ -273,6 +281,23 @@ class ChatTemplate:
             self.tools_cache[key] = plain
             self._tools_cache_bytes += len(key)
         return plain
+
+
+def thinking_switch(source: str | None) -> str | None:
+    """The keyword argument of ``source`` that switches the model's reasoning, or None: the first of
+    ``THINKING_SWITCHES`` the template reads from its context (a variable it never sets itself,
+    found in its syntax tree, not its text: ``message.thinking`` is no switch). ``enable_thinking``
+    comes first: DeepSeek-V3.1's template reads it as an alias of its own ``thinking``."""
+    if not source:
+        return None
+    try:
+        from jinja2 import meta
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        names = meta.find_undeclared_variables(_compile_jinja_template(source).environment.parse(source))
+    except (ImportError, AttributeError, TemplateError):  # another transformers, or a template it cannot parse: no switch known
+        return None
+    return next((name for name in THINKING_SWITCHES if name in names), None)
 
 
 def check_template_kwargs(kwargs: Any) -> None:

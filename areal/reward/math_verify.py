@@ -170,6 +170,10 @@ def _warm_up() -> None:
         pass
     math_equal("so the answer is \\boxed{\\frac{1}{2}}", "0.5")
     answers_equal("1/2", "x/2")
+    # parts of sympy that it imports at their first use, reached by a root and by a tuple: imported
+    # here, or every episode whose answer reaches them imports them again (the sandbox's preload hint)
+    math_equal("\\boxed{\\sqrt{2}}", "42")
+    math_equal("\\boxed{(1,2)}", "42")
 
 
 _warm_up()

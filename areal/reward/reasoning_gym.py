@@ -10,7 +10,8 @@ reasoning-gym's own training code takes it, from the last ``<answer>`` tag, whic
 system prompt (the rows' system message) asks for; a reply without one is scored as ``None``
 (most scorers give 0, some a small format score). A scorer that raises on the answer it was
 given (prime_factorization's ``int()`` of a non-number) scores it 0.0: a malformed answer is a
-wrong answer, the policy's mistake, not a failed episode.
+wrong answer, the policy's mistake, not a failed episode. A scorer that gives something other than
+a finite number is the task's defect: a ``ValueError`` naming the task (the episode's error).
 
 The run selects it on its own when its rows are reasoning-gym tasks, ``reward=`` is empty and
 the agent returns no reward (areal/controller/problems.py: ``run_reward``). It runs in the
@@ -23,6 +24,8 @@ Signature: AReaL's, ``fn(prompt, completions, prompt_ids, completion_ids, **row)
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from areal.tasks.reasoning_gym import import_reasoning_gym, scorer
@@ -52,9 +55,12 @@ def reasoning_gym_reward(
     if completions is None:
         raise TypeError("reasoning_gym_reward needs the reply as `completions`")
     entry = {"question": question, "answer": answer, "metadata": metadata}
-    score, given = scorer(metadata["source_dataset"], task_config or {}), final_answer(completions)
+    task = metadata["source_dataset"]
+    score, given = scorer(task, task_config or {}), final_answer(completions)
     try:
         value = score(given, entry)
     except Exception:  # the scorer could not parse the model's answer: a wrong answer (module docstring)
         return 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"the scorer of reasoning-gym task {task!r} gave {value!r:.80} for the answer {given!r:.80}, not a finite number")
     return float(value)

@@ -64,7 +64,7 @@ from typing import Any
 PREFIX = "reasoning-gym:"
 HELD_OUT_BUCKETS = 4  # one question-hash bucket in four is held-out (the rest: train)
 HELD_OUT_SEED_OFFSET = 1_000_003  # the held-out composite's seed: the run's seed + this
-INSTALL = "pip install 'areal-lite[reasoning-gym]' (or pip install reasoning-gym; make installs it from requirements.lock)"
+INSTALL = "pip install 'areal-lite[envs]' (or pip install reasoning-gym==0.1.25; make installs it from requirements.lock)"
 RESERVED = ("size", "seed")  # set by the run (data.*_size, seed), never by the spec
 
 

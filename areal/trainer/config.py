@@ -105,9 +105,12 @@ class TrainerConfig:
     max_grad_norm: float = 1.0  # global grad-norm clip
     weight_decay: float = 0.0  # AdamW weight decay
     threads: int = 1  # torch.set_num_threads per rank
-    # Tokens packed into one forward pass; a longer row gets a batch of its own. Packed attention
-    # is masked, not varlen, on CPU, so its cost grows with the square of this.
+    # Tokens packed into one forward pass; a longer row gets a batch of its own. With
+    # varlen_attention off, packed attention is one masked SDPA whose cost grows with the square of this.
     micro_batch_tokens: int = 1024
+    # Attention of a packed micro-batch row by row (causal SDPA per row, areal/trainer/packing.py)
+    # instead of one SDPA masked block-diagonally over all of it; false: transformers' own.
+    varlen_attention: bool = True
     loss: str = "grpo"  # "grpo": clip against the behaviour policy; "ppo": decoupled (proximal recomputed)
     minibatches: int = 1  # optimizer updates per step (groups split evenly); > 1 makes ppo recompute proximal logprobs
     dual_clip: float | None = None  # dual-clip bound c > 1 for negative advantages (None: off)
@@ -197,6 +200,8 @@ class TrainerConfig:
         t = self.collective_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
             raise ValueError(f"trainer.collective_timeout_s must be > 0 seconds, or None (torch's default), got {t!r}")
+        if not isinstance(self.varlen_attention, bool):
+            raise ValueError(f"trainer.varlen_attention must be true or false, got {self.varlen_attention!r}")
         self._one_of("lr_scheduler", LR_SCHEDULERS)
         updates = self.steps * self.minibatches
         if not _is_int(self.warmup_steps) or not 0 <= self.warmup_steps <= updates:

@@ -54,6 +54,19 @@ leave-one-out centring is ``n / (n - 1) (G - mean)`` and its RMS ``n / (n - 1) s
 runs do not change. A row whose return equals every return its baseline averages (a group that
 took one path), and a group of one, get advantage 0 exactly.
 
+Branch points (``branched_turn_advantages``; docs/branching.md). An episode branched at a call
+(sandbox/branch.py) is one tree: its shared prefix rows once, and under the fork row (the last
+prefix call) one subtree per branch. ``tree_returns`` already credits the prefix with the mean
+of the branches' returns. A row under a fork takes its baseline from its *sibling* subtrees
+(``fork_baselines``): the leave-one-out mean, over the other branches, of their mean return at
+its depth (where no other branch reached it, the other branches' first rows). Siblings start
+from one state and are sampled independently of each other, so this baseline does not depend
+on the row's own actions and the estimate stays unbiased, while it compares like with like.
+Rows above the fork keep the group's baseline. Only forks named by the caller count: a row
+with several children because the agent rewrote its history is not a branch point (its
+children are not independent samples). tests/unit/trainer/test_credit.py computes the exact
+expected gradient of a small tree.
+
 Not covered: a learned critic (value per state rather than per depth); per-token rewards.
 """
 
@@ -154,7 +167,56 @@ def turn_advantages(returns: list[np.ndarray], depths: list[list[int]], group_id
     signal, no noise: round-off divided by eps would be noise). Returns float32 tensors
     (float64 math: a float32 square overflows from returns of about 1.8e19 on).
     """
+    return _normalised(returns, turn_baselines(returns, depths, group_ids), group_ids, eps)
+
+
+def fork_baselines(returns: np.ndarray, parents: list[int], forks: list[int]) -> np.ndarray:
+    """Each row's baseline from its sibling subtrees under the nearest fork above it (a row of
+    ``forks``, whose children are branches of one branch point); NaN for rows under no fork.
+
+    returns: (K,) one episode's row returns; parents: its K parent rows. (K,) float64.
+    """
+    depths = tree_depths(parents)
+    fork_set = set(forks)
+    branch = [-1] * len(parents)  # the child of the nearest fork whose subtree holds the row
+    for k, p in enumerate(parents):
+        branch[k] = k if p in fork_set else (branch[p] if p >= 0 else -1)
+    by_branch: dict[int, dict[int, list[float]]] = {}
+    for k, b in enumerate(branch):
+        if b >= 0:
+            by_branch.setdefault(b, {}).setdefault(depths[k], []).append(float(returns[k]))
+    out = np.full(len(parents), np.nan)
+    for k, b in enumerate(branch):
+        if b < 0:
+            continue
+        siblings = [c for c in by_branch if c != b and parents[c] == parents[b]]
+        vals = [_mean(by_branch[c][depths[k]]) for c in siblings if depths[k] in by_branch[c]]
+        vals = vals or [_mean(by_branch[c][depths[c]]) for c in siblings]
+        if vals:
+            out[k] = _mean(vals)
+    return out
+
+
+def branched_turn_advantages(
+    returns: list[np.ndarray],
+    depths: list[list[int]],
+    parents: list[list[int]],
+    forks: list[list[int]],
+    group_ids: list[str],
+    eps: float = 1e-6,
+) -> list[torch.Tensor]:
+    """``turn_advantages`` where the rows under a branch point take their baseline from their
+    siblings (``fork_baselines``); ``forks``: each episode's fork rows ([] for one not branched)."""
     base = turn_baselines(returns, depths, group_ids)
+    for i, (g, p, f) in enumerate(zip(returns, parents, forks)):
+        if f:
+            sib = fork_baselines(g, p, f)
+            base[i] = np.where(np.isnan(sib), base[i], sib)
+    return _normalised(returns, base, group_ids, eps)
+
+
+def _normalised(returns: list[np.ndarray], base: list[np.ndarray], group_ids: list[str], eps: float) -> list[torch.Tensor]:
+    """``(G - b) / (rms_group + eps)`` as ``turn_advantages`` says."""
     centred = []
     for g, b in zip(returns, base):
         centred.append(np.where(np.isnan(b), 0.0, g - np.nan_to_num(b)))

@@ -16,6 +16,13 @@ Invariants:
 - ``PolicyScorer`` never builds (tokens, vocab) logits: the lm head is applied in chunks inside
   ``areal.trainer.loss.head_logprobs``. It is an ``nn.Module`` so that DDP can wrap it (DDP only
   all-reduces gradients of forwards that go through its own ``__call__``).
+- Varlen attention (``PolicyScorer(varlen=True)``, ``trainer.varlen_attention``, the default):
+  the scorer switches the model to the attention registered as ``PACKED_ATTENTION``, which runs
+  causal SDPA row by row (the row bounds come from the position-id restarts) instead of one
+  masked SDPA over the whole micro-batch. A masked SDPA computes all L x L scores of the
+  micro-batch (the block-diagonal mask only discards the cross-row ones); row by row it is the
+  sum of the squares of the rows' lengths, with no mask to apply. Without the row bounds (a plain
+  ``model(...)`` call) that attention is transformers' SDPA, unchanged.
 
 Not covered: models whose head is more than a bias-free linear layer (logit soft-capping,
 scaled logits): ``PolicyScorer`` refuses a config with ``final_logit_softcapping`` set.
@@ -27,9 +34,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from areal.protocol import Trajectory
 from areal.trainer.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
+
+PACKED_ATTENTION = "areal_packed"  # the attention implementation PolicyScorer(varlen=True) selects
 
 
 @dataclass
@@ -121,26 +133,71 @@ def micro_batch_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     return out.logits[0]
 
 
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_row_bounds: list[int] | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention within each packed row: query (1, heads, L, D), key/value (1, kv_heads, L, D);
+    ``packed_row_bounds`` the row offsets [0, ..., L]. Returns (1, L, heads, D) as transformers'
+    attention functions do. Without bounds it is transformers' SDPA with its mask."""
+    if packed_row_bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if query.shape[0] != 1 or packed_row_bounds[-1] != query.shape[2]:
+        raise ValueError(f"packed attention: rows {packed_row_bounds[-1]} tokens, query {tuple(query.shape)} (one packed sequence)")
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # (1, heads, L, D)
+    parts = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True
+        )
+        for s, e in zip(packed_row_bounds[:-1], packed_row_bounds[1:])
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)  # the mask a plain call gets, as under sdpa
+
+
+def row_bounds(position_ids: torch.Tensor) -> list[int]:
+    """Row offsets [0, ..., L] of a packed (1, L) sequence whose positions restart at 0 per row."""
+    starts = torch.nonzero(position_ids[0] == 0).flatten().tolist()
+    return starts + [position_ids.shape[1]]
+
+
 class PolicyScorer(torch.nn.Module):
     """Wraps an HF causal LM: ``forward(mb)`` -> (logprobs, entropies) of ``mb.targets``, (N,) each.
 
     The backbone (``model.base_model``) yields the final hidden states; the lm head is applied
-    chunk by chunk by ``head_logprobs``, so memory is flat in the vocabulary size.
+    chunk by chunk by ``head_logprobs``, so memory is flat in the vocabulary size. ``varlen``
+    switches the model's attention to ``PACKED_ATTENTION`` (row by row; see the module docstring)
+    when it is SDPA; other implementations (flash attention's own varlen path, eager) are kept.
     """
 
-    def __init__(self, model: torch.nn.Module, temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> None:
+    def __init__(self, model: torch.nn.Module, temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS, varlen: bool = True) -> None:
         super().__init__()
         if getattr(model.config, "final_logit_softcapping", None):
             raise ValueError("PolicyScorer: models with final_logit_softcapping are not supported")
         head = model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("PolicyScorer: the lm head must be a bias-free linear layer")
+        self.varlen = varlen and model.config._attn_implementation in ("sdpa", PACKED_ATTENTION)
+        if self.varlen:
+            model.set_attn_implementation(PACKED_ATTENTION)
         self.model = model
         self.temperature = temperature
         self.chunk_elems = chunk_elems
 
     def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+        extra = {"packed_row_bounds": row_bounds(mb.position_ids)} if self.varlen else {}
+        out = self.model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **extra)
         hidden = out.last_hidden_state[0, mb.pred_pos.to(out.last_hidden_state.device)]  # (N, H)
         weight = self.model.get_output_embeddings().weight  # (V, H)
         return head_logprobs(hidden, weight, mb.targets.to(hidden.device), self.temperature, self.chunk_elems)

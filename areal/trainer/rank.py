@@ -211,14 +211,16 @@ def _build_policy(job: TrainerJob, rank: int, world: int, gate: RankGate) -> _Po
     full = FullWeights(model, rank) if config.parallel == "fsdp2" else None
     reference: torch.nn.Module | None = None
     if config.kl_coef > 0 and not config.lora.enabled:  # LoRA's reference is its own frozen base, below
-        reference = PolicyScorer(copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems)
+        reference = PolicyScorer(
+            copy.deepcopy(model).requires_grad_(False).to(device), job.temperature, config.head_chunk_elems, config.varlen_attention
+        )
     published: torch.nn.Module | MergedWeights = model
     if config.lora.enabled:  # peft is the optional `lora` extra: imported only when asked for
         from areal.trainer.lora import AdaptersOff, MergedWeights, attach_adapters
 
         adapters = attach_adapters(model, config.lora)  # injects the adapters into `model` in place
         published = MergedWeights(adapters)
-    scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems)
+    scorer: torch.nn.Module = PolicyScorer(model.to(device), job.temperature, config.head_chunk_elems, config.varlen_attention)
     if config.kl_coef > 0 and config.lora.enabled:
         reference = AdaptersOff(scorer, adapters)  # the initial weights without a copy of them
     gate.wait("the other ranks to load the model")

@@ -77,6 +77,7 @@ def test_each_call_carries_one_piece_and_is_weighed_against_the_limit(tmp_path, 
     assert last["bytes"] == 100 + 3000 + 10 + 500 + 200
 
 
+@pytest.mark.e2e  # a benchmark's quick run: the check driver and its child processes, as tests/conftest.py marks them
 def test_the_check_driver_runs_its_checks_on_the_cpu_and_reports(tmp_path):
     """``--device cpu``: the trainer's FSDP2 step (one gloo rank) against the unsharded fp32 step,
     the engine against the trainer, on the embedded model; the report says each verdict."""

@@ -2,18 +2,26 @@
 2, no token a step trains was sampled more than ``rollout.max_head_offpolicyness`` versions
 before the weights that step starts from; the trainer's staleness metric is computed from the
 versions recorded per token; and the rollout correction's mismatch is nil where every token is
-current and present where some are stale (it is computed from the logprobs recorded with each
-token's version). Inline agents on the embedded model, at a learning rate that moves it."""
+current, and where some are stale it is the mismatch between the logprobs recorded with each token
+and the ones the weights the step starts from give (recomputed here from the saved weights: how
+far a confident token's logprob moves is the model's business, not the test's). Inline agents on
+the embedded model, at a learning rate that moves it."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from run_checks import read_jsonl, run_ok, train_cmd
+from trainer_harness import behaviour_logprobs
+from transformers import AutoModelForCausalLM
 
 from areal.controller.trajectories import read_saved_trajectories
+from areal.embedded import ensure_embedded_model
+from areal.protocol import Trajectory
 
 pytestmark = pytest.mark.e2e
 
@@ -32,10 +40,12 @@ def test_no_trained_token_is_older_than_the_bound(tmp_path: Path, bound: int) ->
             "data.eval_size=0",
             "save_trajectories=true",
             "trainer.rollout_correction=token_tis",
+            "trainer.keep_versions=10",  # every version's weights stay, for the recomputation below
         ),
         timeout_s=600,
     )
-    versions = {t.episode_id: t.array("versions") for t in read_saved_trajectories(run_dir / "trajectories.bin")}
+    saved = {t.episode_id: t for t in read_saved_trajectories(run_dir / "trajectories.bin")}
+    versions = {e: t.array("versions") for e, t in saved.items()}
     trained = read_jsonl(run_dir / "trained_episodes-r0.jsonl")
     metrics = {m["step"]: m for m in read_jsonl(run_dir / "trainer_metrics.jsonl")}
     assert [t["step"] for t in trained] == [1, 2, 3, 4, 5]
@@ -49,5 +59,22 @@ def test_no_trained_token_is_older_than_the_bound(tmp_path: Path, bound: int) ->
         assert math.isfinite(m["rc_kl"]) and 0 < m["rc_weight_mean"] <= 2.0
         if start == min(sampled):  # every token sampled by the weights the step starts from: on policy
             assert m["rc_log_ratio_absmax"] < 1e-3 and abs(m["rc_kl"]) < 1e-6
-        else:  # tokens of older weights: the trainer's logprobs moved away from the ones recorded
-            assert m["rc_log_ratio_absmax"] > 1e-3 and m["rc_kl"] > 0
+        else:  # tokens of older weights: the mismatch is the one the step's starting weights give
+            weights = run_dir / "weights" / f"v{start}" if start else ensure_embedded_model(progress=False)
+            expected = _largest_log_ratio(weights, [saved[e] for e in t["episodes"]])
+            assert m["rc_log_ratio_absmax"] == pytest.approx(expected, rel=1e-3, abs=1e-4), (t["step"], expected)
+
+
+def _largest_log_ratio(weights: Path, episodes: list[Trajectory]) -> float:
+    """max |logprob under ``weights`` - recorded logprob| over the sampled tokens of ``episodes``,
+    one plain forward per row (no packing, no trainer code; the run samples at temperature 1)."""
+    model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).eval()
+    largest = 0.0
+    for t in episodes:
+        ids, sampled, recorded = t.array("input_ids"), t.array("loss_mask") == 1, t.array("logprobs")
+        bounds = np.cumsum(np.concatenate([[0], t.array("row_lens")]))
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            if sampled[a:b].any():
+                lp = behaviour_logprobs(model, ids[a:b].tolist(), temperature=1.0)
+                largest = max(largest, float(np.abs(lp - recorded[a:b])[sampled[a:b]].max()))
+    return largest

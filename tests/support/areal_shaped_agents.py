@@ -1,4 +1,5 @@
-"""Agents written the way AReaL's agent modules are, for tests/e2e/test_guide_agents.py.
+"""Agents written the way AReaL's agent modules are, for tests/integration/agents/test_guide_agent_episodes.py
+and tests/e2e/test_guide_agents.py.
 
 ``AnthropicMathAgent`` has the shape of AReaL's ``areal/workflow/anthropic/math_agent.py``: the
 client built from ``extra_kwargs`` exactly as handed (``base_url`` with its ``/v1``, the

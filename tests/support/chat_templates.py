@@ -12,13 +12,10 @@ runs need no network. A test that finds no folder fetches it the same way.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import tarfile
-import tempfile
 from pathlib import Path
+
+from pypi_files import fetched
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
 INSIDE = "vendor/llama.cpp/models/templates/"  # where the sdist keeps them (under its top folder)
@@ -26,33 +23,17 @@ INSIDE = "vendor/llama.cpp/models/templates/"  # where the sdist keeps them (und
 
 def templates_dir() -> Path:
     """The folder of ``.jinja`` files, fetched on first use."""
-    root = Path(os.environ.get("AREAL_CACHE", Path.home() / ".cache" / "areal")) / "chat-templates"
-    folder = root / f"{PACKAGE}-{VERSION}"
-    if folder.is_dir():
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}", "-d", tmp],
-            check=True,
-        )
-        (archive,) = Path(tmp).glob("*.tar.gz")
-        out = Path(tmp) / "templates"
-        out.mkdir()
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                name = member.name.split("/", 1)[-1]
-                if member.isfile() and name.startswith(INSIDE) and name.endswith(".jinja") and "/" not in name[len(INSIDE) :]:
-                    (out / Path(name).name).write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
-        if not any(out.iterdir()):
-            raise RuntimeError(f"{archive.name} holds no {INSIDE}*.jinja")
-        try:
-            out.rename(folder)
-        except OSError:  # deliberate: another process fetched it first
-            if not folder.is_dir():
-                raise
-            shutil.rmtree(out)
-    return folder
+    return fetched("chat-templates", PACKAGE, VERSION, False, _templates)
+
+
+def _templates(archive: Path, out: Path) -> None:
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            name = member.name.split("/", 1)[-1]
+            if member.isfile() and name.startswith(INSIDE) and name.endswith(".jinja") and "/" not in name[len(INSIDE) :]:
+                (out / Path(name).name).write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    if not any(out.iterdir()):
+        raise RuntimeError(f"{archive.name} holds no {INSIDE}*.jinja")
 
 
 def template(name: str) -> str:

@@ -91,6 +91,7 @@ def launch_vllm_server(
         OMP_NUM_THREADS=str(threads),
         VLLM_CPU_OMP_THREADS_BIND="nobind",
         VLLM_TARGET_DEVICE="cpu",
+        VLLM_RPC_BASE_PATH=run_dir,  # its ZeroMQ sockets, else left in /tmp by every killed server
         **VLLM_SERVER_ENV,
     )
     env.pop("PYTHONPATH", None)  # the private venv must not see the project's packages

@@ -157,8 +157,10 @@ async def module_loaded_agent(data: dict, **kw: Any) -> float:
 
 
 async def lazy_import_agent(data: dict, **kw: Any) -> float:
-    """Imports a module inside run(), as an agent with a lazy import does."""
+    """Imports a module inside run(), as an agent with a lazy import does; then fails if asked."""
     importlib.import_module(data["module"])
+    if data.get("fail"):
+        raise RuntimeError("the agent failed after its import")
     return 1.0
 
 

@@ -82,10 +82,11 @@ def make_model(path: Path, with_tokenizer: bool) -> Qwen2ForCausalLM:
 
 
 @torch.no_grad()
-def behaviour_logprobs(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
-    """Per-token logprob of ids[t] given ids[:t] at TEMPERATURE, one row at a time (no packing)."""
+def behaviour_logprobs(model: torch.nn.Module, ids: list[int], temperature: float = TEMPERATURE) -> np.ndarray:
+    """Per-token logprob of ids[t] given ids[:t] at ``temperature``, one row at a time (no
+    packing); 0 at t = 0."""
     x = torch.tensor([ids])
-    logp = torch.log_softmax(model(x).logits[0].float() / TEMPERATURE, dim=-1)  # (T, V)
+    logp = torch.log_softmax(model(x).logits[0].float() / temperature, dim=-1)  # (T, V)
     out = np.zeros(len(ids), np.float32)
     out[1:] = logp[:-1].gather(-1, x[0, 1:, None]).squeeze(-1).numpy()
     return out

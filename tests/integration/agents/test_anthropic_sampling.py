@@ -4,7 +4,7 @@ prepared the SDK, and sends them in the request body, as AReaL's Anthropic agent
 
 The SDK is the real one, against a local HTTP server that records each request's body and answers
 with a minimal Messages reply. A whole run with an agent of AReaL's shape passing the keywords,
-sandboxed and inline: tests/e2e/test_guide_agents.py (``AnthropicMathAgent``).
+sandboxed and inline: tests/integration/agents/test_guide_agent_episodes.py (``AnthropicMathAgent``).
 """
 
 from __future__ import annotations

@@ -38,9 +38,11 @@ def test_areal_import_paths(tok, tmp_path):
     from areal.experimental.openai import ArealOpenAI
     from areal.reward import get_math_verify_worker
     from areal.reward.math_parser import process_results
+    from areal.trainer import PPOTrainer as TrainerPathPPOTrainer  # AReaL's newer examples' path
     from areal.utils import stats_tracker
     from areal.utils.stats_logger import StatsLogger
 
+    assert TrainerPathPPOTrainer is PPOTrainer
     assert workflow_context.stat_scope() == "rollout" and workflow_context.get().is_eval is False
     config = GRPOConfig(experiment_name="e", trial_name="t")
     config.cluster.fileroot = str(tmp_path)

@@ -12,6 +12,7 @@ give every move a known owner and a known end.
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 from textarena_games import SEAT_PROMPT
@@ -70,6 +71,14 @@ def test_games_and_settings_textarena_does_not_have_fail_at_load_naming_them():
         load_agent("textarena:TicTacToe-v0")
     with pytest.raises(ValueError, match=r"'textarena:Nim-v0'.*'players'.*num_players"):
         load_agent("textarena:Nim-v0", {"players": 2})
+
+
+def test_without_textarena_the_error_names_the_game_and_the_extra(monkeypatch):
+    for name in [m for m in sys.modules if m == "textarena" or m.startswith("textarena.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "textarena", None)  # import textarena raises ImportError
+    with pytest.raises(ValueError, match=r"'textarena:TicTacToe-v0': textarena does not import .*: pip install 'areal-lite\[envs\]'"):
+        load_agent("textarena:TicTacToe-v0")
 
 
 def test_self_play_rewards_reach_each_players_calls_sandboxed_and_inline(served_scripted, tokenizer):

@@ -6,7 +6,8 @@ The environments (tests/support/verifiers_envs/): the single-turn taskset of ver
 taskset with an MCP tool server (the docs' "Adding Tools"), verifiers' own best-of-n env over the
 docs' taskset, a two-seat multi-turn env written here, and tasksets that score nothing or NaN.
 Asserted: every call verifiers made is recorded, multi-turn calls extend their parent's tokens,
-each reward reaches the calls of the trace it scored, and what fails names the env. Nothing is
+each reward reaches the calls of the trace it scored, what fails names the env, and a taskset named
+as the run's data (``data.train=verifiers:...``) gives its own tasks as the rows. Nothing is
 asserted on what the model writes beyond the scripted model's contract (a tool offered is called).
 
 Skipped without the private venv; ``AREAL_REQUIRE_VERIFIERS=1`` makes that a failure.
@@ -24,6 +25,8 @@ from zygote_harness import sandboxed_episodes
 
 from areal.agent.spec import load_agent
 from areal.agent.verifiers_env import VerifiersError, taskset_rows
+from areal.config import DataConfig, RolloutConfig
+from areal.controller.problems import run_reward, user_rows
 from areal.embedded import ensure_scripted_model
 
 ENVS = SUPPORT / "verifiers_envs"
@@ -140,3 +143,18 @@ def test_without_its_venv_the_agent_says_how_to_build_it(monkeypatch: pytest.Mon
         load_agent("verifiers:vf-addition")
     with pytest.raises(ValueError, match="verifiers:TASKSET or verifiers:ENV\\+TASKSET"):
         load_agent("verifiers:best-of-n+")
+
+
+def test_a_taskset_as_the_runs_data_gives_its_tasks_and_holds_out_the_ones_after_them():
+    need_verifiers()
+    train, held_out = user_rows(DataConfig(train="verifiers:vf-addition", train_size=90, eval_size=5), None, None)
+    own = taskset_rows("verifiers:vf-addition", 2)  # what `python -m areal.agent.verifiers_env rows` writes
+    assert train[:2] == [dict(row, messages=[{"role": "user", "content": row["question"]}]) for row in own]
+    assert [r["verifiers_task"]["answer"] for r in train] == [2 * i for i in range(90)]  # its load(): tasks 0..89
+    assert [r["verifiers_task"]["answer"] for r in held_out] == [2 * i for i in range(90, 95)]  # the 5 after them
+    assert run_reward("", train, "verifiers:vf-addition") == ""  # the taskset's rubric scores: the agent's reward
+    with pytest.raises(ValueError, match=r"a verifiers taskset's tasks, and the built-in agent .*rollout.agent=verifiers:TASKSET"):
+        run_reward("", train, RolloutConfig.agent)
+    # its 100 tasks all taken for training: none left to hold out, said so
+    with pytest.raises(ValueError, match=r"'?verifiers:vf-addition'?: its taskset has no task from task 100 on .*lower data.train_size"):
+        user_rows(DataConfig(train="verifiers:vf-addition", train_size=4000, eval_size=5), None, None)

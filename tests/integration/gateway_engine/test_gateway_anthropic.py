@@ -101,7 +101,7 @@ def test_tool_choice_mapping():
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools[0].input_schema"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 9}},
-            "thinking",
+            "thinking.budget_tokens",
         ),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "END"}, "stop_sequences"),
         (

@@ -89,8 +89,16 @@ def test_records_arrive_in_order_and_intact(name):
         assert (receiver.written, receiver.duplicates, receiver.refused) == (200, 0, 0)
 
 
+def _ring_with_its_reader(name: str) -> RingReader:
+    """A ring that outlives its receivers (each attaches as its writer), with the trainer side's
+    reader attached at once: a ring with neither end alive is what a starting run reclaims as stale
+    (``reclaim_stale``), and runs of other tests start beside this one."""
+    RingWriter(name, 8 << 20).close()
+    return RingReader(name)
+
+
 def test_receiver_killed_and_restarted_writes_each_record_once(name, tmp_path):
-    RingWriter(name, 8 << 20).close()  # the ring outlives its receivers; each one attaches as writer
+    ring = _ring_with_its_reader(name)
     bind = f"tcp://127.0.0.1:{_free_port()}"
     journal = tmp_path / "hop.journal"
 
@@ -104,7 +112,7 @@ def test_receiver_killed_and_restarted_writes_each_record_once(name, tmp_path):
     proc = start()
     got: list[bytes] = []
     try:
-        with RingReader(name) as reader, TrajectorySender(bind, window=16, resend_s=2) as sender:
+        with ring as reader, TrajectorySender(bind, window=16, resend_s=2) as sender:
             for i in range(count):
                 sender.put(trajectory_for(i), timeout_s=30)
                 _drain(reader, got, len(got) + 1, 0)
@@ -233,7 +241,7 @@ def two_hosts():
 
 def test_hop_between_two_network_namespaces(name, tmp_path, two_hosts):
     a, b, _ = two_hosts
-    RingWriter(name, 8 << 20).close()
+    ring = _ring_with_its_reader(name)
     bind = "tcp://10.199.0.1:5701"
     procs = []
     try:
@@ -247,7 +255,7 @@ def test_hop_between_two_network_namespaces(name, tmp_path, two_hosts):
         )
         procs.append(sender)
         got: list[bytes] = []
-        with RingReader(name) as reader:  # the trainer side: the root namespace shares /dev/shm with A
+        with ring as reader:  # the trainer side: the root namespace shares /dev/shm with A
             _drain(reader, got, 120, 60)
         assert _line(sender, 30).startswith("DONE")
         receiver.send_signal(signal.SIGTERM)
@@ -294,7 +302,7 @@ def test_link_cut_long_enough_for_the_heartbeat_then_restored(name, tmp_path, tw
     drop the connection; when the link comes back the sender reconnects, says Hello and resends
     what was not acked. Every record arrives once."""
     a, b, dev = two_hosts
-    RingWriter(name, 8 << 20).close()
+    ring = _ring_with_its_reader(name)
     bind, count = "tcp://10.199.0.1:5702", 150
     procs = []
     try:
@@ -308,7 +316,7 @@ def test_link_cut_long_enough_for_the_heartbeat_then_restored(name, tmp_path, tw
         )
         procs.append(sender)
         got: list[bytes] = []
-        with RingReader(name) as reader:
+        with ring as reader:
             _drain(reader, got, 30, 30)
             _sh("ip", "-n", a, "link", "set", dev, "down")
             _drain(reader, got, count, 7)  # what was in flight, then nothing: the link is down

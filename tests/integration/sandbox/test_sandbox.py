@@ -9,6 +9,7 @@ One zygote (tests/support/sandbox_agents.py:ProbeAgent) serves most tests from a
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from run_checks import run_in_repo
 from zygote_harness import busy_children, loop_thread, processes_with_arg, run, zygote_env
 
 from areal.protocol import EpisodeOutcome, GatewayReply, GatewayRequest
+from sandbox import isolation
 from sandbox.isolation import ENV_ALLOW, SET_PER_EPISODE, SandboxConfig
 from sandbox.zygote_client import Zygote
 
@@ -737,3 +739,36 @@ def test_a_cgroup_v2_host_skips_the_cgroup_layer_at_the_probe():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "cgroup" not in report["available"] and "rlimits" in report["available"]
     assert any(w.startswith("cgroup: not available") and "no cgroup v1 memory hierarchy" in w for w in report["warnings"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup/memory"), reason="creates cgroup v1 groups: needs root")
+def test_the_stale_cgroup_sweep_survives_a_group_removed_under_it(monkeypatch):
+    """Zygotes of parallel runs sweep the same parent: a group another sweep removes between this
+    sweep's listing and its read (ENOENT, or ENODEV mid-removal) is skipped, not a crash of the
+    zygote at its start. Group names carry a pid above any pid_max, so their owner is gone."""
+    name = f"{2**22 + 1}-{os.getpid()}-sweep"
+    made = []
+    for c in isolation.CGROUP_CONTROLLERS:
+        d = os.path.join(isolation.CGROUP_ROOT, c, "areal", name)
+        os.makedirs(d)
+        made.append(d)
+    real_open = open
+
+    def removed_meanwhile(path, *a, **kw):
+        if name in str(path):
+            os.rmdir(os.path.dirname(path))  # the other sweep wins the race
+            raise OSError(errno.ENODEV, "No such device", path)
+        return real_open(path, *a, **kw)
+
+    try:
+        monkeypatch.setattr(isolation, "open", removed_meanwhile, raising=False)
+        assert [d for d in isolation.sweep_stale_cgroups() if name in d] == []
+        assert not any(os.path.exists(d) for d in made)
+        for d in made:  # and an undisturbed sweep removes a stale group itself
+            os.makedirs(d)
+        monkeypatch.undo()
+        assert sorted(d for d in isolation.sweep_stale_cgroups() if name in d) == sorted(made)
+    finally:
+        for d in made:
+            if os.path.isdir(d):
+                os.rmdir(d)

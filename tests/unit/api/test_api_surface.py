@@ -8,12 +8,13 @@ import asyncio
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 from run_checks import run_in_repo
 
-from areal.api.cli_args import AgentRLConfig, GenerationHyperparameters, GRPOConfig, load_expr_config
+from areal.api.cli_args import AgentRLConfig, AReaLKeysIgnored, GenerationHyperparameters, GRPOConfig, load_expr_config
 from areal.api.reward_api import AsyncRewardWrapper, RewardTimeoutError, RewardWorkerError
 from areal.api.workflow_api import AgentWorkflow, RolloutWorkflow, workflow_kind
 from areal.reward.gsm8k import gsm8k_reward_fn
@@ -173,6 +174,40 @@ def test_load_expr_config_yaml_overrides_interpolation_and_subclass(tmp_path):
     assert config.actor.optimizer.lr == 1e-5 and isinstance(config.actor.optimizer.lr, float)
     assert config.gconfig.n_samples == 2 and config.rollout.openai.mode == "inline"
     assert config.agent_builder_kwargs == {"k": 3} and config.reward_fn_path == "areal.reward.gsm8k.gsm8k_reward_fn"
+
+
+# The online-mode keys of AReaL's openclaw and hermes example configs (the older and the newer place
+# of the admin key, and the keys of AReaL's v2 stack that mean nothing here), with their placeholders.
+ONLINE_EXAMPLES = {
+    "openclaw": "rollout:\n  openai:\n    mode: online\n    tool_call_parser: qwen\n    admin_api_key: sk-test123456\n",
+    "hermes": "rollout:\n  _version: v2\n  agent:\n    mode: online\n    export_style: individual\n"
+    "  admin_api_key: sk-xxx\nactor:\n  _version: v2\n  admin_api_key: gsm8k-123\n",
+}
+
+
+@pytest.mark.parametrize(("example", "override"), [("openclaw", "rollout.agent.admin_api_key"), ("hermes", "rollout.admin_api_key")])
+def test_areal_online_example_configs_load_with_the_admin_key_their_readmes_pass(tmp_path, example, override):
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text("experiment_name: online-rl\ntrial_name: trial0\n" + ONLINE_EXAMPLES[example])
+    with pytest.raises(ValueError, match=r"admin_api_key must be at least 16 characters"):  # the placeholder
+        load_expr_config(["--config", str(cfg_file)], GRPOConfig)
+    key = "sk-admin-" + "0" * 16
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        config, _ = load_expr_config(["--config", str(cfg_file), f"{override}={key}"], GRPOConfig)
+    named = " ".join(str(w.message) for w in warned if issubclass(w.category, AReaLKeysIgnored))
+    if example == "hermes":  # AReaL's v2 stack's keys, named as having no effect here
+        assert all(k in named for k in ("rollout._version", "actor._version", "actor.admin_api_key")), named
+    assert config.rollout.openai.mode == "online"
+    assert (config.rollout.openai.admin_api_key or config.rollout.admin_api_key) == key
+
+
+def test_the_ignored_keys_warning_survives_being_rebuilt_from_its_message():
+    """pytest-xdist carries a worker's warnings to the controller as ``cls(*args)``: a warning
+    that cannot be rebuilt so crashed the whole test run."""
+    warning = AReaLKeysIgnored({"sglang": "start servers yourself", "saver": "final/ is saved"})
+    again = AReaLKeysIgnored(*warning.args)
+    assert str(again) == str(warning) and "sglang: start servers yourself" in str(again)
 
 
 def test_unknown_keys_and_bad_values_are_errors_naming_them(tmp_path):

@@ -65,6 +65,34 @@ def test_prefill_and_decode_logits_match_hf(tie: bool) -> None:
             logits = batch.decode(model)
 
 
+def test_a_shared_prefix_is_prefilled_once_with_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows joining a running batch share a prefix (a system prompt); one row is nothing but the
+    # prefix plus one token; the rows' own parts differ in length (packed, no padding computed).
+    model = _qwen2()
+    lean = LeanForward(model, slots=6)
+    passes: list[int] = []
+    forward = lean.forward
+    monkeypatch.setattr(lean, "forward", lambda ids, *a: passes.append(ids.numel()) or forward(ids, *a))
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(3, 300, (12,), generator=g).tolist()
+    seqs = [prefix + torch.randint(3, 300, (n,), generator=g).tolist() for n in (1, 7, 3)]
+    running = torch.randint(3, 300, (5,), generator=g).tolist()
+    with torch.inference_mode():
+        batch = SlotBatch(lean)
+        batch.prefill(model, [_row("r", running)])
+        logits = batch.prefill(model, [_row(str(i), s) for i, s in enumerate(seqs)])
+        assert passes[1:] == [12, 3 * 7], "the prefix once, then each row's own tokens (padded to the longest)"
+        everyone = [running, *seqs]
+        batch.set_next(0, [0] * 4)
+        for s in everyone:
+            s.append(0)
+        for i, s in enumerate(seqs):
+            assert (logits[i] - _reference(model, s[:-1])).abs().max() < TOL
+        decoded = batch.decode(model)
+        for i, s in enumerate(everyone):
+            assert (decoded[i] - _reference(model, s)).abs().max() < TOL
+
+
 def test_rows_leave_and_join_without_disturbing_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("areal.engine.model.INITIAL_ROWS", 1)  # the cache grows rows as they join
     model = _qwen2()

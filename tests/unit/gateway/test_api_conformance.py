@@ -1,37 +1,36 @@
 """The gateway's replies against the APIs' published shapes: OpenAI's OpenAPI spec (the keys it
 requires, and the openai SDK's pydantic types, strict where they validate) and the anthropic SDK's
-types; and the requests those APIs define that the gateway must honour or refuse as they do.
+types; and the requests those APIs define that the gateway must honour or refuse as they do. (The
+whole published documents over a matrix of request features: test_openapi_conformance.py.)
 
 Covered, one test (or a parametrised few) each, over real HTTP (``serve_http`` on a port from
 ``bind(0)``) with the embedded tokenizer and the scripted engine stand-in (it samples the canonical
 ids of scripted replies): ``refusal`` (null) in chat messages and logprobs; no null
-``system_fingerprint`` in chat chunks; Responses ``usage`` details and no null ``usage`` in the
-stream's opening events; ``context_length_exceeded``; Anthropic ``message_start`` usage;
-``/v1/messages/count_tokens`` and Anthropic-shaped errors under ``/v1/messages``; a JSON 413 for a
-body over ``max_body_bytes``; ``developer`` messages reaching the prompt; a tool message without
-``tool_call_id``; ``tool_choice`` "none" keeping the tools out of the prompt.
+``system_fingerprint`` in chat chunks; Responses ``usage`` details (``cache_write_tokens`` too: the
+newest SDKs require it) and no null ``usage`` in the stream's opening events;
+``context_length_exceeded``; Anthropic ``message_start`` usage; ``/v1/messages/count_tokens`` and
+Anthropic-shaped errors under ``/v1/messages``; a JSON 413 for a body over ``max_body_bytes``;
+``developer`` messages reaching the prompt; a tool message without ``tool_call_id``;
+``tool_choice`` "none" keeping the tools out of the prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 from anthropic import AsyncAnthropic
 from anthropic.types import ErrorResponse, MessageTokensCount
+from api_cases import served
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent, ResponseUsage
 from pydantic import TypeAdapter
-from scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
-from areal.gateway import Gateway, GatewayConfig, serve_http
 
 CALC = {
     "name": "calc",
@@ -54,21 +53,6 @@ _stream_events = TypeAdapter(ResponseStreamEvent)
 @pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(ensure_embedded_model())
-
-
-@contextlib.asynccontextmanager
-async def served(tok, replies: list[str], **config) -> AsyncIterator[tuple[Gateway, ScriptedEngine, httpx.AsyncClient, str]]:
-    """A gateway over HTTP on the scripted engine; yields it, the engine, an httpx client holding a
-    session's key, and the base URL."""
-    engine = ScriptedEngine(tok, [(r, "<|im_end|>") for r in replies])
-    gw = Gateway(engine, tok, GatewayConfig(**config))
-    runner, url = await serve_http(gw)
-    key = gw.open_session("ep")
-    try:
-        async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=60) as http:
-            yield gw, engine, http, url
-    finally:
-        await runner.cleanup()
 
 
 def _body(api: str, text: str, **extra) -> dict:
@@ -137,7 +121,8 @@ def test_responses_usage_has_its_details_and_the_opening_events_no_null_usage(to
     body, text = asyncio.run(run())
     for usage in (body["usage"], *(e["response"]["usage"] for e in _sse_data(text) if e["type"] == "response.completed")):
         ResponseUsage.model_validate(usage, strict=True)
-        assert usage["input_tokens_details"] == {"cached_tokens": 0} and set(usage["output_tokens_details"]) == {"reasoning_tokens"}
+        assert usage["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+        assert set(usage["output_tokens_details"]) == {"reasoning_tokens"}
     Response.model_validate(body)
     events = _sse_data(text)
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1]["type"] == "response.completed"

@@ -63,7 +63,8 @@ def test_it_runs_off_the_main_thread():
 def test_a_process_forked_after_the_import_verifies_without_importing_anything():
     """What a sandboxed episode (a fork of the zygote, which imported the agent's modules) needs
     to score an answer is imported by the import of this module: ``math-verify`` and its parsers
-    too, not on the episode's first call (each fork would import them again)."""
+    too, and the parts of sympy it imports lazily, not on the episode's first call (each fork would
+    import them again)."""
 
     code = """
 import os, sys
@@ -72,7 +73,9 @@ r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     before = set(sys.modules)
-    score = gsm8k_reward_fn(completions="so 6*7 = 42, the answer is \\\\boxed{42}", answer="#### 42")
+    # a root and a tuple reach parts of sympy that it imports at their first use
+    answers = ("so 6*7 = 42, the answer is \\\\boxed{42}", "\\\\boxed{\\\\sqrt{2}}", "\\\\boxed{(1,2)}")
+    score = [gsm8k_reward_fn(completions=a, answer="#### 42") for a in answers]
     new = sorted(set(sys.modules) - before)
     os.write(w, f"{score} {new}".encode())
     os._exit(0)
@@ -84,4 +87,4 @@ print(os.read(r, 1 << 16).decode())
     root = str(ROOT)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "1.0 []", done.stdout
+    assert done.stdout.strip() == "[1.0, 0.0, 0.0] []", done.stdout

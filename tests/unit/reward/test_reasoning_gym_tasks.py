@@ -5,6 +5,8 @@ task's own scorer on the reply's last <answer> tag."""
 from __future__ import annotations
 
 import collections
+import dataclasses
+import math
 import sys
 
 import pytest
@@ -65,7 +67,7 @@ def test_without_reasoning_gym_the_error_says_how_to_install_it(monkeypatch):
     for name in [m for m in sys.modules if m == "reasoning_gym" or m.startswith("reasoning_gym.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'areal-lite\[reasoning-gym\]' \(or pip install reasoning-gym"):
+    with pytest.raises(ImportError, match=r"pip install 'areal-lite\[envs\]' \(or pip install reasoning-gym==0.1.25"):
         load_rows(MIX, "train", size=4)
 
 
@@ -99,8 +101,17 @@ def test_train_and_held_out_rows_never_share_a_question():
     assert {r["question"] for r in train}.isdisjoint({r["question"] for r in held_out})
     assert len({r["question"] for r in held_out}) > 5 and len({r["question"] for r in train}) > 30
     assert not any(held_out_side(r["question"]) for r in train) and all(held_out_side(r["question"]) for r in held_out)
-    # the held-out rows come from another seed: the same side drawn with the train seed differs
-    assert [r["question"] for r in task_rows(spec, "test", 40, seed=1 + HELD_OUT_SEED_OFFSET)] != [r["question"] for r in held_out]
+
+    # the held-out rows come from a disjoint seed: the held-out side of the generator seeded as the
+    # composite seeds its member from seed + HELD_OUT_SEED_OFFSET (+ position + 1), not from seed
+    def held_out_side_of(member_seed: int) -> list[str]:
+        member = reasoning_gym.create_dataset(
+            "chain_sum", seed=member_seed, size=10_000, min_terms=2, max_terms=2, min_digits=1, max_digits=1
+        )
+        return [e["question"] for e in (member[i] for i in range(1000)) if held_out_side(e["question"])][:40]
+
+    assert [r["question"] for r in held_out] == held_out_side_of(1 + HELD_OUT_SEED_OFFSET + 1)
+    assert held_out_side_of(1 + HELD_OUT_SEED_OFFSET + 1) != held_out_side_of(1 + 1)  # which the train seed would give
     # AReaL's loader: the same rows, its splits named as AReaL names them
     valid = get_custom_dataset("valid", DatasetConfig(path=spec, size=40), seed=1)
     assert [r["question"] for r in valid] == [r["question"] for r in held_out]
@@ -136,3 +147,37 @@ def test_an_answer_the_scorer_cannot_parse_scores_zero():
         reasoning_gym.get_score_answer_fn("prime_factorization")("two times three", row)
     assert reasoning_gym_reward(completions="<answer>two times three</answer>", **row) == 0.0
     assert reasoning_gym_reward(completions=f"<answer>{row['answer']}</answer>", **row) == 1.0
+
+
+@dataclasses.dataclass
+class _EchoConfig:
+    seed: int | None = None
+    size: int = 500
+
+
+class _BadScorerDataset(reasoning_gym.dataset.ProceduralDataset):
+    """A task written as reasoning-gym's own are (registered in its factory), whose scorer gives
+    something other than a finite number: what ``reward`` holds."""
+
+    reward: object = None
+
+    def __init__(self, config: _EchoConfig):
+        super().__init__(config=config, seed=config.seed, size=config.size)
+
+    def __getitem__(self, idx: int) -> dict:
+        return {"question": f"echo {self.seed + idx}", "answer": str(self.seed + idx), "metadata": {"source_dataset": "bad_scorer"}}
+
+    def score_answer(self, answer, entry):
+        return self.reward
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, "1.0", None, True])
+def test_a_scorer_that_gives_no_finite_number_fails_naming_its_task(monkeypatch, reward):
+    monkeypatch.setitem(reasoning_gym.factory.DATASETS, "bad_scorer", (_BadScorerDataset, _EchoConfig))
+    monkeypatch.setattr(_BadScorerDataset, "reward", reward)
+    (row,) = load_rows("reasoning-gym:bad_scorer", "train", size=1, seed=3)
+    assert row["task"] == "bad_scorer"
+    with pytest.raises(ValueError, match=r"the scorer of reasoning-gym task 'bad_scorer' gave .* for the answer '7', not a finite number"):
+        reasoning_gym_reward(completions="<answer>7</answer>", **row)
+    monkeypatch.setattr(_BadScorerDataset, "reward", 0.5)  # the same task with a number: that number
+    assert reasoning_gym_reward(completions="<answer>7</answer>", **row) == 0.5

@@ -300,7 +300,8 @@ def _sgd_delta(model_dir: Path, trajs: list[Trajectory], micro_batch_tokens: int
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     config = TrainerConfig(steps=1, max_grad_norm=1e9, micro_batch_tokens=micro_batch_tokens, **overrides)
-    train_step(PolicyScorer(model, TEMPERATURE), torch.optim.SGD(model.parameters(), lr=1.0), trajs, config, version=0)
+    scorer = PolicyScorer(model, TEMPERATURE, varlen=config.varlen_attention)
+    train_step(scorer, torch.optim.SGD(model.parameters(), lr=1.0), trajs, config, version=0)
     return {n: p.detach() - before[n] for n, p in model.named_parameters()}
 
 
@@ -334,17 +335,39 @@ def _padded_grad(model_dir: Path, trajs: list[Trajectory]) -> dict[str, torch.Te
 
 
 def test_packed_equals_padded_and_micro_batches_1x8_equal_8x1(tmp_path):
+    """Packed rows (row-by-row attention, the default) == packed rows under one block-diagonally
+    masked SDPA (trainer.varlen_attention=false) == one row per micro-batch == a padded batch."""
     model_dir = tmp_path / "m"
     model = make_model(model_dir, with_tokenizer=False)
     rng = np.random.default_rng(5)
     trajs = make_group(model, "a", rng) + make_group(model, "b", rng)  # 8 episodes, 10 rows
     one_by_eight = _sgd_delta(model_dir, trajs, micro_batch_tokens=10_000)
+    masked = _sgd_delta(model_dir, trajs, micro_batch_tokens=10_000, varlen_attention=False)
     eight_by_one = _sgd_delta(model_dir, trajs, micro_batch_tokens=1)
     padded = _padded_grad(model_dir, trajs)
     assert any(float(d.abs().max()) > 1e-4 for d in one_by_eight.values())  # a real gradient, not zeros
     for name, d in one_by_eight.items():
+        torch.testing.assert_close(d, masked[name], atol=1e-6, rtol=1e-4, msg=name)
         torch.testing.assert_close(d, eight_by_one[name], atol=1e-6, rtol=1e-4, msg=name)
         torch.testing.assert_close(-d, padded[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_packed_attention_needs_row_bounds_and_is_sdpa_without_them(tmp_path):
+    """A model switched to PACKED_ATTENTION by a scorer answers plain calls as SDPA does, and its
+    row bounds are the position-id restarts."""
+    from areal.trainer.packing import PACKED_ATTENTION, PolicyScorer, row_bounds
+
+    model = make_model(tmp_path / "m", with_tokenizer=False)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    att = torch.ones_like(ids)
+    att[1, 9:] = 0  # a right-padded row
+    want = model(input_ids=ids, attention_mask=att).logits
+    PolicyScorer(model, TEMPERATURE)
+    assert model.config._attn_implementation == PACKED_ATTENTION
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=att).logits, want)
+    assert row_bounds(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])) == [0, 3, 5, 9]
+    PolicyScorer(model, TEMPERATURE, varlen=False)  # leaves a model another scorer switched as it is
+    assert model.config._attn_implementation == PACKED_ATTENTION
 
 
 MEMORY_SCRIPT = r"""  # argv: micro_batch_tokens, prompt tokens per 512-token row

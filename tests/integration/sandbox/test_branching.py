@@ -1,0 +1,154 @@
+"""Branching a live sandboxed episode at a model call (sandbox/branch.py, areal/gateway/branching.py).
+
+A real zygote runs tests/support/branch_agents.py (an OpenAI-SDK agent over the handed client)
+against a real gateway (ZeroMQ door) whose engine is tests/support/scripted_engine.py: replies
+come in request order, so which branch sampled what is known, never a model's choice. The branch
+point is the agent's second call; branches run one after another (sandbox/branch.py says why).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import uuid
+
+import pytest
+from gateway_harness import GatewayThread
+from scripted_engine import ScriptedEngine
+from transformers import AutoTokenizer
+from zygote_harness import zygote_env
+
+from areal.controller.branches import expand, why_not
+from areal.embedded import ensure_embedded_model
+from areal.gateway.branching import BranchConfig
+from areal.gateway.server import handle
+from areal.protocol import EpisodeOutcome, GatewayRequest
+from sandbox.isolation import SandboxConfig
+from sandbox.zygote_client import Zygote
+
+N = 3
+SPEC = "branch_agents:BranchAgent"
+
+
+@pytest.fixture(scope="module")
+def served():
+    model = ensure_embedded_model()
+    gw = GatewayThread("http://127.0.0.1:9", model)  # the engine is replaced by a scripted one per test
+    gw.tok = AutoTokenizer.from_pretrained(model)
+    real = gw.gateway.engine
+    yield gw
+    gw.call(lambda: setattr(gw.gateway, "engine", real))
+    gw.stop()
+
+
+def _episode(gw, case: str, replies: list[str], branch: BranchConfig) -> tuple[EpisodeOutcome, object, ScriptedEngine]:
+    """One sandboxed episode of ``case``; its outcome, its (trunk) session, closed, and the engine."""
+    engine = ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies])
+    gw.call(lambda: (setattr(gw.gateway, "engine", engine), setattr(gw.gateway, "branching", branch)))
+    log_dir = tempfile.mkdtemp(prefix="branch-")
+    episode = f"ep-{uuid.uuid4().hex[:8]}"
+    key = gw.open_session(episode)
+
+    async def go() -> EpisodeOutcome:
+        with zygote_env():
+            zygote = await Zygote.start(SPEC, gw.zmq, SandboxConfig(warm_slots=0), log_dir)
+        try:
+            return await zygote.run_episode(episode, {"case": case}, key, 120.0)
+        finally:
+            await zygote.close()
+
+    try:
+        outcome = gw.run(go(), timeout=300)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return outcome, key, engine
+
+
+def _report(gw, interactions) -> str:
+    """The report the agent's third call carried (the last user message of its prompt)."""
+    text = gw.tok.decode(interactions[-1].prompt_ids)
+    return re.findall(r"report [^<]*", text)[-1]
+
+
+@pytest.mark.parametrize("sdk", ["plain", "anthropic"])
+def test_an_episode_branched_at_its_second_call_runs_three_branches_from_one_state(served, sdk):
+    gw = served
+    replies = ["first 1"] + [r for i in range(N) for r in (f"choice {i + 5}", "done")]
+    outcome, key, engine = _episode(gw, sdk, replies, BranchConfig(n=N, at_call=2))
+    assert outcome.status == "ok", (outcome.error, outcome.log_tail)
+    refused = gw.call(lambda: why_not(outcome, gw.gateway.sessions[key]))
+    assert refused == "" and outcome.branch_point.startswith("call 2 of "), refused
+    assert [b.episode_id for b in outcome.branches] == [f"{outcome.episode_id}/b{i}" for i in range(N)]
+    assert [b.status for b in outcome.branches] == ["ok"] * N, outcome.branches[0].error
+    assert [b.reward for b in outcome.branches] == [5.0, 6.0, 7.0]  # each its own sample's reward
+    assert engine.replies == []  # 1 trunk call + 2 per branch: the branch point sampled once per branch
+
+    # The retired trunk key: a 409, never a branch's session.
+    retired = GatewayRequest(
+        1,
+        "POST",
+        "/v1/chat/completions",
+        {"authorization": f"Bearer {key}"},
+        json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(),
+    )
+    reply = gw.run(handle(gw.gateway, retired))
+    assert reply.status == 409, reply.body
+
+    trunk = gw.call(lambda: gw.gateway.close_session(key))
+    prefix = list(trunk.interactions.values())
+    assert len(prefix) == 1
+    branches = gw.call(lambda: expand(gw.gateway, outcome, trunk))
+    assert [b.tag.index for b in branches] == list(range(N))
+    assert all(b.tag.parent == trunk.episode_id and b.tag.call == 2 for b in branches)
+    assert gw.call(lambda: [k for k, s in gw.gateway.sessions.items() if s.episode_id.startswith(trunk.episode_id)]) == []
+    seen_points = set()
+    for i, b in enumerate(branches):
+        inters = list(b.session.interactions.values())
+        assert len(inters) == 3  # the shared call, then its own two
+        assert inters[0].prompt_ids == prefix[0].prompt_ids and inters[0].output_ids == prefix[0].output_ids
+        own = gw.tok.decode(inters[1].output_ids, skip_special_tokens=True)
+        assert own == f"choice {i + 5}"
+        seen_points.add(tuple(inters[1].prompt_ids))
+        assert inters[1].parent_id == inters[0].id  # the branch's call extends the shared prefix's tokens
+        # Identical state at the branch point, and nothing of another branch after it: the counter
+        # (memory), the notes file (its private temp dir), the other branches' files, their keys.
+        assert _report(gw, inters) == f"report counter=3 notes=before 1;before 2;before 3; seen=['mine-choice-{i + 5}'] keys=0"
+    assert len(seen_points) == 1  # every branch's branch-point call had the same prompt
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("child", "refused by the episode: the episode has child processes"),
+        ("thread", "refused by the episode: the episode runs other threads"),
+        ("relay", "the call did not come through the client handed to a sandboxed agent"),
+    ],
+)
+def test_a_branch_point_the_episode_cannot_take_is_refused_with_its_reason(served, case, reason):
+    gw = served
+    outcome, key, engine = _episode(gw, case, ["first 1", "choice 5", "done"], BranchConfig(n=N, at_call=2))
+    assert outcome.status == "ok", (outcome.error, outcome.log_tail)
+    assert outcome.branches == [] and outcome.reward == 5.0  # the episode went on, unbranched
+    assert engine.replies == []
+    trunk = gw.call(lambda: gw.gateway.close_session(key))
+    assert len(trunk.interactions) == 3
+    assert why_not(outcome, trunk).startswith(reason), why_not(outcome, trunk)
+    assert gw.call(lambda: expand(gw.gateway, outcome, trunk)) == []
+    assert gw.call(lambda: [s for s in gw.gateway.sessions.values() if s.episode_id.startswith(trunk.episode_id)]) == []
+
+
+def test_a_branch_can_neither_read_nor_stop_the_state_its_siblings_start_from(served):
+    """One escape attempt per branch, after the branch point: read the supervisor's memory, kill
+    it, leave a daemon for the next branch; and its processes count in the trunk's cgroup."""
+    gw = served
+    replies = ["first 1"] + [r for i in range(N) for r in (f"choice {i + 5}", "done")]
+    outcome, key, _ = _episode(gw, "attack", replies, BranchConfig(n=N, at_call=2))
+    assert [b.status for b in outcome.branches] == ["ok"] * N, outcome.branches[0].error if outcome.branches else outcome
+    trunk = gw.call(lambda: gw.gateway.close_session(key))
+    for i, b in enumerate(gw.call(lambda: expand(gw.gateway, outcome, trunk))):
+        report = _report(gw, list(b.session.interactions.values()))
+        assert report.endswith(
+            f"seen=['mine-choice-{i + 5}'] keys=0 strays=0 supervisor-memory=denied(PermissionError) same-cgroup=True"
+        ), report

@@ -1,0 +1,119 @@
+"""Agents branched at a model call by tests/integration/sandbox/test_branching.py.
+
+``BranchAgent.run`` dispatches on ``data["case"]``, so one zygote serves every test. Each episode
+makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client. Before each call it bumps a
+counter in memory and appends a line to a file in its private temp dir; after the second (the
+branch point the tests set) it writes a file named after its reply, and its third call's user
+message is a report of what it sees: the counter, the notes file, the files other branches
+would have written, and the session keys in its own memory other than its own and the trunk's.
+The reward is the number in its second reply, so each branch's reward is its own sample's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from typing import Any
+
+import anthropic
+import openai
+
+
+def _keys_in_own_memory(prefix: bytes = b"sk-areal-") -> set[str]:
+    found: set[str] = set()
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            addresses, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            lo, hi = (int(a, 16) for a in addresses.split("-"))
+            try:
+                mem.seek(lo)
+                chunk = mem.read(hi - lo)
+            except OSError:
+                continue
+            found.update(k.decode() for k in re.findall(re.escape(prefix) + rb"[A-Za-z0-9_-]{32}", chunk))
+    return found
+
+
+class BranchAgent:
+    async def run(self, data: dict, **kw: Any) -> float:
+        case = data["case"]
+        if case == "relay":  # the SDK's own HTTP stack, to the loopback relay (OPENAI_BASE_URL)
+            client: Any = openai.AsyncOpenAI(max_retries=0)
+        elif case == "anthropic":  # through the httpx2 bridge (areal/agent/httpx2_bridge.py)
+            root = kw["base_url"].removesuffix("/v1")
+            client = anthropic.AsyncAnthropic(base_url=root, api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+        else:
+            client = openai.AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+        held: Any = None
+        if case == "child":  # a tool server of its own: fork copies one process
+            held = subprocess.Popen(["sleep", "600"])
+        elif case == "thread":
+            stop = threading.Event()
+            held = threading.Thread(target=stop.wait, daemon=True)
+            held.start()
+        cgroup = open("/proc/self/cgroup").read()  # before the branch point
+        tmp = os.environ["TMPDIR"]
+        notes = os.path.join(tmp, "notes.txt")
+        counter = 0
+        messages = [{"role": "user", "content": "start"}]
+        replies = []
+        for call in (1, 2, 3):
+            counter += 1
+            with open(notes, "a") as f:
+                f.write(f"before {call};")
+            if call == 2:
+                messages.append({"role": "user", "content": "next"})
+            if call == 3:
+                own = os.environ["OPENAI_API_KEY"]
+                others = sorted(_keys_in_own_memory() - {own, kw["api_key"]})
+                seen = sorted(n for n in os.listdir(tmp) if n.startswith("mine-"))
+                with open(notes) as f:
+                    text = f.read()
+                report = f"report counter={counter} notes={text} seen={seen} keys={len(others)}"
+                if case == "attack":
+                    report += " " + _attack(cgroup)
+                messages.append({"role": "user", "content": report})
+            if case == "anthropic":
+                m = await client.messages.create(model="m", messages=messages, max_tokens=16)
+                reply = "".join(block.text for block in m.content if block.type == "text")
+            else:
+                r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)
+                reply = r.choices[0].message.content or ""
+            replies.append(reply)
+            messages.append({"role": "assistant", "content": reply})
+            if call == 2:
+                with open(os.path.join(tmp, f"mine-{reply.replace(' ', '-')}"), "w") as f:
+                    f.write(reply)
+        if isinstance(held, subprocess.Popen):
+            held.kill()
+            held.wait()
+        return float(re.findall(r"\d+", replies[1])[0])
+
+
+def _attack(cgroup: str) -> str:
+    """In a branch, after the branch point: what another branch left running; reading and killing
+    the supervisor (it runs every later branch); a daemon left behind for the next branch to meet;
+    whether this branch is in the trunk's cgroup (its limits)."""
+    me, sup = os.getpid(), os.getppid()
+    strays = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (me, sup)]
+    try:
+        with open(f"/proc/{sup}/maps") as maps:
+            writable = next(line for line in maps if line.split()[1].startswith("rw"))
+        with open(f"/proc/{sup}/mem", "rb", buffering=0) as mem:
+            mem.seek(int(writable.split("-")[0], 16))
+            mem.read(1)
+        memory = "read"
+    except OSError as e:
+        memory = f"denied({type(e).__name__})"
+    try:
+        os.kill(sup, signal.SIGKILL)  # PID 1 of the namespace: ignored from inside it
+    except OSError:
+        pass
+    subprocess.Popen(["sleep", "600"], start_new_session=True)  # left behind on purpose
+    same = open("/proc/self/cgroup").read() == cgroup
+    return f"strays={len(strays)} supervisor-memory={memory} same-cgroup={same}"

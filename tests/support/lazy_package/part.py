@@ -1,0 +1,3 @@
+"""The part ``lazy_package`` does not import itself."""
+
+VALUE = 1.0

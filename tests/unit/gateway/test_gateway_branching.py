@@ -1,0 +1,123 @@
+"""The gateway's half of a branch point (areal/gateway/branching.py), through the real request
+path (``server.handle``) with a scripted engine: the order, the retired trunk key, each branch's
+own session and rewards, refusals, and the settings' validation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from scripted_engine import ScriptedEngine
+from transformers import AutoTokenizer
+
+from areal.embedded import ensure_embedded_model
+from areal.gateway import Gateway, GatewayConfig
+from areal.gateway.branching import BRANCHABLE, ORDER, REFUSED, BranchConfig, branch_keys, branch_of, ends_with_tool_result, refusal
+from areal.gateway.server import handle
+from areal.protocol import GatewayRequest
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(ensure_embedded_model())
+
+
+def _gateway(tok, replies: list[str], branch: BranchConfig | None) -> Gateway:
+    gw = Gateway(ScriptedEngine(tok, [(r, "<|im_end|>") for r in replies]), tok, GatewayConfig())
+    gw.branching = branch
+    return gw
+
+
+def _call(gw: Gateway, key: str, messages: list[dict], **headers: str) -> tuple[int, dict, dict]:
+    req = GatewayRequest(
+        1,
+        "POST",
+        "/v1/chat/completions",
+        {"authorization": f"Bearer {key}", **headers},
+        json.dumps({"messages": messages, "max_tokens": 8}).encode(),
+    )
+    reply = asyncio.run(handle(gw, req))
+    return reply.status, json.loads(reply.body), reply.headers
+
+
+FIRST = [{"role": "user", "content": "hi"}]
+
+
+def _second(first_reply: str) -> list[dict]:
+    return [*FIRST, {"role": "assistant", "content": first_reply}, {"role": "user", "content": "again"}]
+
+
+def test_the_kth_call_is_answered_with_an_order_and_each_branch_samples_it_in_its_own_session(tok):
+    gw = _gateway(tok, ["one", "b0", "b1", "b2", "b0 again"], BranchConfig(n=3, at_call=2))
+    trunk = gw.open_session("ep")
+    assert _call(gw, trunk, FIRST, **{BRANCHABLE: "1"})[0] == 200  # call 1: served
+    status, body, headers = _call(gw, trunk, _second("one"), **{BRANCHABLE: "1"})
+    assert status == 200 and headers.get(ORDER) == "order" and body["branch"]["call"] == 2
+    keys = body["branch"]["keys"]
+    assert keys == branch_keys(gw.sessions[trunk]) and len(set(keys)) == 3
+    assert [text for text, _ in gw.engine.replies] == ["b0", "b1", "b2", "b0 again"]  # the order sampled nothing
+    status, body, _ = _call(gw, trunk, _second("one"), **{BRANCHABLE: "1"})
+    assert status == 409 and body["error"]["type"] == "branch_conflict"  # the trunk's key is retired
+    prefix = next(iter(gw.sessions[trunk].interactions))
+    for i, key in enumerate(keys):
+        status, body, headers = _call(gw, key, _second("one"), **{BRANCHABLE: "1"})  # a branch never branches again
+        assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == f"b{i}"
+        session = gw.sessions[key]
+        assert branch_of(session).index == i and session.episode_id == f"ep/b{i}"
+        own = list(session.interactions.values())
+        assert [x.id for x in own][0] == prefix and own[1].parent_id == prefix
+    gw.sessions[keys[2]].last_used = 0.0
+    _call(gw, keys[0], _second("one"))  # a call in one branch keeps its waiting siblings alive
+    assert gw.sessions[keys[2]].last_used == gw.sessions[keys[0]].last_used > 0.0
+    gw.sessions[keys[0]].set_final_reward(1.0)
+    gw.sessions[keys[0]].set_reward(prefix, 0.5)  # a prefix reward set in one branch is that branch's
+    assert gw.sessions[keys[1]].interactions[prefix].reward is None
+    assert gw.sessions[trunk].interactions[prefix].reward is None
+
+
+def test_a_call_that_cannot_fork_is_served_and_the_refusal_kept(tok):
+    gw = _gateway(tok, ["one", "two"], BranchConfig(n=2, at_call=2))
+    trunk = gw.open_session("ep")
+    _call(gw, trunk, FIRST)
+    status, body, headers = _call(gw, trunk, _second("one"))  # no x-areal-branchable: the relay, HTTP, inline
+    assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == "two"
+    assert refusal(gw.sessions[trunk]).startswith("the call did not come through the client handed")
+    assert branch_keys(gw.sessions[trunk]) == [] and len(gw.sessions) == 1
+
+
+def test_an_episode_that_refuses_the_order_goes_on_in_its_own_session(tok):
+    gw = _gateway(tok, ["one", "two"], BranchConfig(n=2, at_call=2))
+    trunk = gw.open_session("ep")
+    _call(gw, trunk, FIRST, **{BRANCHABLE: "1"})
+    keys = _call(gw, trunk, _second("one"), **{BRANCHABLE: "1"})[1]["branch"]["keys"]
+    status, body, _ = _call(gw, trunk, _second("one"), **{BRANCHABLE: "1", REFUSED: "it runs threads"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "two"
+    assert refusal(gw.sessions[trunk]) == "refused by the episode: it runs threads"
+    assert not any(k in gw.sessions for k in keys)  # the branch sessions are gone
+
+
+def test_off_by_default_nothing_branches(tok):
+    gw = _gateway(tok, ["one", "two"], None)
+    trunk = gw.open_session("ep")
+    _call(gw, trunk, FIRST, **{BRANCHABLE: "1"})
+    assert _call(gw, trunk, _second("one"), **{BRANCHABLE: "1"})[1]["choices"][0]["message"]["content"] == "two"
+    assert refusal(gw.sessions[trunk]) == "" and branch_keys(gw.sessions[trunk]) == []
+
+
+def test_tool_result_boundaries_in_each_api():
+    assert ends_with_tool_result("/v1/chat/completions", {"messages": [{"role": "tool", "content": "4"}]})
+    assert not ends_with_tool_result("/v1/chat/completions", {"messages": [{"role": "user", "content": "4"}]})
+    assert ends_with_tool_result("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "4"}]}]})
+    assert not ends_with_tool_result("/v1/messages", {"messages": [{"role": "user", "content": "4"}]})
+    assert ends_with_tool_result("/v1/responses", {"input": [{"type": "function_call_output", "output": "4"}]})
+    assert not ends_with_tool_result("/v1/responses", {"input": "4"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [({"n": 1, "at_call": 2}, "rollout.branch.n"), ({"n": 3}, "rollout.branch.at_call"), ({"at_call": -1}, "rollout.branch.at_call")],
+)
+def test_settings_are_checked_naming_the_field(fields, named):
+    with pytest.raises(ValueError, match=named):
+        BranchConfig(**fields)
