@@ -12,7 +12,10 @@
 Admission (asynchronous RL with a staleness bound): group g (counting accepted and in-flight
 groups) may start only while ``g < (version + 1 + max_head_offpolicyness) * groups_per_step``,
 where ``version`` is the trainer's latest published policy. With a bound of 0 the loop is
-synchronous; with 1, the next step's rollouts overlap the current optimizer step.
+synchronous; with 1, the next step's rollouts overlap the current optimizer step. Groups finish
+out of order, so a group that ends after others admitted a version later could still land in a
+step too new for its tokens: it is not published (logged as dropped, ``stale``) and its prompt
+runs again, so no trained token is older than the bound.
 
 Failure policy: a failed episode (error, timeout, crash) is logged with its reason and its class
 in ``episodes.jsonl`` and counted per class in the metrics (``areal/agent/failures.py`` decides the
@@ -79,7 +82,7 @@ from areal.controller.recovery import Journal, Resume, trained_episodes
 from areal.controller.run_setup import RunFailed, gateway_config, hf_model_dir, load_resumed_weights, plan_continuation, sandbox_config
 from areal.controller.task_metrics import task_score, with_task_accuracy
 from areal.controller.trackers import open_trackers
-from areal.controller.trajectories import trajectory_from_episode, trajectory_from_row
+from areal.controller.trajectories import STALE, too_stale, trajectory_from_episode, trajectory_from_row
 from areal.dataset import stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
@@ -179,6 +182,8 @@ class Controller:
         self.accepted_groups = 0
         self.inflight_groups = 0
         self.failed_groups = 0
+        self.stale_groups = 0  # groups not published since the last step: finished too late for the staleness bound
+        self.readmit: list[tuple[str, dict]] = []  # (group id, row) of those, to run again before the next new prompt
         self.wake = asyncio.Event()
         self.failure: str | None = None
         self.fleet: EngineFleet | None = None  # the engines this run launched (embedded, or engine.launch.command)
@@ -449,19 +454,23 @@ class Controller:
                 while self.accepted_groups + self.inflight_groups < min(
                     total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step
                 ) and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples):
-                    if rerun:
+                    if self.readmit:  # a group that finished too late for the bound: its prompt again
+                        group_id, problem = self.readmit.pop(0)
+                    elif rerun:
                         position, group_id = rerun.pop(0)
-                        idx = order[position % len(order)]
-                        group_id = group_id or f"g{position}-p{idx}"  # admitted, but no episode of it ended before the kill
+                        problem = problems[order[position % len(order)]]
+                        group_id = (
+                            group_id or f"g{position}-p{order[position % len(order)]}"
+                        )  # admitted, but no episode of it ended before the kill
                     else:
                         idx = order[next_prompt % len(order)]
-                        group_id = f"g{next_prompt}-p{idx}"
+                        group_id, problem = f"g{next_prompt}-p{idx}", problems[idx]
                         next_prompt += 1
                     self.inflight_groups += 1
                     if self.workflow_kind == "rollout":
-                        group = self._run_workflow_group(engine, rings, group_id, problems[idx])
+                        group = self._run_workflow_group(engine, rings, group_id, problem)
                     else:
-                        group = self._run_group(episodes, rings, group_id, problems[idx], tag)
+                        group = self._run_group(episodes, rings, group_id, problem, tag)
                     task = asyncio.create_task(group)
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
@@ -516,15 +525,20 @@ class Controller:
         trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.dapo.overlong) for o, s in good]
         dropped = bool(good) and self.dapo.drop(trajectories, self.accepted_groups)  # logged with its episodes, then not published
         kept = {o.episode_id for o, _ in good}
-        for o, s in results:
-            self._log_episode(o, s, group_id, DROPPED if dropped and o.episode_id in kept else "", problem)
-        if not good:
-            self._group_failed(results[0][0])
+
+        def log(mark: str) -> None:  # episodes.jsonl: why the episodes with something to train on were not published
+            for o, s in results:
+                self._log_episode(o, s, group_id, mark if o.episode_id in kept else "", problem)
+
+        if not good or dropped:
+            log(DROPPED if dropped else "")
+            if not good:
+                self._group_failed(results[0][0])
             return
-        if dropped:
-            return
-        self.dapo.published([i for _, s in good for i in s.interactions.values()])
-        await self._publish(rings, trajectories)
+        if await self._publish(rings, trajectories, log=log):
+            self.dapo.published([i for _, s in good for i in s.interactions.values()])
+        else:
+            self.readmit.append((f"{group_id}-{STALE}", problem))
 
     async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
         """One group of ``arun_episode`` calls (``areal/agent/groups.py`` decides how many):
@@ -537,21 +551,26 @@ class Controller:
         rows = [row for c in calls for row in c.rows.values()]
         trajectories = [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows), self.dapo.overlong) for i, row in enumerate(rows)]
         dropped = bool(rows) and self.dapo.drop(trajectories, self.accepted_groups)
-        for c, outcome in zip(calls, outcomes):
-            self.window.append(outcome)
-            record = workflow_call_record(c, outcome, group_id)
-            if dropped and c.rows:
-                record["dropped"] = DROPPED
-            inters = [r.interaction for r in c.rows.values()]
-            rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in c.rows.values()}
-            self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, rewards)
-        if not rows:
-            self._group_failed(outcomes[0])
+
+        def log(mark: str) -> None:
+            for c, outcome in zip(calls, outcomes):
+                self.window.append(outcome)
+                record = workflow_call_record(c, outcome, group_id)
+                if mark and c.rows:
+                    record["dropped"] = mark
+                inters = [r.interaction for r in c.rows.values()]
+                rewards = {r.interaction.id: (r.interaction.reward, r.reward) for r in c.rows.values()}
+                self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, rewards)
+
+        if not rows or dropped:
+            log(DROPPED if dropped else "")
+            if not rows:
+                self._group_failed(outcomes[0])
             return
-        if dropped:
-            return
-        self.dapo.published([row.interaction for row in rows])
-        await self._publish(rings, trajectories)
+        if await self._publish(rings, trajectories, log=log):
+            self.dapo.published([row.interaction for row in rows])
+        else:
+            self.readmit.append((f"{group_id}-{STALE}", problem))
 
     def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
         """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
@@ -643,11 +662,24 @@ class Controller:
                 f"({first.failure_cause}): status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
             )
 
-    async def _publish(self, rings: list[RingWriter], trajectories: list[Trajectory], journal: bool = True) -> None:
-        """A whole group into one ring (round-robin over ranks), in order; then it counts.
+    async def _publish(
+        self, rings: list[RingWriter], trajectories: list[Trajectory], journal: bool = True, log: Callable[[str], None] | None = None
+    ) -> bool:
+        """A whole group into one ring (round-robin over ranks), in order; then it counts. False,
+        publishing nothing, when the step that would train it starts more than
+        ``rollout.max_head_offpolicyness`` versions after its oldest token (``too_stale``; not asked
+        of a resumed run's replay): the caller runs its prompt again. ``log(mark)`` writes the
+        group's episode lines, under the same lock as the verdict ("" or ``STALE``).
         ``put_trajectory`` frames each record straight into shared memory (no encoded copy). The
         journal gets the group first: a record in a ring is always one a resumed run can replay."""
         async with self.ring_lock:
+            r = self.config.rollout
+            oldest = too_stale(trajectories, self.accepted_groups, r.groups_per_step, r.max_head_offpolicyness) if journal else None
+            if log is not None:
+                log("" if oldest is None else STALE)
+            if oldest is not None:
+                self.stale_groups += 1
+                return False
             if journal and self.journal is not None:
                 self.journal.append(trajectories)
             ring = rings[self.groups_written % len(rings)]
@@ -656,8 +688,9 @@ class Controller:
                 await self._put(ring, traj)
                 self.published.append(traj.episode_id)
                 self.records.trajectory(traj)
-        self.accepted_groups += 1
+            self.accepted_groups += 1
         self.advantage_watch.add(trajectories[0].group_id, trajectories)
+        return True
 
     async def _put(self, ring: RingWriter, traj: Trajectory) -> None:
         """Put ``traj`` into ``ring``; while the ring is full (back-pressure: the trainer is still on
@@ -772,7 +805,9 @@ class Controller:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
         tasks, self.window_tasks = self.window_tasks, []
-        self.records.step({**step_row(r, window, calls, tasks), **self.dapo.take_metrics()})  # DAPO's counts since the last step
+        stale, self.stale_groups = self.stale_groups, 0
+        # DAPO's counts since the last step; the groups that finished too late for the staleness bound (run again)
+        self.records.step({**step_row(r, window, calls, tasks), **self.dapo.take_metrics(), "stale_groups": stale})
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

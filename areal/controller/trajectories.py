@@ -94,6 +94,22 @@ def trajectory_from_row(
     )
 
 
+STALE = "stale"  # episodes.jsonl's "dropped" for a group that finished too late for the staleness bound
+
+
+def too_stale(trajectories: list[Trajectory], published: int, groups_per_step: int, bound: int) -> int | None:
+    """The oldest policy version among ``trajectories``' sampled tokens when it is more than
+    ``bound`` versions behind the weights of the step that would train them (the group published
+    after ``published`` others is trained by step ``published // groups_per_step + 1``, which starts
+    from version ``published // groups_per_step``); else None. Admission alone cannot promise the
+    bound: a group admitted early can finish after groups admitted one version later."""
+    sampled = [int(v.min()) for t in trajectories if (v := t.array("versions")[t.array("versions") >= 0]).size]
+    if not sampled:
+        return None
+    oldest = min(sampled)
+    return oldest if oldest < published // groups_per_step - bound else None
+
+
 def read_saved_trajectories(path: Path) -> list[Trajectory]:
     """Read back ``trajectories.bin`` (written with ``save_trajectories=true``): every complete
     record. A file cut short (a full disk, a kill mid-write) keeps the records before the cut,

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from late_agent import MARKER, WAIT_FOR_STEP
+from paths import ROOT
 from run_checks import read_jsonl, run_ok, train_cmd
 from trainer_harness import behaviour_logprobs
 from transformers import AutoModelForCausalLM
@@ -78,3 +80,48 @@ def _largest_log_ratio(weights: Path, episodes: list[Trajectory]) -> float:
                 lp = behaviour_logprobs(model, ids[a:b].tolist(), temperature=1.0)
                 largest = max(largest, float(np.abs(lp - recorded[a:b])[sampled[a:b]].max()))
     return largest
+
+
+def test_a_group_that_finishes_after_two_newer_versions_is_run_again_not_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission bounds the version a group starts at, but groups finish out of order. One group
+    (tests/support/late_agent.py) samples its tokens at version 0 and ends only once step 2 is
+    logged, so it is the third group published: step 3 would train it from version 2, two
+    versions after its tokens, over a bound of 1. It must not be trained; its prompt runs again."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setenv("LATE_AGENT_RUN_DIR", str(run_dir))
+    run_ok(
+        train_cmd(
+            run_dir,
+            "rollout.openai.mode=inline",
+            f"rollout.agent={ROOT / 'tests' / 'support' / 'late_agent.py'}:run",
+            "trainer.steps=4",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+            "rollout.max_head_offpolicyness=1",
+            "data.eval_size=0",
+            "save_trajectories=true",
+        ),
+        timeout_s=600,
+    )
+    question = (run_dir / MARKER).read_text()
+    episodes = read_jsonl(run_dir / "episodes.jsonl")
+    trained = read_jsonl(run_dir / "trained_episodes-r0.jsonl")
+    assert WAIT_FOR_STEP < len(trained)
+    versions = {t.episode_id: t.array("versions") for t in read_saved_trajectories(run_dir / "trajectories.bin")}
+    for t in trained:  # the bound holds for every step (a step starts from version step - 1)
+        sampled = [int(v) for e in t["episodes"] for v in versions[e] if v >= 0]
+        assert min(sampled) >= t["step"] - 1 - 1, (t["step"], min(sampled))
+    stale = {e["group_id"] for e in episodes if e.get("dropped") == "stale"}
+    assert len(stale) == 1, f"one group (the late one) is dropped as stale, not {sorted(stale)}"
+    late_group = stale.pop()
+    dropped = [e for e in episodes if e["group_id"] == late_group]
+    assert all(e.get("dropped") == "stale" for e in dropped if e["status"] == "ok"), dropped
+    assert question in {e["data"]["question"] for e in dropped}
+    again = [e for e in episodes if e["group_id"] == f"{late_group}-stale"]
+    assert len(again) == 2 and not any(e.get("dropped") for e in again), again  # the prompt ran again, and was trained
+    assert again[0]["data"]["question"] == question  # the same row
+    trained_ids = {e for t in trained for e in t["episodes"]}
+    assert not trained_ids & {e["episode_id"] for e in dropped}
+    assert {e["episode_id"] for e in again} <= trained_ids
+    assert sum(m["stale_groups"] for m in read_jsonl(run_dir / "metrics.jsonl")) == 1
