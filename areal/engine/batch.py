@@ -53,6 +53,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from areal.engine.busy import BusySpans
 from areal.engine.grammar import TOP_LOGPROB_FLOOR, Grammars, advance, mask_logits
 from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
 from areal.engine.sampling import RequestError, RowRandom, SamplingParams, is_int, sample_next
@@ -258,6 +259,7 @@ class Engine:
         forward: str = "auto",
         device: str = "cpu",
         dtype: str = "float32",
+        busy_log: str | None = None,
     ) -> None:
         if forward not in FORWARDS:
             raise ValueError(f"forward: must be one of {FORWARDS}, got {forward!r}")
@@ -269,6 +271,7 @@ class Engine:
         # Optional audit trail: one JSON line per finished generation (ids, logprobs, version), so
         # tests and debugging sessions can check that recorded tokens are the tokens generated.
         self.request_log = open(request_log, "a", buffering=1) if request_log else None
+        self.busy = BusySpans(busy_log) if busy_log else None  # when it computes (areal/engine/busy.py)
         self.max_batch = max_batch
         self.weight_version = weight_version
         # Served on ``device`` in ``dtype``; sampling and the rows' bookkeeping stay on the CPU
@@ -382,10 +385,14 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
+            if self.busy is not None and not self._has_work():
+                self.busy.flush()  # about to block: the span so far is over
             item = self._queue.get() if not self._has_work() else self._next_nowait()
             while item is not False:
                 if item is None:
                     self._fail_all(RuntimeError("engine is shutting down"))
+                    if self.busy is not None:
+                        self.busy.close()
                     return
                 self._accept(item)
                 item = self._next_nowait()
@@ -440,20 +447,27 @@ class Engine:
     def _tick(self) -> None:
         if self._updates and (self.paused or not self._batch.rows):
             for upd in self._updates:
+                began = time.time()
                 try:
                     load = self._load_weights if isinstance(upd, WeightUpdate) else self._receive_weights
                     upd.future.set_result(load(upd))
                 except Exception as exc:  # noqa: BLE001 -- a failed load answers 400, the old weights keep serving
                     upd.future.set_exception(exc)
+                if self.busy is not None:
+                    self.busy.add("load", began, time.time())
             self._updates.clear()
         if self.paused:
             return
         c = self.counters
         room = self.max_batch - len(self._batch.rows)
-        if self._waiting and room > 0 and not self._updates:
+        began = time.time()
+        admitted = bool(self._waiting and room > 0 and not self._updates)
+        if admitted:
             group, self._waiting = self._waiting[:room], self._waiting[room:]
             self._admit(group)
         if not self._batch.rows:
+            if admitted and self.busy is not None:  # the prefill finished every row it admitted
+                self.busy.add("generate", began, time.time())
             return
         start = time.perf_counter()
         logits = self._batch.decode(self.model)
@@ -464,6 +478,8 @@ class Engine:
             self._finish(r)
         c.decode_s += forwarded - start
         c.sample_s += time.perf_counter() - forwarded
+        if self.busy is not None:
+            self.busy.add("generate", began, time.time())
 
     def _admit(self, group: list[GenerationRequest]) -> None:
         c = self.counters

@@ -62,6 +62,7 @@ class EngineConfig:
     dtype: str = "float32"
     max_batch: int = 64
     request_log: bool = False  # every generation to <run_dir>/engine_requests.jsonl (embedded: the engine; vllm: the client)
+    busy_log: bool = False  # each embedded engine's compute spans to <run_dir>/engine_busy-<i>.jsonl (benchmarks/machinery.py)
     replicas: int = 1  # embedded engines to launch; several share the traffic (sticky per episode) and survive a death
     max_restarts: int = 3  # deaths of launched servers the run absorbs (one of several dies: restarted at the newest weights)
 

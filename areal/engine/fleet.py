@@ -69,7 +69,14 @@ def server_launcher(
     if cfg.kind == "embedded":
         request_log = run_dir / "engine_requests.jsonl" if cfg.request_log else None
         launch = embedded_launcher(
-            model_dir, threads=cfg.threads, max_batch=cfg.max_batch, request_log=request_log, host=host, device=cfg.device, dtype=cfg.dtype
+            model_dir,
+            threads=cfg.threads,
+            max_batch=cfg.max_batch,
+            request_log=request_log,
+            host=host,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            busy_log_dir=run_dir if cfg.busy_log else None,
         )
         return launch, cfg.replicas
     if cfg.kind == "sglang":

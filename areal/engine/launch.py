@@ -158,11 +158,13 @@ def launch_embedded_engine(
     host: str = "127.0.0.1",
     device: str = "cpu",
     dtype: str = "float32",
+    busy_log: str | None = None,
 ) -> EngineProcess:
     """Start the embedded engine and wait until it has written its URL to the ready file.
     ``port`` 0 takes a free one; a restarted engine is given its predecessor's. ``host``: the
     address it listens on (a node's own address when other nodes call it); ``device`` and
-    ``dtype``: where and in what it serves the model (engine.device, engine.dtype)."""
+    ``dtype``: where and in what it serves the model (engine.device, engine.dtype); ``busy_log``:
+    the file its compute spans go to (engine.busy_log)."""
     run_dir = owned_temp_dir("engine")
     ready = os.path.join(run_dir, "ready")
     log_path = log_path or os.path.join(run_dir, "engine.log")
@@ -178,6 +180,7 @@ def launch_embedded_engine(
         "--request-log": request_log or None,
         "--device": device,
         "--dtype": dtype,
+        "--busy-log": busy_log,
     }
     cmd = [sys.executable, "-m", "areal.engine.server", *(x for flag, value in flags.items() if value is not None for x in (flag, value))]
     env = dict(os.environ)
@@ -225,9 +228,11 @@ def embedded_launcher(
     host: str = "127.0.0.1",
     device: str = "cpu",
     dtype: str = "float32",
+    busy_log_dir: Path | None = None,
 ) -> Launcher:
     """Our engine (``areal.engine.server``), from the initial weights, listening on ``host``,
-    serving on ``device`` in ``dtype``."""
+    serving on ``device`` in ``dtype``; server ``index`` writes its compute spans to
+    ``busy_log_dir/engine_busy-<index>.jsonl`` when a directory is given."""
 
     def launch(index: int, port: int, log_path: Path) -> EngineProcess:
         return launch_embedded_engine(
@@ -241,6 +246,7 @@ def embedded_launcher(
             weight_version="0",
             device=device,
             dtype=dtype,
+            busy_log=str(busy_log_dir / f"engine_busy-{index}.jsonl") if busy_log_dir else None,
         )
 
     return launch

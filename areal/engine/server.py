@@ -532,6 +532,7 @@ class ServerConfig:
     forward: str = "auto"  # lean (areal/engine/model.py) | hf (HF's forward) | auto: lean where it covers the model
     device: str = "cpu"  # where the model runs: cpu, cuda, cuda:N
     dtype: str = "float32"  # what it is served in: float32 | bfloat16
+    busy_log: str | None = None  # append each span of computing (generating, loading weights) as a JSON line here
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.model_path):
@@ -554,7 +555,14 @@ async def serve(cfg: ServerConfig) -> None:
     """Load the model, bind, announce readiness, serve until SIGTERM/SIGINT."""
     torch.set_num_threads(cfg.threads)
     engine = Engine(
-        cfg.model_path, cfg.max_batch, cfg.weight_version, cfg.request_log, forward=cfg.forward, device=cfg.device, dtype=cfg.dtype
+        cfg.model_path,
+        cfg.max_batch,
+        cfg.weight_version,
+        cfg.request_log,
+        forward=cfg.forward,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        busy_log=cfg.busy_log,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -593,6 +601,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--forward", default="auto", choices=FORWARDS, help="lean forward, HF's, or lean where it applies")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="what the model is served in")
+    p.add_argument(
+        "--busy-log", default=None, help="append each span of computing (generating, loading weights) as JSON lines to this file"
+    )
     run_loop(serve(ServerConfig(**vars(p.parse_args(argv)))))
 
 

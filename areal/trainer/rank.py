@@ -381,11 +381,12 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
             trajs = collector.next_batch(job.groups_per_step // world)
             # the step's collectives start once every rank holds its batch (and rank 0 published the last step)
             gate.wait(f"the other ranks' records of step {step}", reader.writer_alive)
-            t0 = time.perf_counter()
+            t0, started = time.perf_counter(), time.time()
             metrics = train_step(
                 policy.scorer, policy.optimizer, trajs, config, version=step - 1, reference=policy.reference, scheduler=policy.scheduler
             )
             metrics["step_s"] = time.perf_counter() - t0
+            metrics["step_started"] = started  # wall clock, to line the step up with the engine's spans (engine.busy_log)
             metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this rank's, so far (KiB on Linux)
             consumed = _log_step(job, rank, step, trajs, collector, metrics)
             if config.checkpoint_every and step % config.checkpoint_every == 0:
@@ -393,7 +394,9 @@ def train(job: TrainerJob, reporter: Reporter | None, rank: int = 0, world: int 
                 _checkpoint(job, policy, collector, reader if commits else None, step, rank, world, barrier)
             whole = policy.whole(rank)  # a collective under FSDP2
             if rank == 0:
+                t_publish = time.time()
                 _publish(job, step, whole, collective, metrics)
+                metrics["publish_started"], metrics["publish_s"] = t_publish, time.time() - t_publish
                 if reporter is not None:
                     reporter.send(TrainerReport(step=step, version=step, consumed=consumed, metrics=metrics))
     finally:

@@ -52,6 +52,7 @@ MODULES: dict[str, tuple[list[pytest.MarkDecorator], int]] = {
     "ray_scaling": (WHOLE_RUN, 900),
     "faults": (WHOLE_RUN, 600),
     "async_rl": (WHOLE_RUN, 600),
+    "machinery": (WHOLE_RUN, 600),
     "e2e": (WHOLE_RUN, 1200),
     "agentic": (AGENTIC_RUN, 900),
     "credit": (AGENTIC_RUN, 1200),
