@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
-from run_checks import children, read_jsonl, run_in_repo, train_cmd
+from run_checks import agent_cmd, children, read_jsonl, run_in_repo, start_in_repo
 
 AGENT = """
 import asyncio
@@ -37,25 +37,23 @@ async def run(data, **kw):
 """
 
 
+def _agent_run(
+    tmp_path: Path, source: str, mode: str, steps: int, groups: int, *extra: str, name: str = "slow_agent.py"
+) -> tuple[Path, list[str]]:
+    """``agent_cmd`` for this file's runs: the agent ``source`` written to ``tmp_path/name``, its
+    agents in ``mode`` (``rollout.openai.mode``), ``steps`` steps of ``groups`` groups of 2
+    samples, evaluation off, ``extra`` last: (the run's folder, the command)."""
+    overrides = (f"rollout.openai.mode={mode}", f"trainer.steps={steps}", f"rollout.groups_per_step={groups}", "rollout.n_samples=2")
+    return agent_cmd(tmp_path, name, source, *overrides, "data.eval_size=0", *extra)
+
+
 def _zygotes(pid: int) -> list[int]:
     return children(pid, b"sandbox.zygote")
 
 
 def _run_and_kill(tmp_path: Path, kills: int, extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    (tmp_path / "slow_agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
-    cmd = train_cmd(
-        run_dir,
-        f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-        "model.path=scripted",
-        "rollout.openai.mode=subproc",
-        "trainer.steps=3",
-        "rollout.groups_per_step=2",
-        "rollout.n_samples=2",
-        "data.eval_size=0",
-        *extra,
-    )
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir, cmd = _agent_run(tmp_path, AGENT, "subproc", 3, 2, *extra)
+    proc = start_in_repo(cmd)
     killed: set[int] = set()
     deadline = time.monotonic() + 240
     log = run_dir / "episodes.jsonl"
@@ -110,22 +108,8 @@ async def run(data, **kw):
 def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp_path):
     """The old stop rule fired only while no group had been accepted: a run that had accepted some
     and then failed every episode replaced failed groups for ever."""
-    (tmp_path / "failing_later.py").write_text(FAILING_LATER)
-    run_dir = tmp_path / "run"
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'failing_later.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=50",
-            "rollout.groups_per_step=2",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-            "rollout.failure_window=8",
-        ),
-        timeout_s=300,
-    )
+    run_dir, cmd = _agent_run(tmp_path, FAILING_LATER, "inline", 50, 2, "rollout.failure_window=8", name="failing_later.py")
+    proc = run_in_repo(cmd, timeout_s=300)
     assert proc.returncode != 0
     assert "8 of the last 8 episodes failed (rollout.max_failure_rate=0.9)" in proc.stderr, proc.stderr[-3000:]
     assert "this agent broke after its first 8 episodes" in proc.stderr
@@ -136,25 +120,9 @@ def test_a_run_whose_episodes_keep_failing_stops_whatever_it_accepted_before(tmp
 @pytest.mark.e2e
 def test_a_killed_engine_stops_the_run_within_seconds_naming_it(tmp_path):
     """The trainer waits for data (bound 0) while slow episodes run: nothing else would notice."""
-    (tmp_path / "slow_agent.py").write_text(AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)"))
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=20",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=2",
-            "rollout.max_head_offpolicyness=0",
-            "data.eval_size=0",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    slow_agent = AGENT.replace("asyncio.sleep(0.4)", "asyncio.sleep(2.0)")
+    run_dir, cmd = _agent_run(tmp_path, slow_agent, "inline", 20, 1, "rollout.max_head_offpolicyness=0")
+    proc = start_in_repo(cmd)
     deadline, engine = time.monotonic() + 120, None
     while engine is None and proc.poll() is None and time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"
@@ -208,21 +176,8 @@ def test_a_failure_keeps_its_reason_first_and_its_log_tail_apart(tmp_path):
     """Before, the record kept the last 2,000 characters of reason + log: a long log left only
     'xxxx...'. Now the reason leads (cut only past 16,000 characters, saying so) and the log
     tail is its own bounded field."""
-    (tmp_path / "noisy.py").write_text(NOISY_FAILURE)
-    run_dir = tmp_path / "run"
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'noisy.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=subproc",
-            "trainer.steps=1",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-        ),
-        timeout_s=300,
-    )
+    run_dir, cmd = _agent_run(tmp_path, NOISY_FAILURE, "subproc", 1, 1, name="noisy.py")
+    proc = run_in_repo(cmd, timeout_s=300)
     assert proc.returncode != 0  # every group failed
     episodes = read_jsonl(run_dir / "episodes.jsonl")
     assert episodes and all(e["status"] == "error" for e in episodes)
@@ -243,26 +198,9 @@ def test_a_component_killed_at_a_random_point_leaves_one_whole_record(tmp_path, 
     rng = random.Random(seed)
     after_lines, extra_s = rng.randint(1, 10), rng.uniform(0.0, 1.5)
     why = f"seed {seed}: kill the {component} after {after_lines} episode lines + {extra_s:.2f} s"
-    (tmp_path / "slow_agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
+    run_dir, cmd = _agent_run(tmp_path, AGENT, "subproc", 4, 2, "trainer.checkpoint_every=1")
     started = time.time()
-    proc = subprocess.Popen(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=subproc",
-            "trainer.steps=4",
-            "rollout.groups_per_step=2",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-            "trainer.checkpoint_every=1",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_in_repo(cmd)
     module = {"zygote": b"sandbox.zygote", "engine": b"areal.engine.server", "trainer": b"areal.trainer"}[component]
     log, killed, deadline = run_dir / "episodes.jsonl", None, time.monotonic() + 240
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
@@ -315,26 +253,10 @@ def test_with_two_engines_a_killed_one_is_restarted_and_the_run_goes_on(tmp_path
         "        await asyncio.sleep(0.1)\n"
         "    client = AsyncOpenAI(",
     ).replace("import asyncio\n", "import asyncio\nimport os\n", 1)
-    (tmp_path / "slow_agent.py").write_text(agent)
-    run_dir, log_path = tmp_path / "run", tmp_path / "run.log"
+    run_dir, cmd = _agent_run(tmp_path, agent, "inline", 12, 2, "engine.replicas=2")
+    log_path = tmp_path / "run.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            train_cmd(
-                run_dir,
-                f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-                "model.path=scripted",
-                "rollout.openai.mode=inline",
-                "trainer.steps=12",
-                "rollout.groups_per_step=2",
-                "rollout.n_samples=2",
-                "data.eval_size=0",
-                "engine.replicas=2",
-            ),
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline, killed = time.monotonic() + 180, None
         while killed is None and proc.poll() is None and time.monotonic() < deadline:
@@ -372,27 +294,11 @@ def test_servers_launched_from_a_command_serve_the_run_and_stop_with_it(tmp_path
     which speaks SGLang's HTTP API), each with its share of engine.launch.gpus as its
     CUDA_VISIBLE_DEVICES, routes through both, pushes weights to both, logs each to the run dir,
     and stops them at the end."""
-    (tmp_path / "slow_agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
     serve = "{python} -m areal.engine.server --model-path {model} --host {host} --port {port}"
     command = f'sh -c "echo gpus=$CUDA_VISIBLE_DEVICES; exec {serve}"'
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp_path / 'slow_agent.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=3",
-            "rollout.groups_per_step=2",
-            "rollout.n_samples=2",
-            "data.eval_size=0",
-            "engine.kind=sglang",
-            f"engine.launch.command='{command}'",
-            "engine.launch.count=2",
-            "engine.launch.gpus=[5,6]",
-        ),
-        timeout_s=300,
-    )
+    launch = ("engine.kind=sglang", f"engine.launch.command='{command}'", "engine.launch.count=2", "engine.launch.gpus=[5,6]")
+    run_dir, cmd = _agent_run(tmp_path, AGENT, "inline", 3, 2, *launch)
+    proc = run_in_repo(cmd, timeout_s=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "gpus=5\n" in (run_dir / "engine.log").read_text() and "gpus=6\n" in (run_dir / "engine-1.log").read_text()
     urls = json.loads((run_dir / "trainer_config.json").read_text())["engine_urls"]

@@ -23,7 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, one_step_run, read_jsonl, run_in_repo, run_ok, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, ray_placement_failure, ray_run, read_jsonl, run_ok  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,24 +38,11 @@ def three_nodes():
         cluster.shutdown()
 
 
-def _run_on(address: str, run_dir: Path, *overrides: str) -> list[str]:
-    """A 3-step run of inline agents (tests/support/run_checks.py) with its trainer on the Ray cluster at ``address``."""
-    return three_step_run(
-        run_dir,
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "rollout.n_samples=4",
-        "cluster.kind=ray",
-        f"cluster.address={address}",
-        *overrides,
-    )
-
-
 @pytest.mark.e2e
 def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path, three_nodes):
     cluster, trainer_node_id = three_nodes
     run_dir = tmp_path / "run"
-    cmd = _run_on(cluster.address, run_dir, "++cluster.trainer_resources={CPU:1,trainer:1}")
+    cmd = ray_run(run_dir, cluster.address, "inline", "++cluster.trainer_resources={CPU:1,trainer:1}")
     proc = run_ok(cmd, timeout_s=170)
     assert f"[cluster] trainer placed on Ray node {trainer_node_id}" in proc.stdout + proc.stderr
 
@@ -65,16 +52,8 @@ def test_trainer_on_the_third_node_trains_every_published_episode_once(tmp_path,
 @pytest.mark.e2e
 def test_a_trainer_no_node_can_hold_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
-    cmd = one_step_run(
-        tmp_path / "run",
-        "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        "++cluster.trainer_resources={CPU:1,gpu_node:1}",
-        "cluster.placement_timeout_s=3",
-    )
-    proc = run_in_repo(cmd, timeout_s=120)
-    assert proc.returncode != 0
-    assert "cluster.trainer_resources={'CPU': 1.0, 'gpu_node': 1.0}: no node of the Ray cluster had them free" in proc.stderr
+    stderr = ray_placement_failure(tmp_path / "run", cluster.address, "++cluster.trainer_resources={CPU:1,gpu_node:1}")
+    assert "cluster.trainer_resources={'CPU': 1.0, 'gpu_node': 1.0}: no node of the Ray cluster had them free" in stderr
 
 
 def test_cluster_config_refuses_ray_client_and_unknown_kinds():
@@ -92,8 +71,13 @@ def test_cluster_config_refuses_ray_client_and_unknown_kinds():
 def test_two_trainer_nodes_run_one_rank_each_and_train_every_published_episode_once(tmp_path, three_nodes):
     cluster, _ = three_nodes
     run_dir = tmp_path / "run"
-    cmd = _run_on(
-        cluster.address, run_dir, "trainer.ranks=2", "cluster.trainer_nodes=2", "++cluster.trainer_resources={CPU:1,trainer_pool:1}"
+    cmd = ray_run(
+        run_dir,
+        cluster.address,
+        "inline",
+        "trainer.ranks=2",
+        "cluster.trainer_nodes=2",
+        "++cluster.trainer_resources={CPU:1,trainer_pool:1}",
     )
     proc = run_ok(cmd, timeout_s=300)
 
@@ -166,19 +150,10 @@ def test_a_trainer_node_whose_torchrun_dies_fails_the_trainer_naming_that_node(t
 @pytest.mark.e2e
 def test_more_trainer_nodes_than_the_cluster_has_fails_the_run_naming_the_resources(tmp_path, three_nodes):
     cluster, _ = three_nodes
-    cmd = one_step_run(
-        tmp_path / "run",
-        "trainer.ranks=3",
-        "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        "cluster.trainer_nodes=3",
-        "++cluster.trainer_resources={CPU:1,trainer_pool:1}",
-        "cluster.placement_timeout_s=3",
-    )
-    proc = run_in_repo(cmd, timeout_s=120)
-    assert proc.returncode != 0
+    nodes = ("trainer.ranks=3", "cluster.trainer_nodes=3", "++cluster.trainer_resources={CPU:1,trainer_pool:1}")
+    stderr = ray_placement_failure(tmp_path / "run", cluster.address, *nodes)
     expected = "cluster.trainer_resources={'CPU': 1.0, 'trainer_pool': 1.0}: fewer than cluster.trainer_nodes=3 distinct nodes"
-    assert expected in proc.stderr, proc.stderr[-3000:]
+    assert expected in stderr, stderr[-3000:]
 
 
 def test_trainer_ranks_must_split_evenly_over_the_trainer_nodes():

@@ -16,16 +16,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from paths import ROOT
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, one_step_run, ray_torn_down, run_in_repo, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, ray_placement_failure, ray_run, ray_torn_down, started_in_repo  # noqa: E402
 
 from areal.cluster.config import ClusterConfig  # noqa: E402
 from areal.engine.config import EngineConfig  # noqa: E402
@@ -54,32 +52,19 @@ def _ppid(pid: int) -> int:
 def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path, two_nodes):
     cluster, engine_node = two_nodes
     run_dir, log_path = tmp_path / "run", tmp_path / "controller.log"
-    cmd = three_step_run(
-        run_dir,
-        "model.path=scripted",
-        "rollout.openai.mode=inline",
-        "rollout.n_samples=4",
-        "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        ENGINE_RESOURCES,
-    )
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            # While it runs: the server is a child of the EngineHost actor, a Ray worker process.
-            deadline, placed = time.monotonic() + 120, None
-            while placed is None and proc.poll() is None and time.monotonic() < deadline:
-                placed = PLACED.search(log_path.read_text())
-                time.sleep(0.05)
-            assert placed is not None, log_path.read_text()[-4000:]
-            engine_pid, actor_pid = int(placed[4]), int(placed[5])
-            assert _ppid(engine_pid) == actor_pid
-            with open(f"/proc/{actor_pid}/cmdline", "rb") as f:
-                assert b"EngineHost" in f.read()  # Ray names an actor's process after its class
-            rc = proc.wait(timeout=170)
-        finally:
-            if proc.poll() is None:  # its own process group: the controller and what it started
-                os.killpg(proc.pid, signal.SIGKILL)
+    cmd = ray_run(run_dir, cluster.address, "inline", ENGINE_RESOURCES)
+    with started_in_repo(cmd, log_path) as proc:
+        # While it runs: the server is a child of the EngineHost actor, a Ray worker process.
+        deadline, placed = time.monotonic() + 120, None
+        while placed is None and proc.poll() is None and time.monotonic() < deadline:
+            placed = PLACED.search(log_path.read_text())
+            time.sleep(0.05)
+        assert placed is not None, log_path.read_text()[-4000:]
+        engine_pid, actor_pid = int(placed[4]), int(placed[5])
+        assert _ppid(engine_pid) == actor_pid
+        with open(f"/proc/{actor_pid}/cmdline", "rb") as f:
+            assert b"EngineHost" in f.read()  # Ray names an actor's process after its class
+        rc = proc.wait(timeout=170)
     out = log_path.read_text()
     assert rc == 0, out[-6000:]
     node_id, ip, url = placed[1], placed[2], placed[3]
@@ -95,17 +80,9 @@ def test_the_engine_runs_on_the_engine_node_and_serves_what_is_trained(tmp_path,
 @pytest.mark.e2e
 def test_engine_resources_no_node_has_fail_the_run_naming_them(tmp_path, two_nodes):
     cluster, _ = two_nodes
-    cmd = one_step_run(
-        tmp_path / "run",
-        "cluster.kind=ray",
-        f"cluster.address={cluster.address}",
-        "++cluster.engine_resources={CPU:1,gpu_node:1}",
-        "cluster.placement_timeout_s=3",
-    )
-    proc = run_in_repo(cmd, timeout_s=120)
-    assert proc.returncode != 0
-    assert "cluster.engine_resources={'CPU': 1.0, 'gpu_node': 1.0} for 1 engine server(s): the Ray cluster had no room" in proc.stderr
-    assert "'engine': 1.0" in proc.stderr  # the cluster's resources, to compare
+    stderr = ray_placement_failure(tmp_path / "run", cluster.address, "++cluster.engine_resources={CPU:1,gpu_node:1}")
+    assert "cluster.engine_resources={'CPU': 1.0, 'gpu_node': 1.0} for 1 engine server(s): the Ray cluster had no room" in stderr
+    assert "'engine': 1.0" in stderr  # the cluster's resources, to compare
     _, free, total = ray_torn_down(cluster.address)
     assert free == total
 

@@ -27,7 +27,7 @@ from paths import ROOT
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from run_checks import check_trained_as_sampled, ray_torn_down, read_jsonl, run_in_repo, three_step_run  # noqa: E402
+from run_checks import check_trained_as_sampled, ray_run, ray_torn_down, read_jsonl, run_in_repo, started_in_repo  # noqa: E402
 
 # A node that stops answering is declared dead within ~1.5 s, not Ray's default ~30 s.
 FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 3}
@@ -58,13 +58,10 @@ def _three_nodes() -> Iterator[tuple[Cluster, object, object]]:
 
 
 def _cmd(run_dir: Path, address: str, *extra: str) -> list[str]:
-    return three_step_run(
+    return ray_run(
         run_dir,
-        "model.path=scripted",
-        "rollout.openai.mode=subproc",
-        "rollout.n_samples=4",
-        "cluster.kind=ray",
-        f"cluster.address={address}",
+        address,
+        "subproc",
         "cluster.rollout_workers=2",
         "++cluster.worker_resources={CPU:1,rollout:1}",
         "++cluster.trainer_resources={CPU:1,trainer:1}",
@@ -120,10 +117,9 @@ def test_rollout_workers_on_two_nodes_feed_the_trainer_on_the_third(tmp_path, ga
 def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_run_again(tmp_path):
     (tmp_path / "slow_agent.py").write_text(SLOW_AGENT)
     run_dir, log_path = tmp_path / "run", tmp_path / "controller.log"
-    with _three_nodes() as (cluster, rollout_node, _), open(log_path, "w") as log:
+    with _three_nodes() as (cluster, rollout_node, _):
         cmd = _cmd(run_dir, cluster.address, f"rollout.agent={tmp_path / 'slow_agent.py'}:run")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
+        with started_in_repo(cmd, log_path) as proc:
             # The worker on the second node (the head cannot be removed): once a step has trained and
             # that worker holds episodes (their logs are named after them until they end ok), kill the node.
             deadline, killed = time.monotonic() + 150, None
@@ -137,9 +133,6 @@ def test_a_killed_worker_node_loses_only_its_inflight_episodes_and_their_groups_
                 time.sleep(0.05)
             assert killed is not None, log_path.read_text()[-3000:]
             rc = proc.wait(timeout=150)
-        finally:
-            if proc.poll() is None:  # its own process group: the controller and what it started
-                os.killpg(proc.pid, signal.SIGKILL)
     out = log_path.read_text()
     assert rc == 0, out[-6000:]
     worker = f"rollout worker {killed} on node {rollout_node.node_id}"

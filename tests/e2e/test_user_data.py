@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, DatasetDict
-from run_checks import read_jsonl, run_in_repo, train_cmd
+from run_checks import agent_cmd, read_jsonl, run_in_repo
 
 from areal.dataset import load_rows
 from areal.utils.hf_utils import resolve_model_path
@@ -93,6 +93,25 @@ def test_a_hub_id_resolves_through_the_hf_cache_offline(tmp_path, monkeypatch):
     assert missing.returncode != 0 and "'acme/not-cached' is neither a local directory nor in the HF cache" in missing.stderr
 
 
+def _two_steps(tmp_path: Path, groups: int, *overrides: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """Run ``AGENT`` (written to ``tmp_path/agent.py``) for 2 steps of ``groups`` groups of 2
+    samples, inline, on the rows' ``problem`` and ``solution`` fields, ``overrides`` last, to its
+    end: (the run's folder, the finished process)."""
+    run_dir, cmd = agent_cmd(
+        tmp_path,
+        "agent.py",
+        AGENT,
+        "data.prompt_key=problem",
+        "data.answer_key=solution",
+        "rollout.openai.mode=inline",
+        "trainer.steps=2",
+        f"rollout.groups_per_step={groups}",
+        "rollout.n_samples=2",
+        *overrides,
+    )
+    return run_dir, run_in_repo(cmd, timeout_s=600)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("source", ["parquet", "datasets"])
 def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
@@ -103,27 +122,9 @@ def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
     else:
         DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:2])}).save_to_disk(str(tmp_path / "dd"))
         data = [f"data.train={tmp_path / 'dd'}", f"data.eval={tmp_path / 'dd'}"]
-    (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "my_reward.py").write_text(REWARD)
-    run_dir = tmp_path / "run"
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            "model.path=scripted",
-            f"rollout.agent={tmp_path / 'agent.py'}:run",
-            f"reward={tmp_path / 'my_reward.py'}:reward",
-            "data.prompt_key=problem",
-            "data.answer_key=solution",
-            "data.eval_samples=1",
-            *data,
-            "rollout.openai.mode=inline",
-            "trainer.steps=2",
-            "rollout.groups_per_step=2",
-            "rollout.n_samples=2",
-            "rollout.reward_range=[-10,10]",
-        ),
-        timeout_s=600,
-    )
+    reward = (f"reward={tmp_path / 'my_reward.py'}:reward", "rollout.reward_range=[-10,10]")
+    run_dir, proc = _two_steps(tmp_path, 2, *reward, "data.eval_samples=1", *data)
     assert proc.returncode == 0, proc.stderr[-4000:]
     episodes = read_jsonl(run_dir / "episodes.jsonl")
     assert episodes and all(e["status"] == "ok" for e in episodes), episodes
@@ -137,23 +138,7 @@ def test_two_steps_train_on_your_data_scored_by_your_reward(tmp_path, source):
 @pytest.mark.e2e
 def test_an_agent_that_returns_no_reward_without_a_reward_function_is_told_so(tmp_path):
     _write_parquet(tmp_path / "train.parquet", ROWS)
-    (tmp_path / "agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            "model.path=scripted",
-            f"rollout.agent={tmp_path / 'agent.py'}:run",
-            f"data.train={tmp_path / 'train.parquet'}",
-            "data.prompt_key=problem",
-            "data.answer_key=solution",
-            "rollout.openai.mode=inline",
-            "trainer.steps=2",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=2",
-        ),
-        timeout_s=600,
-    )
+    run_dir, proc = _two_steps(tmp_path, 1, f"data.train={tmp_path / 'train.parquet'}")
     assert proc.returncode != 0
     episodes = read_jsonl(run_dir / "episodes.jsonl")
     assert episodes and all(e["status"] == "error" and "run() returned None and gave no reward" in e["error"] for e in episodes), episodes

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from browser import browser_or_skip
 from paths import ROOT
-from run_checks import run_in_repo, train_cmd
+from run_checks import agent_cmd, run_in_repo
 
 from areal.controller.records import RunRecords
 from areal.controller.trackers import TrackerConfig, open_trackers
@@ -88,24 +88,20 @@ async def run(data, **extra_kwargs):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("view")
-    (tmp / "view_agent.py").write_text(AGENT)
-    run_dir = tmp / "run"
-    proc = run_in_repo(
-        train_cmd(
-            run_dir,
-            f"rollout.agent={tmp / 'view_agent.py'}:run",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            "trainer.steps=3",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=3",
-            "rollout.max_head_offpolicyness=0",
-            "data.eval_size=0",
-            "data.train_size=1",
-            "save_trajectories=true",
-        ),
-        timeout_s=600,
+    run_dir, cmd = agent_cmd(
+        tmp,
+        "view_agent.py",
+        AGENT,
+        "rollout.openai.mode=inline",
+        "trainer.steps=3",
+        "rollout.groups_per_step=1",
+        "rollout.n_samples=3",
+        "rollout.max_head_offpolicyness=0",
+        "data.eval_size=0",
+        "data.train_size=1",
+        "save_trajectories=true",
     )
+    proc = run_in_repo(cmd, timeout_s=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return run_dir
 

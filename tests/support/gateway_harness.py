@@ -24,20 +24,29 @@ from transformers import AutoTokenizer
 from areal.aio import loop_factory
 from areal.engine.client import EngineClient
 from areal.gateway import Gateway, GatewayConfig, serve_http, serve_zmq
+from areal.gateway.contract import Choice, ChoiceDelta
+from areal.gateway.parsers import ParsedOutput, ToolCall
 from areal.gateway.server import handle
-from areal.protocol import GatewayRequest
+from areal.protocol import GatewayReply, GatewayRequest
 
 # One calculator tool in the OpenAI shape, for tests of tool rendering and calls.
-CALC_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "evaluate arithmetic",
-            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
-        },
-    }
-]
+
+
+def function_tool(name: str, description: str, properties: dict, required: list[str] | None = None) -> dict:
+    """A function tool of the chat API: ``name``, ``description``, and parameters that are an object
+    of ``properties`` (``required`` listed, if given)."""
+    parameters = {"type": "object", "properties": properties, **({"required": required} if required is not None else {})}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+def assistant_call(content: str, reasoning: str, call_id: str, name: str, arguments: str) -> dict:
+    """An assistant chat message: ``content``, its ``reasoning``, and one call ``call_id`` of the
+    function ``name`` with ``arguments`` (JSON text)."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": [call]}
+
+
+CALC_TOOLS = [function_tool("calc", "evaluate arithmetic", {"expr": {"type": "string"}})]
 
 
 class GatewayThread:
@@ -104,12 +113,52 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) 
         time.sleep(0.05)
 
 
+def handled(gw: Gateway, key: str, body: dict, path: str = "/v1/chat/completions", headers: dict | None = None) -> GatewayReply:
+    """The reply of ``gw``'s request handler, in this thread (no sockets), to a POST of ``body`` to
+    ``path`` with ``key`` as its bearer token (and ``headers``, if given)."""
+    headers = {"authorization": f"Bearer {key}", **(headers or {})}
+    return asyncio.run(handle(gw, GatewayRequest(request_id=1, method="POST", path=path, headers=headers, body=json.dumps(body).encode())))
+
+
 def post_chat(gw: Gateway, key: str, body: dict) -> dict:
     """A chat completion through ``gw``'s request handler, in this thread (no sockets): the
     answer's body, asserting a 200."""
-    req = GatewayRequest(
-        request_id=1, method="POST", path="/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode()
-    )
-    reply = asyncio.run(handle(gw, req))
+    reply = handled(gw, key, body)
     assert reply.status == 200, reply.body
     return json.loads(reply.body)
+
+
+def front_choice(
+    content: str,
+    calls: list[ToolCall] | None,
+    reasoning: str | None,
+    finish: str,
+    interaction_id: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> Choice:
+    """A finished choice as an API front receives it from the gateway: ``content``, ``reasoning``
+    and ``calls`` parsed; its finish reason ``tool_calls`` where it has calls and ``finish`` is
+    ``stop``, else ``finish``."""
+    parsed = ParsedOutput(content=content, reasoning=reasoning, tool_calls=calls or [])
+    finish = "tool_calls" if calls and finish == "stop" else finish
+    return Choice(
+        index=0,
+        interaction_id=interaction_id,
+        parsed=parsed,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
+def calculator_stream(
+    choice: Callable[..., Choice], call_id: str, content: str, cut: int
+) -> tuple[list[ToolCall], Choice, list[ChoiceDelta]]:
+    """The deltas of an answer that calls the calculator on 6*7: the reasoning "mult" in two
+    pieces, ``content`` in two (split at ``cut``), then the finished choice ``choice(content,
+    calls, reasoning="mult")``, its call's id ``call_id``: (the calls, that choice, the deltas)."""
+    calls = [ToolCall(id=call_id, name="calculator", arguments='{"expression": "6*7"}')]
+    done = choice(content, calls, reasoning="mult")
+    pieces = [("reasoning", "mu"), ("reasoning", "lt"), ("content", content[:cut]), ("content", content[cut:])]
+    return calls, done, [*(ChoiceDelta(0, kind, text) for kind, text in pieces), ChoiceDelta(0, "done", choice=done)]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,22 @@ def _documents(wheel: Path, out: Path) -> None:
             (out / f"{vendor}.yml").write_bytes(text)
 
 
-def _nullable_as_json_schema(node: Any) -> Any:
-    """``node`` with every OpenAPI 3.0 ``nullable: true`` written as JSON Schema says it."""
+def _bottom_up(rewrite: Callable[[dict], Any], node: Any) -> Any:
+    """``node`` (parsed YAML) with ``rewrite`` applied to every dict in it, innermost first: each
+    dict is passed with its values already rewritten, and replaced by what ``rewrite`` returns."""
     if isinstance(node, list):
-        return [_nullable_as_json_schema(n) for n in node]
+        return [_bottom_up(rewrite, n) for n in node]
     if not isinstance(node, dict):
         return node
-    node = {k: _nullable_as_json_schema(v) for k, v in node.items()}
+    return rewrite({k: _bottom_up(rewrite, v) for k, v in node.items()})
+
+
+def _nullable_as_json_schema(node: Any) -> Any:
+    """``node`` with every OpenAPI 3.0 ``nullable: true`` written as JSON Schema says it."""
+    return _bottom_up(_one_nullable_as_json_schema, node)
+
+
+def _one_nullable_as_json_schema(node: dict) -> Any:
     if node.pop("nullable", False) is not True:
         return node
     if isinstance(node.get("type"), str | list) and "enum" not in node and "const" not in node:
@@ -84,11 +94,10 @@ def _accepts_null(schema: Any) -> bool:
 
 def _nullable_may_be_absent(node: Any) -> Any:
     """``node`` with the nullable properties of every object left out of its ``required``."""
-    if isinstance(node, list):
-        return [_nullable_may_be_absent(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    node = {k: _nullable_may_be_absent(v) for k, v in node.items()}
+    return _bottom_up(_one_nullable_may_be_absent, node)
+
+
+def _one_nullable_may_be_absent(node: dict) -> dict:
     if isinstance(node.get("required"), list) and isinstance(node.get("properties"), dict):
         node["required"] = [n for n in node["required"] if not _accepts_null(node["properties"].get(n))]
     return node

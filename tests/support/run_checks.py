@@ -1,5 +1,6 @@
 """Whole runs from the tests: their commands (``train_cmd``; ``three_step_run`` and
-``one_step_run``, the two shapes most tests use), running one (``run_in_repo``) and reading its
+``one_step_run``, the two shapes most tests use; ``agent_cmd`` and ``ray_run``), running one
+(``run_in_repo``; ``start_in_repo`` and ``started_in_repo`` start one without waiting) and reading its
 records (``read_jsonl``); the end-to-end checks of a finished 3-step run (tests/e2e/test_e2e.py,
 and the tests that place its parts on Ray nodes: tests/e2e/test_ray_*.py): the tokens the engine
 sampled are the tokens trained, versions advance 1..3, and every published episode is trained
@@ -8,11 +9,15 @@ tests/e2e/test_faults.py, tests/e2e/test_long_evaluation.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +77,32 @@ def run_ok(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProces
     return proc
 
 
+def start_in_repo(cmd: list[str]) -> subprocess.Popen:
+    """Start ``cmd`` from the repository's root, its stdout and stderr piped (text)."""
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def started_in_repo(cmd: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """``cmd`` started from the repository's root in a process group of its own, its stdout and
+    stderr written to ``log_path``; on leaving, the whole group is killed if it still runs."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:  # its own process group: the controller and what it started
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def agent_cmd(folder: Path, name: str, source: str, *overrides: str) -> tuple[Path, list[str]]:
+    """Write an agent's ``source`` to ``folder/name``: (``folder/run``, the ``python -m areal.train``
+    command of a run there of that agent's ``run`` on the scripted model, ``overrides`` last)."""
+    (folder / name).write_text(source)
+    run_dir = folder / "run"
+    return run_dir, train_cmd(run_dir, f"rollout.agent={folder / name}:run", "model.path=scripted", *overrides)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a run's JSONL file (episodes.jsonl, metrics.jsonl, ...), in order."""
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -88,6 +119,29 @@ def one_step_run(run_dir: Path, *overrides: str) -> list[str]:
     off: the shortest run; ``overrides`` last (a key given again there wins, as Hydra takes the
     last value)."""
     return train_cmd(run_dir, "model.path=scripted", "rollout.openai.mode=inline", "trainer.steps=1", "data.eval_size=0", *overrides)
+
+
+def ray_run(run_dir: Path, address: str, mode: str, *overrides: str) -> list[str]:
+    """``three_step_run`` of 4 samples a group on the scripted model, its agents in ``mode``
+    (``rollout.openai.mode``), on the Ray cluster at ``address``; ``overrides`` last."""
+    return three_step_run(
+        run_dir,
+        "model.path=scripted",
+        f"rollout.openai.mode={mode}",
+        "rollout.n_samples=4",
+        "cluster.kind=ray",
+        f"cluster.address={address}",
+        *overrides,
+    )
+
+
+def ray_placement_failure(run_dir: Path, address: str, *overrides: str) -> str:
+    """Run ``one_step_run`` on the Ray cluster at ``address`` with ``overrides`` and a 3 s placement
+    timeout to its end, assert that it failed, and return its stderr."""
+    cmd = one_step_run(run_dir, "cluster.kind=ray", f"cluster.address={address}", *overrides, "cluster.placement_timeout_s=3")
+    proc = run_in_repo(cmd, timeout_s=120)
+    assert proc.returncode != 0
+    return proc.stderr
 
 
 def children(pid: int, module: bytes) -> list[int]:

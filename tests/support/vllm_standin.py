@@ -6,9 +6,13 @@ The vLLM client's tests and the vLLM run's tests (which add the dev routes) use 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 from aiohttp import ClientConnectionResetError, web
+
+from areal.engine.vllm import VLLMClient
 
 MODEL = "stand-in"
 
@@ -150,3 +154,15 @@ class StandIn:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
         return runner, f"http://127.0.0.1:{port}"
+
+    @contextlib.asynccontextmanager
+    async def client(self) -> AsyncIterator[VLLMClient]:
+        """A ``VLLMClient`` of this stand-in, started here; on leaving, the client is closed and the
+        server stopped."""
+        runner, url = await self.start()
+        client = VLLMClient(url)
+        try:
+            yield client
+        finally:
+            await client.close()
+            await runner.cleanup()

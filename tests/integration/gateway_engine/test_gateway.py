@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -24,6 +26,19 @@ from areal.protocol import GatewayMessage, GatewayReply, GatewayRequest
 def _gateway(engine_url: str, model_dir: Path, **cfg) -> Gateway:
     tok = AutoTokenizer.from_pretrained(model_dir)
     return Gateway(EngineClient(engine_url), tok, GatewayConfig(**cfg))
+
+
+@contextlib.asynccontextmanager
+async def _over_http(engine_url: str, model_dir: Path) -> AsyncIterator[tuple[Gateway, str]]:
+    """(gateway, its URL): a gateway on the engine at ``engine_url`` served over HTTP; on leaving,
+    the HTTP server is stopped and the engine client closed."""
+    gw = _gateway(engine_url, model_dir)
+    runner, url = await serve_http(gw)
+    try:
+        yield gw, url
+    finally:
+        await runner.cleanup()
+        await gw.engine.close()
 
 
 def _chat(messages, **kw) -> bytes:
@@ -64,30 +79,27 @@ def test_gateway_path_equals_direct_engine_call(engine_url, model_dir):
 
 def test_openai_sdk_over_http_and_zmq_front_doors(engine_url, model_dir):
     async def go():
-        gw = _gateway(engine_url, model_dir)
-        runner, url = await serve_http(gw)
-        addr = f"ipc://{tempfile.mkdtemp()}/gw.sock"
-        server = asyncio.create_task(serve_zmq(gw, addr))
-        key = gw.open_session("e1")
-        client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-        out = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=16)
-        assert out.choices[0].message.role == "assistant"
-        assert out.usage.completion_tokens >= 1
+        async with _over_http(engine_url, model_dir) as (gw, url):
+            addr = f"ipc://{tempfile.mkdtemp()}/gw.sock"
+            server = asyncio.create_task(serve_zmq(gw, addr))
+            key = gw.open_session("e1")
+            client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            out = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=16)
+            assert out.choices[0].message.role == "assistant"
+            assert out.usage.completion_tokens >= 1
 
-        ctx = zmq.asyncio.Context.instance()
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.connect(addr)
-        await dealer.send(msgspec.msgpack.encode(_req(key, _chat([{"role": "user", "content": "What is 5 + 1?"}], max_tokens=16))))
-        reply = msgspec.msgpack.Decoder(GatewayMessage).decode(await asyncio.wait_for(dealer.recv(), 60))
-        assert isinstance(reply, GatewayReply) and reply.status == 200, reply
-        dealer.close(0)
+            ctx = zmq.asyncio.Context.instance()
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.connect(addr)
+            await dealer.send(msgspec.msgpack.encode(_req(key, _chat([{"role": "user", "content": "What is 5 + 1?"}], max_tokens=16))))
+            reply = msgspec.msgpack.Decoder(GatewayMessage).decode(await asyncio.wait_for(dealer.recv(), 60))
+            assert isinstance(reply, GatewayReply) and reply.status == 200, reply
+            dealer.close(0)
 
-        session = gw.close_session(key)
-        assert len(session.interactions) == 2
-        assert [i.id for i in session.interactions.values()][0] == out.id
-        server.cancel()
-        await runner.cleanup()
-        await gw.engine.close()
+            session = gw.close_session(key)
+            assert len(session.interactions) == 2
+            assert [i.id for i in session.interactions.values()][0] == out.id
+            server.cancel()
 
     asyncio.run(go())
 
@@ -165,33 +177,30 @@ def test_streaming_over_http_matches_recorded_tokens(engine_url, model_dir):
     """SSE chunks in OpenAI's shape; their text is exactly the recorded interaction's text."""
 
     async def go():
-        gw = _gateway(engine_url, model_dir)
-        runner, url = await serve_http(gw)
-        key = gw.open_session("s1")
-        client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=[{"role": "user", "content": "What is 12 + 30?"}],
-            max_tokens=24,
-            stream=True,
-            stream_options={"include_usage": True},
-            temperature=0.0,
-        )
-        pieces, finish, usage, ids = [], None, None, set()
-        async for chunk in stream:
-            ids.add(chunk.id)
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for c in chunk.choices:
-                pieces.append(c.delta.content or "")
-                finish = c.finish_reason or finish
-        (inter,) = gw.sessions[key].interactions.values()
-        assert ids == {inter.id}
-        assert "".join(pieces) == gw.tokenizer.decode(inter.output_ids, skip_special_tokens=True)
-        assert finish in ("stop", "length") and usage.completion_tokens == len(inter.output_ids)
-        assert len(pieces) >= 3  # role chunk, then content as it is produced, then finish
-        await runner.cleanup()
-        await gw.engine.close()
+        async with _over_http(engine_url, model_dir) as (gw, url):
+            key = gw.open_session("s1")
+            client = AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            stream = await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "What is 12 + 30?"}],
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+                temperature=0.0,
+            )
+            pieces, finish, usage, ids = [], None, None, set()
+            async for chunk in stream:
+                ids.add(chunk.id)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for c in chunk.choices:
+                    pieces.append(c.delta.content or "")
+                    finish = c.finish_reason or finish
+            (inter,) = gw.sessions[key].interactions.values()
+            assert ids == {inter.id}
+            assert "".join(pieces) == gw.tokenizer.decode(inter.output_ids, skip_special_tokens=True)
+            assert finish in ("stop", "length") and usage.completion_tokens == len(inter.output_ids)
+            assert len(pieces) >= 3  # role chunk, then content as it is produced, then finish
 
     asyncio.run(go())
 

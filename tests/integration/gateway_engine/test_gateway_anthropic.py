@@ -9,11 +9,12 @@ import json
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
+from gateway_harness import assistant_call, calculator_stream, front_choice
 from pydantic import TypeAdapter
 
 from areal.gateway import anthropic as front
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError
-from areal.gateway.parsers import ParsedOutput, ToolCall
+from areal.gateway.parsers import ToolCall
 
 _events = TypeAdapter(RawMessageStreamEvent)
 CALC = {
@@ -24,9 +25,7 @@ CALC = {
 
 
 def _choice(content: str = "", calls: list[ToolCall] | None = None, reasoning: str | None = None, finish: str = "stop") -> Choice:
-    parsed = ParsedOutput(content=content, reasoning=reasoning, tool_calls=calls or [])
-    finish = "tool_calls" if calls and finish == "stop" else finish
-    return Choice(index=0, interaction_id="msg_abc", parsed=parsed, finish_reason=finish, prompt_tokens=12, completion_tokens=5)
+    return front_choice(content, calls, reasoning, finish, "msg_abc", 12, 5)
 
 
 def test_system_blocks_tool_use_and_tool_result_translate_to_chat_messages():
@@ -61,12 +60,7 @@ def test_system_blocks_tool_use_and_tool_result_translate_to_chat_messages():
     assert turn.messages == [
         {"role": "system", "content": "Use the calculator."},
         {"role": "user", "content": "What is 6*7?"},
-        {
-            "role": "assistant",
-            "content": "Computing.",
-            "reasoning_content": "multiply",
-            "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}],
-        },
+        assistant_call("Computing.", "multiply", "toolu_1", "calculator", '{"expression": "6*7"}'),
         {"role": "tool", "tool_call_id": "toolu_1", "content": "42"},
         {"role": "user", "content": "Now answer."},
     ]
@@ -172,15 +166,7 @@ def _accumulate(deltas: list[ChoiceDelta], matched: str | None = None):
 
 
 def test_stream_events_accumulate_into_the_message_a_call_returns():
-    calls = [ToolCall(id="toolu_1", name="calculator", arguments='{"expression": "6*7"}')]
-    choice = _choice("Computing.", calls, reasoning="mult")
-    deltas = [
-        ChoiceDelta(0, "reasoning", "mu"),
-        ChoiceDelta(0, "reasoning", "lt"),
-        ChoiceDelta(0, "content", "Comp"),
-        ChoiceDelta(0, "content", "uting."),
-        ChoiceDelta(0, "done", choice=choice),
-    ]
+    calls, choice, deltas = calculator_stream(_choice, "toolu_1", "Computing.", 4)
     snapshot, types = _accumulate(deltas)
     assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
     final = front.message_body({"model": "m"}, choice, None)

@@ -7,12 +7,13 @@ import asyncio
 import json
 
 import pytest
+from gateway_harness import calculator_stream, front_choice
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from areal.gateway import responses
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob
-from areal.gateway.parsers import ParsedOutput, ToolCall
+from areal.gateway.parsers import ToolCall
 
 _events = TypeAdapter(ResponseStreamEvent)
 
@@ -26,9 +27,7 @@ WEATHER = {
 
 
 def _choice(content: str = "", calls: list[ToolCall] | None = None, reasoning: str | None = None, finish: str = "stop") -> Choice:
-    parsed = ParsedOutput(content=content, reasoning=reasoning, tool_calls=calls or [])
-    finish = "tool_calls" if calls and finish == "stop" else finish
-    return Choice(index=0, interaction_id="resp_abc", parsed=parsed, finish_reason=finish, prompt_tokens=11, completion_tokens=7)
+    return front_choice(content, calls, reasoning, finish, "resp_abc", 11, 7)
 
 
 # ---- request -> Turn -------------------------------------------------------------------------
@@ -205,15 +204,7 @@ def _run_stream(deltas: list[ChoiceDelta]) -> list:
 
 
 def test_stream_events_parse_and_end_with_the_same_response_a_call_returns():
-    calls = [ToolCall(id="call_1", name="calculator", arguments='{"expression": "6*7"}')]
-    choice = _choice("Let me compute.", calls, reasoning="mult")
-    deltas = [
-        ChoiceDelta(0, "reasoning", "mu"),
-        ChoiceDelta(0, "reasoning", "lt"),
-        ChoiceDelta(0, "content", "Let me "),
-        ChoiceDelta(0, "content", "compute."),
-        ChoiceDelta(0, "done", choice=choice),
-    ]
+    calls, choice, deltas = calculator_stream(_choice, "call_1", "Let me compute.", 7)
     events = _run_stream(deltas)
     types = [e.type for e in events]
     assert types[:2] == ["response.created", "response.in_progress"]

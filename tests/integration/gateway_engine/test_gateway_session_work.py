@@ -103,14 +103,19 @@ def _request(request_id: int, key: str, body: dict) -> bytes:
     return msgspec.msgpack.encode(GatewayRequest(request_id, "POST", "/v1/chat/completions", headers, json.dumps(body).encode()))
 
 
-def _healthy_call(gw: GatewayThread, key: str) -> dict:
-    """A 1-token call over the relay's door, answered 200 with exactly one token."""
+def _relay_call(gw: GatewayThread, request_id: int, key: str, body: dict) -> Any:
+    """One request over the relay's door (a DEALER socket of its own): the decoded reply."""
     sock = _dealer(gw.zmq)
     try:
-        sock.send(_request(1, key, _chat(max_tokens=1)))
-        reply = _decode(sock.recv())
+        sock.send(_request(request_id, key, body))
+        return _decode(sock.recv())
     finally:
         sock.close(0)
+
+
+def _healthy_call(gw: GatewayThread, key: str) -> dict:
+    """A 1-token call over the relay's door, answered 200 with exactly one token."""
+    reply = _relay_call(gw, 1, key, _chat(max_tokens=1))
     assert isinstance(reply, GatewayReply) and reply.status == 200, reply
     body = json.loads(reply.body)
     assert body["usage"]["completion_tokens"] == 1
@@ -252,12 +257,7 @@ def test_calls_over_a_sessions_life_are_bounded(gateway: Callable[..., GatewayTh
     for _ in range(3):
         status, body = _post(gw.http, greedy, _chat(max_tokens=1))
         assert status == 200, body
-    sock = _dealer(gw.zmq)
-    try:
-        sock.send(_request(4, greedy, _chat(max_tokens=1)))
-        reply = _decode(sock.recv())
-    finally:
-        sock.close(0)
+    reply = _relay_call(gw, 4, greedy, _chat(max_tokens=1))
     assert reply.status == 429, reply
     error = json.loads(reply.body)["error"]
     assert error["type"] == "rate_limit_error" and "gateway.max_calls_per_session=3" in error["message"]

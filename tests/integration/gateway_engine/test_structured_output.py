@@ -78,6 +78,11 @@ def _client(gw, key):
     return AsyncOpenAI(base_url=gw.http + "/v1", api_key=key, max_retries=0)
 
 
+def _ask(client, prompt: str, **params):
+    """``client``'s chat completion (a coroutine) of the one user message ``prompt``, with ``params``."""
+    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], **params)
+
+
 def _pet_format(strict: bool = True) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "pet", "schema": PET_SCHEMA, "strict": strict}}
 
@@ -92,6 +97,17 @@ def _valid_call(call) -> None:
         assert all(type(v) is int and 0 <= v <= 999 for v in args.values())
 
 
+def _check_pets_and_calls(pets, calls) -> None:
+    """Every choice of ``pets`` (asked for a Pet) stopped and validates as a Pet; every choice of
+    ``calls`` (a call required) is one valid call of WORD or ADD."""
+    for c in pets.choices:
+        assert c.finish_reason == "stop", c
+        Pet.model_validate_json(c.message.content)
+    for c in calls.choices:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+        _valid_call(c.message.tool_calls[0])
+
+
 def test_json_schema_replies_validate_for_many_prompts(served):
     """strict and not, n = 4, four prompts: every reply finishes and validates."""
     key = served.open_session("json-schema")
@@ -100,14 +116,7 @@ def test_json_schema_replies_validate_for_many_prompts(served):
         client = _client(served, key)
         replies = await asyncio.gather(
             *[
-                client.chat.completions.create(
-                    model="m",
-                    messages=[{"role": "user", "content": p}],
-                    response_format=_pet_format(strict=i % 2 == 0),
-                    max_tokens=MAX_TOKENS,
-                    n=4,
-                    temperature=1.0,
-                )
+                _ask(client, p, response_format=_pet_format(strict=i % 2 == 0), max_tokens=MAX_TOKENS, n=4, temperature=1.0)
                 for i, p in enumerate(PROMPTS)
             ]
         )
@@ -133,22 +142,13 @@ def test_streamed_json_schema_and_json_object(served):
 
     async def go():
         client = _client(served, key)
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=[{"role": "user", "content": PROMPTS[1]}],
-            response_format=_pet_format(),
-            max_tokens=MAX_TOKENS,
-            n=2,
-            stream=True,
-        )
+        stream = await _ask(client, PROMPTS[1], response_format=_pet_format(), max_tokens=MAX_TOKENS, n=2, stream=True)
         texts, reasons = ["", ""], [None, None]
         async for chunk in stream:
             for ch in chunk.choices:
                 texts[ch.index] += ch.delta.content or ""
                 reasons[ch.index] = ch.finish_reason or reasons[ch.index]
-        objects = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPTS[2]}], response_format={"type": "json_object"}, max_tokens=200, n=6
-        )
+        objects = await _ask(client, PROMPTS[2], response_format={"type": "json_object"}, max_tokens=200, n=6)
         await client.close()
         return texts, reasons, objects
 
@@ -176,27 +176,12 @@ def test_tool_choice_required_and_named_always_parse(served):
         client = _client(served, key)
         replies = await asyncio.gather(
             *[
-                client.chat.completions.create(
-                    model="m",
-                    messages=[{"role": "user", "content": p}],
-                    tools=[WORD, ADD],
-                    tool_choice=choice,
-                    max_tokens=MAX_TOKENS,
-                    n=3,
-                    temperature=1.0,
-                )
+                _ask(client, p, tools=[WORD, ADD], tool_choice=choice, max_tokens=MAX_TOKENS, n=3, temperature=1.0)
                 for choice in choices
                 for p in PROMPTS[:2]
             ]
         )
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=[{"role": "user", "content": PROMPTS[0]}],
-            tools=[WORD, ADD],
-            tool_choice="required",
-            max_tokens=MAX_TOKENS,
-            stream=True,
-        )
+        stream = await _ask(client, PROMPTS[0], tools=[WORD, ADD], tool_choice="required", max_tokens=MAX_TOKENS, stream=True)
         streamed = [ch async for chunk in stream for ch in chunk.choices]
         await client.close()
         return replies, streamed
@@ -258,14 +243,8 @@ def test_tools_under_auto_with_a_response_format_give_json_or_a_call(served):
 
     async def go():
         client = _client(served, key)
-        reply = await client.chat.completions.create(
-            model="m",
-            messages=[{"role": "user", "content": PROMPTS[0]}],
-            tools=[WORD, ADD],
-            response_format=_pet_format(),
-            max_tokens=MAX_TOKENS,
-            n=8,
-            temperature=1.0,
+        reply = await _ask(
+            client, PROMPTS[0], tools=[WORD, ADD], response_format=_pet_format(), max_tokens=MAX_TOKENS, n=8, temperature=1.0
         )
         await client.close()
         return reply
@@ -313,9 +292,7 @@ def test_a_reply_cut_by_max_tokens_says_length(served):
 
     async def go():
         client = _client(served, key)
-        reply = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPTS[0]}], response_format=_pet_format(), max_tokens=3
-        )
+        reply = await _ask(client, PROMPTS[0], response_format=_pet_format(), max_tokens=3)
         with pytest.raises(LengthFinishReasonError):
             await client.chat.completions.parse(
                 model="m", messages=[{"role": "user", "content": PROMPTS[0]}], response_format=Pet, max_tokens=3
@@ -403,10 +380,5 @@ def test_the_same_constraints_hold_on_a_real_vllm_server():
         pets, calls, parsed = asyncio.run(go())
     finally:
         server.stop()
-    for c in pets.choices:
-        assert c.finish_reason == "stop", c
-        Pet.model_validate_json(c.message.content)
-    for c in calls.choices:
-        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
-        _valid_call(c.message.tool_calls[0])
+    _check_pets_and_calls(pets, calls)
     assert isinstance(parsed.choices[0].message.parsed, Pet)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_structured_output import ADD, MAX_TOKENS, WORD, Pet, _client, _pet_format, _valid_call
+from test_structured_output import ADD, MAX_TOKENS, WORD, Pet, _check_pets_and_calls, _client, _pet_format
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,5 @@ def test_smollm2_replies_follow_the_schema_and_forced_calls_parse(smollm2):
         return pets, calls, parsed
 
     pets, calls, parsed = smollm2.run(go(), timeout=600)
-    for c in pets.choices:
-        assert c.finish_reason == "stop", c
-        Pet.model_validate_json(c.message.content)
-    for c in calls.choices:
-        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
-        _valid_call(c.message.tool_calls[0])
+    _check_pets_and_calls(pets, calls)
     assert isinstance(parsed.output_parsed, Pet)

@@ -9,6 +9,7 @@ pair (root only), so the hop crosses a real (virtual) link between two network s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -239,32 +242,40 @@ def two_hosts():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
 
 
+@contextlib.contextmanager
+def _peers_in(a: str, b: str, name: str, bind: str, journal: Path, *send: str) -> Iterator[tuple[subprocess.Popen, subprocess.Popen]]:
+    """(receiver, sender): a receiver peer in namespace ``a`` onto ring ``name``, bound at ``bind``
+    with its journal at ``journal``, once it is ready, and a sender peer in namespace ``b`` to it
+    (``send``: its count and optional delay); on leaving, each is killed if it still runs."""
+    procs: list[subprocess.Popen] = []
+    try:
+        receiver = subprocess.Popen(
+            ["ip", "netns", "exec", a, sys.executable, PEER, "receiver", name, bind, str(journal)], stdout=subprocess.PIPE, text=True
+        )
+        procs.append(receiver)
+        assert _line(receiver) == f"READY {bind}"
+        procs.append(
+            subprocess.Popen(["ip", "netns", "exec", b, sys.executable, PEER, "sender", bind, *send], stdout=subprocess.PIPE, text=True)
+        )
+        yield receiver, procs[1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
 def test_hop_between_two_network_namespaces(name, tmp_path, two_hosts):
     a, b, _ = two_hosts
     ring = _ring_with_its_reader(name)
     bind = "tcp://10.199.0.1:5701"
-    procs = []
-    try:
-        receiver = subprocess.Popen(
-            ["ip", "netns", "exec", a, sys.executable, PEER, "receiver", name, bind, str(tmp_path / "j")], stdout=subprocess.PIPE, text=True
-        )
-        procs.append(receiver)
-        assert _line(receiver) == f"READY {bind}"
-        sender = subprocess.Popen(
-            ["ip", "netns", "exec", b, sys.executable, PEER, "sender", bind, "120"], stdout=subprocess.PIPE, text=True
-        )
-        procs.append(sender)
+    with _peers_in(a, b, name, bind, tmp_path / "j", "120") as (receiver, sender):
         got: list[bytes] = []
         with ring as reader:  # the trainer side: the root namespace shares /dev/shm with A
             _drain(reader, got, 120, 60)
         assert _line(sender, 30).startswith("DONE")
         receiver.send_signal(signal.SIGTERM)
         assert receiver.wait(timeout=10) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
     _check_records(got, 120)
 
 
@@ -304,17 +315,7 @@ def test_link_cut_long_enough_for_the_heartbeat_then_restored(name, tmp_path, tw
     a, b, dev = two_hosts
     ring = _ring_with_its_reader(name)
     bind, count = "tcp://10.199.0.1:5702", 150
-    procs = []
-    try:
-        receiver = subprocess.Popen(
-            ["ip", "netns", "exec", a, sys.executable, PEER, "receiver", name, bind, str(tmp_path / "j")], stdout=subprocess.PIPE, text=True
-        )
-        procs.append(receiver)
-        assert _line(receiver) == f"READY {bind}"
-        sender = subprocess.Popen(
-            ["ip", "netns", "exec", b, sys.executable, PEER, "sender", bind, str(count), "0.02"], stdout=subprocess.PIPE, text=True
-        )
-        procs.append(sender)
+    with _peers_in(a, b, name, bind, tmp_path / "j", str(count), "0.02") as (receiver, sender):
         got: list[bytes] = []
         with ring as reader:
             _drain(reader, got, 30, 30)
@@ -328,11 +329,6 @@ def test_link_cut_long_enough_for_the_heartbeat_then_restored(name, tmp_path, tw
         assert done.startswith("DONE") and int(done.split()[1]) >= 1, done  # it reconnected
         receiver.send_signal(signal.SIGTERM)
         assert receiver.wait(timeout=10) == 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
     _check_records(got, count)
 
 

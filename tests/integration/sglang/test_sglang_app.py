@@ -43,7 +43,7 @@ import torch
 from sglang_app.serve import script_logprob, script_token
 from sglang_env import SERVE
 from sglang_env import venv as sglang_venv
-from test_sglang_protocol import (
+from test_sglang_protocol import (  # noqa: F401 (pytest runs them here: IMPORTED below)
     test_abort_request_returns_partial_tokens,
     test_abort_request_without_a_rid_is_ignored,
     test_context_overflow_zero_budget_and_final_meta,
@@ -70,19 +70,8 @@ from areal.weights.collective import CollectiveWeightPush
 from areal.weights.disk import push_weights, update_weights_from_disk_sync
 
 PROMPT = [11, 12, 13, 14]
-IMPORTED = {
-    test_abort_request_returns_partial_tokens,
-    test_abort_request_without_a_rid_is_ignored,
-    test_context_overflow_zero_budget_and_final_meta,
-    test_distributed_update_runs_inside_a_weight_update_session,
-    test_errors,
-    test_generate_shapes_single_and_batch,
-    test_health_and_model_info,
-    test_pause_abort_and_continue,
-    test_stream_is_cumulative_and_matches_non_stream,
-    test_top_logprobs_and_n,
-    test_update_weights_from_disk_sets_version,
-}
+# The conformance tests imported above from test_sglang_protocol, which pytest runs here too.
+IMPORTED = {fn for name, fn in dict(globals()).items() if name.startswith("test_") and getattr(fn, "__module__", None) == protocol.__name__}
 
 
 def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -147,6 +136,15 @@ def test_every_portable_conformance_test_runs_here() -> None:
         if name.startswith("test_") and protocol.embedded_only.mark not in getattr(fn, "pytestmark", [])
     }
     assert portable == IMPORTED
+
+
+async def _running(client: EngineClient, max_new_tokens: int) -> asyncio.Task:
+    """``client``'s generation of ``max_new_tokens`` tokens after PROMPT (``ignore_eos``), as a
+    task, once the engine is running it."""
+    task = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": max_new_tokens, "ignore_eos": True}))
+    while (await client.server_info())["internal_states"][0]["num_running_reqs"] == 0:
+        await asyncio.sleep(0.02)
+    return task
 
 
 def run(coro):
@@ -218,9 +216,7 @@ def test_push_weights_mid_generation_resubmits_with_versions(url: str, model_dir
     async def go():
         client = EngineClient(url)
         try:
-            task = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": budget, "ignore_eos": True}))
-            while (await client.server_info())["internal_states"][0]["num_running_reqs"] == 0:
-                await asyncio.sleep(0.02)
+            task = await _running(client, budget)
             await asyncio.to_thread(push_weights, [url], model_dir, 7, 60.0)
             return await task
         finally:
@@ -241,9 +237,7 @@ def test_client_pause_modes_resume_inside_the_engine(url: str, mode: str) -> Non
     async def go():
         client = EngineClient(url)
         try:
-            running = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 100, "ignore_eos": True}))
-            while (await client.server_info())["internal_states"][0]["num_running_reqs"] == 0:
-                await asyncio.sleep(0.02)
+            running = await _running(client, 100)
             await client.pause_generation(mode)
             waiting = asyncio.create_task(client.generate([5, 6], {"max_new_tokens": 3, "ignore_eos": True}))
             await asyncio.sleep(0.5)
@@ -326,9 +320,7 @@ def test_collective_weight_push_over_gloo(url: str, model_dir: Path) -> None:
     async def go():
         client = EngineClient(url)
         try:
-            task = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 120, "ignore_eos": True}))
-            while (await client.server_info())["internal_states"][0]["num_running_reqs"] == 0:
-                await asyncio.sleep(0.02)
+            task = await _running(client, 120)
             await asyncio.to_thread(pusher.push, model, 5)
             return await task
         finally:

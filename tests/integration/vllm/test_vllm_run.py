@@ -235,26 +235,8 @@ def test_rl_run_on_vllm_cpu(tmp_path):
     need_vllm()
     model_dir = ensure_embedded_model(progress=False)
     run_dir = tmp_path / "run"
-    cmd = train_cmd(
-        run_dir,
-        "engine.kind=vllm",
-        f"engine.launch.command='{VLLM_CPU_COMMAND}'",
-        "engine.launch.count=2",
-        "engine.launch.health_timeout_s=300",
-        "engine.request_log=true",
-        "rollout.openai.mode=subproc",
-        "trainer.steps=3",
-        "trainer.lr=3e-4",
-        "rollout.groups_per_step=2",
-        "rollout.n_samples=8",
-        "rollout.max_head_offpolicyness=0",
-        "data.eval_size=0",
-        "save_trajectories=true",
-    )
-    env = {**os.environ, "AREAL_VLLM_VENV": str(venv_dir())}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + _tail(run_dir / "engine.log")
-    assert "trains an untied copy" in proc.stdout + proc.stderr
+    steps = ("trainer.steps=3", "trainer.lr=3e-4", "rollout.groups_per_step=2", "rollout.n_samples=8", "rollout.max_head_offpolicyness=0")
+    _run_untied_on_vllm(run_dir, 900, "engine.launch.count=2", *steps)
 
     # The run served an untied copy of the (tied) embedded model, and trained it.
     untied = run_dir / "model-untied"
@@ -317,25 +299,9 @@ def test_rl_step_on_vllm_cpu_with_smollm2(tmp_path):
     need_vllm()
     run_dir = tmp_path / "run"
     (tmp_path / "agent.py").write_text(RANDOM_REWARD_AGENT)
-    cmd = train_cmd(
-        run_dir,
-        "model.path=smollm2-135m-instruct",
-        "engine.kind=vllm",
-        f"engine.launch.command='{VLLM_CPU_COMMAND}'",
-        "engine.launch.health_timeout_s=300",
-        "engine.request_log=true",
-        f"rollout.agent={tmp_path / 'agent.py'}:run",
-        "rollout.openai.mode=subproc",
-        "trainer.steps=1",
-        "rollout.groups_per_step=1",
-        "rollout.n_samples=4",
-        "data.eval_size=0",
-        "save_trajectories=true",
-    )
-    env = {**os.environ, "AREAL_VLLM_VENV": str(venv_dir())}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + _tail(run_dir / "engine.log")
-    assert "trains an untied copy" in proc.stdout + proc.stderr  # SmolLM2 ties lm_head to its embedding
+    step = ("trainer.steps=1", "rollout.groups_per_step=1", "rollout.n_samples=4")
+    # SmolLM2 ties lm_head to its embedding: the run trains an untied copy
+    _run_untied_on_vllm(run_dir, 600, "model.path=smollm2-135m-instruct", f"rollout.agent={tmp_path / 'agent.py'}:run", *step)
 
     (step,) = read_jsonl(run_dir / "metrics.jsonl")
     print(f"smollm2 on vLLM: trainer vs vLLM logprobs over {step['tokens']:.0f} tokens: max |diff| {step['logprob_max_diff']:.3g}")
@@ -384,6 +350,28 @@ def _max_gap(model: torch.nn.Module, rows: list) -> float:
             logp = torch.log_softmax(model(ids[None]).logits[0, :-1].float(), -1).gather(1, ids[1:, None])[:, 0]  # (T-1,)
             gap = max(gap, float((logp[mask[1:]] - torch.from_numpy(row.logprobs[mask].astype(np.float32))).abs().max()))
     return gap
+
+
+def _run_untied_on_vllm(run_dir: Path, timeout_s: float, *overrides: str) -> None:
+    """Run ``python -m areal.train`` in ``run_dir`` to its end on vllm-cpu servers it launches from
+    the private venv, sandboxed agents (subproc), evaluation off, the engine's request log and the
+    trajectories saved, ``overrides`` last; assert that it succeeded and trained an untied copy of
+    the (tied) model."""
+    cmd = train_cmd(
+        run_dir,
+        "engine.kind=vllm",
+        f"engine.launch.command='{VLLM_CPU_COMMAND}'",
+        "engine.launch.health_timeout_s=300",
+        "engine.request_log=true",
+        "rollout.openai.mode=subproc",
+        "data.eval_size=0",
+        "save_trajectories=true",
+        *overrides,
+    )
+    env = {**os.environ, "AREAL_VLLM_VENV": str(venv_dir())}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:] + _tail(run_dir / "engine.log")
+    assert "trains an untied copy" in proc.stdout + proc.stderr
 
 
 def _tail(path: Path) -> str:

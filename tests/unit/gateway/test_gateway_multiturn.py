@@ -9,7 +9,7 @@ calls in the Qwen2.5 vocabulary) that no model on this machine can be made to sa
 from __future__ import annotations
 
 import pytest
-from gateway_harness import CALC_TOOLS, post_chat
+from gateway_harness import CALC_TOOLS, assistant_call, post_chat
 from qwen_tokenizers import build_qwen25_tokenizer
 from transformers import AutoTokenizer
 
@@ -177,12 +177,7 @@ def test_direct_template_render_equals_apply_chat_template(tokenizer):
     chat = [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "2+2?", "name": None},
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": "think",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}],
-        },
+        assistant_call("", "think", "c1", "calc", '{"e": "2+2"}'),
         {"role": "tool", "content": "4", "tool_call_id": "c1"},
         {"role": "assistant", "content": "4"},
         {"role": "user", "content": "thanks"},

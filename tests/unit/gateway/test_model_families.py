@@ -24,12 +24,11 @@ need. The stand-in engine is the only stand-in: nothing on this machine samples 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from chat_templates import template
-from gateway_harness import post_chat
+from gateway_harness import handled, post_chat
 from qwen_tokenizers import build_qwen3_tokenizer, derived_tokenizer
 from scripted_engine import ScriptedEngine
 
@@ -37,9 +36,7 @@ from areal.gateway import Gateway, GatewayConfig
 from areal.gateway import parsers as P
 from areal.gateway.families import detect_tool_parser, stop_token_ids
 from areal.gateway.parsers import StreamParser, parse_output, reasoning_parser_name, tool_parser_name
-from areal.gateway.server import handle
 from areal.gateway.template import with_argument_objects
-from areal.protocol import GatewayRequest
 
 DS = {k: f"<\uff5c{k.replace('_', chr(0x2581))}\uff5c>" for k in ("tool_calls_begin", "tool_calls_end", "tool_call_begin", "tool_call_end")}
 DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
@@ -122,15 +119,7 @@ TOOLS = [
 
 def _post_stream(gw: Gateway, key: str, body: dict) -> tuple[dict, list[dict]]:
     """A streamed request: (the message the deltas add up to, the chunks)."""
-    req = GatewayRequest(
-        request_id=1,
-        method="POST",
-        path="/v1/chat/completions",
-        headers={"authorization": f"Bearer {key}"},
-        body=json.dumps({**body, "stream": True}).encode(),
-    )
-
-    reply = asyncio.run(handle(gw, req))  # the server-sent events, collected
+    reply = handled(gw, key, {**body, "stream": True})  # the server-sent events, collected
     assert reply.status == 200, reply.body
     chunks = [json.loads(line[6:]) for line in reply.body.decode().splitlines() if line.startswith("data: {")]
     msg: dict = {"content": "", "reasoning_content": "", "tool_calls": []}
@@ -329,10 +318,7 @@ def test_llama31_template_refusing_parallel_calls_is_a_400():
         {"role": "tool", "tool_call_id": "c1", "content": "1"},
     ]
     body = {"model": "m", "messages": messages, "tools": TOOLS}
-    req = GatewayRequest(
-        request_id=1, method="POST", path="/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, body=json.dumps(body).encode()
-    )
-    reply = asyncio.run(handle(gw, req))
+    reply = handled(gw, key, body)
     assert reply.status == 400 and "only supports single tool-calls" in json.loads(reply.body)["error"]["message"]
 
 
@@ -659,14 +645,7 @@ def test_chat_template_kwargs_are_checked_and_key_the_render_cache():
     gw = Gateway(ScriptedEngine(tok, [("A.", "<|im_end|>"), ("B.", "<|im_end|>")]), tok, GatewayConfig())
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     for bad in (["x"], {"messages": []}, {"not an identifier": 1}):
-        req = GatewayRequest(
-            request_id=1,
-            method="POST",
-            path="/v1/chat/completions",
-            headers={"authorization": f"Bearer {gw.open_session('e')}"},
-            body=json.dumps({**body, "chat_template_kwargs": bad}).encode(),
-        )
-        reply = asyncio.run(handle(gw, req))
+        reply = handled(gw, gw.open_session("e"), {**body, "chat_template_kwargs": bad})
         assert reply.status == 400 and json.loads(reply.body)["error"]["param"] == "chat_template_kwargs", bad
     post_chat(gw, gw.open_session("on"), body)
     post_chat(gw, gw.open_session("off"), {**body, "chat_template_kwargs": {"enable_thinking": False}})
@@ -686,14 +665,7 @@ def test_chat_template_kwargs_reach_the_render_from_every_api(path, body):
     tok = tokenizer_of("qwen3")
     gw = Gateway(ScriptedEngine(tok, [("A.", "<|im_end|>")]), tok, GatewayConfig(tool_parser="qwen3"))
     key = gw.open_session("e")
-    req = GatewayRequest(
-        request_id=1,
-        method="POST",
-        path=path,
-        headers={"authorization": f"Bearer {key}", "x-api-key": key},
-        body=json.dumps({**body, "chat_template_kwargs": {"enable_thinking": False}}).encode(),
-    )
-    reply = asyncio.run(handle(gw, req))
+    reply = handled(gw, key, {**body, "chat_template_kwargs": {"enable_thinking": False}}, path, headers={"x-api-key": key})
     assert reply.status == 200, reply.body
     (inter,) = gw.sessions[key].interactions.values()
     assert tok.decode(inter.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

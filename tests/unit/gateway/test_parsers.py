@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from gateway_harness import function_tool
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -336,16 +337,7 @@ def test_qwen_matches_the_package_tokenizer_on_random_text(qwen, reference, text
     assert qwen.encode(text, add_special_tokens=False) == reference.encode(text)
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+TOOLS = [function_tool("get_weather", "Get weather", {"city": {"type": "string"}}, ["city"])]
 CONVERSATION = [
     {"role": "user", "content": "Weather in Paris and Zürich?"},
     {

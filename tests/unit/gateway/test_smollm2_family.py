@@ -39,6 +39,7 @@ import httpx
 import pytest
 from anthropic import AsyncAnthropic
 from anthropic import BadRequestError as AnthropicBadRequest
+from gateway_harness import function_tool
 from openai import AsyncOpenAI
 from openai import BadRequestError as OpenAIBadRequest
 from scripted_engine import ScriptedEngine
@@ -55,22 +56,8 @@ from areal.gateway.template import TOOL_TEMPLATES, tool_template_source
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 SYSTEM = "You are a careful assistant."
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "Evaluate arithmetic.",
-            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "weather",
-            "description": "Weather of a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    },
+    function_tool("calc", "Evaluate arithmetic.", {"expr": {"type": "string"}}, ["expr"]),
+    function_tool("weather", "Weather of a city.", {"city": {"type": "string"}}, ["city"]),
 ]
 RESULTS = {"calc": "14", "weather": "sunny"}
 # "responses+previous": the Responses API continued by previous_response_id (the stored conversation)

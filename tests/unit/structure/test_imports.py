@@ -61,6 +61,12 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return edges
 
 
+def _project_graph() -> dict[str, set[str]]:
+    """Each module of the project's packages, with the project modules it imports at run time."""
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
@@ -101,9 +107,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_project_has_no_import_cycles():
-    modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert _cycles(graph) == []
+    assert _cycles(_project_graph()) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -156,9 +160,7 @@ def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_layers_run_one_way():
-    modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert _layer_violations(graph) == []
+    assert _layer_violations(_project_graph()) == []
 
 
 def test_the_layer_check_names_each_kind_of_climb():
