@@ -33,8 +33,9 @@ per episode it built, from the run's process tree (`RUSAGE_CHILDREN` of the `are
 which waits for the zygote, the engine and the trainer); the sandbox's share of it is in
 benchmarks/sandbox_kernel.py.
 
-Quick mode is a smoke run of the same paths: 4 steps a small run, one round of 3 steps of 2
-groups per configuration (full: 16 steps, three rounds of 16 steps of the configuration's groups).
+Quick mode is a smoke run of the same paths: one round of 3 steps of 2 groups per configuration,
+the agentic configuration's two runs standing in for the small runs (full: 16 steps a small run,
+three rounds of 16 steps of the configuration's groups).
 
 Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
     python -m benchmarks.run e2e [--quick]
@@ -147,11 +148,11 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
 WARM_BURST = "sandbox.warm_slots=64"  # a step's episodes (8 groups of 8) find their slots set up
 
 
-def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dict[str, float]]:
+def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dict[str, Any]]:
     """Default config (or ``--config-name config_name``): inline, subproc, and (default config
     only) subproc with a step's worth of warm slots, interleaved (the order rotates run by run).
     Per variant, the medians over the rounds of steady-state episodes/s and of the run's user and
-    system CPU seconds per episode built."""
+    system CPU seconds per episode built; ``run_dir`` and ``wall_s``: its first round's run."""
     rounds, steps = (1, 3) if quick else (3, 16)  # quick: two steady-state steps after the first (run_stats)
     size = ["rollout.groups_per_step=2"] if quick else []  # quick: 16 episodes a step, not the config's 64
     variants = {
@@ -163,12 +164,13 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
     if config_name:
         del variants["subproc_warm"]
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    first: dict[str, Path] = {}
     for i in range(rounds):
         names = list(variants)
         for name in names[i % len(names) :] + names[: i % len(names)]:
             run_dir = Path(tmp) / f"{config_name or 'default'}-{name}-{i}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            train_run(
+            wall = train_run(
                 [
                     *named,
                     f"trainer.steps={steps}",
@@ -187,9 +189,14 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
                     "episodes_per_s": run_stats(run_dir)["episodes_per_s"],
                     "user_s": (after.ru_utime - before.ru_utime) / built,
                     "sys_s": (after.ru_stime - before.ru_stime) / built,
+                    "wall_s": wall,
                 }
             )
-    return {name: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for name, runs in samples.items()}
+            first.setdefault(name, run_dir)
+    return {
+        name: {**{k: statistics.median(s[k] for s in runs) for k in runs[0]}, "run_dir": first[name], "wall_s": runs[0]["wall_s"]}
+        for name, runs in samples.items()
+    }
 
 
 _row = functools.partial(figure, "e2e")
@@ -198,14 +205,18 @@ _row = functools.partial(figure, "e2e")
 def main(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="areal-bench-e2e-") as tmp:
         walls, stats = {}, {}
-        for mode in ("subproc", "inline"):
-            run_dir = Path(tmp) / mode
-            walls[mode] = train_run(
-                [*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}", f"experiment_name=bench-e2e-{mode}"], run_dir
-            )
-            stats[mode] = run_stats(run_dir)
         default = default_ratio(quick, tmp)
         agentic = default_ratio(quick, tmp, "agentic")
+        for mode in ("subproc", "inline"):
+            if quick:  # a smoke: the agentic config's runs (the same agent, on its model variant) stand in for the small run
+                run_dir, walls[mode] = agentic[mode]["run_dir"], agentic[mode]["wall_s"]
+            else:
+                run_dir = Path(tmp) / mode
+                walls[mode] = train_run(
+                    [*small_run(quick), f"rollout.agent={AGENT}", f"rollout.openai.mode={mode}", f"experiment_name=bench-e2e-{mode}"],
+                    run_dir,
+                )
+            stats[mode] = run_stats(run_dir)
     sub, inl = stats["subproc"], stats["inline"]
     dsub, dinl, dwarm = default["subproc"], default["inline"], default["subproc_warm"]
     ms = 1000.0

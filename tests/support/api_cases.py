@@ -31,6 +31,7 @@ RESPONSES_TOOLS = [{"type": "function", **CALC}]
 ANTHROPIC_TOOLS = [{"name": "calc", "description": CALC["description"], "input_schema": CALC["parameters"]}]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr": "3+4"}}\n</tool_call>'
 FORCED = '{"name": "calc", "arguments": {"expr": "3+4"}}\n</tool_call>'  # the call's opening is the gateway's
+NAMED = ' {"expr": "3+4"}}\n</tool_call>'  # a named function's call: its name too is the gateway's
 THINK = "<think>\nAdd them.\n</think>\n\nSeven."
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
 USER = [{"role": "user", "content": "What is 3+4?"}]
@@ -79,7 +80,23 @@ CASES = [
     ),
     ("tools-call", "chat", {"messages": USER, "tools": CHAT_TOOLS}, [CALL], 200),
     ("tool-choice-required", "chat", {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required"}, [FORCED], 200),
+    (
+        "tool-choice-named",
+        "chat",
+        {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": {"type": "function", "function": {"name": "calc"}}},
+        [NAMED],
+        200,
+    ),
+    (
+        "stream-tool-choice-required",
+        "chat",
+        {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required", "stream": True},
+        [FORCED],
+        200,
+    ),
     ("tool-result-turn", "chat", {"messages": HISTORY, "tools": CHAT_TOOLS}, ["It is 7."], 200),
+    ("reasoning-effort-none", "chat", {"messages": USER, "reasoning_effort": "none"}, ["7."], 200),  # honoured: nothing changes
+    ("reasoning-effort-no-switch", "chat", {"messages": USER, "reasoning_effort": "low"}, [], 400),  # this template has none
     ("reasoning", "chat", {"messages": USER}, [THINK], 200),
     ("json-object", "chat", {"messages": USER, "response_format": {"type": "json_object"}}, [JSON], 200),
     ("json-schema", "chat", {"messages": USER, "response_format": JSON_SCHEMA}, [JSON], 200),
@@ -94,7 +111,17 @@ CASES = [
     ("plain", "responses", {"input": "What is 3+4?"}, ["Seven."], 200),
     ("instructions-list", "responses", {"instructions": "Be brief.", "input": USER}, ["7."], 200),
     ("tools-call", "responses", {"input": "What is 3+4?", "tools": RESPONSES_TOOLS}, [CALL], 200),
+    ("tool-choice-required", "responses", {"input": "What is 3+4?", "tools": RESPONSES_TOOLS, "tool_choice": "required"}, [FORCED], 200),
+    (
+        "tool-choice-named",
+        "responses",
+        {"input": "What is 3+4?", "tools": RESPONSES_TOOLS, "tool_choice": {"type": "function", "name": "calc"}},
+        [NAMED],
+        200,
+    ),
     ("tool-result-turn", "responses", {"input": RESPONSES_HISTORY, "tools": RESPONSES_TOOLS}, ["It is 7."], 200),
+    ("reasoning-effort-none", "responses", {"input": "What is 3+4?", "reasoning": {"effort": "none"}}, ["7."], 200),
+    ("reasoning-effort-no-switch", "responses", {"input": "What is 3+4?", "reasoning": {"effort": "low"}}, [], 400),
     ("reasoning", "responses", {"input": "What is 3+4?"}, [THINK], 200),
     ("sampling", "responses", {"input": "What is 3+4?", "temperature": 0.5, "top_p": 0.9}, ["7."], 200),
     ("text-format", "responses", {"input": "What is 3+4?", "text": TEXT_FORMAT}, [JSON], 200),
@@ -107,7 +134,18 @@ CASES = [
     ("system-stop", "anthropic", {"system": "Be brief.", "messages": USER, "stop_sequences": ["\n\n"], "temperature": 0.5}, ["7."], 200),
     ("tools-call", "anthropic", {"messages": USER, "tools": ANTHROPIC_TOOLS}, [CALL], 200),
     ("tool-choice-any", "anthropic", {"messages": USER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}, [FORCED], 200),
+    (
+        "tool-choice-named",
+        "anthropic",
+        {"messages": USER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "calc"}},
+        [NAMED],
+        200,
+    ),
     ("tool-result-turn", "anthropic", {"messages": ANTHROPIC_HISTORY, "tools": ANTHROPIC_TOOLS}, ["It is 7."], 200),
+    ("prefill", "anthropic", {"messages": [*USER, {"role": "assistant", "content": "The answer is"}]}, [" 7."], 200),
+    ("stream-prefill", "anthropic", {"messages": [*USER, {"role": "assistant", "content": "The answer is"}], "stream": True}, [" 7."], 200),
+    ("thinking-disabled", "anthropic", {"messages": USER, "thinking": {"type": "disabled"}}, ["7."], 200),
+    ("thinking-no-switch", "anthropic", {"messages": USER, "thinking": {"type": "enabled", "budget_tokens": 1024}}, [], 400),
     ("stream", "anthropic", {"messages": USER, "stream": True}, ["Seven."], 200),
     ("stream-tools-call", "anthropic", {"messages": USER, "tools": ANTHROPIC_TOOLS, "stream": True}, [CALL], 200),
     ("no-messages", "anthropic", {}, [], 400),
