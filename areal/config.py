@@ -25,6 +25,7 @@ from areal.controller.recovery import RecoverConfig
 from areal.controller.trackers import TrackerConfig, check_loggers
 from areal.engine.config import EngineConfig
 from areal.gateway import GatewayConfig
+from areal.gateway.branching import BranchConfig
 from areal.trainer.config import TrainerConfig
 from sandbox.isolation import SandboxConfig
 from sandbox.world import TRIPWIRE_KINDS
@@ -129,6 +130,10 @@ class RolloutConfig:
     overlong_penalty_tokens: int = 0
     overlong_penalty_factor: float = 1.0
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
+    # Branch a sandboxed episode at a model call into n branches from one state (docs/branching.md;
+    # n, at_call, at_tool_result): each branch is logged as its own episode (<id>/b<i>), and the
+    # episode is trained as one tree, its shared prefix once. Off by default (n = 0).
+    branch: BranchConfig = field(default_factory=BranchConfig)
 
     def __post_init__(self) -> None:
         for name in ("n_samples", "groups_per_step", "max_concurrent_episodes"):
@@ -301,6 +306,16 @@ class TrainConfig:
             raise ValueError(
                 f"cluster.rollout_workers={self.cluster.rollout_workers} runs sandboxed agents on Ray nodes: it needs "
                 f"rollout.openai.mode=subproc, got {self.rollout.openai.mode!r} (inline agents run in the controller)"
+            )
+        if self.rollout.branch.enabled and self.rollout.openai.mode != "subproc":
+            raise ValueError(
+                f"rollout.branch.n={self.rollout.branch.n} branches sandboxed episodes: it needs rollout.openai.mode=subproc, "
+                f"got {self.rollout.openai.mode!r} (only the sandbox can fork a live episode)"
+            )
+        if self.rollout.branch.enabled and self.cluster.rollout_workers and self.cluster.gateway == "worker":
+            raise ValueError(
+                f"rollout.branch.n={self.rollout.branch.n} branches at the controller's gateway: with cluster.rollout_workers "
+                "it needs cluster.gateway=controller (the workers' own gateways do not branch)"
             )
         if self.trainer.ranks % self.cluster.trainer_nodes:
             raise ValueError(

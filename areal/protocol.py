@@ -231,9 +231,10 @@ HopOutbound = HopAck | HopRefused  # receiver -> sender
 #   1: schema_version .. row_rewards, timings, error
 #   2: drift, failure_kind, policy_version_start/end, created, interaction_ids, row_turns
 #   3: row_parents
+#   4: row_forks
 # --------------------------------------------------------------------------------------------
 
-TRAJECTORY_SCHEMA = 3
+TRAJECTORY_SCHEMA = 4
 _EMPTY = memoryview(b"")
 
 
@@ -246,7 +247,9 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     ``versions`` int32 (policy version that sampled the token, -1 for prompt tokens).
     Per row: ``row_rewards`` float32, ``row_turns`` int32 (LLM calls folded into the row),
     ``row_parents`` int32 (the row index of the call this row's prompt extends, -1 for a root:
-    the gateway's conversation tree, for per-turn returns; empty when unknown, read as a chain).
+    the gateway's conversation tree, for per-turn returns; empty when unknown, read as a chain),
+    ``row_forks`` int32 (the rows whose children are the branches of one branch point, -1 when the
+    branches are roots: an episode branched at a model call, docs/branching.md; empty otherwise).
     All little-endian. The lowest/highest sampling version is derived (``version_span``), not
     stored, so it can never disagree with ``versions``. ``versions`` stays int32 per token (a
     third of an 8k record): a generation can span weight updates, a long run can pass int16's
@@ -277,6 +280,8 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
     row_turns: memoryview = _EMPTY  # (rows,) int32; empty when unknown (schema 1)
     # ---- schema 3 ----
     row_parents: memoryview = _EMPTY  # (rows,) int32 parent row index, -1 = root; empty when unknown (schema < 3)
+    # ---- schema 4 ----
+    row_forks: memoryview = _EMPTY  # (forks,) int32 fork rows (-1: the roots are the branches); empty: not branched
 
     def array(self, field: str) -> np.ndarray:
         """Zero-copy numpy view of one buffer field."""
@@ -311,9 +316,12 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
         interaction_ids: list[str] | None = None,
         row_turns: list[int] | None = None,
         row_parents: list[int] | None = None,
+        row_forks: list[int] | None = None,
     ) -> Trajectory:
         """Build a record from numpy (or list) rows; ``created`` defaults to now."""
         _check_row_lists(len(rows), interaction_ids=interaction_ids, row_turns=row_turns, row_parents=row_parents)
+        if row_forks and (row_parents is None or any(not -1 <= f < len(rows) for f in row_forks)):
+            raise ValueError(f"row_forks must name rows (or -1: the roots) of a record with row_parents, got {list(row_forks)}")
         return cls(
             schema_version=TRAJECTORY_SCHEMA,
             episode_id=episode_id,
@@ -337,6 +345,7 @@ class Trajectory(msgspec.Struct, array_like=True, gc=False):
             interaction_ids=list(interaction_ids or []),
             row_turns=_int32(row_turns if row_turns is not None else []),
             row_parents=_int32(row_parents if row_parents is not None else []),
+            row_forks=_int32(row_forks or []),
         )
 
     def rows(self) -> list[TokenRow]:
@@ -391,6 +400,7 @@ _DTYPES = {
     "row_rewards": np.dtype("<f4"),
     "row_turns": np.dtype("<i4"),
     "row_parents": np.dtype("<i4"),
+    "row_forks": np.dtype("<i4"),
 }
 
 _trajectory_encoder = msgspec.msgpack.Encoder()

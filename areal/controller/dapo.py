@@ -53,9 +53,28 @@ def reward_key(t: Trajectory) -> tuple[float, ...]:
 
 
 def has_signal(trajectories: Sequence[Trajectory]) -> bool:
-    """Whether a group can train anything: at least two samples whose rewards differ. A group of
-    one, or of equal rewards, gets advantage 0 on every token (GRPO normalises per group)."""
-    return len({reward_key(t) for t in trajectories}) >= 2
+    """Whether a group can train anything: at least two samples whose rewards differ, or a
+    branched sample whose branches do (``branches_differ``). Otherwise a group of one, or of
+    equal rewards, gets advantage 0 on every token (GRPO normalises per group)."""
+    return len({reward_key(t) for t in trajectories}) >= 2 or any(branches_differ(t) for t in trajectories)
+
+
+def branches_differ(t: Trajectory) -> bool:
+    """Whether sibling branches of a branched episode (``row_forks``, docs/branching.md) earned
+    different rewards (the sum of each branch's rows'): its rows under the fork then get nonzero
+    advantages from their siblings' baseline, whatever the group's other samples earned."""
+    forks = set(t.array("row_forks").tolist())
+    if not forks:
+        return False
+    parents, rewards = t.array("row_parents").tolist(), t.array("row_rewards").tolist()
+    branch: list[int] = []  # the fork's child whose subtree holds each row, -1 above the forks
+    sums: dict[int, dict[int, float]] = {}  # fork row -> {branch: its rows' reward sum}
+    for k, p in enumerate(parents):
+        branch.append(k if p in forks else (branch[p] if p >= 0 else -1))
+        if branch[k] >= 0:
+            by_branch = sums.setdefault(parents[branch[k]], {})
+            by_branch[branch[k]] = by_branch.get(branch[k], 0.0) + rewards[k]
+    return any(len(set(s.values())) >= 2 for s in sums.values())
 
 
 class DynamicSampling:

@@ -9,6 +9,8 @@
           ▼
     Episodes.settle: the reward function (the agent gave no reward), the rewards checked against the
         episode's own completions and rollout.reward_range, the failure class (areal/agent/failures.py)
+    Episodes.settle_episode (training): an episode branched at a model call (rollout.branch) settled
+        branch by branch, as one tree (areal/controller/branches.py: settle_tree)
 
 Both of the controller's episode paths go through this one object: a training group's episodes
 (logged, counted and trained by the controller) and the held-out evaluation's
@@ -45,13 +47,16 @@ from typing import Any
 
 import msgspec
 
-from areal.agent.failures import POLICY, REWARD_HACK, classify_outcome
+from areal.agent.failures import POLICY, REWARD_HACK, classify_outcome, trained
 from areal.agent.groups import WorkflowCall
 from areal.agent.spec import EpisodeRunner, check_episode_rewards
 from areal.config import RolloutConfig
 from areal.controller.agent_eval import EvalEpisode
+from areal.controller.branches import close_branches, settle_tree, tree_of
 from areal.controller.records import reason
 from areal.gateway import Gateway, Session
+from areal.gateway.branching import never_branch
+from areal.gateway.tree import Interaction
 from areal.protocol import EpisodeOutcome
 from sandbox.zygote_client import Zygote
 
@@ -91,12 +96,19 @@ class Episodes:
     # ---- one episode in its session -------------------------------------------------------
 
     async def run(
-        self, episode_id: str, problem: dict, temperature: float | None = None, cancelled: Callable[[Session], None] | None = None
+        self,
+        episode_id: str,
+        problem: dict,
+        temperature: float | None = None,
+        cancelled: Callable[[Session], None] | None = None,
+        branching: bool = True,
     ) -> tuple[EpisodeOutcome, Session]:
         """``problem`` run as episode ``episode_id`` in a session sampled at ``temperature`` (None:
-        the agent's own); its outcome (not yet settled) and the session, closed. An error
-        propagates with the session closed; cancelled (the run is stopping), ``cancelled`` first
-        gets what the session recorded (an empty one for the runner's own session)."""
+        the agent's own); its outcome (not yet settled) and the session, closed (its branch
+        sessions, if it branched, are closed by ``settle_episode``). An error propagates with the
+        session and its branch sessions closed; cancelled (the run is stopping), ``cancelled``
+        first gets what the session recorded (an empty one for the runner's own session).
+        ``branching``: False keeps the episode from branching at a model call (rollout.branch)."""
         deadline = self.rollout.deadline_s
         if self.run_session is not None:
             try:
@@ -106,15 +118,18 @@ class Episodes:
                     cancelled(Session(key="", episode_id=episode_id))
                 raise
         key = self.gateway.open_session(episode_id, temperature)
+        if not branching:
+            never_branch(self.gateway.sessions[key], "a held-out evaluation episode is never branched")
         try:
             outcome = await self.runner.run_episode(episode_id, problem, key, deadline)
         except asyncio.CancelledError:
             session = self.gateway.close_session(key)
+            close_branches(self.gateway, session)
             if cancelled is not None:
                 cancelled(session)
             raise
         except BaseException:
-            self.gateway.close_session(key)
+            close_branches(self.gateway, self.gateway.close_session(key))
             raise
         return outcome, self.gateway.close_session(key)
 
@@ -125,7 +140,7 @@ class Episodes:
         for attempt in range(self.rollout.max_zygote_restarts + 1):
             mark = self.generation
             attempt_id = episode_id if attempt == 0 else f"{episode_id}-retry{attempt}"
-            outcome, session = await self.run(attempt_id, problem, temperature)
+            outcome, session = await self.run(attempt_id, problem, temperature, branching=False)
             if not self.lost([outcome], mark) or not await self.recover(outcome.error):
                 break
         return EvalEpisode(await self.settle(outcome, session, problem), list(session.interactions.values()))
@@ -190,6 +205,12 @@ class Episodes:
             outcome = msgspec.structs.replace(outcome, reward=r.reward_hack_penalty, rewards_by_id={})
         return outcome
 
+    async def settle_episode(self, outcome: EpisodeOutcome, session: Session, problem: dict) -> tuple[EpisodeOutcome, Session]:
+        """A training episode settled, and the session it is logged and trained by: its own, or,
+        branched at a model call, the tree of its branches, each settled (``branches.settle_tree``)."""
+        hack = self.rollout.reward_hack
+        return await settle_tree(self.gateway, outcome, session, lambda o, s: self.settle(o, s, problem), lambda o: trained(o, hack))
+
     async def score(self, outcome: EpisodeOutcome, session: Session, row: dict) -> EpisodeOutcome:
         """The configured reward function's score of the episode's last reply (the agent returned
         none), AReaL's way: ``fn(prompt, completions, prompt_ids, completion_ids, **row)``. A
@@ -247,8 +268,38 @@ def episode_record(outcome: EpisodeOutcome, session: Session, group_id: str, pro
         "malformed_tool_calls": sum(i.malformed_tool_calls for i in inters),  # call markup the gateway could not parse
         # an episode with a world (sandbox/world.py): the grader's checks and verdict, the sandbox's tripwires
         **({"checks": outcome.checks, "grader": outcome.grader, "tripwires": outcome.tripwires} if outcome.grader else {}),
+        # rollout.branch: why its branch point was not taken (it ran on, and is trained, unbranched)
+        **({"branch_refused": outcome.branch_refused} if outcome.branch_refused else {}),
         **data_field(problem),
     }
+
+
+def episode_lines(
+    outcome: EpisodeOutcome, session: Session, group_id: str, problem: dict | None = None
+) -> list[tuple[dict[str, Any], EpisodeOutcome, list[Interaction]]]:
+    """A settled training episode's lines in episodes.jsonl, each with the outcome and the calls it
+    describes: its one line, or, branched at a model call (``branches.tree_of``), one line per
+    branch, its ``BranchTag`` fields added (and ``branches_cut``: why later branches did not run)."""
+    tree = tree_of(session)
+    if tree is None:
+        return [(episode_record(outcome, session, group_id, problem), outcome, list(session.interactions.values()))]
+    lines = []
+    for b in tree.branches:
+        record = {**episode_record(b.outcome, b.session, group_id, problem), **b.tag.record()}
+        if tree.cut:
+            record["branches_cut"] = tree.cut
+        lines.append((record, b.outcome, list(b.session.interactions.values())))
+    return lines
+
+
+def episode_calls(session: Session) -> tuple[int, int, int]:
+    """(LLM calls, well-formed tool calls, malformed tool calls) of a settled training episode,
+    each call once (a branched episode's shared prefix once: ``Tree.calls``)."""
+    tree = tree_of(session)
+    if tree is not None:
+        return tree.calls()
+    inters = session.interactions.values()
+    return len(inters), sum(i.tool_calls for i in inters), sum(i.malformed_tool_calls for i in inters)
 
 
 def workflow_call_record(call: WorkflowCall, outcome: EpisodeOutcome, group_id: str) -> dict[str, Any]:

@@ -70,8 +70,9 @@ from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import RolloutConfig, TrainConfig, to_dict
 from areal.controller.agent_eval import AgentEvaluation
+from areal.controller.branches import branch_metrics
 from areal.controller.dapo import DROPPED, Dapo, DynamicSampling, Overlong
-from areal.controller.episodes import Episodes, episode_record, workflow_call_record
+from areal.controller.episodes import Episodes, episode_calls, episode_lines, workflow_call_record
 from areal.controller.evaluation import Progress, eval_label, evaluate, resolve_eval_mode
 from areal.controller.metrics import step_row
 from areal.controller.online import OnlineSessions, online_rollout
@@ -188,6 +189,7 @@ class Controller:
         self.failure: str | None = None
         self.fleet: EngineFleet | None = None  # the engines this run launched (embedded, or engine.launch.command)
         self.fleet_failure: str | None = None  # why the fleet could not go on (its supervisor's verdict)
+        self.gateway: Gateway | None = None  # the run's gateway, once started
         self.done: TrainerDone | None = None
         self.window: list[EpisodeOutcome] = []  # outcomes since the last trainer report
         self.window_calls: list[tuple[int, int, int]] = []  # (LLM calls, tool calls, malformed calls) of each episode since then
@@ -278,6 +280,8 @@ class Controller:
             supervisor = asyncio.create_task(self._supervise(self.fleet, engines.router, engines.model_dir))
             stack.callback(supervisor.cancel)  # before the engines' own stop (callbacks run last-in first)
         gateway = Gateway(engines.client, self.tokenizer, gateway_config(cfg.gateway, engines.model_dir, tqdm.write))
+        gateway.branching = cfg.rollout.branch  # off unless rollout.branch.n >= 2 (docs/branching.md)
+        self.gateway = gateway
         if self.grouping is not None:  # ArealOpenAI clients of the workflow keep the run's limits
             self.grouping.gateway_config = gateway.config
         zmq_task = asyncio.create_task(serve_zmq(gateway, gateway_addr))
@@ -727,7 +731,7 @@ class Controller:
 
         # sampled at rollout.temperature whatever the agent asks: the trainer scores its tokens at that one
         outcome, session = await episodes.run(episode_id, problem, self.config.rollout.temperature, cancelled=cancelled)
-        outcome = await episodes.settle(outcome, session, problem)
+        outcome, session = await episodes.settle_episode(outcome, session, problem)  # branched: its tree session
         self.window.append(outcome)
         if (scored := task_score(problem, outcome, session.interactions.values())) is not None:
             self.window_tasks.append(scored)
@@ -761,14 +765,15 @@ class Controller:
         return single_turn
 
     def _log_episode(self, o: EpisodeOutcome, s: Session, group_id: str, dropped: str = "", problem: dict | None = None) -> None:
-        """The episode's line in episodes.jsonl; ``dropped``: why an episode with something to
-        train on was not published (``"dynamic_sampling"``), else "" (no key); ``problem``: its row."""
-        inters = list(s.interactions.values())
-        record = episode_record(o, s, group_id, problem)
-        if dropped:
-            record["dropped"] = dropped
-        self.window_calls.append((len(inters), record["tool_calls"], record["malformed_tool_calls"]))
-        self.records.episode(record, functools.partial(episode_table_row, self._decode, record, inters), inters, row_rewards(o, inters))
+        """The episode's line in episodes.jsonl (a branched episode's: one per branch); ``dropped``: why
+        an episode with something to train on was not published (``"dynamic_sampling"``), else ""
+        (no key); ``problem``: its row."""
+        self.window_calls.append(episode_calls(s))
+        for record, outcome, inters in episode_lines(o, s, group_id, problem):
+            if dropped:
+                record["dropped"] = dropped
+            table_row = functools.partial(episode_table_row, self._decode, record, inters)
+            self.records.episode(record, table_row, inters, row_rewards(outcome, inters))
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)  # the tokenizer is loaded when the run starts
@@ -807,7 +812,8 @@ class Controller:
         tasks, self.window_tasks = self.window_tasks, []
         stale, self.stale_groups = self.stale_groups, 0
         # DAPO's counts since the last step; the groups that finished too late for the staleness bound (run again)
-        self.records.step({**step_row(r, window, calls, tasks), **self.dapo.take_metrics(), "stale_groups": stale})
+        row = {**step_row(r, window, calls, tasks), **self.dapo.take_metrics(), "stale_groups": stale}
+        self.records.step({**row, **branch_metrics(self.gateway)})  # rollout.branch: branch sessions left open
 
     async def _wait(self) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

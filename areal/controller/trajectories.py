@@ -2,6 +2,7 @@
 run's saved copy of them read back.
 
     EpisodeOutcome + the gateway's Session ─► trajectory_from_episode ─► Trajectory (one row per call)
+      (a branched episode's tree session ─► one Trajectory, the shared prefix once, row_forks)
     RolloutWorkflow export row              ─► trajectory_from_row     ─► Trajectory (one row)
     run_dir/trajectories.bin (save_trajectories=true) ─► read_saved_trajectories ─► [Trajectory]
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 
+from areal.controller.branches import tree_of
 from areal.controller.dapo import NO_OVERLONG, Overlong
 from areal.gateway import Session
 from areal.gateway.tree import InteractionWithTokenLogpReward
@@ -39,7 +41,15 @@ def trajectory_from_episode(
     masked out (``overlong.filter``); each call's length penalty is added to the reward its row
     is trained with: to the episode's float (every row's) when run() returned one, else to the
     call's own row. Either way the episode reward grows by the sum of its calls' penalties.
+
+    A branched episode's tree session (``branches.tree_of``: its branches' rewards already on their
+    own rows) becomes one record whose shared prefix rows appear once: its ``row_forks`` the fork
+    row, its reward the mean over its trained branches of the rewards their own rows are trained
+    with (``outcome``'s rewards are not applied).
     """
+    tree = tree_of(session)
+    if tree is not None:
+        outcome = msgspec.structs.replace(outcome, reward=None, rewards_by_id={})
     for inter_id, r in outcome.rewards_by_id.items():
         session.set_reward(inter_id, r)
     exported = session.export_interactions("individual")
@@ -54,6 +64,8 @@ def trajectory_from_episode(
         rows.append(TokenRow(input_ids=row.input_ids, loss_mask=mask, logprobs=row.logprobs, versions=row.versions, reward=reward))
         versions.extend(v for v in row.versions if v >= 0)
     episode_reward = shared if shared is not None else sum(r.reward for r in rows)
+    if tree is not None and tree.own:
+        episode_reward = sum(sum(rows[index[i]].reward for i in own) for own in tree.own) / len(tree.own)
     return Trajectory.from_rows(
         episode_id=outcome.episode_id,
         group_id=group_id,
@@ -69,6 +81,7 @@ def trajectory_from_episode(
         policy_version_end=max(versions, default=-1),
         interaction_ids=list(exported),
         row_parents=parents,
+        row_forks=[tree.fork] if tree is not None and tree.own else None,
     )
 
 

@@ -175,6 +175,11 @@ def branch_keys(session: Session) -> list[str]:
     return list(state.keys) if isinstance(state, BranchPoint) and not state.refused else []
 
 
+def never_branch(session: Session, why: str) -> None:
+    """Keep ``session`` from ever branching; ``refusal`` then says ``why``."""
+    session.store[STATE] = BranchPoint(0, refused=why)
+
+
 def refusal(session: Session) -> str:
     """Why a trunk session's branch point was not taken ("" when it was, or had none)."""
     state = session.store.get(STATE)

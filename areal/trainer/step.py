@@ -27,7 +27,7 @@ from areal.protocol import Trajectory, decode_trajectory
 from areal.ring import RecordSource
 from areal.trainer.checkpoint import DataPosition
 from areal.trainer.config import CREDITS, LOSSES, TrainerConfig
-from areal.trainer.credit import chain_parents, tree_depths, tree_returns, turn_advantages
+from areal.trainer.credit import branched_turn_advantages, chain_parents, tree_depths, tree_returns, turn_advantages
 from areal.trainer.fsdp import clip_grad_norm, is_sharded, set_gradient_sync
 from areal.trainer.loss import (
     aggregation_scale,
@@ -144,13 +144,16 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
     episode reward as their return. Rows that carry their own rewards (a {completion_id: reward}
     dict): under ``turn``, discounted returns over the conversation tree (``row_parents``; a
     record without it is read as a chain in call order); under ``episode``, the episode reward
-    (their sum). Returns are float64 (a float32 group variance overflows on large rewards); a
+    (their sum). A branched episode (``row_forks``: one tree, its branches under the fork rows,
+    docs/branching.md) always takes its tree's returns under ``turn``, and its rows under a fork
+    their sibling branches' baseline (``branched_turn_advantages``); under ``episode``, its reward
+    (the mean of its branches'). Returns are float64 (a float32 group variance overflows on large rewards); a
     non-finite reward is a ``ValueError`` naming its episode: the controller fails such
     episodes, so one reaching the trainer is a bug of whatever wrote the ring.
     """
     if credit not in CREDITS:
         raise ValueError(f"trainer.credit must be one of {CREDITS}, got {credit!r}")
-    returns, depths = [], []
+    returns, depths, parents_of, forks_of = [], [], [], []
     for t in trajs:
         rr32 = t.array("row_rewards")  # (K,) float32 on the wire
         if not (np.isfinite(t.reward) and np.isfinite(rr32).all()):
@@ -161,13 +164,18 @@ def compute_advantages(trajs: list[Trajectory], turn_discount: float, eps: float
         k = max(rr32.size, 1)
         parents = t.array("row_parents").tolist() if len(t.row_parents) else chain_parents(k)
         depths.append(tree_depths(parents))
+        forks = t.array("row_forks").tolist()
+        parents_of.append(parents)
+        forks_of.append(forks)
         shared = rr32.size == 0 or bool((rr32 == np.float32(t.reward)).all()) or not bool(rr32.any())
-        if shared or credit == "episode":
+        if (shared and not forks) or credit == "episode":
             returns.append(np.full(k, float(t.reward)))
         else:
             returns.append(tree_returns(rr32, parents, turn_discount))
     group_ids = [t.group_id for t in trajs]
-    if credit == "turn":
+    if credit == "turn" and any(forks_of):
+        adv = branched_turn_advantages(returns, depths, parents_of, forks_of, group_ids, eps)
+    elif credit == "turn":
         adv = turn_advantages(returns, depths, group_ids, eps)
     else:
         adv = episode_advantages([torch.from_numpy(r) for r in returns], group_ids, eps)

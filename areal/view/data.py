@@ -14,7 +14,11 @@ calls off ``<tool_call>{json}</tool_call>`` and tool results off ``<tool_respons
 another template is shown as one block.
 
 Tree marks: a call with several children is a fork; a call with no parent after the first is a
-new branch because the agent rewrote its history (the gateway counts it as drift). Returns:
+new branch because the agent rewrote its history (the gateway counts it as drift). An episode
+branched at a model call (rollout.branch, docs/branching.md) is listed as one episode per branch
+(``<trunk id>/b<i>``): its calls before the branch point are marked ``shared`` (its siblings made
+them too, and the tree trained them once), its first own call is the ``branch_point``, naming the
+trunk, the call and the sibling branches. Returns:
 G = r + γ · mean(G of the children), r the call's own reward (set through the gateway or named by
 run()'s {id: reward}); an episode whose reward came as one float has it on its last call.
 
@@ -131,6 +135,8 @@ class RunView:
             row = {k: e.get(k) for k in ("episode_id", "group_id", "status", "failure_class", "failure_cause", "reward", "versions")}
             row |= {"calls": e.get("interactions", 0), "drift": e.get("drift", 0), "error": (e.get("error") or "")[:LIST_ERROR_CHARS]}
             row["tree"] = e["episode_id"] in self.trees
+            if "branch_of" in e:
+                row["branch"] = {"of": e["branch_of"], "index": e.get("branch_index"), "call": e.get("branch_call")}
             out.append(row)
         return out
 
@@ -173,6 +179,13 @@ class RunView:
             own[-1] = record.get("reward")
         for n, r in zip(nodes, own):
             n["reward"] = r
+        branch = self._branch(record)
+        if branch is not None:
+            shared = int(record.get("shared_interactions") or 0)
+            for n in nodes[:shared]:
+                n["shared"] = True
+            if shared < len(nodes):
+                nodes[shared]["branch_point"] = branch
         for n in reversed(nodes):  # children come after their parent: one reverse pass
             kids = [by_id[k]["return"] for k in n["children"]]
             n["return"] = (n["reward"] or 0.0) + self.gamma * (sum(kids) / len(kids) if kids else 0.0)
@@ -180,7 +193,24 @@ class RunView:
         failure = {k: record.get(k) for k in ("status", "failure_class", "failure_cause", "error", "log_tail")} if failed else None
         if failure and nodes:
             nodes[-1]["failure"] = failure  # the episode failed after its last call
-        return {"record": record, "nodes": nodes, "failure": failure, "gamma": self.gamma, "recorded": bool(calls)}
+        return {"record": record, "nodes": nodes, "failure": failure, "gamma": self.gamma, "recorded": bool(calls), "branch": branch}
+
+    def _branch(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """A branch's place (None for an episode that is no branch): its trunk, the call it branched
+        at, its index, and its siblings' episode ids in branch order."""
+        if "branch_of" not in record:
+            return None
+        trunk = record["branch_of"]
+        siblings = sorted(
+            (e for e in self.records.values() if e.get("branch_of") == trunk and e["episode_id"] != record["episode_id"]),
+            key=lambda e: e.get("branch_index", 0),
+        )
+        return {
+            "of": trunk,
+            "call": record.get("branch_call"),
+            "index": record.get("branch_index"),
+            "siblings": [e["episode_id"] for e in siblings],
+        }
 
     def _node(self, call: dict[str, Any]) -> dict[str, Any]:
         prompt_text = self._text(call["prompt_ids"])

@@ -68,8 +68,9 @@ def make_app(view: RunView) -> web.Application:
     app.router.add_get("/api/steps", endpoint(view.steps))
     app.router.add_get("/api/episodes", endpoint(view.episodes))
     app.router.add_get("/api/prompts", endpoint(view.prompts))
-    app.router.add_get("/api/episode/{episode_id}", endpoint(view.episode))
-    app.router.add_get("/api/compare/{episode_id}", endpoint(view.compare))
+    # an id may hold "/" (a branch: <trunk id>/b<i>)
+    app.router.add_get("/api/episode/{episode_id:.+}", endpoint(view.episode))
+    app.router.add_get("/api/compare/{episode_id:.+}", endpoint(view.compare))
     return app
 
 

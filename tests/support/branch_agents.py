@@ -1,4 +1,5 @@
-"""Agents branched at a model call by tests/integration/sandbox/test_branching.py.
+"""Agents branched at a model call by tests/integration/sandbox/test_branching.py, and in a
+training run by tests/e2e/test_branched_run.py (``TwoCallAgent``).
 
 ``BranchAgent.run`` dispatches on ``data["case"]``, so one zygote serves every test. Each episode
 makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client. Before each call it bumps a
@@ -93,6 +94,20 @@ class BranchAgent:
             held.kill()
             held.wait()
         return float(re.findall(r"\d+", replies[1])[0])
+
+
+class TwoCallAgent:
+    """Two chat calls over the handed client, the second after the first's reply; its reward is a
+    coin flip drawn at the end from os.urandom (branches share the interpreter's random state, not
+    the kernel's), so siblings' rewards differ by chance, whatever the model replies."""
+
+    async def run(self, data: dict, **kw: Any) -> float:
+        client = openai.AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+        messages = [{"role": "user", "content": str(data.get("question", "start"))}]
+        for _ in range(2):
+            r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)
+            messages += [{"role": "assistant", "content": r.choices[0].message.content or ""}, {"role": "user", "content": "again"}]
+        return float(os.urandom(1)[0] % 2)
 
 
 def _attack(cgroup: str) -> str:

@@ -36,3 +36,9 @@ class TrajectoryV2(TrajectoryV1, array_like=True, gc=False):
     created: float = 0.0
     interaction_ids: list[str] = []
     row_turns: memoryview = memoryview(b"")
+
+
+class TrajectoryV3(TrajectoryV2, array_like=True, gc=False):
+    """Schema 3 (before row_forks): schema 2's fields, then this."""
+
+    row_parents: memoryview = memoryview(b"")

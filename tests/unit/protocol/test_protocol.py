@@ -102,7 +102,7 @@ def test_schema_2_fields_round_trip():
         row_turns=[1, 1, 4],
     )
     out = decode_trajectory(encode_trajectory(traj))
-    assert out.schema_version == TRAJECTORY_SCHEMA == 3
+    assert out.schema_version == TRAJECTORY_SCHEMA == 4
     assert (out.drift, out.failure_kind, out.error) == (2, "timeout", "deadline 30s passed")
     assert (out.policy_version_start, out.policy_version_end) == (3, 5)
     assert out.created == 1_700_000_000.25

@@ -1,16 +1,25 @@
 """Turn credit on a branched episode's tree (areal/trainer/credit.py: ``fork_baselines``,
 ``branched_turn_advantages``): the expected gradient of a small tree computed exactly, by
-enumerating every outcome of a group of two branched episodes."""
+enumerating every outcome of a group of two branched episodes; and the tree's fork rows as the
+Trajectory record carries them to the trainer (``row_forks``, schema 4) and ``compute_advantages``
+reads them."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 
+import msgspec
 import numpy as np
 import pytest
+import torch
+from old_schemas import TrajectoryV3
 
+from areal.protocol import TokenRow, Trajectory, decode_trajectory, encode_trajectory
+from areal.ring.buffer import NATIVE, RingReader, RingWriter, ring_name, unlink_ring
 from areal.trainer.credit import branched_turn_advantages, fork_baselines, tree_depths, tree_returns, turn_baselines
+from areal.trainer.step import compute_advantages
 
 # One prompt, two episodes in its group. Each episode: call 1 picks a (prefix, the fork row),
 # then branches into N = 2 at call 2, each branch picking b; the branch's reward is R[a][b].
@@ -115,3 +124,68 @@ def test_an_unbranched_episode_gets_turn_advantages_unchanged():
     branched = branched_turn_advantages(returns, depths, [[-1, 0], [-1, 0], [-1]], [[], [], []], groups)
     for x, y in zip(plain, branched):
         assert x.tolist() == y.tolist()
+
+
+# ---- the record: row_forks reach the trainer ----
+
+
+def _tree(eid: str, rewards: list[float], parents: list[int], forks: list[int] | None, reward: float) -> Trajectory:
+    rows = [
+        TokenRow(np.array([1, 2, 3], np.int32), np.array([0, 1, 1], np.uint8), np.zeros(3, np.float32), np.zeros(3, np.int32), r)
+        for r in rewards
+    ]
+    return Trajectory.from_rows(
+        episode_id=eid, group_id="g", group_size=2, reward=reward, status="ok", rows=rows, row_parents=parents, row_forks=forks
+    )
+
+
+def test_compute_advantages_gives_a_branched_record_its_sibling_baselines():
+    a = _tree("a", [0.0, 1.0, 0.0], PARENTS, FORKS, 0.5)  # prefix, then two branches with their rewards on their leaves
+    b = _tree("b", [0.0, 1.0, 1.0], PARENTS, FORKS, 1.0)
+    returns = [tree_returns(t.array("row_rewards").astype(np.float64), PARENTS, 0.9) for t in (a, b)]
+    expected = branched_turn_advantages(returns, [tree_depths(PARENTS)] * 2, [PARENTS] * 2, [FORKS] * 2, ["g", "g"])
+    got = compute_advantages([a, b], 0.9, 1e-6, "turn")
+    for x, y in zip(got, expected):
+        assert torch.equal(x, y)
+    assert got[0][1] > 0 > got[0][2]  # the rewarded branch up, its unrewarded sibling down
+    assert got[1][1] == got[1][2] == 0  # siblings that earned the same: no signal
+    # Every row equal to the episode's reward is still read as the tree (the leaves carry the rewards).
+    c = _tree("c", [1.0, 1.0], [-1, -1], [-1], 1.0)  # branched at its first call: the branches are roots
+    d = _tree("d", [0.0, 1.0], [-1, -1], [-1], 0.5)
+    adv = compute_advantages([c, d], 1.0, 1e-6, "turn")
+    assert adv[1][0] < 0 < adv[1][1] and adv[0].tolist() == [0.0, 0.0]
+    # Under episode credit, every row gets its episode's reward (the mean of its branches').
+    assert compute_advantages([a, b], 0.9, 1e-6, "episode")[0].tolist() == pytest.approx([-1.0] * 3, abs=1e-3)
+
+
+def test_row_forks_round_trip_and_a_schema_3_record_decodes_unbranched():
+    new = _tree("a", [0.0, 1.0, 0.0], PARENTS, FORKS, 0.5)
+    out = decode_trajectory(encode_trajectory(new))
+    assert out.schema_version == 4 and out.array("row_forks").tolist() == FORKS and out == new
+    fields = {f: getattr(new, f) for f in TrajectoryV3.__struct_fields__}
+    old = decode_trajectory(msgspec.msgpack.encode(TrajectoryV3(**{**fields, "schema_version": 3})))
+    assert old.schema_version == 3 and len(old.row_forks) == 0
+    assert old.array("row_parents").tolist() == PARENTS
+    unbranched = msgspec.structs.replace(new, row_forks=memoryview(b""))
+    for x, y in zip(compute_advantages([old], 0.9, 1e-6), compute_advantages([unbranched], 0.9, 1e-6)):
+        assert torch.equal(x, y)
+    back = msgspec.msgpack.decode(encode_trajectory(new), type=TrajectoryV3)  # a schema-3 reader reads a schema-4 record
+    assert (back.episode_id, bytes(back.row_parents)) == ("a", bytes(new.row_parents))
+    with pytest.raises(ValueError, match="row_forks must name rows"):
+        _tree("x", [0.0, 1.0], [-1, 0], [2], 1.0)
+    with pytest.raises(ValueError, match="row_forks must name rows"):
+        _tree("x", [0.0, 1.0], None, [0], 1.0)
+
+
+@pytest.mark.parametrize("native", [False, True] if NATIVE is not None else [False])
+def test_a_branched_record_crosses_the_ring(native):
+    traj = _tree("a", [0.0, 1.0, 0.0], PARENTS, FORKS, 0.5)
+    name = ring_name(f"forks{os.getpid()}{int(native)}", 0)
+    try:
+        with RingWriter(name, 1 << 16, native=native) as writer, RingReader(name, timeout_s=5) as reader:
+            writer.put_trajectory(traj)
+            got = reader.get()
+            assert got == encode_trajectory(traj)
+            assert decode_trajectory(got).array("row_forks").tolist() == FORKS
+    finally:
+        unlink_ring(name)

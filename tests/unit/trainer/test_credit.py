@@ -248,7 +248,7 @@ def test_trajectory_from_episode_records_the_conversation_tree():
     s.interactions["d"] = Interaction("d", [9], [8], [-0.5], 0, "stop", 0.0, parent_id="gone")  # parent not in the tree
     t = decode_trajectory(encode_trajectory(trajectory_from_episode(EpisodeOutcome("e", "ok", rewards_by_id={"b": 1.0}), s, "g", 1)))
     assert t.array("row_parents").tolist() == [-1, 0, 0, -1]
-    assert t.schema_version == 3
+    assert t.schema_version == 4
 
 
 def test_a_schema_2_record_decodes_and_is_credited_as_a_chain():

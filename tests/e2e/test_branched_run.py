@@ -1,0 +1,73 @@
+"""A training run that branches its episodes at a model call (docs/branching.md): sandboxed
+episodes of tests/support/branch_agents.py's TwoCallAgent, each branched at its first call into
+two, on the scripted model. Checked from the run's files: each episode is logged as one line per
+branch with its tag, trained as one tree record carrying its fork row (the shared prefix once),
+its reward the mean of its branches'; the trainer's steps are recorded; no branch session is left
+open; calls are counted once per episode."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from run_checks import read_jsonl, run_ok, train_cmd
+
+from areal.controller.trajectories import read_saved_trajectories
+
+pytestmark = pytest.mark.e2e
+
+N, CALLS = 2, 2  # branches per episode, calls per branch
+
+
+def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_ok(
+        train_cmd(
+            run_dir,
+            "rollout.agent=tests/support/branch_agents.py:TwoCallAgent",
+            "model.path=scripted",
+            "rollout.openai.mode=subproc",
+            f"rollout.branch.n={N}",
+            "rollout.branch.at_call=1",
+            "trainer.steps=2",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+            "rollout.max_head_offpolicyness=0",
+            "data.eval_size=0",
+            "save_trajectories=true",
+        ),
+        timeout_s=600,
+    )
+    lines = read_jsonl(run_dir / "episodes.jsonl")
+    assert lines and all("branch_of" in e for e in lines), [e.get("error") or e.get("branch_refused") for e in lines][:3]
+    by_trunk: dict[str, list[dict]] = {}
+    for e in lines:
+        assert e["episode_id"] == f"{e['branch_of']}/b{e['branch_index']}"
+        assert (e["status"], e["branch_call"], e["shared_interactions"], e["interactions"]) == ("ok", 1, 0, CALLS)
+        assert "branch_refused" not in e and "branches_cut" not in e
+        by_trunk.setdefault(e["branch_of"], []).append(e)
+    assert all(sorted(e["branch_index"] for e in es) == list(range(N)) for es in by_trunk.values())
+
+    saved = read_saved_trajectories(run_dir / "trajectories.bin")
+    assert saved and {t.episode_id for t in saved} <= set(by_trunk)
+    for t in saved:
+        assert t.array("row_forks").tolist() == [-1]  # branched at the first call: the branches are the roots
+        assert t.array("row_parents").tolist() == [-1, 0, -1, 2]  # each branch's two calls, no prefix row
+        branches = sorted(by_trunk[t.episode_id], key=lambda e: e["branch_index"])
+        assert t.array("row_rewards").tolist() == [0.0, branches[0]["reward"], 0.0, branches[1]["reward"]]  # on each leaf
+        assert t.reward == pytest.approx(np.mean([e["reward"] for e in branches]))  # the mean, not the sum
+        assert t.group_size == 2
+
+    trained = read_jsonl(run_dir / "trained_episodes-r0.jsonl")
+    assert [s["step"] for s in trained] == [1, 2]
+    counts = Counter(e for s in trained for e in s["episodes"])
+    assert max(counts.values()) == 1 and set(counts) == {t.episode_id for t in saved}
+    trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
+    assert [m["step"] for m in trainer] == [1, 2] and all(np.isfinite(m["loss"]) for m in trainer)
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in steps] == [1, 2] and all(np.isfinite(m["loss"]) for m in steps)
+    # Synchronous (bound 0): no episode is running at a step's report, so every branch session was closed.
+    assert all(m["branch_sessions_open"] == 0 for m in steps)
+    assert all(m["calls_per_episode"] == N * CALLS for m in steps)  # each call once per episode
