@@ -554,16 +554,8 @@ class ServerConfig:
 async def serve(cfg: ServerConfig) -> None:
     """Load the model, bind, announce readiness, serve until SIGTERM/SIGINT."""
     torch.set_num_threads(cfg.threads)
-    engine = Engine(
-        cfg.model_path,
-        cfg.max_batch,
-        cfg.weight_version,
-        cfg.request_log,
-        forward=cfg.forward,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        busy_log=cfg.busy_log,
-    )
+    logs = {"request_log": cfg.request_log, "busy_log": cfg.busy_log}
+    engine = Engine(cfg.model_path, cfg.max_batch, cfg.weight_version, forward=cfg.forward, device=cfg.device, dtype=cfg.dtype, **logs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))

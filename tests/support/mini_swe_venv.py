@@ -40,11 +40,6 @@ def venv() -> PrivateVenv:
     return PrivateVenv("mini-swe", mini_swe_venv_dir(), "\n".join(PINS) + "\n")
 
 
-def mini_swe_python() -> Path | None:
-    """The private venv's interpreter if the venv is fully set up, else None (no side effects)."""
-    return venv().python()
-
-
 def need_mini_swe() -> str:
     """The private venv's interpreter; else a skip naming how to build it, a failure under
     ``AREAL_REQUIRE_MINI_SWE=1``."""

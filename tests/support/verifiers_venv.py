@@ -35,11 +35,6 @@ def venv() -> PrivateVenv:
     return PrivateVenv("verifiers", verifiers_venv_dir(), f"{VERIFIERS_PIN}\n{OPENAI_PIN}\n")
 
 
-def verifiers_python() -> Path | None:
-    """The private venv's interpreter if the venv is fully set up, else None (no side effects)."""
-    return venv().python()
-
-
 def need_verifiers() -> str:
     """The private venv's interpreter; else a skip naming how to build it, a failure under
     ``AREAL_REQUIRE_VERIFIERS=1``."""
