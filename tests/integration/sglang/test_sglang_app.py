@@ -105,9 +105,14 @@ def model_dir(sglang: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _config_copy(ensure_embedded_model(progress=False), tmp_path_factory.mktemp("sglang_app") / "model")
 
 
+SERVER_LOGS: dict[str, Path] = {}  # url -> its server's log
+
+
 @pytest.fixture(scope="module")
 def url(sglang: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    proc = _serve(sglang, model_dir, tmp_path_factory.mktemp("sglang_app_log") / "server.log")
+    log = tmp_path_factory.mktemp("sglang_app_log") / "server.log"
+    proc = _serve(sglang, model_dir, log)
+    SERVER_LOGS[proc.url] = log
     yield proc.url
     proc.stop()
 
@@ -306,6 +311,52 @@ def test_gateway_requests_pass_sglang_validation(url: str, model_dir: Path) -> N
         ids = [script_token(inter.prompt_ids, i) for i in range(6)]
         cut = next((i + 1 for i, t in enumerate(ids) if t in stops), 6)
         assert inter.output_ids == ids[:cut] and inter.output_logprobs == [script_logprob(i) for i in range(cut)]
+
+
+def test_the_gateways_constraints_pass_sglang_validation_and_reach_its_scheduler(url: str, model_dir: Path) -> None:
+    """Structured output and a forced call (docs/openai.md): the engine requests the gateway builds
+    for ``response_format`` json_schema, Responses ``text.format`` and ``tool_choice`` "required"
+    pass SGLang's own validation, and its scheduler receives the constraint the gateway sent, as
+    SGLang's keys: ``json_schema`` for a schema alone, ``structural_tag`` for a call (the stand-in
+    decodes unconstrained, so only the requests are checked here)."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": False}
+    tool = {"name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}
+    user = [{"role": "user", "content": "What is 3+4?"}]
+    bodies = [
+        (
+            "/v1/chat/completions",
+            {"messages": user, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}},
+        ),
+        ("/v1/responses", {"input": "What is 3+4?", "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}}),
+        ("/v1/chat/completions", {"messages": user, "tools": [{"type": "function", "function": tool}], "tool_choice": "required"}),
+    ]
+
+    async def go():
+        gw = Gateway(EngineClient(url), AutoTokenizer.from_pretrained(model_dir), GatewayConfig())
+        key = gw.open_session("v0")
+        headers = {"authorization": f"Bearer {key}"}
+        replies = []
+        for i, (path, body) in enumerate(bodies):
+            cap = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+            raw = json.dumps({"model": "m", cap: 6, **body}).encode()
+            replies.append(await handle(gw, GatewayRequest(request_id=i, method="POST", path=path, headers=headers, body=raw)))
+        interactions = list(gw.close_session(key).interactions.values())
+        await gw.engine.close()
+        return replies, interactions
+
+    def constraints() -> list[dict]:  # the stand-in's lines, in the order its requests came
+        lines = SERVER_LOGS[url].read_text().splitlines()
+        return [json.loads(line[line.index("{") :]) for line in lines if '{"stand-in constraint"' in line]
+
+    before = len(constraints())
+    replies, interactions = run(go())
+    assert len(interactions) == 3, [r.body for r in replies]  # each call was sampled: SGLang took every request
+    got = constraints()[before:]
+    assert len(got) == 3, (got, SERVER_LOGS[url].read_text()[-3000:])
+    for row in got[:2]:  # a schema alone: json_schema, the response format's schema
+        assert json.loads(row["json_schema"]) == schema and not row["structural_tag"]
+    tag = json.loads(got[2]["structural_tag"])  # the forced call: a structural tag naming the tool
+    assert not got[2]["json_schema"] and "calc" in json.dumps(tag)
 
 
 def test_collective_weight_push_over_gloo(url: str, model_dir: Path) -> None:

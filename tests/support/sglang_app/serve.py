@@ -40,6 +40,10 @@ with SGLang's own ``init_custom_process_group`` (gloo on CPU), refuses
 dtype)`` and serves them back through ``/get_weights_by_name``; ``/get_server_info`` and
 ``/flush_cache`` answer.
 
+A request's constrained-decoding fields (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``), as
+SGLang's front end passed them on, are written to stderr (the server's log) as one JSON line
+``{"stand-in constraint": rid, ...}``; the stand-in decodes unconstrained.
+
 Not covered (the stand-in scheduler does not do them): stop strings and regexes, grammars,
 sessions, LoRA, multimodal inputs, hidden states, ``flattened_bucket`` broadcasts,
 ``/update_weights_from_tensor`` and other control requests not named above (their HTTP call would
@@ -148,6 +152,9 @@ _FLUSH_REFUSED = (
     "Weights were updated, but the cache was not flushed because requests are still running or queued. "
     "Retract or finish them, then call /flush_cache."
 )
+
+
+CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")  # SamplingParams' constrained-decoding fields
 
 
 class _Request:
@@ -277,6 +284,9 @@ class StandInScheduler:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
         req = _Request(recv)
+        constraint = {k: getattr(req.params, k, None) for k in CONSTRAINTS}
+        if any(constraint.values()):  # what SGLang's front end passed on (the stand-in decodes unconstrained)
+            print(json.dumps({"stand-in constraint": req.rid, **constraint}), file=sys.stderr, flush=True)
         if req.start > len(req.prompt):  # SGLang's scheduler check, with its message
             msg = f"req.logprob_start_len={req.start} is higher than the number of input tokens len(req.origin_input_ids)={len(req.prompt)}. Please use a smaller logprob_start_len."
             req.prompt, req.start = [0], 1
