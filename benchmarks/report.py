@@ -417,11 +417,18 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot_ratios(figures: list[dict], path: Path) -> None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_ratios(figures: list[dict], path: Path) -> None:
+    plt = _pyplot()
 
     paths = list(dict.fromkeys(f["benchmark"] for f in figures))
     fig, axes = plt.subplots(len(paths), 1, figsize=(12, 1.2 + 0.38 * len(figures) + 0.6 * len(paths)), squeeze=False)
@@ -460,10 +467,7 @@ def prompt_building_points(figures: list[dict]) -> list[tuple[int, float, float]
 
 def _plot_gateway(figures: list[dict], out_dir: Path) -> list[Path]:
     """Latency percentiles (added by the gateway, per door) and prompt building per turn vs turns."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     written = []
     lat = [f for f in figures if f["benchmark"] == "gateway" and f["metric"].startswith("added ")]
@@ -505,10 +509,7 @@ def _plot_histograms(figures: list[dict], out_dir: Path) -> list[Path]:
     hists = [f for f in figures if f.get("histogram")]
     if not hists:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     written = []
     for f in hists:
@@ -532,10 +533,7 @@ def _plot_timelines(figures: list[dict], out_dir: Path) -> list[Path]:
     lines = [f for f in figures if f.get("timeline")]
     if not lines:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     written = []
     for f in lines:
@@ -564,10 +562,7 @@ def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
             by_bench.setdefault("_".join(filter(None, (f["benchmark"], f.get("plot")))), []).append(f)
     if not by_bench:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     written = []
     for bench, figs in by_bench.items():
