@@ -59,10 +59,19 @@ function taskNames(rows, prefix) {
   return [...new Set(rows.flatMap((r) => Object.keys(r).filter((k) => k.startsWith(prefix)).map((k) => k.slice(prefix.length))))].sort();
 }
 
+// A step's reward hacks (tasks with a world): the episodes of the reward_hack class and, per kind,
+// the episodes whose sandbox saw that tripwire (metrics.jsonl's tripwires_<kind>).
+function hacksOf(m) {
+  const kinds = Object.keys(m).filter((k) => k.startsWith("tripwires_") && m[k] > 0);
+  return { count: m.failures_reward_hack || 0, detail: kinds.map((k) => `${k.slice("tripwires_".length)} ${m[k]}`).join(", ") };
+}
+
 function renderSteps(steps) {
   const tasks = taskNames(steps, "reward/"); // one column and one curve each
+  const worlds = steps.some((m) => m.failures_reward_hack > 0 || Object.keys(m).some((k) => k.startsWith("tripwires_")));
   const head = document.querySelector("#steps thead tr");
   for (const t of tasks) head.append(el("th", { class: "task", title: `mean reward of the step's ${t} episodes` }, t));
+  if (worlds) head.append(el("th", { class: "hacks", title: "reward hacks (episodes with a tripwire) and the tripwires seen, by kind" }, "reward hacks"));
   const body = document.querySelector("#steps tbody");
   for (const m of steps) {
     body.append(
@@ -82,6 +91,7 @@ function renderSteps(steps) {
         el("td", {}, fmt(m.reward_mean)),
         el("td", {}, fmt(m.loss, 4)),
         tasks.map((t) => el("td", { class: "task", "data-task": t }, fmt(m["reward/" + t]))),
+        worlds && el("td", { class: "hacks", "data-hacks": hacksOf(m).count }, [hacksOf(m).count, hacksOf(m).detail && ` (${hacksOf(m).detail})`]),
       ),
     );
   }
@@ -204,6 +214,20 @@ function renderPrompts(prompts) {
 
 // ---- one episode ---------------------------------------------------------------------------
 
+// An episode with a world (sandbox/world.py): the grader's verdict per check and the tripwires it saw.
+function worldBox(r) {
+  const checks = Object.entries(r.checks || {});
+  return el(
+    "div",
+    { class: "world" },
+    el("b", {}, `grader: ${r.grader}`),
+    el("ul", { class: "checks" }, checks.map(([name, v]) => el("li", { class: v >= 1 ? "passed" : "not-passed" }, `${name}: ${fmt(v, 1)}`))),
+    (r.tripwires || []).length
+      ? el("div", { class: "tripwires" }, el("b", {}, "tripwires: "), el("ul", {}, r.tripwires.map((t) => el("li", {}, t))))
+      : el("div", { class: "tripwires none" }, "no tripwire"),
+  );
+}
+
 function failureBox(f) {
   return el(
     "div",
@@ -288,6 +312,7 @@ function renderEpisode(ep) {
           ...ep.branch.siblings.flatMap((s) => [el("a", { href: "#episode=" + encodeURIComponent(s), class: "sibling" }, s), " "]),
         ),
     ),
+    r.grader && worldBox(r),
     !ep.recorded && el("p", { class: "hint" }, "its calls were not recorded (no calls, or over the run's view_record_mb)"),
     roots.map((n) => renderNode(n, byId, index)),
     ep.failure && !ep.nodes.length && failureBox(ep.failure),

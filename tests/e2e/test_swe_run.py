@@ -7,7 +7,9 @@ one model call through the gateway, then acts as its row says: the row of one ta
 task's reference solution, another's rewrites the task's visible tests (a reward hack), the third
 does nothing. It returns no reward. Checked: every episode's model call is recorded, its reward is
 the grader's verdict (1.0 for the fix, 0.0 otherwise), the hack is the reward_hack class with its
-tripwire, counted in metrics.jsonl, and none of its episodes reached the trainer. Nothing is timed.
+tripwire, counted in metrics.jsonl, and none of its episodes reached the trainer. In the viewer
+(headless Chromium): the step's reward hacks with their tripwire kinds, and an episode's grader
+verdict per check and its tripwires. Nothing is timed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 
 import pytest
+from browser import chromium_browser, open_page, view_server
 from run_checks import read_jsonl, run_ok, train_cmd
 
 from areal.controller.trajectories import read_saved_trajectories
@@ -89,3 +92,31 @@ def test_rewards_are_the_graders_and_hacks_are_counted_not_trained(run_dir):
     assert trained and trained.isdisjoint(e["episode_id"] for e in by_task.get(HACK, []))
     calls = {c["episode_id"] for c in read_jsonl(run_dir / "calls.jsonl")}
     assert trained <= calls
+
+
+def test_the_viewer_shows_each_steps_reward_hacks_and_an_episodes_verdict_and_tripwires(run_dir):
+    episodes = read_jsonl(run_dir / "episodes.jsonl")
+    hack = next(e for e in episodes if e["failure_class"] == "reward_hack")
+    fixed = next(e for e in episodes if e["reward"] == 1.0)
+    step = read_jsonl(run_dir / "metrics.jsonl")[0]
+    assert step["failures_reward_hack"] >= 1  # its window held the hack group, which ended before the third publish
+    with chromium_browser() as browser, view_server(run_dir) as url:
+        page, errors = open_page(browser, url)
+        assert page.locator("#steps th.hacks").count() == 1
+        cell = page.locator("#steps tr.step[data-step='1'] td.hacks")
+        assert cell.get_attribute("data-hacks") == str(step["failures_reward_hack"])
+        assert f"protected_write {step['tripwires_protected_write']}" in cell.inner_text()
+
+        page.click(f"#episodes tr.episode[data-id='{hack['episode_id']}']")
+        world = page.locator(f".episode-view[data-id='{hack['episode_id']}'] .world")
+        world.wait_for()
+        assert "grader: complete" in world.inner_text()
+        assert [t.inner_text() for t in world.locator(".tripwires li").all()] == hack["tripwires"]
+
+        page.click(f"#episodes tr.episode[data-id='{fixed['episode_id']}']")
+        world = page.locator(f".episode-view[data-id='{fixed['episode_id']}'] .world")
+        world.wait_for()
+        assert world.locator(".checks li.passed").count() == len(fixed["checks"]) > 0
+        assert world.locator(".checks li.not-passed").count() == 0
+        assert "no tripwire" in world.inner_text()
+        assert errors == []

@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from browser import browser_or_skip
+from browser import chromium_browser, open_page, view_server
 from paths import ROOT
 from run_checks import agent_cmd, run_in_repo
 
@@ -249,54 +246,21 @@ def test_the_static_page_holds_the_whole_run_and_loads_nothing(run_dir, tmp_path
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        # --no-sandbox: CI runs as root, where Chromium refuses its own sandbox
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+    with chromium_browser() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
 def server_url(run_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "areal.view", str(run_dir), "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "api/run", timeout=2).read()
-            break
-        except OSError:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the viewer did not answer within 60 s"
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(10)
-
-
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1500, "height": 1100})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=30_000)
-    return page, errors
+    with view_server(run_dir) as url:
+        yield url
 
 
 @pytest.mark.e2e
 def test_clicking_through_the_run_in_chromium(run_dir, browser, server_url):
     kinds = _kinds(RunView(run_dir))
-    page, errors = _open(browser, server_url)
+    page, errors = open_page(browser, server_url)
     assert page.locator("#steps tr.step").count() == 3
     assert page.locator("#episodes tr.episode").count() == 9
     page.screenshot(path=str(ARTIFACTS / "1-lists.png"))
@@ -364,7 +328,7 @@ def test_the_static_page_works_from_a_file_in_chromium(run_dir, browser, tmp_pat
     out = tmp_path / "view.html"
     write_html(RunView(run_dir), out)
     kinds = _kinds(RunView(run_dir))
-    page, errors = _open(browser, out.as_uri())
+    page, errors = open_page(browser, out.as_uri())
     assert page.locator("#episodes tr.episode").count() == 9
     page.click(f"#episodes tr.episode[data-id='{kinds['tool'][2]}']")
     page.wait_for_selector(f".episode-view[data-id='{kinds['tool'][2]}'] .node")
