@@ -116,7 +116,8 @@ def too_stale(trajectories: list[Trajectory], published: int, groups_per_step: i
     after ``published`` others is trained by step ``published // groups_per_step + 1``, which starts
     from version ``published // groups_per_step``); else None. Admission alone cannot promise the
     bound: a group admitted early can finish after groups admitted one version later."""
-    sampled = [int(v.min()) for t in trajectories if (v := t.array("versions")[t.array("versions") >= 0]).size]
+    versions = [t.array("versions") for t in trajectories]
+    sampled = [int(v[v >= 0].min()) for v in versions if (v >= 0).any()]  # -1: a prompt token
     if not sampled:
         return None
     oldest = min(sampled)
