@@ -104,6 +104,7 @@ agent's reward stands); an SDK that reports a failure only in its log; text-only
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 import types
@@ -226,6 +227,29 @@ def trained(outcome: EpisodeOutcome, reward_hack: str) -> bool:
     if outcome.failure_class == REWARD_HACK:
         return reward_hack == "penalty"
     return outcome.status == "ok" or outcome.failure_class == POLICY
+
+
+def failure_rate_exceeded(window: collections.deque[str], outcomes: list[EpisodeOutcome], bound: float) -> str | None:
+    """Add the classes of ``outcomes`` (classified) to ``window`` (the last ``rollout.failure_window``
+    episodes' classes); the reason the run stops, once the window is full and its agent and
+    infrastructure failures, the episodes the run could not train on, reach ``bound``
+    (``rollout.max_failure_rate``) of it, naming each class's count and an example of the larger;
+    else None. Policy failures are trained on: they never stop the run."""
+    window.extend(o.failure_class for o in outcomes)
+    counts = {c: sum(1 for k in window if k == c) for c in (INFRASTRUCTURE, AGENT)}
+    lost = sum(counts.values())
+    if len(window) < (window.maxlen or 0) or lost < bound * len(window):
+        return None
+    worst = max(counts, key=lambda c: counts[c])  # infrastructure first on a tie
+    example = next((o for o in outcomes if o.failure_class == worst), None) or next(
+        (o for o in outcomes if o.failure_class in counts), outcomes[0]
+    )
+    return (
+        f"{lost} of the last {len(window)} episodes failed (rollout.max_failure_rate={bound}): "
+        f"infrastructure {counts[INFRASTRUCTURE]}, agent {counts[AGENT]} (policy failures are trained on, not "
+        f"counted); e.g. {example.failure_class or 'no'} failure ({example.failure_cause}): status={example.status} "
+        f"error={example.error[-2000:] or 'no interactions recorded'}"
+    )
 
 
 def _qualified(cls: type) -> str:

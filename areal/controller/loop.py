@@ -65,7 +65,7 @@ import zmq
 import zmq.asyncio
 from tqdm import tqdm
 
-from areal.agent.failures import AGENT, INFRASTRUCTURE, classify_outcome, trained
+from areal.agent.failures import classify_outcome, failure_rate_exceeded, trained
 from areal.agent.groups import AdvantageWatch, WorkflowGrouping
 from areal.agent.spec import InlineRunner, agent_object_spec, load_reward_fn, workflow_kind
 from areal.config import RolloutConfig, TrainConfig, to_dict
@@ -577,26 +577,11 @@ class Controller:
             self.readmit.append((f"{group_id}-{STALE}", problem))
 
     def _count_failures(self, outcomes: list[EpisodeOutcome]) -> None:
-        """Feed the failure-rate window with the classes of ``outcomes`` (classified). Sets the
-        run's failure once the window is full and the agent and infrastructure failures in it, the
-        episodes the run could not train on, reach ``rollout.max_failure_rate``; the reason names
-        each class's count and an example of the larger. Policy failures are trained on: they
-        never stop the run."""
-        self.recent_classes.extend(o.failure_class for o in outcomes)
-        window, bound = self.recent_classes, self.config.rollout.max_failure_rate
-        counts = {c: sum(1 for k in window if k == c) for c in (INFRASTRUCTURE, AGENT)}
-        lost = sum(counts.values())
-        if len(window) == window.maxlen and lost >= bound * len(window) and self.failure is None:
-            worst = max(counts, key=lambda c: counts[c])  # infrastructure first on a tie
-            example = next((o for o in outcomes if o.failure_class == worst), None) or next(
-                (o for o in outcomes if o.failure_class in counts), outcomes[0]
-            )
-            self.failure = (
-                f"{lost} of the last {len(window)} episodes failed (rollout.max_failure_rate={bound}): "
-                f"infrastructure {counts[INFRASTRUCTURE]}, agent {counts[AGENT]} (policy failures are trained on, not "
-                f"counted); e.g. {example.failure_class or 'no'} failure ({example.failure_cause}): status={example.status} "
-                f"error={example.error[-2000:] or 'no interactions recorded'}"
-            )
+        """Feed the failure-rate window (``failure_rate_exceeded``); its verdict, the first time
+        there is one, is the run's failure."""
+        why = failure_rate_exceeded(self.recent_classes, outcomes, self.config.rollout.max_failure_rate)
+        if why and self.failure is None:
+            self.failure = why
 
     def _engine_death(self) -> str | None:
         """What ended the run's engines (None while they serve, or when the run launched none):
