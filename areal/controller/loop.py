@@ -37,8 +37,9 @@ process (``areal/trainer/launch.py``) and its messages read back (``areal/contro
 one agent episode from its gateway session to its settled outcome, infrastructure losses and
 zygote restarts included (``areal/controller/episodes.py``), episodes as trajectories
 (``areal/controller/trajectories.py``), the run's files and trackers (``areal/controller/records.py``),
-its problems (``areal/controller/problems.py``) and what it settles once around the loop: the run
-directory, the model, the gateway's and the sandbox's settings, a resumed run's weights
+its problems (``areal/controller/problems.py``), the rings' one writer with the staleness verdict
+and the resume journal (``areal/controller/publish.py``) and what it settles once around the loop:
+the run directory, the model, the gateway's and the sandbox's settings, a resumed run's weights
 (``areal/controller/run_setup.py``). What stays here (past 600 lines) is the loop's own state, which
 starting the processes, admission, groups, failure accounting and the trainer's reports all read
 and write on one event loop: split, it would be one object passed around.
@@ -78,12 +79,13 @@ from areal.controller.metrics import step_row
 from areal.controller.online import OnlineSessions, online_rollout
 from areal.controller.periodic_eval import PeriodicEval, check_eval_rows
 from areal.controller.problems import check_worlds, held_out_count, held_out_problems, run_reward, train_problems, user_rows
+from areal.controller.publish import GroupPublisher
 from areal.controller.records import RunRecords, episode_table_row, row_rewards
 from areal.controller.recovery import Journal, Resume, trained_episodes
 from areal.controller.run_setup import RunFailed, gateway_config, hf_model_dir, load_resumed_weights, plan_continuation, sandbox_config
 from areal.controller.task_metrics import task_score, with_task_accuracy
 from areal.controller.trackers import open_trackers
-from areal.controller.trajectories import STALE, too_stale, trajectory_from_episode, trajectory_from_row
+from areal.controller.trajectories import STALE, trajectory_from_episode, trajectory_from_row
 from areal.dataset import stratified_order
 from areal.engine.client import EngineClient
 from areal.engine.fleet import EngineFleet
@@ -91,7 +93,7 @@ from areal.engine.router import EngineRouter
 from areal.engine.serving import RunEngines, start_engines
 from areal.gateway import Gateway, Session, serve_http, serve_zmq
 from areal.process import owned_temp_dir, reclaim_temp_dirs, remove_partial_writes, stop_group
-from areal.protocol import EpisodeOutcome, TrainerDone, TrainerFailed, TrainerReport, Trajectory
+from areal.protocol import EpisodeOutcome, TrainerDone, TrainerFailed, TrainerReport
 from areal.ring.buffer import RingWriter, reclaim_stale, ring_name
 from areal.trainer.config import TrainerJob
 from areal.trainer.launch import start_trainer
@@ -99,7 +101,6 @@ from areal.trainer.reports import TrainerExited, trainer_messages
 from sandbox.zygote_client import Zygote
 
 T = TypeVar("T")
-PUT_SLICE_S = 1.0  # a put into a full ring re-checks the run's failure this often
 
 
 class Controller:
@@ -149,12 +150,17 @@ class Controller:
         )
         # Every published trajectory no checkpoint holds yet: what a resumed run replays.
         self.journal = Journal(run_dir) if config.trainer.checkpoint_every else None
+        r = config.rollout
+        self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
+        # the rings' one writer (areal/controller/publish.py): the staleness verdict, the journal, the accepted groups
+        self.publisher = GroupPublisher(
+            self.records, self.journal, self.advantage_watch, r.groups_per_step, r.max_head_offpolicyness, lambda: self.failure
+        )
         if resume is not None:
             self.version = resume.step
+            self.publisher.accepted = resume.step * r.groups_per_step  # the checkpoint trained these
             self.records.continued(resume.step)
-        r = config.rollout
         self.grouping = WorkflowGrouping(agent, r.n_samples, r.deadline_s, r.reward_range) if self.workflow_kind == "rollout" else None
-        self.advantage_watch = AdvantageWatch(r.groups_per_step, r.n_samples, tqdm.write)
         # DAPO (areal/controller/dapo.py): groups of equal rewards dropped; overlong calls masked, penalised
         sampling = DynamicSampling(r.groups_per_step, r.dynamic_sampling_max_groups or 10 * r.groups_per_step, tqdm.write)
         overlong = Overlong(r.overlong_filter, r.overlong_penalty_tokens, r.overlong_penalty_factor)
@@ -176,14 +182,12 @@ class Controller:
 
     def _init_loop_state(self) -> None:
         """The loop's own state: admission counts, the failure, the engines' and trainer's news,
-        the step's window of outcomes, and what reached the rings."""
+        and the step's window of outcomes (what reached the rings is the publisher's)."""
         self.run_id = f"{os.getpid()}{secrets.token_hex(3)}"
         self.t0 = time.monotonic()
         self.version = 0
-        self.accepted_groups = 0
         self.inflight_groups = 0
         self.failed_groups = 0
-        self.stale_groups = 0  # groups not published since the last step: finished too late for the staleness bound
         self.readmit: list[tuple[str, dict]] = []  # (group id, row) of those, to run again before the next new prompt
         self.wake = asyncio.Event()
         self.failure: str | None = None
@@ -200,9 +204,6 @@ class Controller:
         self.recent_classes: collections.deque[str] = collections.deque(
             maxlen=r.failure_window or max(64, 2 * r.groups_per_step * r.n_samples)
         )
-        self.groups_written = 0
-        self.published: list[str] = []  # episode ids put into the rings, in order
-        self.ring_lock = asyncio.Lock()  # one producer: serialise puts from concurrent groups
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class Controller:
             finished = True
             return summary
         finally:  # the trainer has stopped: its trained-episode lists are final, nothing writes
-            self.records.untrained(self.published, self.failure)
+            self.records.untrained(self.publisher.published, self.failure)
             for path in remove_partial_writes(self.run_dir):
                 tqdm.write(f"[run] removed the partial write {path}")
             self.records.close(finished)
@@ -233,7 +234,7 @@ class Controller:
             stack.callback(shutil.rmtree, sock_dir, True)
             gateway_addr = f"ipc://{sock_dir}/gateway.sock"
             engines, gateway, http_url = await self._start_serving(stack, gateway_addr)
-            rings, trainer_proc = await self._start_trainer_side(stack, sock_dir, engines.model_dir, engines.urls)
+            self.publisher.rings, trainer_proc = await self._start_trainer_side(stack, sock_dir, engines.model_dir, engines.urls)
             episodes = await self._start_runner(gateway_addr, http_url, gateway, engines.urls, engines.model_dir)
             if episodes is not None:
                 stack.push_async_callback(episodes.close)
@@ -257,7 +258,7 @@ class Controller:
             )
             stack.callback(self.periodic_eval.cancel)
             problems, levels = train_problems(self.dataset, d.train_size, cfg.seed)
-            await self._rollout_loop(episodes, rings, problems, levels, engines.client)
+            await self._rollout_loop(episodes, problems, levels, engines.client)
             return await self._finish(evaluate_as, eval_set, eval_before)
 
     async def _start_serving(self, stack: contextlib.AsyncExitStack, gateway_addr: str) -> tuple[RunEngines, Gateway, str]:
@@ -311,7 +312,7 @@ class Controller:
             stack.callback(placement.close)
             for line in placement.placed():  # one per trainer node (cluster.trainer_nodes)
                 tqdm.write(f"[cluster] {line}")
-            rings = placement.rings  # same surface as a RingWriter's for _publish
+            rings = placement.rings  # same surface as a RingWriter's for the publisher
             report_addr = placement.bind_report(pull)
             trainer_proc = self._start_trainer(model_dir, [r.name for r in rings], urls, report_addr, placement.start_trainer)
         else:
@@ -435,7 +436,6 @@ class Controller:
     async def _rollout_loop(
         self,
         episodes: Episodes | None,
-        rings: list[RingWriter],
         problems: list[dict],
         levels: list[int],
         engine: EngineClient | EngineRouter | None = None,
@@ -447,15 +447,14 @@ class Controller:
         rerun: list[tuple[int, str]] = []  # a resumed run's lost groups: (prompt position, group id), first
         tag = ""
         if self.resume is not None:
-            self.accepted_groups = self.resume.step * cfg.groups_per_step  # the checkpoint trained these
-            await self._replay(rings)
+            await self.publisher.replay(self.resume.replay, tqdm.write)
             rerun, next_prompt, tag = list(self.resume.readmit), self.resume.next_position, f"-resume{self.resume.attempt}"
         tasks: set[asyncio.Task] = set()
         try:
-            while self.accepted_groups < total:
+            while self.publisher.accepted < total:
                 if self.failure:
                     break
-                while self.accepted_groups + self.inflight_groups < min(
+                while self.publisher.accepted + self.inflight_groups < min(
                     total, (self.version + 1 + cfg.max_head_offpolicyness) * cfg.groups_per_step
                 ) and (self.inflight_groups + 1) * cfg.n_samples <= max(cfg.max_concurrent_episodes, cfg.n_samples):
                     if self.readmit:  # a group that finished too late for the bound: its prompt again
@@ -472,9 +471,9 @@ class Controller:
                         next_prompt += 1
                     self.inflight_groups += 1
                     if self.workflow_kind == "rollout":
-                        group = self._run_workflow_group(engine, rings, group_id, problem)
+                        group = self._run_workflow_group(engine, group_id, problem)
                     else:
-                        group = self._run_group(episodes, rings, group_id, problem, tag)
+                        group = self._run_group(episodes, group_id, problem, tag)
                     task = asyncio.create_task(group)
                     tasks.add(task)
                     task.add_done_callback(self._group_done)
@@ -493,7 +492,7 @@ class Controller:
             self.failure = f"rollout group failed: {task.exception()!r}"
         self.wake.set()
 
-    async def _run_group(self, episodes: Episodes, rings: list[RingWriter], group_id: str, problem: dict, tag: str = "") -> None:
+    async def _run_group(self, episodes: Episodes, group_id: str, problem: dict, tag: str = "") -> None:
         """Run one group; a group cut short by the infrastructure (the sandbox zygote died, a Ray
         rollout worker was lost: ``Episodes.lost``) is logged and run again (same prompt, new
         episode ids) once the runner is whole. ``tag`` marks the episode ids of a resumed run
@@ -527,7 +526,7 @@ class Controller:
         # infrastructure failures (and excluded reward hacks) leave the group.
         good = [(o, s) for o, s in results if trained(o, self.config.rollout.reward_hack) and s.interactions]
         trajectories = [trajectory_from_episode(o, s, group_id, len(good), self.dapo.overlong) for o, s in good]
-        dropped = bool(good) and self.dapo.drop(trajectories, self.accepted_groups)  # logged with its episodes, then not published
+        dropped = bool(good) and self.dapo.drop(trajectories, self.publisher.accepted)  # logged with its episodes, then not published
         kept = {o.episode_id for o, _ in good}
 
         def log(mark: str) -> None:  # episodes.jsonl: why the episodes with something to train on were not published
@@ -539,12 +538,12 @@ class Controller:
             if not good:
                 self._group_failed(results[0][0])
             return
-        if await self._publish(rings, trajectories, log=log):
+        if await self.publisher.publish(trajectories, log=log):
             self.dapo.published([i for _, s in good for i in s.interactions.values()])
         else:
             self.readmit.append((f"{group_id}-{STALE}", problem))
 
-    async def _run_workflow_group(self, engine: EngineClient | EngineRouter, rings: list[RingWriter], group_id: str, problem: dict) -> None:
+    async def _run_workflow_group(self, engine: EngineClient | EngineRouter, group_id: str, problem: dict) -> None:
         """One group of ``arun_episode`` calls (``areal/agent/groups.py`` decides how many):
         each call gets its line in episodes.jsonl; each row of the ok calls is one Trajectory, all
         normalised together (group_size = rows); no rows at all fails the group."""
@@ -554,7 +553,7 @@ class Controller:
         self._count_failures(outcomes)
         rows = [row for c in calls for row in c.rows.values()]
         trajectories = [trajectory_from_row(row, f"{group_id}-r{i}", group_id, len(rows), self.dapo.overlong) for i, row in enumerate(rows)]
-        dropped = bool(rows) and self.dapo.drop(trajectories, self.accepted_groups)
+        dropped = bool(rows) and self.dapo.drop(trajectories, self.publisher.accepted)
 
         def log(mark: str) -> None:
             for c, outcome in zip(calls, outcomes):
@@ -571,7 +570,7 @@ class Controller:
             if not rows:
                 self._group_failed(outcomes[0])
             return
-        if await self._publish(rings, trajectories, log=log):
+        if await self.publisher.publish(trajectories, log=log):
             self.dapo.published([row.interaction for row in rows])
         else:
             self.readmit.append((f"{group_id}-{STALE}", problem))
@@ -645,64 +644,11 @@ class Controller:
 
     def _group_failed(self, first: EpisodeOutcome) -> None:
         self.failed_groups += 1
-        if self.accepted_groups == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
+        if self.publisher.accepted == 0 and self.failed_groups >= 2 * self.config.rollout.groups_per_step:
             self.failure = (
                 f"the first {self.failed_groups} groups all failed; first episode: {first.failure_class or 'no'} failure "
                 f"({first.failure_cause}): status={first.status} error={first.error[-2000:] or 'no interactions recorded'}"
             )
-
-    async def _publish(
-        self, rings: list[RingWriter], trajectories: list[Trajectory], journal: bool = True, log: Callable[[str], None] | None = None
-    ) -> bool:
-        """A whole group into one ring (round-robin over ranks), in order; then it counts. False,
-        publishing nothing, when the step that would train it starts more than
-        ``rollout.max_head_offpolicyness`` versions after its oldest token (``too_stale``; not asked
-        of a resumed run's replay): the caller runs its prompt again. ``log(mark)`` writes the
-        group's episode lines, under the same lock as the verdict ("" or ``STALE``).
-        ``put_trajectory`` frames each record straight into shared memory (no encoded copy). The
-        journal gets the group first: a record in a ring is always one a resumed run can replay."""
-        async with self.ring_lock:
-            r = self.config.rollout
-            oldest = too_stale(trajectories, self.accepted_groups, r.groups_per_step, r.max_head_offpolicyness) if journal else None
-            if log is not None:
-                log("" if oldest is None else STALE)
-            if oldest is not None:
-                self.stale_groups += 1
-                return False
-            if journal and self.journal is not None:
-                self.journal.append(trajectories)
-            ring = rings[self.groups_written % len(rings)]
-            self.groups_written += 1
-            for traj in trajectories:
-                await self._put(ring, traj)
-                self.published.append(traj.episode_id)
-                self.records.trajectory(traj)
-            self.accepted_groups += 1
-        self.advantage_watch.add(trajectories[0].group_id, trajectories)
-        return True
-
-    async def _put(self, ring: RingWriter, traj: Trajectory) -> None:
-        """Put ``traj`` into ``ring``; while the ring is full (back-pressure: the trainer is still on
-        earlier records), wait as long as the trainer runs, in slices that each re-check the run's
-        failure, so a trainer that died with the ring full stops the run, not a fixed timeout."""
-        while True:
-            try:
-                await asyncio.to_thread(ring.put_trajectory, traj, PUT_SLICE_S)
-                return
-            except TimeoutError:  # RingFull, or a remote ring's HopTimeout: the record was not put
-                if self.failure is not None:
-                    raise RunFailed(self.failure) from None
-
-    async def _replay(self, rings: list[RingWriter]) -> None:
-        """A resumed run's first records: the killed run's published groups no checkpoint holds,
-        whole and in their order (the journal holds them already)."""
-        groups: dict[str, list[Trajectory]] = {}
-        for t in self.resume.replay:
-            groups.setdefault(t.group_id, []).append(t)
-        for trajectories in groups.values():
-            await self._publish(rings, trajectories, journal=False)
-        if groups:
-            tqdm.write(f"[resume] replayed {len(self.resume.replay)} trajectories in {len(groups)} groups")
 
     async def _run_episode(self, episodes: Episodes, episode_id: str, problem: dict, group_id: str) -> tuple[EpisodeOutcome, Session]:
         """One training episode, settled and added to the step's window; cancelled (the run is
@@ -775,8 +721,7 @@ class Controller:
                         self._record_step(r)
                         every = self.config.trainer.checkpoint_every
                         if self.journal is not None and r.step % every == 0:  # checkpoint r.step is complete
-                            async with self.ring_lock:
-                                self.journal.compact(trained_episodes(self.run_dir, r.step))
+                            await self.publisher.compact(trained_episodes(self.run_dir, r.step))
                         if self.periodic_eval is not None:  # data.eval_every: evaluate v{step} beside the rollouts
                             self.periodic_eval.on_report(r.step, r.version)
                         bar.set_postfix(reward=f"{r.metrics.get('reward_mean', float('nan')):.3f}", v=r.version)
@@ -795,7 +740,7 @@ class Controller:
         window, self.window = self.window, []
         calls, self.window_calls = self.window_calls, []
         tasks, self.window_tasks = self.window_tasks, []
-        stale, self.stale_groups = self.stale_groups, 0
+        stale = self.publisher.take_stale()
         # DAPO's counts since the last step; the groups that finished too late for the staleness bound (run again)
         row = {**step_row(r, window, calls, tasks), **self.dapo.take_metrics(), "stale_groups": stale}
         self.records.step({**row, **branch_metrics(self.gateway)})  # rollout.branch: branch sessions left open
