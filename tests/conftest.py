@@ -25,10 +25,19 @@ import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that need the embedded model's agentic variant (marked ``agent_model``) run last:
-    CI builds it beside the test run (.ci/run), and a test that started first would wait minutes
-    for it while its worker does nothing else."""
-    items.sort(key=lambda item: item.get_closest_marker("agent_model") is not None)  # stable: the rest keep their order
+    """The order the workers take the tests in: the long ones first (the benchmark smoke, then the
+    e2e and integration tiers, as collected), then those that need the embedded model's agentic
+    variant (marked ``agent_model``), then the unit tier. CI builds that variant beside the test
+    run (.ci/run), and a test that started first would wait minutes for it while its worker does
+    nothing else; by the time the long tiers are done it is built, and the unit tier's many short
+    files keep both workers busy to the end instead of one long agentic run holding the last of it."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("agent_model") is not None:
+            return 1
+        return 2 if item.nodeid.startswith("tests/unit/") else 0
+
+    items.sort(key=rank)  # stable: within a rank, the collection order
 
 
 # Files whose tests are independent whole runs with no shared fixture: each its own unit, so that

@@ -7,7 +7,7 @@ quick mode is a smoke run; the measurement is full mode.
 
 Every module's quick run is a whole run of its path, marked ``e2e`` as tests/conftest.py has it
 (``make test-fast`` leaves them out); those that train the agentic demo also need its model variant (``agent_model``: CI builds it
-beside the test run, and they run last). tests/conftest.py makes each test of this file a unit
+beside the test run, and they run after the long tiers). tests/conftest.py makes each test of this file a unit
 of its own for pytest-xdist, so that the workers share the modules out, and puts ``ray_scaling``
 in the Ray unit, so that two Ray clusters never start side by side.
 
