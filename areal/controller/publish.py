@@ -24,7 +24,7 @@ from areal.controller.records import RunRecords
 from areal.controller.recovery import Journal
 from areal.controller.run_setup import RunFailed
 from areal.controller.trajectories import STALE, too_stale
-from areal.protocol import Trajectory
+from areal.protocol import Trajectory, encode_trajectory, frame
 
 PUT_SLICE_S = 1.0  # a put into a full ring re-checks the run's failure this often
 
@@ -73,14 +73,18 @@ class GroupPublisher:
             if oldest is not None:
                 self.stale += 1
                 return False
-            if journal and self.journal is not None:
-                self.journal.append(trajectories)
+            # each record encoded once, for the journal and the saved copy alike (the ring's writer
+            # frames it from the arrays itself)
+            to_journal = journal and self.journal is not None
+            frames = b"".join(frame(encode_trajectory(t)) for t in trajectories) if to_journal or self.records.saves_trajectories else b""
+            if to_journal:
+                self.journal.append(frames)
             ring = self.rings[self.groups_written % len(self.rings)]
             self.groups_written += 1
             for traj in trajectories:
                 await self._put(ring, traj)
                 self.published.append(traj.episode_id)
-                self.records.trajectory(traj)
+            self.records.trajectories(frames)
             self.accepted += 1
         self.advantage_watch.add(trajectories[0].group_id, trajectories)
         return True

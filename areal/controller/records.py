@@ -37,7 +37,7 @@ from areal.controller.evaluation import paired_test, reward_trend
 from areal.controller.plots import plot_reward_curve
 from areal.controller.trackers import Trackers
 from areal.jsonl import json_line
-from areal.protocol import EpisodeOutcome, Trajectory, encode_trajectory, frame
+from areal.protocol import EpisodeOutcome
 from areal.view.data import call_tree_line, vocabulary
 
 REASON_CHARS = 16_000  # of a failure's reason in episodes.jsonl; its head is where the reason is
@@ -123,9 +123,15 @@ class RunRecords:
         self.episode_log.write(json_line(record))
         self.tracker.offer_episode(table_row)
 
-    def trajectory(self, traj: Trajectory) -> None:
+    @property
+    def saves_trajectories(self) -> bool:
+        return self.saved is not None
+
+    def trajectories(self, frames: bytes) -> None:
+        """A published group's records, framed (``frame(encode_trajectory(t))`` each, joined), into
+        trajectories.bin (``save_trajectories=true``; else nothing)."""
         if self.saved is not None:
-            self.saved.write(frame(encode_trajectory(traj)))
+            self.saved.write(frames)
 
     def step(self, row: dict[str, Any]) -> None:
         """One optimizer step's metrics; the episodes logged so far reach the disk with it."""

@@ -89,8 +89,10 @@ class Journal:
         self.path = run_dir / JOURNAL
         self.file = open(self.path, "ab")
 
-    def append(self, trajectories: list[Trajectory]) -> None:
-        self.file.write(b"".join(frame(encode_trajectory(t)) for t in trajectories))
+    def append(self, frames: bytes) -> None:
+        """A group's records, framed as trajectories.bin frames them (``frame(encode_trajectory(t))``
+        each, joined): encoded once by the publisher for this file and the saved copy."""
+        self.file.write(frames)
         self.file.flush()
 
     def compact(self, trained: set[str]) -> int:
