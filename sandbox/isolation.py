@@ -141,7 +141,9 @@ CGROUP_CONTROLLERS = ("memory", "pids")
 CGROUP_KNOBS = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}  # the v1 file each episode's limit goes to
 # Variables an agent may inherit from the zygote; everything else (tokens, keys) is dropped.
 # AREAL_CACHE is a path, no secret: an agent that loads the embedded tokenizer ("embedded") must
-# find the models where the run built them, not look in its private HOME and build again.
+# find the models where the run built them, not look in its private HOME and build again. So are
+# the private venvs' locations: a verifiers or mini-swe-agent episode runs its venv's interpreter
+# from inside the sandbox, where the run was told to find it.
 ENV_ALLOW = (
     "PATH",
     "LANG",
@@ -157,6 +159,8 @@ ENV_ALLOW = (
     "PYTHONUTF8",
     "VIRTUAL_ENV",
     "AREAL_CACHE",
+    "AREAL_VERIFIERS_VENV",
+    "AREAL_MINI_SWE_VENV",
 )
 # Set by the sandbox for every episode (scrub_environment; the endpoint variables of
 # areal/agent/environment.py, by sandbox/episode.py): never passed from the controller.

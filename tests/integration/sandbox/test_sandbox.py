@@ -123,8 +123,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="module")
 def zygote(loop, gateway, tmp_path_factory) -> Iterator[Zygote]:
     config = SandboxConfig(deadline_s=30.0, memory_limit_bytes=256 << 20)
-    # SECRET_TOKEN is inherited by the zygote and must not reach the agents.
-    with zygote_env(SECRET_TOKEN="do-not-leak"):
+    # SECRET_TOKEN is inherited by the zygote and must not reach the agents; a private venv's
+    # location must (a verifiers or mini-swe-agent episode runs that venv's interpreter).
+    with zygote_env(SECRET_TOKEN="do-not-leak", AREAL_MINI_SWE_VENV="/opt/mini-swe-venv"):
         z = run(loop, Zygote.start("sandbox_agents:ProbeAgent", gateway.addr, config, str(tmp_path_factory.mktemp("zlog"))))
     yield z
     run(loop, z.close())
@@ -228,7 +229,7 @@ def test_environment_is_scrubbed(loop, zygote):
     out = episode(loop, zygote, {"case": "environment"})
     names = set(out.rewards_by_id)
     assert "SECRET_TOKEN" not in names
-    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "HOME"} <= names
+    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "HOME", "AREAL_MINI_SWE_VENV"} <= names
     assert names <= set(ENV_ALLOW) | set(SET_PER_EPISODE)
 
 
