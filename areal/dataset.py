@@ -26,7 +26,9 @@ Sources (``dataset_config.path``):
   rows are the tasks after the training ones (areal/controller/problems.py).
 - ``"swe:DIR"``: a library of repository bug-fix tasks with a world (one row per task directory,
   naming it in ``world``: the sandbox gives each episode a private copy of its repository and
-  grades it; areal/tasks/swe.py, sandbox/world.py). Both splits hold every task.
+  grades it; areal/tasks/swe.py, sandbox/world.py), in the order of their directories' names, ``size``
+  of them from task ``offset`` on: as a taskset's, the run's held-out rows are the tasks after the
+  training ones unless ``data.eval`` names other tasks.
 Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split to disk.
 """
 
@@ -154,7 +156,12 @@ def load_rows(
     if swe.is_swe_spec(path):
         if prompt_key or answer_key != "answer":
             raise ValueError(f"{path}: task rows have question/messages; data.prompt_key / data.answer_key name a file's columns")
-        rows = [normalize_row(r, i) for i, r in enumerate(swe.task_rows(path))]
+        rows = [normalize_row(r, i) for i, r in enumerate(swe.task_rows(path))][offset:]
+        if not rows:
+            raise ValueError(
+                f"{path}: its library has no task from task {offset} on"
+                + (" (held-out rows are the tasks after the training ones: lower data.train_size)" if offset else "")
+            )
         return rows[:size] if size is not None else rows
     source = Path(path)
     if _is_hf_folder(source):

@@ -27,7 +27,7 @@ from areal.agent.verifiers_env import is_taskset_spec
 from areal.config import DataConfig, RolloutConfig
 from areal.dataset import load_rows, normalize_row
 from areal.tasks.reasoning_gym import is_task_row, is_task_spec
-from areal.tasks.swe import has_worlds
+from areal.tasks.swe import has_worlds, is_swe_spec
 
 REASONING_GYM_REWARD = "areal.reward.reasoning_gym:reasoning_gym_reward"  # the task's own scorer
 REASONING_GYM_AGENT = "agents/reasoning_gym_agent.py:ReasoningGymAgent"
@@ -48,7 +48,8 @@ def user_rows(
         dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key, size=d.train_size, seed=seed)
         if eval_dataset is None and is_task_spec(d.eval or d.train):  # generated: the held-out side of the tasks
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, seed=seed) if d.eval_size else None
-        elif eval_dataset is None and is_taskset_spec(d.eval or d.train):  # a taskset's: the tasks after the training ones
+        elif eval_dataset is None and (is_taskset_spec(d.eval or d.train) or is_swe_spec(d.eval or d.train)):
+            # a taskset's or a task library's: the tasks after the training ones (all of data.eval's from its first)
             first = 0 if d.eval else len(dataset)
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, offset=first) if d.eval_size else None
         elif eval_dataset is None and d.eval:

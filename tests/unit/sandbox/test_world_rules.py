@@ -14,9 +14,9 @@ import pytest
 from world_tasks import CHECKS, make_task
 
 from areal.agent.failures import REWARD_HACK, classify_outcome, trained
-from areal.config import RolloutConfig
+from areal.config import DataConfig, RolloutConfig
 from areal.controller.metrics import step_row
-from areal.controller.problems import check_worlds
+from areal.controller.problems import check_worlds, user_rows
 from areal.dataset import load_rows
 from areal.protocol import EpisodeOutcome, Grade, TrainerReport
 from sandbox import grader, world
@@ -175,6 +175,12 @@ def test_the_shipped_library_is_rows_naming_their_worlds():
         assert task.id == r["task_id"] and r["question"].endswith(task.prompt) and r["answer"] == ""
         assert os.path.isdir(task.reference_dir) and task.checks
     assert len(load_rows("swe:tasks/swe", size=3)) == 3
+    # a run's held-out tasks: those after its training ones (data.eval_size of them); none left is named
+    train, held_out = user_rows(DataConfig(train="swe:tasks/swe", train_size=20, eval_size=3), None, None)
+    assert [r["task_id"] for r in train] == [r["task_id"] for r in rows[:20]]
+    assert [r["task_id"] for r in held_out] == [r["task_id"] for r in rows[20:23]]
+    with pytest.raises(ValueError, match=r"swe:tasks/swe: its library has no task from task \d+ on .*lower data.train_size"):
+        user_rows(DataConfig(train="swe:tasks/swe", train_size=len(rows), eval_size=3), None, None)
     check_worlds(rows, None, "subproc")
     with pytest.raises(ValueError, match="rollout.openai.mode=subproc"):
         check_worlds(rows, None, "inline")
