@@ -339,6 +339,8 @@ class Controller:
             eval_before = None  # scored the other way (data.eval_mode changed): scored again, the initial weights still served
         if eval_set:
             tqdm.write(f"[eval] {len(eval_set)} held-out problems; {self.eval_mode_why}")
+        elif self.dataset is not None and self.config.rollout.openai.mode != "online" and self.config.data.eval_size:
+            tqdm.write("[eval] none: the training rows came without held-out ones (data.eval names them)")
         if eval_before is not None:
             tqdm.write(f"held-out accuracy before training (from the run's first start): {eval_before['sampled_acc']:.3f} (sampled)")
         elif eval_set:  # the evaluation's summary line says what it scored and what it cost

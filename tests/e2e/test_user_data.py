@@ -140,6 +140,8 @@ def test_an_agent_that_returns_no_reward_without_a_reward_function_is_told_so(tm
     _write_parquet(tmp_path / "train.parquet", ROWS)
     run_dir, proc = _two_steps(tmp_path, 1, f"data.train={tmp_path / 'train.parquet'}")
     assert proc.returncode != 0
+    # no data.eval: the run says it scores no held-out rows, rather than skipping data.eval_size silently
+    assert "[eval] none: the training rows came without held-out ones (data.eval names them)" in proc.stdout + proc.stderr
     episodes = read_jsonl(run_dir / "episodes.jsonl")
     # the run stops once its first groups have all failed; an episode still running then is cut and
     # logged as cancelled (timing decides whether one is): every episode that ended was told why
