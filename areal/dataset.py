@@ -27,8 +27,8 @@ Sources (``dataset_config.path``):
 - ``"swe:DIR"``: a library of repository bug-fix tasks with a world (one row per task directory,
   naming it in ``world``: the sandbox gives each episode a private copy of its repository and
   grades it; areal/tasks/swe.py, sandbox/world.py), in the order of their directories' names, ``size``
-  of them from task ``offset`` on: as a taskset's, the run's held-out rows are the tasks after the
-  training ones unless ``data.eval`` names other tasks.
+  of them from task ``offset`` on; the run's held-out rows are the tasks after the training ones
+  (none when those take every task) unless ``data.eval`` names other tasks.
 Hub names (``openai/gsm8k``) are refused: nothing here downloads; save the split to disk.
 """
 

@@ -48,8 +48,12 @@ def user_rows(
         dataset = load_rows(d.train, d.train_split, d.prompt_key, d.answer_key, size=d.train_size, seed=seed)
         if eval_dataset is None and is_task_spec(d.eval or d.train):  # generated: the held-out side of the tasks
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, seed=seed) if d.eval_size else None
-        elif eval_dataset is None and (is_taskset_spec(d.eval or d.train) or is_swe_spec(d.eval or d.train)):
-            # a taskset's or a task library's: the tasks after the training ones (all of data.eval's from its first)
+        elif eval_dataset is None and is_swe_spec(d.eval or d.train):
+            # a task library's: the tasks after the training ones (data.eval's from its first); when the
+            # training ones take them all (the defaults do), none are held out and the run says so
+            first = 0 if d.eval else len(dataset)
+            eval_dataset = load_rows(d.eval or d.train)[first : first + d.eval_size] or None
+        elif eval_dataset is None and is_taskset_spec(d.eval or d.train):  # a taskset's: the tasks after the training ones
             first = 0 if d.eval else len(dataset)
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, offset=first) if d.eval_size else None
         elif eval_dataset is None and d.eval:

@@ -175,12 +175,17 @@ def test_the_shipped_library_is_rows_naming_their_worlds():
         assert task.id == r["task_id"] and r["question"].endswith(task.prompt) and r["answer"] == ""
         assert os.path.isdir(task.reference_dir) and task.checks
     assert len(load_rows("swe:tasks/swe", size=3)) == 3
-    # a run's held-out tasks: those after its training ones (data.eval_size of them); none left is named
+    # a run's held-out tasks: those after its training ones (data.eval_size of them, as many as are
+    # left); with the defaults the training rows take every task and none is held out
     train, held_out = user_rows(DataConfig(train="swe:tasks/swe", train_size=20, eval_size=3), None, None)
     assert [r["task_id"] for r in train] == [r["task_id"] for r in rows[:20]]
     assert [r["task_id"] for r in held_out] == [r["task_id"] for r in rows[20:23]]
-    with pytest.raises(ValueError, match=r"swe:tasks/swe: its library has no task from task \d+ on .*lower data.train_size"):
-        user_rows(DataConfig(train="swe:tasks/swe", train_size=len(rows), eval_size=3), None, None)
+    assert [r["task_id"] for r in user_rows(DataConfig(train="swe:tasks/swe", train_size=22), None, None)[1]] == [
+        r["task_id"] for r in rows[22:]
+    ]
+    assert user_rows(DataConfig(train="swe:tasks/swe"), None, None) == (rows, None)
+    with pytest.raises(ValueError, match=r"swe:tasks/swe: its library has no task from task \d+ on"):
+        load_rows("swe:tasks/swe", offset=len(rows))
     check_worlds(rows, None, "subproc")
     with pytest.raises(ValueError, match="rollout.openai.mode=subproc"):
         check_worlds(rows, None, "inline")
