@@ -3,16 +3,17 @@ episodes of tests/support/branch_agents.py's TwoCallAgent, each branched at its 
 two, on the scripted model. Checked from the run's files: each episode is logged as one line per
 branch with its tag, trained as one tree record carrying its fork row (the shared prefix once),
 its reward the mean of its branches'; the trainer's steps are recorded; no branch session is left
-open; calls are counted once per episode."""
+open; calls are counted once per episode; each branch replays its recorded calls."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from run_checks import read_jsonl, run_ok, train_cmd
+from run_checks import read_jsonl, run_in_repo, run_ok, train_cmd
 
 from areal.controller.trajectories import read_saved_trajectories
 
@@ -71,3 +72,12 @@ def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -
     # Synchronous (bound 0): no episode is running at a step's report, so every branch session was closed.
     assert all(m["branch_sessions_open"] == 0 for m in steps)
     assert all(m["calls_per_episode"] == N * CALLS for m in steps)  # each call once per episode
+
+    # Each branch replays as an episode of its own (python -m areal.replay): its agent, run again
+    # unbranched against the branch's recorded calls (the shared ones, then its own), makes exactly
+    # those calls. Its reward is a fresh coin flip (TwoCallAgent), so only the calls are compared.
+    replayed = run_in_repo([sys.executable, "-m", "areal.replay", str(run_dir), "--all"], timeout_s=300)
+    assert replayed.returncode == 0, replayed.stdout[-2000:] + replayed.stderr[-3000:]
+    rows = read_jsonl(run_dir / "replay.jsonl")
+    assert sorted(r["episode_id"] for r in rows) == sorted(e["episode_id"] for e in lines)
+    assert all((r["status"], r["calls_recorded"], r["calls_matched"], r["divergence"]) == ("ok", CALLS, CALLS, "") for r in rows), rows
