@@ -35,7 +35,7 @@ _row = functools.partial(figure, "async_rl")
 
 
 def main(quick: bool) -> list[dict]:
-    tool_s = 0.5 if quick else 1.0
+    tool_s = 0.25 if quick else 1.0  # quick: a smoke; a shorter wait keeps the two runs short
     stats = {}
     with tempfile.TemporaryDirectory(prefix="areal-bench-async-") as tmp:
         for name, offpolicy in (("async", 1), ("sync", 0)):

@@ -5,7 +5,7 @@ Each build is a fresh process building into a fresh temporary cache, so nothing 
 build is the default model's recipe shortened (fewer SFT steps, a small held-out evaluation): the
 question is how the time scales with load, and every step of the full build costs the same.
 The load is a busy loop in a separate process, started before the build and killed (by PID) after.
-Quick mode shrinks the build further (8 SFT steps over 500 conversations, 2 held-out problems)
+Quick mode shrinks the build further (4 SFT steps over 200 conversations, 1 held-out problem)
 and runs the busy loop at the lowest priority: the same stages, a smoke of the path rather than a
 measurement.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # EmbeddedConfig fields of each mode's build, beside the SFT steps
 SIZES = {
-    "quick": {"sft_steps": 8, "sft_conversations": 500, "tokenizer_conversations": 500, "eval_problems": 2},
+    "quick": {"sft_steps": 4, "sft_conversations": 200, "tokenizer_conversations": 500, "eval_problems": 1},
     "full": {"sft_steps": 1000, "eval_problems": 40},
 }
 

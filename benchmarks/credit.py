@@ -12,7 +12,7 @@ credit gives it `turn_discount` (0.5) of the retry's return, and compares each c
 other episodes' calls at the same depth.
 
 Full mode trains the math agent 30 steps x 8 groups and scores 200 held-out problems; quick
-mode (a smoke run) 3 steps x 2 groups and 8 problems.
+mode (a smoke run) 3 steps x 1 group and 4 problems x 1 sampled answer.
 
 Figures (turn credit, with episode credit as the baseline), from the run directories:
 
@@ -29,7 +29,7 @@ Same seed, data and settings in both arms (the episode arm first); `trainer.lr` 
 The agentic demo (`agentic_rows`, metrics starting "agentic demo:"): `make demo`'s run
 (`--config-name agentic`: the calculator agent `agents/openai_tools.py:CalculatorAgent`, up to 4
 calls, sandboxed, on `model.path=embedded-agent`; full mode its 60 steps × 8 groups × 8 episodes,
-quick mode 3 steps × 2 groups), checkpoints off in both arms. Its reward is one float per episode
+quick mode 2 steps × 2 groups), checkpoints off in both arms. Its reward is one float per episode
 (right answer 1, else 0), shared by every call, so both arms give every call the episode's reward
 as its return: what differs is the baseline (episode: the group's mean and std; turn: the
 leave-one-out mean of the other episodes' returns at the same call depth, scaled by the group's
@@ -38,7 +38,7 @@ not with episodes that answered at once. Figures, from the run directories:
 
   * the run's own held-out evaluation of the agent (data.eval_mode=agent, areal/controller/agent_eval.py:
     the sandboxed agent through the gateway, the config's 100 problems × 2 sampled episodes, quick
-    6 × 1; summary.json): sampled accuracy before and after, and the paired sign-flip p-value
+    4 × 1; summary.json): sampled accuracy before and after, and the paired sign-flip p-value
     of the change (summary.json's eval_test);
   * tool use of the held-out episodes after training (the eval's sampled episodes): LLM calls,
     well-formed and malformed tool calls per episode, share of final answers using a tool result;
@@ -79,10 +79,10 @@ def overrides(quick: bool, credit: str) -> list[str]:
         "trainer.turn_discount=0.5",
         "trainer.lr=1e-4",
         f"trainer.steps={3 if quick else 30}",
-        f"rollout.groups_per_step={2 if quick else 8}",
+        f"rollout.groups_per_step={1 if quick else 8}",
         "rollout.n_samples=8",
-        f"data.eval_size={8 if quick else 200}",
-        "data.eval_samples=2",
+        f"data.eval_size={4 if quick else 200}",
+        f"data.eval_samples={1 if quick else 2}",
         "data.train_size=2000",
         "trainer.checkpoint_every=0",
         "save_trajectories=true",
@@ -163,9 +163,10 @@ def math_rows(quick: bool, runs: Path) -> list[dict]:
 
 def agentic_demo_overrides(quick: bool, name: str, *arm: str) -> list[str]:
     """``make demo``'s run (conf/agentic.yaml) as a benchmark arm: ``arm``'s settings, checkpoints
-    off; full: the config's 60 steps, groups and evaluation (100 problems x 2), quick: 3 steps of 2
-    groups, 6 problems x 1."""
-    quick_size = ["trainer.steps=3", "rollout.groups_per_step=2", "data.eval_size=6", "data.eval_samples=1"]
+    off; full: the config's 60 steps, groups and evaluation (100 problems x 2), quick: 2 steps of 2
+    groups, 4 problems x 1."""
+    # quick: a smoke; two steps are the fewest that give every curve a point and a step after the first
+    quick_size = ["trainer.steps=2", "rollout.groups_per_step=2", "data.eval_size=4", "data.eval_samples=1"]
     return [
         "--config-name",
         "agentic",

@@ -4,8 +4,8 @@ Two runs of `make demo`'s run (`--config-name agentic`: the calculator agent, up
 sandboxed, on the embedded model's agentic variant), identical but for `rollout.dynamic_sampling`
 (docs/algorithms.md: a finished group whose rewards are all equal is dropped, recorded, and
 replaced by another prompt's). Full mode: the config's 60 steps x 8
-groups x 8 episodes and its evaluation (100 held-out problems x 2 sampled episodes); quick: 3
-steps x 2 groups, 6 x 1. The two runs go side by side (same load on each). Figures, from the run
+groups x 8 episodes and its evaluation (100 held-out problems x 2 sampled episodes); quick: 2
+steps x 2 groups, 4 x 1. The two runs go side by side (same load on each). Figures, from the run
 directories:
 
   * the run's own held-out agent accuracy after training (summary.json), its change from before,

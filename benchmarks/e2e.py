@@ -33,9 +33,10 @@ per episode it built, from the run's process tree (`RUSAGE_CHILDREN` of the `are
 which waits for the zygote, the engine and the trainer); the sandbox's share of it is in
 benchmarks/sandbox_kernel.py.
 
-Quick mode is a smoke run of the same paths: one round of 3 steps of 2 groups per configuration,
-the agentic configuration's two runs standing in for the small runs (full: 16 steps a small run,
-three rounds of 16 steps of the configuration's groups).
+Quick mode is a smoke run of the same paths: one round of 3 steps of 1 group per configuration
+(the warm variant with that step's 8 warm slots), the agentic configuration's two runs standing
+in for the small runs (full: 16 steps a small run, three rounds of 16 steps of the
+configuration's groups).
 
 Not covered: evaluation (data.eval_size=0), multi-rank trainers, a GPU engine.
     python -m benchmarks.run e2e [--quick]
@@ -65,7 +66,7 @@ AGENT = "agents/openai_tools.py:CalculatorAgent"
 def small_run(quick: bool) -> list[str]:
     """Hydra overrides of a short run: few steps, small groups, no evaluation, trajectories kept."""
     return [
-        f"trainer.steps={4 if quick else 16}",
+        f"trainer.steps={3 if quick else 16}",  # quick: two steady-state steps after the first (run_stats)
         "rollout.groups_per_step=2",
         "rollout.n_samples=4",
         "data.eval_size=0",
@@ -154,11 +155,13 @@ def default_ratio(quick: bool, tmp: str, config_name: str = "") -> dict[str, dic
     Per variant, the medians over the rounds of steady-state episodes/s and of the run's user and
     system CPU seconds per episode built; ``run_dir`` and ``wall_s``: its first round's run."""
     rounds, steps = (1, 3) if quick else (3, 16)  # quick: two steady-state steps after the first (run_stats)
-    size = ["rollout.groups_per_step=2"] if quick else []  # quick: 16 episodes a step, not the config's 64
+    size = ["rollout.groups_per_step=1"] if quick else []  # quick: one group (8 episodes) a step, not the config's 64
+    # quick: a step's worth of warm slots is the one group's 8; 64 would set up eight times what a step uses
+    warm = "sandbox.warm_slots=8" if quick else WARM_BURST
     variants = {
         "inline": ["rollout.openai.mode=inline"],
         "subproc": ["rollout.openai.mode=subproc"],
-        "subproc_warm": ["rollout.openai.mode=subproc", WARM_BURST],
+        "subproc_warm": ["rollout.openai.mode=subproc", warm],
     }
     named = ["--config-name", config_name] if config_name else []
     if config_name:

@@ -394,13 +394,13 @@ def main(quick: bool) -> list[dict]:
 
     rows: list[dict] = []
     prompt_ids = _prompt_ids()
-    n = 200 if quick else 2000
+    n = 100 if quick else 2000  # quick: a smoke of every row, not a measurement
     with launch_instant_engine(_reply_ids()) as engine:
         gateway = GatewayProcess(engine.url)
         try:
             rows += latency_rows("instant", engine.url, gateway, prompt_ids, n, max_tokens=64, engine_pid=engine.popen.pid, floors=True)
             rows += one_vcpu_rows("instant", engine.url, gateway, engine.popen.pid, prompt_ids, n, max_tokens=64)
-            seconds = 3.0 if quick else 10.0
+            seconds = 1.0 if quick else 10.0
             gw_rate, gw_wall = throughput("zmq", gateway.zmq, gateway.key, _chat_body(64), gateway.popen.pid, seconds)
             eng_rate, eng_wall = throughput("http", engine.url + "/generate", None, _engine_body(prompt_ids, 64), engine.popen.pid, seconds)
             rows.append(
@@ -429,7 +429,7 @@ def main(quick: bool) -> list[dict]:
     try:
         gateway = GatewayProcess(embedded.url)
         try:
-            rows += latency_rows("embedded", embedded.url, gateway, prompt_ids, 20 if quick else 100, max_tokens=8)
+            rows += latency_rows("embedded", embedded.url, gateway, prompt_ids, 10 if quick else 100, max_tokens=8)
         finally:
             gateway.stop()
     finally:

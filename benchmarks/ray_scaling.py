@@ -21,7 +21,7 @@ and exit cost (kernel time per episode, see the ``sandbox_kernel`` benchmark) an
 CPU cap the curve long before real nodes would. Not measured: real network latency between nodes,
 many controllers.
 
-Quick mode: 1 and 2 workers (full: 1, 2 and 4), 2 episodes per slot (full: 4).
+Quick mode: 1 and 2 workers (full: 1, 2 and 4), 1 episode per slot (full: 4).
 
     python -m benchmarks.run [--quick] ray_scaling
 """
@@ -106,7 +106,7 @@ async def _measure(quick: bool, tmp: str) -> dict[tuple[str, int], tuple[float, 
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
         await world.start(tmp)
-        per_slot = 2 if quick else EPISODES_PER_SLOT
+        per_slot = 1 if quick else EPISODES_PER_SLOT  # quick: every slot runs an episode, once
         await _episodes_per_s(world, 1, 1, f"{tmp}/warm", "controller")  # the first placement pays Ray's worker start-up
         return {(g, n): await _episodes_per_s(world, n, per_slot, f"{tmp}/{g}{n}", g) for g in GATEWAYS for n in workers}
     finally:

@@ -32,7 +32,7 @@ zygote, not of one layer: the layers together cost a few ms, within the noise of
 The relay's HTTP server is therefore set up only when an agent connects to it (sandbox/relay.py):
 agents that use the handed ``http_client`` never pay it (~2 ms of CPU per episode).
 
-Quick mode: one round of 16 episodes per variant (full: five rounds of 64).
+Quick mode: one round of 8 episodes per variant (full: five rounds of 64).
 
     python -m benchmarks.run [--quick] sandbox_kernel
 """
@@ -178,7 +178,7 @@ def _variants() -> dict[str, tuple[list[str], bool]]:
 
 
 async def _measure(quick: bool) -> tuple[dict[str, Cost], dict[str, dict[str, int]]]:
-    rounds, n = (1, 16) if quick else (5, 64)  # quick: a smoke of every variant, not a measurement
+    rounds, n = (1, 8) if quick else (5, 64)  # quick: a smoke of every variant, not a measurement
     samples: dict[str, list[Cost]] = {}
     memory: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:

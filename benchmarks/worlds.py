@@ -108,7 +108,7 @@ async def _measure(quick: bool, tmp: str) -> dict[str, Any]:
     try:
         for name, (data, z) in arms.items():  # warm-up: first faults, the first world's mount namespace
             assert (await z.run_episode(f"{name}-warm", data, "k" * 32)).status == "ok"
-        n = 8 if quick else 30
+        n = 4 if quick else 30
         start = {name: _cpu_s(z.ready.pid) for name, (_, z) in arms.items()}
         for i in range(n):
             for name, (data, z) in arms.items():
