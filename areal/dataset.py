@@ -156,12 +156,7 @@ def load_rows(
     if swe.is_swe_spec(path):
         if prompt_key or answer_key != "answer":
             raise ValueError(f"{path}: task rows have question/messages; data.prompt_key / data.answer_key name a file's columns")
-        rows = [normalize_row(r, i) for i, r in enumerate(swe.task_rows(path))][offset:]
-        if not rows:
-            raise ValueError(
-                f"{path}: its library has no task from task {offset} on"
-                + (" (held-out rows are the tasks after the training ones: lower data.train_size)" if offset else "")
-            )
+        rows = [normalize_row(r, i) for i, r in enumerate(swe.task_rows(path))][offset:]  # none past the last task
         return rows[:size] if size is not None else rows
     source = Path(path)
     if _is_hf_folder(source):

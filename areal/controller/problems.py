@@ -52,7 +52,7 @@ def user_rows(
             # a task library's: the tasks after the training ones (data.eval's from its first); when the
             # training ones take them all (the defaults do), none are held out and the run says so
             first = 0 if d.eval else len(dataset)
-            eval_dataset = load_rows(d.eval or d.train)[first : first + d.eval_size] or None
+            eval_dataset = load_rows(d.eval or d.train, size=d.eval_size, offset=first) or None
         elif eval_dataset is None and is_taskset_spec(d.eval or d.train):  # a taskset's: the tasks after the training ones
             first = 0 if d.eval else len(dataset)
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, offset=first) if d.eval_size else None
