@@ -272,6 +272,7 @@ class Engine:
         # tests and debugging sessions can check that recorded tokens are the tokens generated.
         self.request_log = open(request_log, "a", buffering=1) if request_log else None
         self.busy = BusySpans(busy_log) if busy_log else None  # when it computes (areal/engine/busy.py)
+        self._held: list[GenerationRequest] | None = None  # rows finished in the current tick, answered at its end
         self.max_batch = max_batch
         self.weight_version = weight_version
         # Served on ``device`` in ``dtype``; sampling and the rows' bookkeeping stay on the CPU
@@ -445,16 +446,31 @@ class Engine:
             self._finish(r)
 
     def _tick(self) -> None:
+        """One step of work. What it finishes is answered only after its busy span is written, so a
+        caller that got its answer finds the span that produced it already logged."""
+        self._held = []
+        try:
+            self._step()
+        finally:
+            held, self._held = self._held, None
+            for r in held:
+                self._deliver(r)
+
+    def _step(self) -> None:
         if self._updates and (self.paused or not self._batch.rows):
             for upd in self._updates:
                 began = time.time()
                 try:
                     load = self._load_weights if isinstance(upd, WeightUpdate) else self._receive_weights
-                    upd.future.set_result(load(upd))
+                    answer, failure = load(upd), None
                 except Exception as exc:  # noqa: BLE001 -- a failed load answers 400, the old weights keep serving
-                    upd.future.set_exception(exc)
+                    answer, failure = None, exc
                 if self.busy is not None:
                     self.busy.add("load", began, time.time())
+                if failure is None:
+                    upd.future.set_result(answer)
+                else:
+                    upd.future.set_exception(failure)
             self._updates.clear()
         if self.paused:
             return
@@ -563,6 +579,13 @@ class Engine:
                     }
                 )
             )
+        if self._held is not None:  # inside a tick: answered when its span is written
+            self._held.append(r)
+        else:
+            self._deliver(r)
+
+    @staticmethod
+    def _deliver(r: GenerationRequest) -> None:
         r.future.set_result(r)
         r.notify()
 
