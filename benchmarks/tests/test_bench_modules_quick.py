@@ -55,6 +55,7 @@ MODULES: dict[str, tuple[list[pytest.MarkDecorator], int]] = {
     "machinery": (WHOLE_RUN, 600),
     "e2e": (WHOLE_RUN, 1200),
     "agentic": (AGENTIC_RUN, 900),
+    "branching": (AGENTIC_RUN, 900),
     "credit": (AGENTIC_RUN, 1200),
     "dapo": (AGENTIC_RUN, 900),
 }
