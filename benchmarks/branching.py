@@ -1,8 +1,10 @@
-"""Tree rollouts against independent episodes on the agentic demo, same sample budget, same run.
+"""Tree rollouts against independent episodes, same sample budget, same run, on two multi-turn tasks.
 
-Two arms of ``make demo``'s run (``--config-name agentic``: the calculator agent, sandboxed, up to
-4 calls, on the embedded model's agentic variant), each trained with several seeds (``seed=``),
-the arms alternating seed by seed (drift on the machine falls on both):
+Each task is trained in two arms with several seeds (``seed=``), the arms alternating seed by
+seed (drift on the machine falls on both).
+
+The agentic demo (``make demo``'s run, ``--config-name agentic``: the calculator agent,
+sandboxed, up to 4 calls, on the embedded model's agentic variant; metrics "agentic demo: ..."):
 
   * ``independent``: 8 episodes a group (``rollout.n_samples=8``), the baseline;
   * ``tree``: 4 episodes a group, each branched in 2 at the first call that follows a tool's
@@ -13,24 +15,36 @@ the arms alternating seed by seed (drift on the machine falls on both):
     episodes; an episode that never reaches a tool result is not branched and gives 1 leaf, so
     the tree arm uses at most the baseline's sample budget (the figures count what each used).
 
-Figures (tree, with independent as the baseline; each the mean over the seeds, the per-seed
-values in the note):
+The retrying math agent (``agents/openai_multiturn.py:MultiTurnMathAgent`` on the embedded model,
+as in benchmarks/credit.py: it answers, and after a wrong answer is told so and asked again, up
+to 3 calls; each call rewarded on its own; metrics "retrying math agent: ..."): ``independent``
+8 episodes a group; ``tree`` 4, each branched in 2 at its second call
+(``rollout.branch.at_call=2``): the siblings share the question and the wrong first answer and
+retry apart. An episode right at its first call makes no second call and gives 1 leaf.
+``trainer.lr=1e-4`` as in credit.py; its held-out evaluation is single-call answers.
 
-  * held-out agent accuracy after training and its change from before (the run's own sampled
-    evaluation, ``data.eval_mode=agent``, summary.json);
+Figures per task (tree, with independent as the baseline; each the mean over the seeds, the
+per-seed values in the note):
+
+  * held-out accuracy after training and its change from before (the run's own sampled
+    evaluation, summary.json: the agent itself for the agentic demo, ``data.eval_mode=agent``;
+    single-call answers for the math agent);
   * the episodes used (leaves, one reward each: episodes.jsonl lines of the trained episodes),
     the LLM calls generated (a tree's shared calls once) and the wall time of a run;
   * curves: held-out accuracy against the episodes used and against wall time, from the periodic
     evaluations (``data.eval_every``, evals.jsonl), the seeds' mean per evaluation.
 
-Full mode: 3 seeds per arm, 30 steps x 8 groups, evaluated every 10 steps on the config's 100
-held-out problems x 2 sampled episodes. Quick mode (a smoke run): 1 seed, 2 steps x 2 groups,
-evaluated every step on 4 problems x 1.
+Full mode: 3 seeds per arm; the agentic demo 30 steps x 8 groups, evaluated every 10 steps on its
+config's 100 held-out problems x 2 sampled episodes; the math agent 20 steps x 8 groups, evaluated
+every 10 steps on 100 x 2. Quick mode
+(a smoke run): the agentic demo only, 1 seed, 2 steps x 2 groups, evaluated every step on 4
+problems x 1.
 
-Not covered: a multi-turn environment other than the calculator agent; branch points other than
-the first tool result; trees deeper than one fork (a branch session never branches again).
+Not covered: environment libraries (TextArena, verifiers) as the task; other branch points;
+trees deeper than one fork (a branch session never branches again).
 
     python -m benchmarks.run [--quick] branching
+    python -m benchmarks.branching [--quick] [--task agentic|math]   # rows as JSON lines
 """
 
 from __future__ import annotations
@@ -40,34 +54,65 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.e2e import train_run
 from benchmarks.report import figure
 
-ARMS: dict[str, list[str]] = {
-    "independent": ["rollout.n_samples=8"],
-    "tree": ["rollout.n_samples=4", "rollout.branch.n=2", "rollout.branch.at_tool_result=true"],
-}
+ARMS = ("independent", "tree")
 BASE = "independent episodes (8 a group), same run"
 _row = functools.partial(figure, "branching")
 
 
-def overrides(quick: bool, arm: str, seed: int) -> list[str]:
-    """One run of ``arm`` with ``seed``: only the arm's settings and the seed differ between runs."""
+@dataclass(frozen=True)
+class Task:
+    label: str  # the metrics' prefix
+    arms: dict[str, list[str]]  # arm -> its settings: all that differs between the arms
+    run: list[str]  # the task's own settings
+    full: list[str]  # full mode's size and evaluation
+    branch_point: str  # in the notes
+
+
+TASKS = {
+    "agentic": Task(
+        "agentic demo",
+        {
+            "independent": ["rollout.n_samples=8"],
+            "tree": ["rollout.n_samples=4", "rollout.branch.n=2", "rollout.branch.at_tool_result=true"],
+        },
+        ["--config-name", "agentic"],
+        ["trainer.steps=30", "data.eval_every=10"],
+        "an episode with no tool result is not branched (1 leaf)",
+    ),
+    "math": Task(
+        "retrying math agent",
+        {
+            "independent": ["rollout.n_samples=8"],
+            "tree": ["rollout.n_samples=4", "rollout.branch.n=2", "rollout.branch.at_call=2"],
+        },
+        ["rollout.agent=agents/openai_multiturn.py:MultiTurnMathAgent", "trainer.lr=1e-4", "data.train_size=2000"],
+        ["trainer.steps=20", "rollout.groups_per_step=8", "data.eval_size=100", "data.eval_samples=2", "data.eval_every=10"],
+        "an episode right at its first call is not branched (1 leaf)",
+    ),
+}
+
+
+def overrides(quick: bool, task: str, arm: str, seed: int) -> list[str]:
+    """One run of ``task``'s ``arm`` with ``seed``: only the arm's settings and the seed differ between runs."""
+    t = TASKS[task]
     size = (
         ["trainer.steps=2", "rollout.groups_per_step=2", "data.eval_size=4", "data.eval_samples=1", "data.eval_every=1"]
         if quick
-        else ["trainer.steps=30", "data.eval_every=10"]
+        else t.full
     )
     return [
-        "--config-name",
-        "agentic",
-        *ARMS[arm],
+        *t.run,
+        *t.arms[arm],
         *size,
         f"seed={seed}",
         "trainer.checkpoint_every=0",
-        f"experiment_name=bench-branching-{arm}-{seed}",
+        f"experiment_name=bench-branching-{task}-{arm}-{seed}",
     ]
 
 
@@ -114,38 +159,48 @@ def _mean_curve(runs: list[list[tuple[float, float, float]]], x: int) -> tuple[l
     return [statistics.mean(r[i][x] for r in runs) for i in range(n)], [statistics.mean(r[i][2] for r in runs) for i in range(n)]
 
 
-def main(quick: bool) -> list[dict]:
+def main(quick: bool, tasks: tuple[str, ...] = ()) -> list[dict]:
+    """Every task in full mode (``tasks`` picks some), the agentic demo alone in quick mode."""
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="areal-bench-branching-") as tmp:
+        for task in tasks or (("agentic",) if quick else tuple(TASKS)):
+            rows += task_rows(quick, task, Path(tmp))
+    return rows
+
+
+def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
+    """Both arms of ``task`` over the seeds, run into ``runs``, the arms alternating."""
     seeds = [1] if quick else [1, 2, 3]
     per: dict[str, dict[str, list[float]]] = {arm: {"before": [], "after": [], "leaves": [], "calls": [], "wall": []} for arm in ARMS}
     points: dict[str, list[list[tuple[float, float, float]]]] = {arm: [] for arm in ARMS}
-    with tempfile.TemporaryDirectory(prefix="areal-bench-branching-") as tmp:
-        for seed in seeds:
-            for arm in ARMS:
-                run_dir = Path(tmp) / f"{arm}-{seed}"
-                launched = time.time()
-                wall = train_run(overrides(quick, arm, seed), run_dir, timeout_s=900.0 if quick else 2400.0)
-                summary = json.loads((run_dir / "summary.json").read_text())
-                used = episodes_used(run_dir)
-                p = per[arm]
-                p["before"].append(summary["eval_before"]["sampled_acc"])
-                p["after"].append(summary["eval_after"]["sampled_acc"])
-                p["leaves"].append(float(sum(n for n, _ in used.values())))
-                p["calls"].append(float(sum(c for _, c in used.values())))
-                p["wall"].append(wall)
-                points[arm].append(run_points(run_dir, launched))
+    for seed in seeds:
+        for arm in ARMS:
+            run_dir = runs / f"{task}-{arm}-{seed}"
+            launched = time.time()
+            wall = train_run(overrides(quick, task, arm, seed), run_dir, timeout_s=900.0 if quick else 2400.0)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            used = episodes_used(run_dir)
+            p = per[arm]
+            p["before"].append(summary["eval_before"]["sampled_acc"])
+            p["after"].append(summary["eval_after"]["sampled_acc"])
+            p["leaves"].append(float(sum(n for n, _ in used.values())))
+            p["calls"].append(float(sum(c for _, c in used.values())))
+            p["wall"].append(wall)
+            points[arm].append(run_points(run_dir, launched))
     mean = {arm: {k: statistics.mean(v) for k, v in p.items()} for arm, p in per.items()}
-    seeds_note = f"seeds {seeds}; per seed, tree {{}} against independent {{}}"
 
     def per_seed(key: str, digits: int = 3) -> str:
-        return seeds_note.format(*([round(v, digits) for v in per[arm][key]] for arm in ("tree", "independent")))
+        tree, indep = ([round(v, digits) for v in per[arm][key]] for arm in ("tree", "independent"))
+        return f"seeds {seeds}; per seed, tree {tree} against independent {indep}"
 
     t, i = mean["tree"], mean["independent"]
-    after_eval = "the run's own held-out agent evaluation (data.eval_mode=agent, sampled episodes, summary.json)"
+    label = TASKS[task].label
+    after_eval = "the run's own held-out evaluation (sampled, summary.json)"
     curves_leaves = {arm: _mean_curve(points[arm], 0) for arm in ARMS}
     curves_wall = {arm: _mean_curve(points[arm], 1) for arm in ARMS}
     return [
         _row(
-            "held-out agent accuracy after training, tree rollouts",
+            f"{label}: held-out accuracy after training, tree rollouts",
             t["after"],
             "acc",
             BASE,
@@ -154,10 +209,10 @@ def main(quick: bool) -> list[dict]:
             curves={arm: ys for arm, (_, ys) in curves_leaves.items()},
             curve_x={arm: xs for arm, (xs, _) in curves_leaves.items()},
             xlabel="episodes used (leaves)",
-            plot="accuracy_vs_episodes",
+            plot=f"{task}_accuracy_vs_episodes",
         ),
         _row(
-            "held-out agent accuracy change over training, tree rollouts",
+            f"{label}: held-out accuracy change over training, tree rollouts",
             t["after"] - t["before"],
             "acc points",
             BASE,
@@ -166,18 +221,18 @@ def main(quick: bool) -> list[dict]:
             curves={arm: ys for arm, (_, ys) in curves_wall.items()},
             curve_x={arm: xs for arm, (xs, _) in curves_wall.items()},
             xlabel="seconds since the run's launch",
-            plot="accuracy_vs_wall",
+            plot=f"{task}_accuracy_vs_wall",
         ),
         _row(
-            "episodes used by a run (leaves, one reward each), tree rollouts",
+            f"{label}: episodes used by a run (leaves, one reward each), tree rollouts",
             t["leaves"],
             "episodes",
             BASE,
             i["leaves"],
-            note=f"{per_seed('leaves', 0)}; an episode with no tool result is not branched (1 leaf)",
+            note=f"{per_seed('leaves', 0)}; {TASKS[task].branch_point}",
         ),
         _row(
-            "LLM calls generated by a run, tree rollouts",
+            f"{label}: LLM calls generated by a run, tree rollouts",
             t["calls"],
             "calls",
             BASE,
@@ -185,7 +240,7 @@ def main(quick: bool) -> list[dict]:
             note=f"a tree's shared calls counted once; {per_seed('calls', 0)}",
         ),
         _row(
-            "wall time of a run, tree rollouts",
+            f"{label}: wall time of a run, tree rollouts",
             t["wall"],
             "s",
             BASE,
@@ -200,5 +255,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    for out in main(parser.parse_args().quick):
-        print(json.dumps(out))
+    parser.add_argument("--task", choices=sorted(TASKS), action="append", default=[], help="only this task (repeatable)")
+    args = parser.parse_args()
+    for out in main(args.quick, tuple(args.task)):
+        print(json.dumps(out), flush=True)

@@ -35,7 +35,7 @@ def test_quick_run_of_two_modules_writes_a_well_formed_report(tmp_path: Path) ->
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=140,
+        timeout=600,  # a guard against a hang, not a timing: minutes on a loaded machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = out / "latest"
