@@ -159,7 +159,7 @@ def _mean_curve(runs: list[list[tuple[float, float, float]]], x: int) -> tuple[l
     return [statistics.mean(r[i][x] for r in runs) for i in range(n)], [statistics.mean(r[i][2] for r in runs) for i in range(n)]
 
 
-def main(quick: bool, tasks: tuple[str, ...] = ()) -> list[dict]:
+def main(quick: bool, tasks: list[str] | None = None) -> list[dict]:
     """Every task in full mode (``tasks`` picks some), the agentic demo alone in quick mode."""
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="areal-bench-branching-") as tmp:
@@ -209,6 +209,7 @@ def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
             curves={arm: ys for arm, (_, ys) in curves_leaves.items()},
             curve_x={arm: xs for arm, (xs, _) in curves_leaves.items()},
             xlabel="episodes used (leaves)",
+            title=f"{label}: held-out accuracy against episodes used",
             plot=f"{task}_accuracy_vs_episodes",
         ),
         _row(
@@ -221,6 +222,7 @@ def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
             curves={arm: ys for arm, (_, ys) in curves_wall.items()},
             curve_x={arm: xs for arm, (xs, _) in curves_wall.items()},
             xlabel="seconds since the run's launch",
+            title=f"{label}: held-out accuracy against wall time",
             plot=f"{task}_accuracy_vs_wall",
         ),
         _row(
@@ -257,5 +259,5 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--task", choices=sorted(TASKS), action="append", default=[], help="only this task (repeatable)")
     args = parser.parse_args()
-    for out in main(args.quick, tuple(args.task)):
+    for out in main(args.quick, args.task):
         print(json.dumps(out), flush=True)

