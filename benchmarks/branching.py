@@ -196,8 +196,18 @@ def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
     t, i = mean["tree"], mean["independent"]
     label = TASKS[task].label
     after_eval = "the run's own held-out evaluation (sampled, summary.json)"
-    curves_leaves = {arm: _mean_curve(points[arm], 0) for arm in ARMS}
-    curves_wall = {arm: _mean_curve(points[arm], 1) for arm in ARMS}
+
+    def curve(axis: int, against: str, xlabel: str) -> dict:
+        """The seeds' mean accuracy against coordinate ``axis`` of the points, per arm: a row's plot."""
+        means = {arm: _mean_curve(points[arm], axis) for arm in ARMS}
+        return {
+            "curves": {arm: ys for arm, (_, ys) in means.items()},
+            "curve_x": {arm: xs for arm, (xs, _) in means.items()},
+            "xlabel": xlabel,
+            "title": f"{label}: held-out accuracy against {against}",
+            "plot": f"{task}_accuracy_vs_{against.split()[0]}",
+        }
+
     return [
         _row(
             f"{label}: held-out accuracy after training, tree rollouts",
@@ -206,11 +216,7 @@ def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
             BASE,
             i["after"],
             note=f"{after_eval}; {per_seed('after')}",
-            curves={arm: ys for arm, (_, ys) in curves_leaves.items()},
-            curve_x={arm: xs for arm, (xs, _) in curves_leaves.items()},
-            xlabel="episodes used (leaves)",
-            title=f"{label}: held-out accuracy against episodes used",
-            plot=f"{task}_accuracy_vs_episodes",
+            **curve(0, "episodes used", "episodes used (leaves)"),
         ),
         _row(
             f"{label}: held-out accuracy change over training, tree rollouts",
@@ -219,11 +225,7 @@ def task_rows(quick: bool, task: str, runs: Path) -> list[dict]:
             BASE,
             i["after"] - i["before"],
             note=f"before: {per_seed('before')}",
-            curves={arm: ys for arm, (_, ys) in curves_wall.items()},
-            curve_x={arm: xs for arm, (xs, _) in curves_wall.items()},
-            xlabel="seconds since the run's launch",
-            title=f"{label}: held-out accuracy against wall time",
-            plot=f"{task}_accuracy_vs_wall",
+            **curve(1, "wall time", "seconds since the run's launch"),
         ),
         _row(
             f"{label}: episodes used by a run (leaves, one reward each), tree rollouts",
