@@ -212,8 +212,10 @@ def _read_hf_folder(path: Path, split: str) -> list[dict[str, Any]]:
     return data.to_list()
 
 
-def normalize_row(row: dict[str, Any], index: int) -> dict[str, Any]:
-    """One row in the common shape (see the module docstring); ``ValueError`` naming the row."""
+def normalize_row(row: dict[str, Any], index: int, need_answer: bool = True) -> dict[str, Any]:
+    """One row in the common shape (see the module docstring); ``ValueError`` naming the row.
+    ``need_answer=False``: a row without ``answer`` is kept as it is (a workflow object scores its
+    rows itself, from whatever fields they carry: AReaL's boba rows hold ``solutions``)."""
     if not isinstance(row, dict):
         raise ValueError(f"dataset row {index} is not an object: {row!r}")
     out = dict(row)
@@ -228,7 +230,7 @@ def normalize_row(row: dict[str, Any], index: int) -> dict[str, Any]:
             raise ValueError(f"dataset row {index} needs `messages`, `question` or `prompt`; keys: {sorted(row)}")
         out["question"] = question
         out["messages"] = [{"role": "user", "content": question}]
-    if "answer" not in row:
+    if need_answer and "answer" not in row:
         raise ValueError(f"dataset row {index} has no `answer`; keys: {sorted(row)}")
     return out
 

@@ -124,7 +124,9 @@ class Controller:
         self.agent = agent
         self.workflow_kind = workflow_kind(agent) if agent is not None else "spec"
         d = config.data
-        self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset, config.seed)  # None: the embedded task's
+        # None: the embedded task's. A workflow object scores its rows itself (AReaL's engine-level
+        # workflows: the row's own fields reach its reward_fn), so its training rows need no `answer`
+        self.dataset, self.eval_dataset = user_rows(d, dataset, eval_dataset, config.seed, need_answer=agent is None)
         if config.rollout.openai.mode == "online":  # the episodes are external sessions: no row to pose, none held out
             self.dataset, self.eval_dataset = [{}], None
         check_eval_rows(d.eval_every, held_out_count(self.dataset, self.eval_dataset, d.eval_size))  # data.eval_every needs held-out rows

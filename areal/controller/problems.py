@@ -34,13 +34,15 @@ REASONING_GYM_AGENT = "agents/reasoning_gym_agent.py:ReasoningGymAgent"
 
 
 def user_rows(
-    data: DataConfig, dataset: list[dict] | None, eval_dataset: list[dict] | None, seed: int = 1
+    data: DataConfig, dataset: list[dict] | None, eval_dataset: list[dict] | None, seed: int = 1, need_answer: bool = True
 ) -> tuple[list[dict] | None, list[dict] | None]:
     """The user's training and held-out rows, normalised: given as objects (``dataset``,
     ``eval_dataset``), else read from ``data.train`` / ``data.eval`` (a file or a folder, with
     the splits and keys ``data`` names), or generated from a reasoning-gym spec there
     (data.train_size / data.eval_size rows, ``seed``). ``None`` for the training rows: the
-    embedded task's; for the held-out rows: none given."""
+    embedded task's; for the held-out rows: none given. ``need_answer=False``: training rows may
+    come without ``answer`` (a workflow object that scores them itself); held-out rows, which the
+    run may score, always need one."""
     if dataset is not None and not dataset:
         raise ValueError("dataset is empty: give at least one {question|messages, answer} row")
     d = data
@@ -58,7 +60,7 @@ def user_rows(
             eval_dataset = load_rows(d.eval or d.train, d.eval_split, size=d.eval_size, offset=first) if d.eval_size else None
         elif eval_dataset is None and d.eval:
             eval_dataset = load_rows(d.eval, d.eval_split, d.prompt_key, d.answer_key)
-    rows = [normalize_row(r, i) for i, r in enumerate(dataset)] if dataset is not None else None
+    rows = [normalize_row(r, i, need_answer) for i, r in enumerate(dataset)] if dataset is not None else None
     held_out = [normalize_row(r, i) for i, r in enumerate(eval_dataset)] if eval_dataset else None
     return rows, held_out
 

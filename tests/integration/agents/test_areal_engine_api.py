@@ -152,6 +152,25 @@ def test_rlvr_workflow_has_areals_signature_and_trains_what_it_sampled(tok):
     assert tok.decode([t for t, m in zip(row.input_ids, row.loss_mask) if m], skip_special_tokens=True) == "42"
 
 
+def test_a_workflows_rows_carry_their_own_fields_and_need_no_answer(tok, tmp_path):
+    """AReaL's boba example trains on rows of ``prompt`` and ``solutions``, which its reward_fn
+    reads: a workflow object's training rows reach it as given, with no ``answer``; the run's own
+    agent (which scores with ``answer``) still refuses them, and held-out rows still need one."""
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.config import TrainConfig
+    from areal.controller.loop import Controller
+    from areal.workflow.rlvr import RLVRWorkflow
+
+    rows = [{"prompt": "What is 6 * 7?", "solutions": ["\\boxed{42}"]}]
+    workflow = RLVRWorkflow(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=GenerationHyperparameters(), tokenizer=tok)
+    run = Controller(TrainConfig(), tmp_path, agent=workflow, dataset=rows)
+    assert run.dataset == [{**rows[0], "question": "What is 6 * 7?", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}]
+    with pytest.raises(ValueError, match="dataset row 0 has no `answer`; keys: \\['prompt', 'solutions'\\]"):
+        Controller(TrainConfig(), tmp_path, dataset=rows)
+    with pytest.raises(ValueError, match="dataset row 0 has no `answer`"):
+        Controller(TrainConfig(), tmp_path, agent=workflow, dataset=rows, eval_dataset=rows)
+
+
 # ---- 3. ArealOpenAI: engine.config.request_timeout, responses' max_completion_tokens -----------
 
 
