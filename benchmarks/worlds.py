@@ -65,12 +65,13 @@ def _cpu_s(pid: int) -> float:
 
 def _cgroup_memory(zygote_pid: int) -> int:
     """Memory of the zygote's episode cgroups now; one that its episode's end removed between the
-    listing and the read counts nothing."""
+    listing and the read counts nothing (the read fails with ENOENT, or ENODEV while the kernel
+    takes the group down)."""
     total = 0
     for path in glob.glob(f"/sys/fs/cgroup/memory/areal/{zygote_pid}-*/memory.usage_in_bytes"):
         try:
             total += int(Path(path).read_text())
-        except FileNotFoundError:
+        except OSError:
             pass
     return total
 

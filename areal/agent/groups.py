@@ -2,6 +2,7 @@
 and the warning when a step's groups cannot train anything.
 
     first group:  call 1 ─► its rows traced to the ArealOpenAI clients that recorded them
+                   (a call that fails shows nothing: the next call decides, one at a time)
                    ├─ ≥ 2 clients: the call sampled a whole group itself (AReaL before group_size:
                    │               n clients per arun_episode)           ─► one call per group
                    └─ 1 client, or rows of no known client: one trajectory per call (AReaL now,
@@ -110,13 +111,18 @@ class WorkflowGrouping:
 
         if self.calls_per_group is not None:
             return list(await asyncio.gather(*(call(i) for i in range(self.calls_per_group))))
-        first = await call(0)
-        if first.clients >= 2:  # the workflow sampled the group itself
-            self.calls_per_group = 1
-            return [first]
-        if first.outcome.status == "ok":
-            self.calls_per_group = self.n_samples
-        return [first, *await asyncio.gather(*(call(i) for i in range(1, self.n_samples)))]
+        # Undecided: calls one at a time until one succeeds and shows the style (a failed call, e.g.
+        # an agent that stumbled on the model's output, shows nothing); then the group's other calls
+        calls: list[WorkflowCall] = []
+        while len(calls) < self.n_samples:
+            calls.append(await call(len(calls)))
+            if calls[-1].clients >= 2:  # the workflow sampled the group itself
+                self.calls_per_group = 1
+                return calls
+            if calls[-1].outcome.status == "ok":
+                self.calls_per_group = self.n_samples
+                break
+        return [*calls, *await asyncio.gather(*(call(i) for i in range(len(calls), self.n_samples)))]
 
 
 class AdvantageWatch:

@@ -130,6 +130,8 @@ def test_the_openai_agents_script_runs_in_both_workflow_styles(tmp_path, one_per
     calls = _calls_per_group(run_dir)
     if one_per_call:  # AReaL now: n_samples calls per prompt, each one trajectory
         assert all(len(c) == 4 for c in calls.values()), calls
-    else:  # the call samples the group itself: one call per prompt, n_samples clients in it
-        assert all(len(c) == 1 for c in calls.values()) and any(c[0] >= 4 for c in calls.values()), calls
+    else:  # the call samples the group itself: one call per prompt, n_samples clients in it (besides
+        # calls that failed on what the model wrote, e.g. a tool name it made up: logged, 0 here)
+        assert all(len(c) - c.count(0) <= 1 for c in calls.values()), calls  # at most one ok call a group
+        assert any(n >= 4 for c in calls.values() for n in c), calls
     _check_trains(proc, run_dir)

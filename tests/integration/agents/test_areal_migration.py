@@ -188,6 +188,16 @@ class _WholeGroup(_OneTrajectory):
         return rows
 
 
+class _FailsFirst(_WholeGroup):
+    """The older style, whose first call fails (as an agent SDK does on a tool name the model made up)."""
+
+    async def arun_episode(self, engine, data):
+        if not self.calls:
+            self.calls += 1
+            raise RuntimeError("Tool string not found in agent Calculator Agent")
+        return await super().arun_episode(engine, data)
+
+
 def test_workflow_grouping_follows_both_areal_styles(tok):
     from areal.agent.groups import WorkflowGrouping
 
@@ -196,14 +206,21 @@ def test_workflow_grouping_follows_both_areal_styles(tok):
         g1, g2 = WorkflowGrouping(per_call, 4, 30.0, [-1, 1]), WorkflowGrouping(whole, 4, 30.0, [-1, 1])
         a = [await g1.run_group(engine, {"q": "2+2?"}, f"a{i}") for i in range(2)]
         b = [await g2.run_group(engine, {"q": "2+2?"}, f"b{i}") for i in range(2)]
-        return per_call, whole, g1, g2, a, b
+        failing = _FailsFirst(tok)
+        g3 = WorkflowGrouping(failing, 4, 30.0, [-1, 1])
+        c = [await g3.run_group(engine, {"q": "2+2?"}, f"c{i}") for i in range(2)]
+        return per_call, whole, g1, g2, a, b, failing, g3, c
 
-    per_call, whole, g1, g2, a, b = _with_engine(tok, run)
+    per_call, whole, g1, g2, a, b, failing, g3, c = _with_engine(tok, run)
     assert g1.calls_per_group == 4 and per_call.calls == 8  # n_samples calls per prompt, as AReaL makes them
     assert all(len(calls) == 4 and all(c.clients == 1 for c in calls) for calls in a)
     assert {r.reward for c in a[0] for r in c.rows.values()} == {0.0, 1.0}  # a group with signal
     assert g2.calls_per_group == 1 and whole.calls == 2  # the call is the group: not n_samples² trajectories
     assert all(len(calls) == 1 and calls[0].clients == 3 and len(calls[0].rows) == 3 for calls in b)
+    # a first call that fails decides nothing: the next one does, and the group is that one call's
+    assert g3.calls_per_group == 1 and failing.calls == 3
+    assert [x.outcome.status for x in c[0]] == ["error", "ok"] and not c[0][0].rows and c[0][1].clients == 3
+    assert [len(calls) for calls in c] == [2, 1]
 
 
 def test_steps_whose_groups_cannot_train_are_reported():
