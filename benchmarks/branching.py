@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.e2e import train_run
+from benchmarks.e2e import _jsonl, train_run
 from benchmarks.report import figure
 
 ARMS = ("independent", "tree")
@@ -114,10 +114,6 @@ def overrides(quick: bool, task: str, arm: str, seed: int) -> list[str]:
         "trainer.checkpoint_every=0",
         f"experiment_name=bench-branching-{task}-{arm}-{seed}",
     ]
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def episodes_used(run_dir: Path) -> dict[int, tuple[int, int]]:

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.controller.trajectories import read_saved_trajectories
-from benchmarks.e2e import train_run
+from benchmarks.e2e import _jsonl, train_run
 from benchmarks.report import figure
 
 AGENT = "agents/openai_multiturn.py:MultiTurnMathAgent"
@@ -88,10 +88,6 @@ def overrides(quick: bool, credit: str) -> list[str]:
         "save_trajectories=true",
         f"experiment_name=bench-credit-{credit}",
     ]
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def step_curves(run_dir: Path) -> dict[str, list[float]]:
