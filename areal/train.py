@@ -115,5 +115,12 @@ def _print_summary(s: dict) -> None:
             )
 
 
+# Asked only for help or the composed config, a run starts nothing: no fork server to warm up.
+_NO_RUN = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc", "--resolve")
+
 if __name__ == "__main__":
+    if not any(a in _NO_RUN or a.startswith("--cfg=") for a in sys.argv[1:]):
+        from areal import forkserver
+
+        forkserver.start()  # now, while this process has one thread: the run's engine and trainer fork from it
     main()

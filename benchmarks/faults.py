@@ -42,20 +42,23 @@ async def run(data, **kw):
 
 
 def _child(pid: int, module: bytes) -> int | None:
-    """The child of ``pid`` running ``module``. Linux lists a child under the thread that forked
-    it, and the run forks from worker threads too (the engine fleet starts in
-    ``asyncio.to_thread``), so every thread's list is read, not only the main thread's."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        for child in children:
+    """The descendant of ``pid`` running ``module``: the run's engine and trainer are children of
+    its fork server (areal/forkserver.py). Linux lists a child under the thread that forked it, so
+    every thread's list is read, not only the main thread's."""
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
             try:
-                if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                    return int(child)
-            except FileNotFoundError:
-                pass
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            for child in children:
+                todo.append(int(child))
+                try:
+                    if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                        return int(child)
+                except FileNotFoundError:
+                    pass
     return None
 
 

@@ -2,7 +2,8 @@
 
     spawn(argv, log) ─► a subprocess in its own session (process group), output to its log,
                         killed with its parent (``die_with_parent``)
-    launch_embedded_engine ─► spawn ``python -m areal.engine.server`` ─► poll its ready file (URL)
+    launch_embedded_engine ─► spawn ``python -m areal.engine.server`` (on CPU, by the run's fork
+                              server when there is one: areal/forkserver.py) ─► poll its ready file (URL)
     launch_command         ─► spawn a command template (``engine.launch.command``: SGLang, vLLM)
                               ─► wait_healthy: poll ``GET /health`` until 200
     embedded_launcher / command_launcher ─► a fleet's ``Launcher``: (index, port, log) -> server
@@ -31,6 +32,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from areal import forkserver
 from areal.process import die_with_parent, log_tail, owned_temp_dir, stop_group
 
 
@@ -42,7 +44,7 @@ def exit_status(returncode: int) -> str:
 class EngineProcess:
     """A running server subprocess, leader of its own process group."""
 
-    def __init__(self, popen: subprocess.Popen, url: str, log_path: str, scratch_dir: str | None = None) -> None:
+    def __init__(self, popen: subprocess.Popen | forkserver.ForkedProcess, url: str, log_path: str, scratch_dir: str | None = None) -> None:
         self.popen = popen
         self.url = url
         self.log_path = log_path
@@ -187,7 +189,9 @@ def launch_embedded_engine(
     # The child must import this very package even when it is not installed.
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
-    proc = EngineProcess(spawn(cmd, log_path, env=env), "", log_path, scratch_dir=run_dir)
+    server = forkserver.current() if device == "cpu" else None  # a CUDA engine starts as a new interpreter
+    popen = server.spawn("areal.engine.server", cmd[3:], log_path, env=env) if server else spawn(cmd, log_path, env=env)
+    proc = EngineProcess(popen, "", log_path, scratch_dir=run_dir)
     proc.url = _wait_ready(proc, ready, timeout_s)
     return proc
 

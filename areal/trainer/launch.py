@@ -3,6 +3,8 @@
     controller ─► run_dir/trainer_config.json (TrainerJob) ─► python -m areal.trainer --config it
                                                  (ranks > 1: torchrun, one process per rank)
 
+One CPU rank is forked by the run's fork server when it has one (areal/forkserver.py: torch and the
+trainer's modules already imported), else started as a new interpreter; both give a ``Popen``-like handle.
 The trainer runs as the leader of its own process group, dies with the controller, and logs to
 ``run_dir/trainer.log``; ``trainer.gpus`` becomes its ``CUDA_VISIBLE_DEVICES`` (rank i takes the
 i-th listed GPU, as ``LOCAL_RANK`` i). Importing this module does not import torch.
@@ -23,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal import forkserver
 from areal.process import die_with_parent
 from areal.trainer.config import TrainerJob
 
@@ -77,7 +80,7 @@ def trainer_log(run_dir: Path, node_rank: int = 0) -> Path:
 
 def start_trainer(
     job: TrainerJob, run_dir: Path, rendezvous: Rendezvous | None = None, env: dict[str, str] | None = None
-) -> subprocess.Popen:
+) -> subprocess.Popen | forkserver.ForkedProcess:
     """Write ``job`` as ``run_dir/trainer_config.json`` and start its ranks (one per ring); with a
     ``rendezvous``, this node's share of them. ``env``: added to the ranks' environment (not the
     file: the run's CURVE keys, areal/curve.py)."""
@@ -93,9 +96,13 @@ def start_trainer(
         ifname = interface_of(rendezvous.node_addr)
         if ifname:
             added["GLOO_SOCKET_IFNAME"] = ifname
+    cmd = trainer_command(path, ranks, rendezvous)
+    server = forkserver.current()
+    if server is not None and cmd[1:3] == ["-m", "areal.trainer"] and not job.trainer.gpus:  # one CPU rank
+        return server.spawn("areal.trainer", cmd[3:], str(trainer_log(run_dir, node_rank)), env={**os.environ, **added})
     with open(trainer_log(run_dir, node_rank), "ab") as log:
         return subprocess.Popen(
-            trainer_command(path, ranks, rendezvous),
+            cmd,
             env={**os.environ, **added} if added else None,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -145,20 +145,23 @@ def ray_placement_failure(run_dir: Path, address: str, *overrides: str) -> str:
 
 
 def children(pid: int, module: bytes) -> list[int]:
-    """Child processes of ``pid`` running ``module`` (read from /proc, over all its threads: a
-    child started from a worker thread is listed under that thread; killed by PID only)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            pids = (task / "children").read_text().split()
-        except FileNotFoundError:  # the thread ended
-            continue
-        for child in pids:
+    """Descendants of ``pid`` running ``module`` (read from /proc, over all their threads: a child
+    started from a worker thread is listed under that thread; the run's engine and trainer are
+    children of its fork server, areal/forkserver.py; killed by PID only)."""
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
             try:
-                if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                    out.append(int(child))
-            except FileNotFoundError:
-                pass
+                pids = (task / "children").read_text().split()
+            except FileNotFoundError:  # the thread ended
+                continue
+            for child in pids:
+                todo.append(int(child))
+                try:
+                    if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                        out.append(int(child))
+                except FileNotFoundError:
+                    pass
     return sorted(out)
 
 
