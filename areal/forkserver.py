@@ -20,7 +20,8 @@ supervisors treat both alike.
 Invariants:
 - The server is forked from the controller's main thread while it runs no other Python thread and
   before it opens a ZeroMQ context; otherwise ``start`` declines and children start as new
-  interpreters (``current()`` is None). ``AREAL_FORKSERVER=0`` declines too.
+  interpreters (``current()`` is None). ``AREAL_FORKSERVER=0`` declines too, and so does a machine
+  with a GPU driver: there every child starts as a new interpreter, as before.
 - A child is what ``python -m module args`` would be: the leader of its own session, SIGTERM when
   its parent dies (the server, which gets SIGTERM when the controller dies), stdin from /dev/null,
   stdout and stderr the log, default signal handlers, the logging configuration and exit handlers that
@@ -60,6 +61,9 @@ PRELOAD = (
     "transformers.models.qwen2.modeling_qwen2",
     "transformers.models.llama.modeling_llama",
 )
+# A machine with one of these has a GPU driver: its children start as new interpreters, as CUDA
+# (and ROCm) is not to be used in a child forked from a process that may have initialized it.
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 _server: ForkServer | None = None
 
@@ -70,12 +74,14 @@ def current() -> ForkServer | None:
 
 
 def start(preload: Sequence[str] = PRELOAD) -> ForkServer | None:
-    """Fork the server (once per process). Declines (None) where a fork is unsafe: another thread
-    running, or ``AREAL_FORKSERVER=0``."""
+    """Fork the server (once per process). Declines (None) where a fork is unsafe (another thread
+    running, a GPU driver present) or ``AREAL_FORKSERVER=0``."""
     global _server
     if _server is not None:
         return current()
     if os.environ.get("AREAL_FORKSERVER", "1") == "0" or not hasattr(os, "pidfd_open"):
+        return None
+    if any(os.path.exists(dev) for dev in GPU_DEVICES):  # a CUDA or ROCm child must not fork from a parent that probed
         return None
     if len(threading.enumerate()) > 1 or "zmq" in sys.modules and _zmq_has_context():
         return None

@@ -2,7 +2,8 @@
 (args, environment, working directory, its own session, default signals, the log on stdout and
 stderr, stdin empty, exit codes as ``Popen`` gives them), it is stopped by ``stop_group`` like any
 child, it dies with the process that asked for it, and its CPU counts in that process's
-``RUSAGE_CHILDREN``; ``start`` declines where a fork is unsafe or switched off.
+``RUSAGE_CHILDREN``; ``start`` declines where a fork is unsafe (another thread, a GPU driver) or
+switched off.
 
 Each case runs in a driver subprocess: ``start`` forks only from a process with one thread, and a
 pytest worker has more. The child is tests/support/forked_child.py.
@@ -37,6 +38,8 @@ case = sys.argv[1]
 if case == "declines_with_a_thread":
     stop = threading.Event()
     threading.Thread(target=stop.wait).start()
+if case == "declines_with_a_gpu_driver":
+    forkserver.GPU_DEVICES = ({support!r},)  # a path that exists stands in for /dev/nvidiactl
 server = forkserver.start(preload=())
 out["started"] = server is not None
 if case == "declines_with_a_thread":
@@ -144,7 +147,9 @@ def test_a_childs_cpu_counts_in_the_asking_process_rusage(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "case, env", [("declines_with_a_thread", {}), ("report", {"AREAL_FORKSERVER": "0"})], ids=["a-thread-runs", "switched-off"]
+    "case, env",
+    [("declines_with_a_thread", {}), ("declines_with_a_gpu_driver", {}), ("report", {"AREAL_FORKSERVER": "0"})],
+    ids=["a-thread-runs", "a-gpu-driver", "switched-off"],
 )
 def test_start_declines_where_a_fork_is_unsafe_or_switched_off(tmp_path, case, env):
     assert _drive(case, str(tmp_path / "child.log"), env=env) == {"started": False}
