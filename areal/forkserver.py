@@ -49,6 +49,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 
@@ -228,8 +229,8 @@ class ForkServer:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+        try:  # the server sees the end of its requests; its last reports still come back
+            self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         try:
@@ -292,13 +293,33 @@ def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
                     sel.register(pidfd, selectors.EVENT_READ, pid)
                     sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     finally:
-        for pid in children.values():
+        for pid, code in _stop_all(list(children.values())).items():
+            try:  # the asking side reads these until it sees this server exit
+                sock.sendall(json.dumps({"exit": pid, "code": code}).encode() + b"\n")
+            except OSError:
+                pass
+
+
+def _stop_all(pids: list[int], grace_s: float = 10.0) -> dict[int, int]:
+    """SIGTERM each child's process group, SIGKILL what is left after ``grace_s``, reap them all;
+    their return codes."""
+    codes: dict[int, int] = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
             try:
-                os.killpg(pid, signal.SIGTERM)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
-        for pid in children.values():
-            os.waitpid(pid, 0)
+        deadline = time.monotonic() + grace_s
+        while pids and (sig == signal.SIGKILL or time.monotonic() < deadline):
+            for pid in pids:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+            pids = [pid for pid in pids if pid not in codes]
+            if pids:
+                time.sleep(0.05)
+    return codes
 
 
 def _fork_child(request: dict, log_fd: int, sock: socket.socket) -> int:

@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
         while time.process_time() < end:
             pass
         return 0
+    if what == "stubborn":  # ignores SIGTERM: only SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        what = "sleep"
     if what == "sleep":  # until a signal ends it; its pid file says it started
         with open(argv[1], "w") as f:
             f.write(str(os.getpid()))

@@ -72,6 +72,12 @@ if server is not None:
             pass
         print(json.dumps(out), flush=True)
         os.kill(os.getpid(), 9)
+    elif case == "stubborn":
+        child = server.spawn("forked_child", ["stubborn", sys.argv[3]], log)
+        while not os.path.exists(sys.argv[3]):
+            pass
+        server.close()  # the server's end: SIGTERM, ignored, then SIGKILL
+        out["code"] = child.wait(60)
     elif case == "rusage":
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out["code"] = server.spawn("forked_child", ["burn", "0.5"], log).wait(60)
@@ -139,6 +145,13 @@ def test_a_child_dies_with_the_process_that_asked_for_it(tmp_path):
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(pid), f"forked child {pid} outlived its controller"
+
+
+def test_closing_the_server_ends_even_a_child_that_ignores_sigterm(tmp_path):
+    pid_file = tmp_path / "pid"
+    out = _drive("stubborn", str(tmp_path / "child.log"), str(pid_file))
+    assert out == {"started": True, "code": -signal.SIGKILL}
+    assert _gone(int(pid_file.read_text()))
 
 
 def test_a_childs_cpu_counts_in_the_asking_process_rusage(tmp_path):
