@@ -104,6 +104,17 @@ def _prctl(option: int, arg: int | bytes) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
+REPORT_WAIT_S = 10.0  # how long a poll waits for the report of a child whose pid is gone
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class ForkedProcess:
     """A child of the fork server, seen from the process that asked for it (``Popen``'s surface)."""
 
@@ -118,6 +129,11 @@ class ForkedProcess:
         self._exited.set()
 
     def poll(self) -> int | None:
+        """The return code once the child has exited, as ``Popen.poll``. The server reaps the child
+        before its report arrives here: a pid already gone waits for that report (moments), so a
+        caller never sees None for a child that no longer exists and then signals a missing pid."""
+        if self.returncode is None and not _exists(self.pid):
+            self._exited.wait(REPORT_WAIT_S)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -34,11 +34,17 @@ def stop_group(popen: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the child's process group, then SIGKILL it if it has not exited in ``grace_s``."""
     if popen.poll() is not None:
         return
-    os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        os.killpg(popen.pid, signal.SIGTERM)
+    except ProcessLookupError:  # exited meanwhile (a fork server's child is reaped by the server)
+        pass
     try:
         popen.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(popen.pid, signal.SIGKILL)
+        try:
+            os.killpg(popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         popen.wait()
 
 

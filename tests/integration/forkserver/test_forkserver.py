@@ -54,6 +54,14 @@ if server is not None:
         out["exit"] = server.spawn("forked_child", ["exit", "3"], log).wait(60)
         out["raise"] = server.spawn("forked_child", ["raise"], log).wait(60)
         out["missing"] = server.spawn("no_such_module_here", [], log).wait(60)
+    elif case == "poll_when_gone":  # the server reaped it: its pid is gone before its report arrives
+        child = server.spawn("forked_child", ["exit", "5"], log)
+        while True:
+            try:
+                os.kill(child.pid, 0)
+            except ProcessLookupError:
+                break
+        out["poll"] = child.poll()
     elif case == "stop":
         child = server.spawn("forked_child", ["sleep", sys.argv[3]], log)
         while not os.path.exists(sys.argv[3]):
@@ -129,6 +137,12 @@ def test_exit_codes_are_popens(tmp_path):
     text = log.read_text()
     assert "RuntimeError: raised by forked_child" in text  # the traceback an interpreter prints
     assert "No module named no_such_module_here" in text
+
+
+def test_poll_gives_the_code_of_a_child_whose_pid_is_gone(tmp_path):
+    """As Popen.poll does: never None for a child that no longer exists (stop_group would then
+    signal a missing pid; a CI run once failed on that)."""
+    assert _drive("poll_when_gone", str(tmp_path / "child.log")) == {"started": True, "poll": 5}
 
 
 def test_stop_group_ends_a_forked_child_with_its_signal(tmp_path):
