@@ -57,7 +57,7 @@ def test_train_end_to_end(tmp_path, mode):
     log = run_dir / "engine_requests.jsonl"
     served = [json.loads(line) for line in log.read_text().splitlines()]
     for r in served:
-        r["output_ids"][0] += 1
+        r["output_ids"][0] = -1  # no token id: +1 could turn one episode's tokens into a sibling's (same prompt)
     log.write_text("".join(json.dumps(r) + "\n" for r in served))
     assert sum("never served" in p for p in audit_run(run_dir)["problems"]) == len(trajectories)
 
