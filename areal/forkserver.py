@@ -53,6 +53,8 @@ import time
 import traceback
 from collections.abc import Sequence
 
+from areal.process import die_with_parent, pid_alive
+
 # What the server imports once for its children: the embedded engine's and the trainer's modules
 # with the model classes they load (the embedded family and the Llama family of SmolLM2).
 PRELOAD = (
@@ -65,7 +67,7 @@ PRELOAD = (
 # A machine with one of these has a GPU driver: its children start as new interpreters, as CUDA
 # (and ROCm) is not to be used in a child forked from a process that may have initialized it.
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
-_PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
+_PR_SET_NAME = 15
 _server: ForkServer | None = None
 
 
@@ -100,19 +102,12 @@ def _zmq_has_context() -> bool:
     return zmq.Context._instance is not None
 
 
-def _prctl(option: int, arg: int | bytes) -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+def _set_name(name: str) -> None:
+    """The process's name (``comm``: what ``top`` and ``ps -o comm`` show), at most 15 bytes."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 REPORT_WAIT_S = 10.0  # how long a poll waits for the report of a child whose pid is gone
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class ForkedProcess:
@@ -132,7 +127,7 @@ class ForkedProcess:
         """The return code once the child has exited, as ``Popen.poll``. The server reaps the child
         before its report arrives here: a pid already gone waits for that report (moments), so a
         caller never sees None for a child that no longer exists and then signals a missing pid."""
-        if self.returncode is None and not _exists(self.pid):
+        if self.returncode is None and not pid_alive(self.pid):
             self._exited.wait(REPORT_WAIT_S)
         return self.returncode
 
@@ -263,12 +258,12 @@ class ForkServer:
 def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
     global _server
     _server = None  # a child never sees its controller's server as its own
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent()
     if os.getppid() == 1:  # the controller died before the line above took effect
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C goes to the controller, which stops the run
-    _prctl(_PR_SET_NAME, b"areal-forksrv")
+    _set_name("areal-forksrv")
     import importlib
 
     for name in preload:
@@ -357,9 +352,9 @@ def _fork_child(request: dict, log_fd: int, sock: socket.socket) -> int:
 def _run_child(request: dict, log_fd: int) -> int:
     """Become ``python -m module args``; returns its exit code."""
     os.setsid()
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent()
     module: str = request["module"]
-    _prctl(_PR_SET_NAME, ".".join(module.split(".")[-2:]).encode()[:15])
+    _set_name(".".join(module.split(".")[-2:]))
     _retitle([sys.executable, "-m", module, *request["args"]])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

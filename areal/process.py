@@ -67,7 +67,8 @@ def owned_temp_dir(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"areal-{kind}-{os.getpid()}-")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -99,7 +100,28 @@ def reclaim_temp_dirs(root: str | None = None) -> list[str]:
     removed = []
     for name in sorted(os.listdir(root)):
         m = _OWNED.match(name)
-        if m and not _alive(int(m.group(2))) and os.path.isdir(os.path.join(root, name)):
+        if m and not pid_alive(int(m.group(2))) and os.path.isdir(os.path.join(root, name)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             removed.append(os.path.join(root, name))
     return removed
+
+
+def descendants(pid: int, module: bytes) -> list[int]:
+    """Descendants of ``pid`` whose command line holds ``module`` (e.g. ``b"areal.engine.server"``),
+    read from /proc over every thread's children (Linux lists a child under the thread that forked
+    it). A run's engine and trainer are children of its fork server, so below the controller."""
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            for child in children:
+                todo.append(int(child))
+                try:
+                    if module in Path(f"/proc/{child}/cmdline").read_bytes():
+                        out.append(int(child))
+                except FileNotFoundError:
+                    pass
+    return sorted(out)

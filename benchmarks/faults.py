@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from areal.process import descendants
+
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = """
 import asyncio
@@ -42,24 +44,10 @@ async def run(data, **kw):
 
 
 def _child(pid: int, module: bytes) -> int | None:
-    """The descendant of ``pid`` running ``module``: the run's engine and trainer are children of
-    its fork server (areal/forkserver.py). Linux lists a child under the thread that forked it, so
-    every thread's list is read, not only the main thread's."""
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except FileNotFoundError:  # the thread ended meanwhile
-                continue
-            for child in children:
-                todo.append(int(child))
-                try:
-                    if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                        return int(child)
-                except FileNotFoundError:
-                    pass
-    return None
+    """The descendant of ``pid`` running ``module`` (the run's engine and trainer are children of
+    its fork server)."""
+    found = descendants(pid, module)
+    return found[0] if found else None
 
 
 class _Run:

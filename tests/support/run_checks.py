@@ -26,6 +26,7 @@ from paths import ROOT
 
 from areal.controller.audit import AUDITED_RUN
 from areal.controller.trajectories import read_saved_trajectories
+from areal.process import descendants
 from areal.protocol import Trajectory
 
 
@@ -145,24 +146,8 @@ def ray_placement_failure(run_dir: Path, address: str, *overrides: str) -> str:
 
 
 def children(pid: int, module: bytes) -> list[int]:
-    """Descendants of ``pid`` running ``module`` (read from /proc, over all their threads: a child
-    started from a worker thread is listed under that thread; the run's engine and trainer are
-    children of its fork server, areal/forkserver.py; killed by PID only)."""
-    out, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                pids = (task / "children").read_text().split()
-            except FileNotFoundError:  # the thread ended
-                continue
-            for child in pids:
-                todo.append(int(child))
-                try:
-                    if module in Path(f"/proc/{child}/cmdline").read_bytes():
-                        out.append(int(child))
-                except FileNotFoundError:
-                    pass
-    return sorted(out)
+    """Descendants of ``pid`` running ``module`` (areal.process.descendants; killed by PID only)."""
+    return descendants(pid, module)
 
 
 def ray_torn_down(address: str) -> tuple[dict, dict, dict]:
