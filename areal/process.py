@@ -115,13 +115,13 @@ def descendants(pid: int, module: bytes) -> list[int]:
         for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
             try:
                 children = (task / "children").read_text().split()
-            except FileNotFoundError:  # the thread ended meanwhile
+            except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
                 continue
             for child in children:
                 todo.append(int(child))
                 try:
                     if module in Path(f"/proc/{child}/cmdline").read_bytes():
                         out.append(int(child))
-                except FileNotFoundError:
+                except (FileNotFoundError, ProcessLookupError):  # gone meanwhile: /proc answers ESRCH mid-exit
                     pass
     return sorted(out)

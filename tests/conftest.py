@@ -57,7 +57,7 @@ def xdist_unit(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``make test``'s workers (``-n 2 --dist loadfile``) take the units of ``xdist_unit``. Its rule
+    """``make test``'s workers (``-n JOBS --dist loadfile``) take the units of ``xdist_unit``. Its rule
     lives here, on the controller, which sees test ids only: pytest-xdist's ``xdist_group`` markers
     do not reach it under pytest 9 (the suffix xdist writes into ``item._nodeid`` is no longer part
     of the id), and each test then was a unit of its own, its file's fixtures started again on
