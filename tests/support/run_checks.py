@@ -85,9 +85,9 @@ def run_server() -> forkserver.ForkServer | None:
     """The test process's server for whole runs (started on first use), or None where runs start as
     new interpreters."""
     global _run_server
+    if not forkserver.wanted():  # read at each run: a test may switch it off for its own
+        return None
     if _run_server is None or not _run_server.alive():
-        if not forkserver.wanted():
-            return None
         log = tempfile.NamedTemporaryFile(prefix="areal-test-runs-forkserver-", suffix=".log", delete=False)
         log.close()
         _run_server = forkserver.ForkServer.started(RUN_PRELOAD, log.name, cwd=str(ROOT))
