@@ -343,7 +343,7 @@ def _serve(sock: socket.socket, preload: Sequence[str]) -> None:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     request = json.loads(line)
-                    mine, fds = fds[: request.get("fds", 1)], fds[request.get("fds", 1) :]  # stdout's, then stderr's
+                    mine, fds = fds[: request["fds"]], fds[request["fds"] :]  # stdout's, then stderr's
                     try:
                         pid = _fork_child(request, mine, sock)
                     except OSError as e:

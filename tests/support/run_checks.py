@@ -121,14 +121,14 @@ def run_in_repo(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedP
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         proc = server.spawn(RUN_MODULE, cmd[3:], str(out), stderr_path=str(err), cwd=str(ROOT))
         try:
-            proc.wait(timeout_s)
+            code = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
             proc.wait(60)
             raise subprocess.TimeoutExpired(
                 cmd, timeout_s, output=out.read_text(errors="replace"), stderr=err.read_text(errors="replace")
             ) from None
-        return subprocess.CompletedProcess(cmd, proc.wait(), out.read_text(errors="replace"), err.read_text(errors="replace"))
+        return subprocess.CompletedProcess(cmd, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
 def run_ok(cmd: list[str], timeout_s: float = 300) -> subprocess.CompletedProcess:
