@@ -1,15 +1,21 @@
 """``python -m areal.embedded [--with-scripted]``: build (if not cached) the embedded default
 model, and with ``--with-scripted`` the scripted test model alongside, in a second process (one
-torch thread each); print what each build measured. ``--scripted-only`` builds just the latter;
+torch thread each) at a lower priority: the default's build is the longer one, so it keeps a core
+to itself and the scripted one takes what is left (on two cores shared with other set-up, evenly
+shared cores left the default's build alone on one core for its last ~90 s); print what each build
+measured. ``--scripted-only`` builds just the latter;
 ``--agent`` also the agentic variant (``agentic.py``), after the default, its base."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
 from areal.embedded import ensure_embedded_model, ensure_scripted_model, read_build_info
+
+SCRIPTED_NICE = 10  # the scripted build beside the default's: about a tenth of a contended core's share
 
 
 def _format_acc(acc: dict[str, float]) -> str:
@@ -48,14 +54,17 @@ def main() -> None:
     parser.add_argument("--scripted-only", action="store_true", help="build only the scripted test model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
     parser.add_argument("--agent", action="store_true", help="also build the agentic variant (agentic.py), after the default")
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority by N first (os.nice)")
     args = parser.parse_args()
+    if args.nice:
+        os.nice(args.nice)
     if args.scripted_only:
         _report_scripted(str(ensure_scripted_model(args.cache_dir, progress=not args.quiet, force=args.force)))
         return
     scripted = None
     if args.with_scripted:
         # quiet: one progress bar on the terminal (this build's); it prints its summary when done
-        cmd = [sys.executable, "-m", "areal.embedded", "--scripted-only", "--quiet"]
+        cmd = [sys.executable, "-m", "areal.embedded", "--scripted-only", "--quiet", "--nice", str(SCRIPTED_NICE)]
         cmd += (["--cache-dir", args.cache_dir] if args.cache_dir else []) + (["--force"] if args.force else [])
         scripted = subprocess.Popen(cmd)
     try:

@@ -48,7 +48,7 @@ def test_model_pieces_join_back_and_a_bad_piece_is_named(tmp_path, monkeypatch):
     (gpu / "model" / "part-2").write_bytes(pieces[1])  # this call carries piece 2; piece 1 not staged
     joined, why = check._join_model_wheel(tmp_path)
     assert joined is None and "part-1 is absent" in why
-    (stage / "part-1").write_bytes(pieces[0][:-1] + b"!")
+    (stage / "part-1").write_bytes(pieces[0][:-1] + bytes([pieces[0][-1] ^ 0xFF]))  # its last byte changed, whatever it was
     assert "part-1 is corrupt" in check._join_model_wheel(tmp_path)[1]
     (stage / "part-1").write_bytes(pieces[0])  # what make gpu-stage left from an earlier call
     joined, why = check._join_model_wheel(tmp_path)
