@@ -157,16 +157,27 @@ class GatewayEngine(InferenceEngine):
 
     def rows(self, result: Any) -> dict[str, InteractionWithTokenLogpReward] | None:
         """The rows to train for ``result``: recorded rows as they are; AReaL's tensor dict
-        (batch of padded rows) as the recorded rows with those tokens, its rewards set."""
+        (batch of padded rows), or interactions the workflow built (each with ``to_tensor_dict``,
+        ``areal.experimental.openai.types``), as the recorded rows with those tokens, rewards set."""
         if result is None or (isinstance(result, Mapping) and not result):
             return None
         if isinstance(result, Mapping) and all(isinstance(v, InteractionWithTokenLogpReward) for v in result.values()):
             return dict(result)
+        if isinstance(result, Mapping) and all(callable(getattr(v, "to_tensor_dict", None)) for v in result.values()):
+            # interactions the workflow built itself (areal.experimental.openai.types): each one's row
+            out: dict[str, InteractionWithTokenLogpReward] = {}
+            for value in result.values():
+                out.update(self._recorded(value.to_tensor_dict(), taken=out))
+            return out
         if not (isinstance(result, Mapping) and "input_ids" in result):
             raise TypeError(
                 "arun_episode must return {id: InteractionWithTokenLogpReward}, AReaL's tensor dict "
                 f"(input_ids, loss_mask, rewards ...) or None, got {type(result).__name__}"
             )
+        return self._recorded(result, taken={})
+
+    def _recorded(self, result: Mapping[str, Any], taken: Mapping[str, Any]) -> dict[str, InteractionWithTokenLogpReward]:
+        """The recorded rows whose tokens AReaL's tensor dict ``result`` holds, none of ``taken``."""
         ids, mask = _rows_of(result["input_ids"]), _rows_of(result["loss_mask"])
         attention = _rows_of(result["attention_mask"]) if "attention_mask" in result else [[1] * len(r) for r in ids]
         rewards = _flat(result["rewards"])
@@ -177,7 +188,7 @@ class GatewayEngine(InferenceEngine):
         for b, (row_ids, row_mask, row_att, reward) in enumerate(zip(ids, mask, attention, rewards)):
             keep = [i for i, a in enumerate(row_att) if a]
             tokens, trained = tuple(row_ids[i] for i in keep), [int(row_mask[i]) for i in keep]
-            match = next((c for c in candidates.get(tokens, []) if c.interaction.id not in out), None)
+            match = next((c for c in candidates.get(tokens, []) if c.interaction.id not in out and c.interaction.id not in taken), None)
             if match is None:
                 raise ValueError(
                     f"row {b}: its {len(tokens)} tokens are not a sequence the engine served in this episode's agenerate calls"

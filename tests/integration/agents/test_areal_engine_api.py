@@ -7,6 +7,7 @@ scripted model's tokenizer; the run uses the embedded model.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -119,6 +120,81 @@ def test_agenerate_keeps_areals_limits(tok):
         return facade.interactions
 
     assert _with_engine(tok, go) == {}  # a refused call records nothing
+
+
+def _traced(tok, style: str):
+    from areal_examples.countdown.workflows import TracedWorkflow
+
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import GatewayEngine
+
+    workflow = TracedWorkflow(GenerationHyperparameters(), tok, style=style)
+
+    async def go(engine):
+        facade = GatewayEngine(engine)
+        result = await workflow.arun_episode(facade, _data(tok))
+        return facade, result, facade.rows(result)
+
+    return _with_engine(tok, go)
+
+
+def test_a_workflows_own_trace_in_areals_types_trains_the_recorded_chain(tok):
+    """AReaL's scaffolding controllers trace their calls as ``InteractionWithTokenLogpReward``s in
+    an ``InteractionCache``: the cache links the second call to the first by their messages, the
+    concat export is the leaf, whose row holds both calls' sampled tokens; what trains is the
+    recorded chain, with the discounted reward."""
+    from areal.experimental.openai.types import ApiType, InteractionWithTokenLogpReward
+
+    facade, exported, rows = _traced(tok, "concat")
+    ((key, leaf),) = exported.items()
+    assert key == "call-1" and isinstance(leaf, InteractionWithTokenLogpReward) and leaf.parent is not None
+    assert leaf.parent.interaction_id == "call-0" and leaf.api_type is ApiType.NONE
+    assert leaf.remaining_messages == [{"role": "user", "content": "Again?"}]
+    first, second = facade.interactions.values()
+    assert second.parent_id == first.id
+    ((rid, row),) = rows.items()
+    assert rid == second.id and row.input_ids == second.prompt_ids + second.output_ids
+    assert sum(row.loss_mask) == len(first.output_ids) + len(second.output_ids)  # both calls' samples, nothing else
+    assert row.reward == second.reward == float(len(second.output_ids) % 2)  # the last call's, undiscounted
+    tensors = leaf.to_tensor_dict()
+    assert tensors["loss_mask"][0].tolist() == row.loss_mask and tensors["rewards"].tolist() == [row.reward]
+
+
+def test_each_call_of_a_traced_workflow_exported_individually_is_its_own_recorded_row(tok):
+    """``individual`` export: every call a row of its own, matched to its recorded call and training
+    that call's samples only (the second call's prompt re-rendered from the messages); the first's
+    reward discounted from the second's (γ = 0.5), as AReaL's cache does it."""
+    facade, exported, rows = _traced(tok, "individual")
+    assert list(exported) == ["call-0", "call-1"]
+    first, second = facade.interactions.values()
+    assert set(rows) == {first.id, second.id}
+    last = float(len(second.output_ids) % 2)
+    assert rows[second.id].reward == last and rows[first.id].reward == 0.5 * last
+    for inter in (first, second):
+        assert rows[inter.id].input_ids == inter.prompt_ids + inter.output_ids
+        assert sum(rows[inter.id].loss_mask) == len(inter.output_ids)
+
+
+def test_a_traced_calls_tensor_dict_is_trained_as_recorded_and_a_forged_trace_is_refused(tok):
+    from areal.api.engine_api import GatewayEngine
+    from areal.api.io_struct import ModelResponse
+    from areal.experimental.openai.cache import InteractionCache
+    from areal.experimental.openai.types import InteractionWithTokenLogpReward
+
+    facade, tensors, rows = _traced(tok, "tensor")
+    ((rid, row),) = rows.items()
+    assert rid == list(facade.interactions)[-1] and row.input_ids == tensors["input_ids"][0].tolist()
+    forged = InteractionWithTokenLogpReward(model_response=ModelResponse(input_tokens=[1, 2], output_tokens=[3]), reward=1.0)
+    with pytest.raises(ValueError, match="not a sequence the engine served"):
+        GatewayEngine(object()).rows({"x": forged})
+    forged.output_message_list, forged.interaction_id = [], "a"
+    cache = InteractionCache()
+    assert copy.deepcopy(cache) == {}  # an empty cache copies (controllers are cloned per episode)
+    cache["a"] = forged
+    with pytest.raises(ValueError, match="copied only empty"):
+        copy.deepcopy(cache)
+    with pytest.raises(ValueError, match="'concat' export needs every interaction"):
+        cache.export_interactions("concat")  # forged is "hf": its template may change tokens between turns
 
 
 # ---- 2. RLVRWorkflow, logging, apply_chat_template ---------------------------------------------
