@@ -34,6 +34,7 @@ class WorkflowContext:
 _context: ContextVar[WorkflowContext] = ContextVar("workflow_context", default=WorkflowContext())
 _clients: ContextVar[list[Any] | None] = ContextVar("workflow_clients", default=None)
 _gateway: ContextVar[Any | None] = ContextVar("workflow_gateway", default=None)
+_door: ContextVar[tuple[Any, str] | None] = ContextVar("workflow_door", default=None)
 
 
 def set(ctx: WorkflowContext) -> None:  # noqa: A001 - AReaL's name
@@ -63,17 +64,27 @@ def gateway_config() -> Any | None:
     return _gateway.get()
 
 
+def gateway_door() -> tuple[Any, str] | None:
+    """The run's ``Gateway`` and the base URL of its HTTP door during a workflow call of a run,
+    else None (what AReaL's ``engine.addresses`` names: ``areal.api.engine_api``)."""
+    return _door.get()
+
+
 @contextlib.contextmanager
-def calling(is_eval: bool = False, task_id: int | None = None, gateway: Any | None = None) -> Iterator[list[Any]]:
-    """Run a workflow call in this context (``gateway``: the run's ``GatewayConfig``); yields
-    the list the call's clients are added to."""
+def calling(
+    is_eval: bool = False, task_id: int | None = None, gateway: Any | None = None, door: tuple[Any, str] | None = None
+) -> Iterator[list[Any]]:
+    """Run a workflow call in this context (``gateway``: the run's ``GatewayConfig``; ``door``: its
+    ``Gateway`` and HTTP door's URL); yields the list the call's clients are added to."""
     clients: list[Any] = []
     token_ctx = _context.set(WorkflowContext(is_eval=is_eval, task_id=task_id))
     token_clients = _clients.set(clients)
     token_gateway = _gateway.set(gateway)
+    token_door = _door.set(door)
     try:
         yield clients
     finally:
+        _door.reset(token_door)
         _gateway.reset(token_gateway)
         _clients.reset(token_clients)
         _context.reset(token_ctx)

@@ -57,12 +57,13 @@ async def call_workflow(
     reward_range: Sequence[float],
     task_id: int,
     gateway: Any | None = None,
+    door: tuple[Any, str] | None = None,
 ) -> WorkflowCall:
     """One call under its deadline, in a workflow context that collects its clients (and hands
-    them ``gateway``, the run's GatewayConfig)."""
+    them ``gateway``, the run's GatewayConfig, and ``door``, its Gateway and HTTP door's URL)."""
     t0 = time.monotonic()
     rows: dict[str, InteractionWithTokenLogpReward] | None = None
-    with workflow_context.calling(is_eval=False, task_id=task_id, gateway=gateway) as sessions:
+    with workflow_context.calling(is_eval=False, task_id=task_id, gateway=gateway, door=door) as sessions:
         try:
             rows = await asyncio.wait_for(workflow.arun_episode(engine, dict(data)), deadline_s)
         except TimeoutError:
@@ -92,6 +93,7 @@ class WorkflowGrouping:
         self.deadline_s, self.reward_range = deadline_s, reward_range
         self.calls_per_group: int | None = 1 if n_samples == 1 else None
         self.gateway_config: Any | None = None  # the run's GatewayConfig, once its gateway is built
+        self.door: tuple[Any, str] | None = None  # the run's Gateway and its HTTP door's URL, once served
         self._task_ids = iter(range(1 << 62))
 
     async def run_group(self, engine: Any, data: dict, group_id: str) -> list[WorkflowCall]:
@@ -107,6 +109,7 @@ class WorkflowGrouping:
                 self.reward_range,
                 next(self._task_ids),
                 self.gateway_config,
+                self.door,
             )
 
         if self.calls_per_group is not None:

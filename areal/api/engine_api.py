@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import abc
 import time
+import weakref
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,13 +68,24 @@ class GatewayEngine(InferenceEngine):
         self.config = config or InferenceEngineConfig()
         self.episode_id = episode_id
         self.sessions: list[Session] = []
-        self._session_of: dict[str, Session] = {}  # interaction id -> its Session
         self._version = 0
+        self._door = WorkflowDoor.of_run()  # the run's HTTP door (engine.addresses), None outside a run
 
     def __getattr__(self, name: str) -> Any:  # only for what this class does not define
         if "engine" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.__dict__["engine"], name)
+
+    @property
+    def addresses(self) -> list[str]:
+        """AReaL's server addresses (``host:port``): here the run's gateway HTTP door, with the
+        run's workflow session in the path. A workflow that builds its own OpenAI client on it
+        (AReaL's scaffolding worker: ``AsyncOpenAI(base_url=f"http://{addresses[0]}/v1")``) is
+        served by the gateway (Completions, Chat Completions, Responses, Messages) and recorded;
+        its rows are then matched to those calls as to ``agenerate``'s (``WorkflowDoor``)."""
+        if self._door is None:
+            raise RuntimeError("engine.addresses names the run's gateway, which only a run's workflow call has")
+        return [self._door.address]
 
     @property
     def interactions(self) -> dict[str, Interaction]:
@@ -95,7 +108,7 @@ class GatewayEngine(InferenceEngine):
                 f"max_new_tokens={g.max_new_tokens}" + (f", run context {run.context_length}" if run else "")
             )
         parent = self._parent(ids)
-        session = self._session_of[parent.id] if parent else self._open_session()
+        session = self._owner(parent.id) if parent else self._open_session()
         params: dict[str, Any] = {"max_new_tokens": max_new, "temperature": 0.0 if g.greedy else g.temperature, "top_p": g.top_p}
         if g.stop_token_ids:
             params["stop_token_ids"] = list(g.stop_token_ids)
@@ -121,7 +134,6 @@ class GatewayEngine(InferenceEngine):
             output_versions=versions,
         )
         session.interactions[inter.id] = inter
-        self._session_of[inter.id] = session
         self._version = max(self._version, version)
         return ModelResponse(
             input_tokens=list(ids),
@@ -151,7 +163,22 @@ class GatewayEngine(InferenceEngine):
         return best
 
     def _all(self) -> list[Interaction]:
-        return [i for s in self.sessions for i in s.interactions.values()]
+        """This call's recorded interactions, then the run's HTTP door's not yet claimed."""
+        own = [i for s in self.sessions for i in s.interactions.values()]
+        return own + (list(self._door.session.interactions.values()) if self._door is not None else [])
+
+    def _owner(self, interaction_id: str) -> Session:
+        session = self._session_holding(interaction_id)
+        if session is None:
+            raise KeyError(interaction_id)
+        return session
+
+    def _session_holding(self, interaction_id: str) -> Session | None:
+        for session in self.sessions:
+            if interaction_id in session.interactions:
+                return session
+        door = self._door
+        return door.session if door is not None and interaction_id in door.session.interactions else None
 
     # ---- what a workflow returned ─► the recorded rows -----------------------------------------
 
@@ -168,13 +195,24 @@ class GatewayEngine(InferenceEngine):
             out: dict[str, InteractionWithTokenLogpReward] = {}
             for value in result.values():
                 out.update(self._recorded(value.to_tensor_dict(), taken=out))
-            return out
+            return self._claimed(out)
         if not (isinstance(result, Mapping) and "input_ids" in result):
             raise TypeError(
                 "arun_episode must return {id: InteractionWithTokenLogpReward}, AReaL's tensor dict "
                 f"(input_ids, loss_mask, rewards ...) or None, got {type(result).__name__}"
             )
-        return self._recorded(result, taken={})
+        return self._claimed(self._recorded(result, taken={}))
+
+    def _claimed(self, rows: dict[str, InteractionWithTokenLogpReward]) -> dict[str, InteractionWithTokenLogpReward]:
+        """Rows of calls made over the run's HTTP door move, with their ancestors, from the door's
+        session to one of this call's own, so that no other call trains them too."""
+        if self._door is None:
+            return rows
+        mine = self._door.take([row.interaction for row in rows.values()])
+        if mine:
+            session = self._open_session()
+            session.interactions.update((i.id, i) for i in sorted(mine, key=lambda i: i.created))
+        return rows
 
     def _recorded(self, result: Mapping[str, Any], taken: Mapping[str, Any]) -> dict[str, InteractionWithTokenLogpReward]:
         """The recorded rows whose tokens AReaL's tensor dict ``result`` holds, none of ``taken``."""
@@ -197,7 +235,7 @@ class GatewayEngine(InferenceEngine):
             if extra:
                 raise ValueError(f"row {b}: loss_mask trains token {extra[0]}, which the engine did not sample")
             inter = match.interaction
-            set_reward(self._session_of[inter.id].interactions, inter.id, reward)
+            set_reward(self._owner(inter.id).interactions, inter.id, reward)
             out[inter.id] = InteractionWithTokenLogpReward(
                 interaction=inter,
                 input_ids=list(match.input_ids),
@@ -214,12 +252,70 @@ class GatewayEngine(InferenceEngine):
         for inter in self._all():
             chain = {inter.id: inter}
             node = inter
-            while node.parent_id is not None:
-                node = self._session_of[node.parent_id].interactions[node.parent_id]
+            while node.parent_id is not None and (owner := self._session_holding(node.parent_id)) is not None:
+                node = owner.interactions[node.parent_id]  # a parent claimed elsewhere meanwhile ends the walk
                 chain[node.id] = node
             row = export_interactions(dict(reversed(chain.items())), "concat")[inter.id]
             found.setdefault(tuple(row.input_ids), []).append(row)
         return found
+
+
+class WorkflowDoor:
+    """The run gateway's HTTP door as AReaL's ``engine.addresses``: one session of the run's
+    gateway, ``host:port/sessions/<key>``, for every call workflows make over HTTP.
+
+    One session for the whole run, not one per ``arun_episode``: AReaL's workflows build their
+    client on the first call and keep it (the scaffolding workflow does), so an address must serve
+    every later call too. The calls are told apart afterwards, by their tokens: each call's rows
+    are matched to the door's recorded calls (``GatewayEngine.rows``), and those claimed leave the
+    door (``take``) for the claiming call's own session, so no row is trained twice; calls claimed
+    by nobody (a failed episode's) are dropped after ``UNCLAIMED_S``. A claimed call is also taken
+    off the session's budget counters (``gateway.max_calls_per_session`` ...), which bound a
+    session, not a run. Two calls with the same tokens are interchangeable: the same row."""
+
+    UNCLAIMED_S = 3600.0
+    _of_gateway: weakref.WeakKeyDictionary[Any, WorkflowDoor] = weakref.WeakKeyDictionary()
+
+    def __init__(self, gateway: Any, url: str) -> None:
+        self.gateway = gateway
+        self.key = gateway.open_session("workflow-http")
+        self.session: Session = gateway.sessions[self.key]
+        self.address = f"{url.split('://', 1)[-1]}/sessions/{self.key}"
+
+    @classmethod
+    def of_run(cls) -> WorkflowDoor | None:
+        """The door of the run whose workflow call this is (made at its first use), else None."""
+        run = workflow_context.gateway_door()
+        if run is None:
+            return None
+        gateway, url = run
+        door = cls._of_gateway.get(gateway)
+        if door is None or door.session.closed or door.key not in gateway.sessions:
+            door = cls._of_gateway[gateway] = cls(gateway, url)
+        return door
+
+    def take(self, interactions: list[Interaction]) -> list[Interaction]:
+        """Remove ``interactions`` that are the door's, and their ancestors that no call left at
+        the door extends (a call with the same tokens in another episode may); return them."""
+        calls = self.session.interactions
+        taken = {i.id: calls.pop(i.id) for i in interactions if i.id in calls}
+        extending = Counter(i.parent_id for i in calls.values())
+        above = [i.parent_id for i in taken.values()]
+        while above:
+            pid = above.pop()
+            if pid is None or pid not in calls or extending[pid]:
+                continue
+            node = taken[pid] = calls.pop(pid)
+            extending[node.parent_id] -= 1
+            above.append(node.parent_id)
+        for inter in taken.values():
+            self.session.calls_made -= 1
+            self.session.tokens_charged -= len(inter.output_ids)
+        stale = time.time() - self.UNCLAIMED_S
+        for inter in [i for i in calls.values() if i.created < stale]:
+            del calls[inter.id]
+        self.session.last_used = time.monotonic()  # in use while the run claims calls: never idle-expired
+        return list(taken.values())
 
 
 class RecordedWorkflow:

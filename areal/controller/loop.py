@@ -291,6 +291,8 @@ class Controller:
         stack.callback(zmq_task.cancel)
         http_runner, http_url = await serve_http(gateway, cfg.rollout.openai.online_host, cfg.rollout.openai.online_port)
         stack.push_async_callback(http_runner.cleanup)
+        if self.grouping is not None:  # a workflow's own HTTP clients (AReaL's engine.addresses) reach it there
+            self.grouping.door = (gateway, http_url)
         return engines, gateway, http_url
 
     async def _start_trainer_side(

@@ -161,6 +161,7 @@ class Choice(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[TokenLogprob] | None = None
+    token_ids: list[int] = []  # the ids sampled, where a front-end returns them (completions.py)
 
 
 class ChoiceDelta(msgspec.Struct):

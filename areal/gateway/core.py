@@ -78,11 +78,13 @@ from areal.gateway.assistant_turn import apply_reasoning, check_prefill, continu
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn, context_exceeded
 from areal.gateway.generation import (
     all_or_none,
+    check_sampling,
     choice_ids,
     engine_kwargs,
     engine_params,
     finish_choice,
     forced_text,
+    prompt_choice,
     session_closed,
     stream_choices,
     validate_turn,
@@ -476,6 +478,37 @@ class Gateway:
             self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn, session))
             for i in range(s.n)
         ]
+        results = await self._sampled(session, calls, s.max_tokens)
+        ids = choice_ids(s.n, response_id)
+        return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
+
+    async def complete_prompt(self, session: Session, ids: list[int], s: Sampling, *, response_id: str | None = None) -> list[Choice]:
+        """All n choices of a prompt given as ids, no chat template (the Completions API, ``completions``),
+        recorded with the session's call whose prompt and sampled ids ``ids`` extend as the parent."""
+        check_sampling(s, self.config)
+        context = self.config.context_length
+        if self.config.fit_max_tokens and len(ids) < context:
+            s.max_tokens = min(s.max_tokens, context - len(ids))
+        if not ids or len(ids) + s.max_tokens > context:
+            raise context_exceeded(f"prompt of {len(ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}")
+        params: dict[str, Any] = {"max_new_tokens": s.max_tokens, "top_p": s.top_p, "stop_token_ids": self.stop_token_ids}
+        params["temperature"] = s.temperature if session.temperature is None else session.temperature
+        if s.stop:
+            params["stop"] = list(s.stop)
+        for key, off in (("top_k", -1), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(s, key) != off:
+                params[key] = getattr(s, key)
+        self._admit(session, s)
+        kwargs: dict[str, Any] = {"session_key": session.episode_id}
+        if s.top_logprobs:
+            kwargs["top_logprobs_num"] = s.top_logprobs
+        calls = [self.engine.generate(ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
+        results = await self._sampled(session, calls, s.max_tokens)
+        return [prompt_choice(self, session, ids, s, i, cid, r) for i, (cid, r) in enumerate(zip(choice_ids(s.n, response_id), results))]
+
+    async def _sampled(self, session: Session, calls: list[Any], reserved: int) -> list[Any]:
+        """The engine's results of ``calls``, one request's choices, as the session's task: a
+        close of the session cancels them (a 401). Each choice's unused reservation is refunded."""
         # This request's task is the session's while it awaits the engine: close_session cancels
         # it, and the cancellation reaches the engine calls.
         task = asyncio.current_task()
@@ -483,7 +516,7 @@ class Gateway:
         session.engine_tasks.add(task)
         try:
             # one choice: awaited directly, sparing gather's task (~10 µs of a ~100 µs request)
-            results = [await calls[0]] if s.n == 1 else await all_or_none(calls)
+            results = [await calls[0]] if len(calls) == 1 else await all_or_none(calls)
         except asyncio.CancelledError:
             if session.closed and task.uncancel() == 0:  # cancelled by close_session alone: answered
                 raise session_closed() from None
@@ -493,9 +526,8 @@ class Gateway:
         if session.closed:  # closed as the answers came in: nothing is recorded into a closed session
             raise session_closed()
         for r in results:
-            session.refund(s.max_tokens, len(r.output_ids))
-        ids = choice_ids(s.n, response_id)
-        return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
+            session.refund(reserved, len(r.output_ids))
+        return results
 
     async def complete_stream(self, session: Session, turn: Turn, *, response_id: str | None = None) -> AsyncIterator[ChoiceDelta]:
         """Deltas as the engine produces tokens; each choice's "done" delta is its last. A request

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from areal.gateway.assistant_turn import prefill_text
-from areal.gateway.contract import Choice, ChoiceDelta, RequestError, TokenLogprob, Turn, as_system, check_number, new_id
+from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, TokenLogprob, Turn, as_system, check_number, new_id
 from areal.gateway.parsers import ParsedOutput, StreamParser, forced_tool_prefix, parse_output, takes_no_arguments
 from areal.gateway.render import Prompt
 from areal.gateway.tree import Interaction
@@ -89,7 +89,12 @@ def validate_turn(turn: Turn, config: GatewayConfig, renders_developer: bool = T
             )
         ):
             raise RequestError(400, f"messages[{i}].tool_calls must be a list of function calls", param=f"messages[{i}].tool_calls")
-    s = turn.sampling
+    check_sampling(turn.sampling, config)
+    _validate_tools(turn, config)
+
+
+def check_sampling(s: Sampling, config: GatewayConfig) -> None:
+    """A 400 naming the parameter of ``s`` that is out of its range (every front-end's sampling)."""
     check_number("max_tokens", s.max_tokens, 1, config.max_tokens_cap, integer=True)
     check_number("temperature", s.temperature, 0.0, 2.0)
     check_number("top_p", s.top_p, 1e-9, 1.0)
@@ -105,7 +110,6 @@ def validate_turn(turn: Turn, config: GatewayConfig, renders_developer: bool = T
     check_number("top_logprobs", s.top_logprobs, 0, _MAX_TOP_LOGPROBS, integer=True)
     if s.top_logprobs and not s.logprobs:
         raise RequestError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-    _validate_tools(turn, config)
 
 
 def _join_text_parts(parts: list, where: str) -> str:
@@ -292,6 +296,50 @@ def record_choice(
         prompt_tokens=len(prompt.ids),
         completion_tokens=len(ids),
         logprobs=_token_logprobs(gateway, ids, lps, getattr(result, "output_top_logprobs", [])) if turn.sampling.logprobs else None,
+    )
+
+
+def prompt_choice(
+    gateway: Gateway, session: Session, prompt_ids: list[int], s: Sampling, index: int, interaction_id: str, result: Any
+) -> Choice:
+    """A raw prompt's finished engine result (``Gateway.complete_prompt``) -> its recorded Choice:
+    the text cut at the first stop string, unparsed; the parent is the session's longest call whose
+    prompt and sampled ids ``prompt_ids`` start with."""
+    ids, keep, finish = result.output_ids, len(result.output_ids), result.finish_reason
+    text = gateway.decode_text(ids)
+    cut = _cut_at_stop(gateway.decode_text, ids, text, s.stop)
+    if cut is not None:
+        (keep, text), finish = cut, "stop"
+    parent, longest = None, 0
+    for earlier in session.interactions.values():
+        n = len(earlier.prompt_ids) + len(earlier.output_ids)
+        if longest < n <= len(prompt_ids) and prompt_ids[:n] == earlier.prompt_ids + earlier.output_ids:
+            parent, longest = earlier.id, n
+    raw = getattr(result, "output_versions", [])[:keep]
+    inter = Interaction(
+        id=interaction_id,
+        prompt_ids=prompt_ids,
+        output_ids=ids[:keep],
+        output_logprobs=result.output_logprobs[:keep],
+        version=parse_version(result.weight_version),
+        finish_reason=finish,
+        created=time.time(),
+        parent_id=parent,
+        output_versions=[parse_version(v) for v in raw],
+        max_tokens=s.max_tokens,
+    )
+    session.interactions[inter.id] = inter
+    return Choice(
+        index=index,
+        interaction_id=inter.id,
+        parsed=ParsedOutput(content=text),
+        finish_reason=finish,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=keep,
+        logprobs=_token_logprobs(gateway, inter.output_ids, inter.output_logprobs, getattr(result, "output_top_logprobs", []))
+        if s.logprobs
+        else None,
+        token_ids=inter.output_ids,
     )
 
 

@@ -1,6 +1,7 @@
 """Routing of one HTTP exchange: authentication, the front-ends, rewards, admin, error shapes.
 
     POST /v1/chat/completions   session key   chat.handle
+    POST /v1/completions        session key   completions.handle (a prompt the client wrote; no template)
     POST /v1/responses          session key   responses.handle
     POST /v1/messages           session key   anthropic.handle (errors in Anthropic's shape, as on
                                               every path under /v1/messages/)
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from areal.engine.client import EngineError, EngineUnavailable
-from areal.gateway import anthropic, branching, chat, responses
+from areal.gateway import anthropic, branching, chat, completions, responses
 from areal.gateway.contract import Reply, RequestError
 from areal.protocol import GatewayRequest
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 _FRONT_ENDS = {
     "/v1/chat/completions": chat.handle,
+    "/v1/completions": completions.handle,
     "/v1/responses": responses.handle,
     "/v1/messages": anthropic.handle,
     "/v1/messages/count_tokens": anthropic.count_tokens,

@@ -326,3 +326,45 @@ def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
     assert {len(t.array("row_lens")) for t in published} == {1}  # one row per call: n_samples calls per group
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["status"] == "ok" for e in episodes)
+
+
+def test_engine_addresses_outside_a_run_says_what_it_names(tok):
+    from areal.api.engine_api import GatewayEngine
+
+    with pytest.raises(RuntimeError, match="names the run's gateway"):
+        GatewayEngine(object()).addresses  # noqa: B018 -- the property is what is tested
+
+
+@pytest.mark.e2e
+def test_a_scaffolding_workflows_own_client_on_engine_addresses_trains_the_tokens_the_engine_served(tmp_path):
+    """AReaL's scaffolding shape: the workflow's own OpenAI client on ``engine.addresses[0]``, made
+    at the first episode and kept for every later one, asks the Completions API with a prompt it
+    rendered itself; each episode's row (its own prompt ids + the reply's ``token_ids``, placeholder
+    logprobs) is matched to the call the gateway recorded and trained with the engine's logprobs,
+    each call trained once."""
+    from run_checks import check_trained_as_sampled
+
+    from areal.aio import run
+    from areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal.controller.loop import train
+    from areal.experimental.trainer import plan_workflow, to_train_config
+
+    overrides = ["gconfig.n_samples=2", "gconfig.max_new_tokens=8", "train_dataset.batch_size=2", "rollout.openai.mode=inline"]
+    config, _ = load_expr_config([*overrides, "total_train_steps=3", f"cluster.fileroot={tmp_path}"], GRPOConfig)
+    kwargs = {"reward_fn": f"{WORKFLOWS}.token_parity_reward", "gconfig": config.gconfig, "tokenizer": "embedded", "enable_thinking": False}
+    plan = plan_workflow("areal_examples.scaffolding.workflow.ScaffoldingWorkflow", kwargs, config.rollout)
+    tcfg = to_train_config(config, plan.spec, 8, 0, True)
+    tcfg = dataclasses.replace(
+        tcfg,
+        save_trajectories=True,
+        engine=dataclasses.replace(tcfg.engine, request_log=True),
+        rollout=dataclasses.replace(tcfg.rollout, max_head_offpolicyness=0),
+    )
+    run_dir = tmp_path / "run"
+    run(train(tcfg, run_dir, agent=plan.obj))
+    assert plan.obj.workflow.worker is not None  # one client, made at the first episode, served every later one
+    published = check_trained_as_sampled(run_dir)
+    rows = [t.array("row_lens") for t in published]
+    assert rows and {len(r) for r in rows} == {1}
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) >= 6 and all(e["status"] == "ok" for e in episodes)

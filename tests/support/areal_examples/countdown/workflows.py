@@ -96,6 +96,11 @@ def parity_reward(prompt, completions, prompt_ids, completion_ids, **data):
     return float(len(completion_ids) % 2)
 
 
+def token_parity_reward(prompt, completions, prompt_ids, completion_ids, **data):
+    """The parity of the sampled ids' sum: differs within a group whatever lengths the replies have."""
+    return float(sum(completion_ids) % 2)
+
+
 class TracedWorkflow(RolloutWorkflow):
     """In the shape of AReaL's scaffolding controllers: the workflow traces its own calls, each an
     ``InteractionWithTokenLogpReward`` built from the engine's ``ModelResponse`` and kept in an
