@@ -290,8 +290,15 @@ class WorkflowDoor:
             return None
         gateway, url = run
         door = cls._of_gateway.get(gateway)
-        if door is None or door.session.closed or door.key not in gateway.sessions:
+        if door is None:
             door = cls._of_gateway[gateway] = cls(gateway, url)
+        elif door.key not in gateway.sessions:  # expired or closed: the same key again, for the clients that keep it
+            if door.key in gateway.expired:
+                gateway.close_session(door.key)
+            calls = door.session.interactions
+            gateway.open_session("workflow-http", key=door.key)
+            door.session = gateway.sessions[door.key]
+            door.session.interactions.update(calls)
         return door
 
     def take(self, interactions: list[Interaction]) -> list[Interaction]:
@@ -308,12 +315,11 @@ class WorkflowDoor:
             node = taken[pid] = calls.pop(pid)
             extending[node.parent_id] -= 1
             above.append(node.parent_id)
-        for inter in taken.values():
+        stale = time.time() - self.UNCLAIMED_S
+        dropped = [calls.pop(i.id) for i in list(calls.values()) if i.created < stale]
+        for inter in [*taken.values(), *dropped]:
             self.session.calls_made -= 1
             self.session.tokens_charged -= len(inter.output_ids)
-        stale = time.time() - self.UNCLAIMED_S
-        for inter in [i for i in calls.values() if i.created < stale]:
-            del calls[inter.id]
         self.session.last_used = time.monotonic()  # in use while the run claims calls: never idle-expired
         return list(taken.values())
 

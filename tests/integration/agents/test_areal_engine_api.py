@@ -368,3 +368,46 @@ def test_a_scaffolding_workflows_own_client_on_engine_addresses_trains_the_token
     assert rows and {len(r) for r in rows} == {1}
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) >= 6 and all(e["status"] == "ok" for e in episodes)
+
+
+def test_the_workflow_door_serves_every_episode_and_each_call_is_claimed_once(tok):
+    """``engine.addresses`` is one session of the run's gateway for the whole run (AReaL's clients
+    keep the first address they get): a call made there is trained by the episode whose row holds
+    its tokens, leaves the door with its ancestors, and cannot be claimed again; an expired door
+    comes back under the same key, its unclaimed calls kept."""
+    import asyncio
+
+    from scripted_engine import ScriptedEngine
+
+    from areal import workflow_context
+    from areal.api.engine_api import GatewayEngine
+    from areal.gateway.contract import Sampling
+    from areal.gateway.core import Gateway
+
+    gateway = Gateway(ScriptedEngine(tok, [("4", "<|im_end|>"), ("2", "<|im_end|>"), ("7", "<|im_end|>")]), tok)
+    prompt = tok.encode("<|im_start|>user\n6*7?<|im_end|>\n<|im_start|>assistant\n")
+
+    async def go():
+        with workflow_context.calling(door=(gateway, "http://127.0.0.1:9")):
+            first, second = GatewayEngine(object()), GatewayEngine(object())
+            door = first._door
+            assert first.addresses == second.addresses == [f"127.0.0.1:9/sessions/{door.key}"]
+            (a,) = await gateway.complete_prompt(door.session, prompt, Sampling(max_tokens=4))
+            root = door.session.interactions[a.interaction_id]
+            (b,) = await gateway.complete_prompt(door.session, root.prompt_ids + root.output_ids, Sampling(max_tokens=4))
+            (c,) = await gateway.complete_prompt(door.session, prompt, Sampling(max_tokens=4))  # another episode's call
+            leaf = door.session.interactions[b.interaction_id]
+            assert leaf.parent_id == root.id
+            row = {"input_ids": [leaf.prompt_ids + leaf.output_ids], "loss_mask": [[0] * len(leaf.prompt_ids) + [1] * len(leaf.output_ids)]}
+            rows = first.rows({**row, "rewards": [1.0]})
+            assert list(rows) == [leaf.id] and rows[leaf.id].logprobs[-1] == -0.5  # the engine's logprob, not the row's
+            assert set(door.session.interactions) == {c.interaction_id}  # the chain left the door, the other call stayed
+            assert {i for s in first.sessions for i in s.interactions} == {root.id, leaf.id}
+            with pytest.raises(ValueError, match="not a sequence the engine served"):
+                second.rows({**row, "rewards": [0.0]})  # trained once
+            gateway.expire_idle(now=door.session.last_used + 2 * gateway.config.session_idle_s)
+            assert door.key not in gateway.sessions
+            third = GatewayEngine(object())
+            assert third.addresses == first.addresses and set(door.session.interactions) == {c.interaction_id}
+
+    asyncio.run(go())
