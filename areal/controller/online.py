@@ -4,7 +4,7 @@ the gateway's HTTP door; the run trains on them as on sandboxed episodes.
 
     external client ──POST /rl/start_session (admin key)──► OnlineSessions.start ─┐ claims the oldest
         │                                                                          │ waiting episode slot
-        │  ◄── 201 {session_id, api_key} ◄── gateway.open_session(episode, key) ◄──┘ (waits for one)
+        │  ◄── 200 {session_id, api_key} ◄── gateway.open_session(episode, key) ◄──┘ (waits for one)
         ├── /v1/chat/completions, /v1/responses, /v1/messages (Bearer api_key): recorded as any episode's
         ├── POST /rl/set_reward {reward[, interaction_id]} (Bearer api_key)
         └── POST /rl/start_session {api_key} again (a refresh), or POST /rl/end_session (Bearer api_key)
@@ -200,8 +200,9 @@ class OnlineSessions:
         self.started += 1
         slot.claimed.set_result(None)
         credentials = {"session_id": slot.episode_id, "session_api_key": slot.key}
+        # 200, as AReaL's gateway answers: its scripts (examples/openclaw's demo_lifecycle.py) check for exactly that
         return Reply(
-            status=201, body={"session_id": slot.episode_id, "api_key": slot.key, "group_id": slot.episode_id, "sessions": [credentials]}
+            status=200, body={"session_id": slot.episode_id, "api_key": slot.key, "group_id": slot.episode_id, "sessions": [credentials]}
         )
 
     def end(self, key: str) -> Reply:

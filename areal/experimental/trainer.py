@@ -272,18 +272,21 @@ class PPOTrainer:
 
     def train(
         self,
-        workflow: Any,
+        workflow: Any = None,
         eval_workflow: Any = None,
         workflow_kwargs: dict[str, Any] | None = None,
         eval_workflow_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Train with ``workflow`` until ``total_train_steps``; returns the run's summary."""
+        """Train with ``workflow`` until ``total_train_steps``; returns the run's summary. Online
+        (``rollout.agent.mode: online``) there is none: ``train()``, as AReaL's online examples call it."""
         from areal.controller.loop import train as controller_train  # deferred: the controller pulls in zmq, torch-free but heavy
 
         if self.config.rollout.openai.mode == "online":  # the agents run outside the run (areal/controller/online.py)
             if workflow is not None:
                 raise ValueError("rollout.agent.mode=online trains on external agents' sessions: call train(workflow=None)")
             plan = WorkflowPlan(None, None, "spec")
+        elif workflow is None:
+            raise ValueError("train() needs a workflow (an agent or a RolloutWorkflow), unless rollout.agent.mode is online")
         else:
             plan = plan_workflow(workflow, workflow_kwargs, self.config.rollout)
         embedded = self.train_dataset is None or isinstance(self.train_dataset, EmbeddedDataset)

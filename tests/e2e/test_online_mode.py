@@ -5,7 +5,7 @@ end or refresh the session; the run trains on those sessions.
 The external agent here is a thread of the test process (the OpenAI SDK, given the gateway's root
 as its base URL, as AReaL's online examples configure theirs), against a real run on the scripted
 model: ``python -m areal.train rollout.openai.mode=online``, and an AReaL-shaped online script
-(``PPOTrainer(...).train(workflow=None)`` with AReaL's online config keys) through
+(``PPOTrainer(config).train()`` with AReaL's online config keys) through
 ``python -m areal.launcher.local``. Checked: the refusals (a wrong admin key, a key the run did not
 issue, a reward that is no number), a refresh reusing its key, every session trained with the
 reward its client set (an unrewarded one with 0), the step's sessions forming one group.
@@ -69,7 +69,7 @@ def _external_agent(root: str, rewards: list[float | None]) -> list[str]:
         ids, key = [], None
         for i, reward in enumerate(rewards):
             started = http.post("/rl/start_session", json={"task_id": f"t{i}", **({"api_key": key} if key else {})}, headers=admin)
-            assert started.status_code == 201, started.text
+            assert started.status_code == 200, started.text
             body = started.json()
             assert key is None or body["api_key"] == key  # a refresh keeps the key the agent was configured with
             key = body["api_key"]
@@ -145,8 +145,8 @@ from areal.api.cli_args import PPOConfig, load_expr_config
 
 if __name__ == "__main__":
     config, _ = load_expr_config(sys.argv[1:], PPOConfig)
-    with PPOTrainer(config, train_dataset=None, valid_dataset=None) as trainer:
-        trainer.train(workflow=None)
+    with PPOTrainer(config) as trainer:  # as AReaL's openclaw example: no datasets, train() with no workflow
+        trainer.train()
 '''
 
 ONLINE_CONFIG = """experiment_name: online-rl
