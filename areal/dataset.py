@@ -215,7 +215,8 @@ def _read_hf_folder(path: Path, split: str) -> list[dict[str, Any]]:
 def normalize_row(row: dict[str, Any], index: int, need_answer: bool = True) -> dict[str, Any]:
     """One row in the common shape (see the module docstring); ``ValueError`` naming the row.
     ``need_answer=False``: a row without ``answer`` is kept as it is (a workflow object scores its
-    rows itself, from whatever fields they carry: AReaL's boba rows hold ``solutions``)."""
+    rows itself, from whatever fields they carry: AReaL's boba rows hold ``solutions``), and so is
+    one without a prompt field (the workflow builds its prompt itself)."""
     if not isinstance(row, dict):
         raise ValueError(f"dataset row {index} is not an object: {row!r}")
     out = dict(row)
@@ -226,6 +227,8 @@ def normalize_row(row: dict[str, Any], index: int, need_answer: bool = True) -> 
         out.setdefault("question", msgs[-1]["content"])
     else:
         question = row.get("question", row.get("prompt"))
+        if not isinstance(question, str) and not need_answer:
+            return out  # its own fields only (AReaL's countdown rows: an already templated `query`, `numbers`, `target`)
         if not isinstance(question, str):
             raise ValueError(f"dataset row {index} needs `messages`, `question` or `prompt`; keys: {sorted(row)}")
         out["question"] = question

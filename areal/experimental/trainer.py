@@ -103,6 +103,18 @@ def train_steps(config: PPOConfig, n_rows: int) -> int:
     return config.total_train_epochs * max(1, math.ceil(n_rows / config.train_dataset.batch_size))
 
 
+def without_evaluation(tcfg: TrainConfig) -> TrainConfig:
+    """A run given no valid_dataset evaluates nothing during training, as AReaL (which evaluates
+    only the valid_dataset it is handed; its countdown script hands none) does, where this system
+    would refuse ``evaluator.freq_steps`` without held-out rows: set to 0, with a warning."""
+    if not tcfg.data.eval_every:
+        return tcfg
+    logging.getLogger(__name__).warning(
+        "evaluator.freq_steps=%d: no valid_dataset was given, so nothing is evaluated during training", tcfg.data.eval_every
+    )
+    return dataclasses.replace(tcfg, data=dataclasses.replace(tcfg.data, eval_every=0))
+
+
 def to_train_config(
     config: PPOConfig, agent_spec: str | None, n_train: int, n_eval: int, embedded_data: bool, agent_kwargs: dict[str, Any] | None = None
 ) -> TrainConfig:
@@ -295,6 +307,8 @@ class PPOTrainer:
         n_train = len(self.train_dataset) if self.train_dataset is not None else DataConfig.train_size
         n_eval = len(self.valid_dataset) if isinstance(self.valid_dataset, EmbeddedDataset) else 0
         tcfg = to_train_config(self.config, plan.spec, n_train, n_eval, embedded, plan.kwargs)
+        if not embedded and not self.valid_dataset:
+            tcfg = without_evaluation(tcfg)
         tcfg = with_workflow_temperatures(tcfg, workflow_kwargs, eval_workflow_kwargs)
         extra: dict[str, Any] = {}
         if plan.obj is not None:

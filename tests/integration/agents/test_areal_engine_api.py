@@ -241,6 +241,12 @@ def test_a_workflows_rows_carry_their_own_fields_and_need_no_answer(tok, tmp_pat
     workflow = RLVRWorkflow(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=GenerationHyperparameters(), tokenizer=tok)
     run = Controller(TrainConfig(), tmp_path, agent=workflow, dataset=rows)
     assert run.dataset == [{**rows[0], "question": "What is 6 * 7?", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}]
+    countdown = [{"query": "<|im_start|>user\nReach 24 with 3, 5, 8<|im_end|>\n", "numbers": [3, 5, 8], "target": 24}]
+    assert (
+        Controller(TrainConfig(), tmp_path, agent=workflow, dataset=countdown).dataset == countdown
+    )  # AReaL's countdown rows: no prompt field
+    with pytest.raises(ValueError, match="dataset row 0 needs `messages`, `question` or `prompt`"):
+        Controller(TrainConfig(), tmp_path, dataset=countdown)  # the run's own agent needs one
     with pytest.raises(ValueError, match="dataset row 0 has no `answer`; keys: \\['prompt', 'solutions'\\]"):
         Controller(TrainConfig(), tmp_path, dataset=rows)
     with pytest.raises(ValueError, match="dataset row 0 has no `answer`"):
@@ -296,6 +302,20 @@ def test_an_unset_max_tokens_is_areals_default_capped_at_the_models_positions(tm
     assert gateway_config(tcfg.gateway, model, lambda _: None).context_length == min(positions, AREAL_MAX_TOKENS)
     set_config, _ = load_expr_config(["gconfig.max_tokens=300", "rollout.context_length=200"], GRPOConfig)
     assert to_train_config(set_config, None, 8, 0, True).gateway.context_length == 200  # what a config sets still holds
+
+
+def test_without_a_valid_dataset_nothing_is_evaluated_during_training_as_in_areal(caplog):
+    """AReaL's countdown script hands PPOTrainer no valid_dataset and its config sets
+    evaluator.freq_steps: AReaL evaluates nothing then; here the setting becomes 0, said in a warning."""
+    from areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal.experimental.trainer import to_train_config, without_evaluation
+
+    config, _ = load_expr_config(["evaluator.freq_steps=10"], GRPOConfig)
+    tcfg = to_train_config(config, None, 8, 0, False)
+    assert tcfg.data.eval_every == 10
+    with caplog.at_level("WARNING"):
+        assert without_evaluation(tcfg).data.eval_every == 0
+    assert "no valid_dataset was given" in caplog.text
 
 
 # ---- a whole run: an AReaL workflow's tokens trained as the engine served them ----------------
