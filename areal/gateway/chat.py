@@ -43,6 +43,8 @@ from areal.gateway.contract import (
     RequestError,
     Sampling,
     Turn,
+    check_parameters,
+    given,
     new_id,
     reasoning_effort,
     sampling_extensions,
@@ -83,12 +85,7 @@ SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
 def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
     """Validate the parameters this front-end owns; numbers and messages are checked by the core."""
-    for key, value in body.items():
-        if key in _NOOP_VALUES:
-            if value not in _NOOP_VALUES[key]:
-                raise RequestError(400, f"{key}={value!r} is not supported by this gateway", param=key)
-        elif key not in _HONOURED and key not in _NEUTRAL:
-            raise RequestError(400, f"unsupported parameter: {key}", param=key)
+    check_parameters(body, _HONOURED, _NEUTRAL, _NOOP_VALUES, "this gateway")
     for key in ("stream", "logprobs", "parallel_tool_calls", "continue_final_message"):
         if not isinstance(body.get(key, False), bool):
             raise RequestError(400, f"{key} must be a boolean", param=key)
@@ -102,13 +99,13 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sampling = Sampling(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=_default(body, "temperature", 1.0),
-        top_p=_default(body, "top_p", 1.0),
+        temperature=given(body, "temperature", 1.0),
+        top_p=given(body, "top_p", 1.0),
         seed=body.get("seed"),
         stop=stops,
-        n=_default(body, "n", 1),
+        n=given(body, "n", 1),
         logprobs=body.get("logprobs") or False,
-        top_logprobs=_default(body, "top_logprobs", 0),
+        top_logprobs=given(body, "top_logprobs", 0),
         **sampling_extensions(body),
     )
     return Turn(
@@ -121,10 +118,6 @@ def request_to_turn(body: dict, default_max_tokens: int) -> Turn:
         continue_final=bool(body.get("continue_final_message")),
         reasoning_effort=reasoning_effort(body.get("reasoning_effort"), "reasoning_effort"),
     )
-
-
-def _default(body: dict, key: str, value: Any) -> Any:
-    return value if body.get(key) is None else body[key]  # the SDKs send null for "unset"
 
 
 async def handle(gateway: Gateway, session: Session, body: dict) -> Reply:

@@ -26,7 +26,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.contract import EXTENSION_FIELDS, Choice, Reply, RequestError, Sampling, new_id, sampling_extensions
+from areal.gateway.contract import (
+    EXTENSION_FIELDS,
+    Choice,
+    Reply,
+    RequestError,
+    Sampling,
+    check_parameters,
+    given,
+    new_id,
+    sampling_extensions,
+)
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
@@ -43,33 +53,24 @@ _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _default(body: dict, key: str, value: Any) -> Any:
-    return value if body.get(key) is None else body[key]  # the SDKs send null for "unset"
-
-
 def request_sampling(body: dict, default_max_tokens: int) -> Sampling:
     """The body's sampling; a 400 naming a parameter this front-end cannot honour."""
-    for key, value in body.items():
-        if key in _NOOP_VALUES:
-            if value not in _NOOP_VALUES[key]:
-                raise RequestError(400, f"{key}={value!r} is not supported by this gateway's /v1/completions", param=key)
-        elif key not in _HONOURED and key not in _NEUTRAL:
-            raise RequestError(400, f"unsupported parameter: {key}", param=key)
+    check_parameters(body, _HONOURED, _NEUTRAL, _NOOP_VALUES, "this gateway's /v1/completions")
     if body.get("echo") not in (None, False):
         raise RequestError(400, "echo=true is not supported: the reply holds the sampled text only", param="echo")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 5):
         raise RequestError(400, f"logprobs must be an integer in [0, 5] (OpenAI's), got {logprobs!r}", param="logprobs")
-    n = _default(body, "n", 1)
+    n = given(body, "n", 1)
     if body.get("best_of") not in (None, n):
         raise RequestError(
             400, f"best_of={body['best_of']!r} is not supported: every sampled choice is returned (best_of = n)", param="best_of"
         )
     stop = body.get("stop")
     return Sampling(
-        max_tokens=_default(body, "max_tokens", default_max_tokens),
-        temperature=_default(body, "temperature", 1.0),
-        top_p=_default(body, "top_p", 1.0),
+        max_tokens=given(body, "max_tokens", default_max_tokens),
+        temperature=given(body, "temperature", 1.0),
+        top_p=given(body, "top_p", 1.0),
         seed=body.get("seed"),
         stop=[] if stop is None else [stop] if isinstance(stop, str) else stop,
         n=n,

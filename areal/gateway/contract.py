@@ -87,6 +87,22 @@ def sampling_extensions(body: dict) -> dict:
     return {k: (d if body.get(k) is None else body[k]) for k, d in defaults.items()}
 
 
+def check_parameters(body: dict, honoured: set[str], neutral: set[str], noop: dict[str, tuple[Any, ...]], where: str) -> None:
+    """A 400 naming the first parameter of ``body`` a front-end neither honours nor ignores
+    (``neutral``: changes no token), or that it takes only at a value of ``noop`` (a penalty at 0)."""
+    for key, value in body.items():
+        if key in noop:
+            if value not in noop[key]:
+                raise RequestError(400, f"{key}={value!r} is not supported by {where}", param=key)
+        elif key not in honoured and key not in neutral:
+            raise RequestError(400, f"unsupported parameter: {key}", param=key)
+
+
+def given(body: dict, key: str, default: Any) -> Any:
+    """``body[key]``, or ``default`` when it is absent or null (the SDKs send null for "unset")."""
+    return default if body.get(key) is None else body[key]
+
+
 def check_number(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> None:
     """A 400 naming ``name`` unless ``value`` is a number (``integer``: an int) in [lo, hi]; a bool is neither."""
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))

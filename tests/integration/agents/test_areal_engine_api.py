@@ -321,8 +321,9 @@ def test_without_a_valid_dataset_nothing_is_evaluated_during_training_as_in_area
 # ---- a whole run: an AReaL workflow's tokens trained as the engine served them ----------------
 
 
-@pytest.mark.e2e
-def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
+def _trained_workflow_run(tmp_path, workflow: str, kwargs: dict):
+    """Three steps of ``workflow`` (2 groups of 2 calls, inline, staleness bound 0) on the embedded
+    model, checked trained as sampled (``run_checks``); (the plan, the published trajectories, the run dir)."""
     from run_checks import check_trained_as_sampled
 
     from areal.aio import run
@@ -332,7 +333,7 @@ def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
 
     overrides = ["gconfig.n_samples=2", "gconfig.max_new_tokens=8", "train_dataset.batch_size=2", "rollout.openai.mode=inline"]
     config, _ = load_expr_config([*overrides, "total_train_steps=3", f"cluster.fileroot={tmp_path}"], GRPOConfig)
-    plan = plan_workflow(f"{WORKFLOWS}.CountDownWorkflow", {"gconfig": config.gconfig, "tokenizer": "embedded"}, config.rollout)
+    plan = plan_workflow(workflow, {"gconfig": config.gconfig, "tokenizer": "embedded", **kwargs}, config.rollout)
     tcfg = to_train_config(config, plan.spec, 8, 0, True)
     tcfg = dataclasses.replace(
         tcfg,
@@ -342,7 +343,12 @@ def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
     )
     run_dir = tmp_path / "run"
     run(train(tcfg, run_dir, agent=plan.obj))
-    published = check_trained_as_sampled(run_dir)
+    return plan, check_trained_as_sampled(run_dir), run_dir
+
+
+@pytest.mark.e2e
+def test_an_engine_level_workflow_trains_the_tokens_the_engine_served(tmp_path):
+    _, published, run_dir = _trained_workflow_run(tmp_path, f"{WORKFLOWS}.CountDownWorkflow", {})
     assert {len(t.array("row_lens")) for t in published} == {1}  # one row per call: n_samples calls per group
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all(e["status"] == "ok" for e in episodes)
@@ -362,28 +368,9 @@ def test_a_scaffolding_workflows_own_client_on_engine_addresses_trains_the_token
     rendered itself; each episode's row (its own prompt ids + the reply's ``token_ids``, placeholder
     logprobs) is matched to the call the gateway recorded and trained with the engine's logprobs,
     each call trained once."""
-    from run_checks import check_trained_as_sampled
-
-    from areal.aio import run
-    from areal.api.cli_args import GRPOConfig, load_expr_config
-    from areal.controller.loop import train
-    from areal.experimental.trainer import plan_workflow, to_train_config
-
-    overrides = ["gconfig.n_samples=2", "gconfig.max_new_tokens=8", "train_dataset.batch_size=2", "rollout.openai.mode=inline"]
-    config, _ = load_expr_config([*overrides, "total_train_steps=3", f"cluster.fileroot={tmp_path}"], GRPOConfig)
-    kwargs = {"reward_fn": f"{WORKFLOWS}.token_parity_reward", "gconfig": config.gconfig, "tokenizer": "embedded", "enable_thinking": False}
-    plan = plan_workflow("areal_examples.scaffolding.workflow.ScaffoldingWorkflow", kwargs, config.rollout)
-    tcfg = to_train_config(config, plan.spec, 8, 0, True)
-    tcfg = dataclasses.replace(
-        tcfg,
-        save_trajectories=True,
-        engine=dataclasses.replace(tcfg.engine, request_log=True),
-        rollout=dataclasses.replace(tcfg.rollout, max_head_offpolicyness=0),
-    )
-    run_dir = tmp_path / "run"
-    run(train(tcfg, run_dir, agent=plan.obj))
+    kwargs = {"reward_fn": f"{WORKFLOWS}.token_parity_reward", "enable_thinking": False}
+    plan, published, run_dir = _trained_workflow_run(tmp_path, "areal_examples.scaffolding.workflow.ScaffoldingWorkflow", kwargs)
     assert plan.obj.workflow.worker is not None  # one client, made at the first episode, served every later one
-    published = check_trained_as_sampled(run_dir)
     rows = [t.array("row_lens") for t in published]
     assert rows and {len(r) for r in rows} == {1}
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
