@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from areal.gateway.chat import usage
 from areal.gateway.contract import (
     EXTENSION_FIELDS,
     Choice,
@@ -126,8 +127,6 @@ def _logprobs(choice: Choice) -> dict | None:
 
 
 def completion_body(response_id: str, model: str, choices: list[Choice]) -> dict:
-    prompt = choices[0].prompt_tokens if choices else 0
-    completion = sum(c.completion_tokens for c in choices)
     return {
         "id": response_id,
         "object": "text_completion",
@@ -143,5 +142,5 @@ def completion_body(response_id: str, model: str, choices: list[Choice]) -> dict
             }
             for c in choices
         ],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "usage": usage(choices),
     }
