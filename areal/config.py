@@ -59,10 +59,16 @@ class OpenAIRolloutConfig:
     online_host: str = "127.0.0.1"
     online_port: int = 0
     online_claim_s: float = 120.0
+    # which generation of AReaL's online gateway the external agents' scripts were written for: "v1"
+    # (its proxy gateway: a started session is answered 200) or "v2" (its inference gateway, AReaL's
+    # `rollout._version: v2`: 201). Both shapes of the body are sent either way
+    online_gateway: str = "v1"
 
     def __post_init__(self) -> None:
         if self.mode not in ("subproc", "inline", "online"):
             raise ValueError(f"rollout.openai.mode must be 'subproc', 'inline' or 'online', got {self.mode!r}")
+        if self.online_gateway not in ("v1", "v2"):
+            raise ValueError(f"rollout.openai.online_gateway must be 'v1' or 'v2', got {self.online_gateway!r}")
         if not 0 <= self.online_port <= 65535:
             raise ValueError(f"rollout.openai.online_port must be a port number (0: any free one), got {self.online_port}")
         if self.online_claim_s <= 0:

@@ -206,6 +206,9 @@ class InferenceEngineConfig:
     context_length: int | None = None
     admin_api_key: str = ""  # AReaL's place of the online mode's admin key (rollout.openai.admin_api_key wins)
     openai: OpenAIProxyConfig = field(default_factory=OpenAIProxyConfig)
+    # AReaL's generation of the rollout controller; "v2": its online gateway answers a started
+    # session 201, as v2's scripts expect (rollout.openai.online_gateway)
+    _version: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in ("embedded", "sglang"):

@@ -4,7 +4,7 @@ the gateway's HTTP door; the run trains on them as on sandboxed episodes.
 
     external client ──POST /rl/start_session (admin key)──► OnlineSessions.start ─┐ claims the oldest
         │                                                                          │ waiting episode slot
-        │  ◄── 200 {session_id, api_key} ◄── gateway.open_session(episode, key) ◄──┘ (waits for one)
+        │  ◄── 200 (v1) / 201 (v2) {session_id, api_key} ◄── gateway.open_session(episode, key) ◄──┘ (waits for one)
         ├── /v1/chat/completions, /v1/responses, /v1/messages (Bearer api_key): recorded as any episode's
         ├── POST /rl/set_reward {reward[, interaction_id]} (Bearer api_key)
         └── POST /rl/start_session {api_key} again (a refresh), or POST /rl/end_session (Bearer api_key)
@@ -97,10 +97,13 @@ class OnlineSessions:
     by whoever claims it), so ``Episodes`` never asks it for ``run_episode`` and holds it as its
     runner only to ``close`` it; ``start`` / ``end`` serve the gateway's ``/rl/`` routes (``gateway.online``)."""
 
-    def __init__(self, gateway: Gateway, claim_s: float, write: Callable[[str], None], scored: bool = False) -> None:
+    def __init__(
+        self, gateway: Gateway, claim_s: float, write: Callable[[str], None], scored: bool = False, started_status: int = 200
+    ) -> None:
         """``scored``: the run has a reward function (``reward=``), which scores a session its client
         ended without a reward; else such a session's reward is ``UNREWARDED``."""
         self.gateway, self.claim_s, self.write, self.scored = gateway, claim_s, write, scored
+        self.started_status = started_status  # AReaL's v1 gateway answers a start 200, its v2 one 201 (rollout.openai.online_gateway)
         self.waiting: collections.deque[_Slot] = collections.deque()  # admitted, not claimed, oldest first
         self.live: dict[str, _Slot] = {}  # claimed, by session key
         self.keys: set[str] = set()  # every key this run issued (a refresh may name only these)
@@ -200,9 +203,10 @@ class OnlineSessions:
         self.started += 1
         slot.claimed.set_result(None)
         credentials = {"session_id": slot.episode_id, "session_api_key": slot.key}
-        # 200, as AReaL's gateway answers: its scripts (examples/openclaw's demo_lifecycle.py) check for exactly that
+        # the status AReaL's gateway of that generation answers: its scripts check for exactly that one
         return Reply(
-            status=200, body={"session_id": slot.episode_id, "api_key": slot.key, "group_id": slot.episode_id, "sessions": [credentials]}
+            status=self.started_status,
+            body={"session_id": slot.episode_id, "api_key": slot.key, "group_id": slot.episode_id, "sessions": [credentials]},
         )
 
     def end(self, key: str) -> Reply:

@@ -169,7 +169,7 @@ def _rollout_section(config: PPOConfig, agent_spec: str | None, agent_kwargs: di
         "max_concurrent_episodes": r.max_concurrent_rollouts,
         "deadline_s": r.request_timeout,
         "temperature": g.temperature,
-        "openai": {"mode": r.openai.mode},
+        "openai": {"mode": r.openai.mode, "online_gateway": "v2" if r._version == "v2" else "v1"},
         "dynamic_sampling": config.actor.dynamic_sampling,
         "overlong_filter": config.actor.mask_no_eos_with_zero,
     }

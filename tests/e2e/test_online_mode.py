@@ -59,9 +59,10 @@ def _root_url(proc: subprocess.Popen, lines: queue.Queue[str], seen: list[str], 
     raise AssertionError("the run never printed its online URL:\n" + "".join(seen)[-4000:])
 
 
-def _external_agent(root: str, rewards: list[float | None]) -> list[str]:
+def _external_agent(root: str, rewards: list[float | None], started_status: int) -> list[str]:
     """One session per entry of ``rewards`` (None: ended without one), refreshing its key between
-    them and ending the last; checks the refusals on the way. Returns the session ids."""
+    them and ending the last; checks the refusals on the way, and that each start is answered
+    ``started_status`` (AReaL's v1 gateway: 200, its v2 one: 201). Returns the session ids."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
     with httpx.Client(base_url=root, timeout=180) as http:
         assert http.post("/rl/start_session", json={}, headers={"Authorization": "Bearer sk-wrong-admin-key-123"}).status_code == 401
@@ -69,7 +70,7 @@ def _external_agent(root: str, rewards: list[float | None]) -> list[str]:
         ids, key = [], None
         for i, reward in enumerate(rewards):
             started = http.post("/rl/start_session", json={"task_id": f"t{i}", **({"api_key": key} if key else {})}, headers=admin)
-            assert started.status_code == 200, started.text
+            assert started.status_code == started_status, started.text
             body = started.json()
             assert key is None or body["api_key"] == key  # a refresh keeps the key the agent was configured with
             key = body["api_key"]
@@ -88,12 +89,14 @@ def _external_agent(root: str, rewards: list[float | None]) -> list[str]:
         return ids
 
 
-def _drive(cmd: list[str], cwd: Path, rewards: list[float | None], env: dict[str, str] | None = None) -> tuple[list[str], str]:
+def _drive(
+    cmd: list[str], cwd: Path, rewards: list[float | None], env: dict[str, str] | None = None, started_status: int = 200
+) -> tuple[list[str], str]:
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
     try:
-        ids = _external_agent(_root_url(proc, lines, seen), rewards)
+        ids = _external_agent(_root_url(proc, lines, seen), rewards, started_status)
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
@@ -160,6 +163,7 @@ scheduler:
   type: local
 rollout:
   backend: "sglang:d1"
+  _version: v2
   max_concurrent_rollouts: 256
   consumer_batch_size: ${train_dataset.batch_size}
   max_head_offpolicyness: 0
@@ -191,7 +195,7 @@ def test_an_areal_online_script_trains_on_external_sessions(tmp_path: Path) -> N
     cmd += ["actor.path=scripted", f"cluster.fileroot={tmp_path}", f"rollout.agent.admin_api_key={ADMIN}"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     rewards: list[float | None] = [1.0, 0.0, 0.0, 1.0]
-    ids, _ = _drive(cmd, tmp_path, rewards, env)
+    ids, _ = _drive(cmd, tmp_path, rewards, env, started_status=201)  # rollout._version: v2, as AReaL's hermes config
     run_dir = tmp_path / "online-rl" / "trial0"
     _check_trained(run_dir, ids, rewards)
     assert json.loads((run_dir / "config.json").read_text())["rollout"]["openai"]["mode"] == "online"

@@ -196,8 +196,9 @@ def test_areal_online_example_configs_load_with_the_admin_key_their_readmes_pass
         warnings.simplefilter("always")
         config, _ = load_expr_config(["--config", str(cfg_file), f"{override}={key}"], GRPOConfig)
     named = " ".join(str(w.message) for w in warned if issubclass(w.category, AReaLKeysIgnored))
-    if example == "hermes":  # AReaL's v2 stack's keys, named as having no effect here
-        assert all(k in named for k in ("rollout._version", "actor._version", "actor.admin_api_key")), named
+    if example == "hermes":  # AReaL's v2 stack's actor keys, named as having no effect here; rollout._version has one
+        assert all(k in named for k in ("actor._version", "actor.admin_api_key")) and "rollout._version" not in named, named
+    assert config.rollout._version == ("v2" if example == "hermes" else "")  # its gateway answers a start 201 (docs/online.md)
     assert config.rollout.openai.mode == "online"
     assert (config.rollout.openai.admin_api_key or config.rollout.admin_api_key) == key
 
