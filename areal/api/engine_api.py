@@ -3,9 +3,12 @@
     controller ─► RecordedWorkflow.arun_episode(engine client, data)
                     ├─ GatewayEngine(engine client)  (one per call: its Sessions are the call's clients)
                     ├─ workflow.arun_episode(GatewayEngine, data)
-                    │     └─ agenerate(req) ─► engine.generate(input_ids) ─► Interaction in a Session
-                    │                        ◄─ ModelResponse (the recorded tokens, logprobs, versions)
-                    └─ rows(result): the workflow's rows ─► the recorded rows they are (rewards set)
+                    │     ├─ agenerate(req) ─► engine.generate(input_ids) ─► Interaction in a Session
+                    │     │                  ◄─ ModelResponse (the recorded tokens, logprobs, versions)
+                    │     └─ its own OpenAI client on engine.addresses[0] ─► the run gateway's HTTP door
+                    │          (WorkflowDoor: one session for the whole run) ─► Interactions there
+                    └─ rows(result): the workflow's rows ─► the recorded rows they are (rewards set;
+                                     the door's calls they name move to this call's own Session)
 
 One record, the gateway's: every ``agenerate`` becomes an ``Interaction`` (``areal.gateway.tree``)
 in a gateway ``Session``, holding the prompt ids sent, the ids, logprobs and per-token versions
@@ -229,7 +232,8 @@ class GatewayEngine(InferenceEngine):
             match = next((c for c in candidates.get(tokens, []) if c.interaction.id not in out and c.interaction.id not in taken), None)
             if match is None:
                 raise ValueError(
-                    f"row {b}: its {len(tokens)} tokens are not a sequence the engine served in this episode's agenerate calls"
+                    f"row {b}: its {len(tokens)} tokens are not a sequence the engine served in this episode's calls "
+                    "(its agenerate calls, or calls over engine.addresses that no other episode claimed)"
                 )
             extra = [i for i, (m, r) in enumerate(zip(trained, match.loss_mask)) if m and not r]
             if extra:
