@@ -172,12 +172,14 @@ def usage(choices: list[Choice]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def body_head(response_id: str, kind: str, model: str) -> dict:
+    """The fields every OpenAI completion object starts with (chat's and the Completions API's)."""
+    return {"id": response_id, "object": kind, "created": int(time.time()), "model": model}
+
+
 def completion_body(response_id: str, model: str, choices: list[Choice]) -> dict:
     return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
+        **body_head(response_id, "chat.completion", model),
         "choices": [
             {"index": c.index, "message": _message(c), "finish_reason": c.finish_reason, "logprobs": _logprobs(c)} for c in choices
         ],

@@ -23,10 +23,9 @@ batch of prompts, stream, echo true, suffix, logit_bias, best_of above n.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway.chat import usage
+from areal.gateway.chat import body_head, usage
 from areal.gateway.contract import (
     EXTENSION_FIELDS,
     Choice,
@@ -128,10 +127,7 @@ def _logprobs(choice: Choice) -> dict | None:
 
 def completion_body(response_id: str, model: str, choices: list[Choice]) -> dict:
     return {
-        "id": response_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
+        **body_head(response_id, "text_completion", model),
         "choices": [
             {
                 "index": c.index,
