@@ -89,7 +89,7 @@ def prompt_ids(gateway: Gateway, body: dict) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        if not prompt or len(prompt) > gateway.config.max_body_bytes:
+        if not prompt:  # its size is bounded by the body's (gateway.max_body_bytes, routes.py)
             raise RequestError(400, "prompt must be a non-empty string", param="prompt")
         return list(gateway.tokenizer.encode(prompt, add_special_tokens=special))
     vocabulary = len(gateway.tokenizer)
