@@ -41,7 +41,7 @@ from areal.api.io_struct import ModelRequest, ModelResponse
 from areal.gateway.contract import new_id
 from areal.gateway.core import Session
 from areal.gateway.generation import parse_version
-from areal.gateway.tree import Interaction, InteractionWithTokenLogpReward, export_interactions, set_reward
+from areal.gateway.tree import Interaction, InteractionWithTokenLogpReward, export_interactions, extended_by, set_reward
 
 __all__ = ["GatewayEngine", "InferenceEngine", "ModelRequest", "ModelResponse", "RecordedWorkflow"]
 
@@ -110,7 +110,7 @@ class GatewayEngine(InferenceEngine):
                 f"max_new_tokens ({max_new}) is non-positive: max_tokens={g.max_tokens}, prompt_len={len(ids)}, "
                 f"max_new_tokens={g.max_new_tokens}" + (f", run context {run.context_length}" if run else "")
             )
-        parent = self._parent(ids)
+        parent = extended_by(self._all(), ids)
         session = self._owner(parent.id) if parent else self._open_session()
         params: dict[str, Any] = {"max_new_tokens": max_new, "temperature": 0.0 if g.greedy else g.temperature, "top_p": g.top_p}
         if g.stop_token_ids:
@@ -154,16 +154,6 @@ class GatewayEngine(InferenceEngine):
         self.sessions.append(session)
         workflow_context.register_client(session)
         return session
-
-    def _parent(self, ids: list[int]) -> Interaction | None:
-        """The recorded interaction whose prompt + output ``ids`` extends, the longest one."""
-        best: Interaction | None = None
-        for inter in self._all():
-            n = len(inter.prompt_ids) + len(inter.output_ids)
-            if n <= len(ids) and (best is None or n > len(best.prompt_ids) + len(best.output_ids)):
-                if ids[: len(inter.prompt_ids)] == inter.prompt_ids and ids[len(inter.prompt_ids) : n] == inter.output_ids:
-                    best = inter
-        return best
 
     def _all(self) -> list[Interaction]:
         """This call's recorded interactions, then the run's HTTP door's not yet claimed."""

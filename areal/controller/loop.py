@@ -391,8 +391,7 @@ class Controller:
         )
         if cfg.rollout.openai.mode == "online":  # areal/controller/online.py
             o = cfg.rollout.openai
-            status = 201 if o.online_gateway == "v2" else 200
-            online = OnlineSessions(gateway, o.online_claim_s, tqdm.write, scored=self.reward_fn is not None, started_status=status)
+            online = OnlineSessions(gateway, o.online_claim_s, tqdm.write, scored=self.reward_fn is not None, generation=o.online_gateway)
             online.announce(http_url)
             return episodes(online, run_session=online.run_session)
         if cfg.rollout.openai.mode == "subproc" and cfg.cluster.rollout_workers:  # areal/cluster/ray_rollout.py

@@ -98,12 +98,13 @@ class OnlineSessions:
     runner only to ``close`` it; ``start`` / ``end`` serve the gateway's ``/rl/`` routes (``gateway.online``)."""
 
     def __init__(
-        self, gateway: Gateway, claim_s: float, write: Callable[[str], None], scored: bool = False, started_status: int = 200
+        self, gateway: Gateway, claim_s: float, write: Callable[[str], None], scored: bool = False, generation: str = "v1"
     ) -> None:
         """``scored``: the run has a reward function (``reward=``), which scores a session its client
         ended without a reward; else such a session's reward is ``UNREWARDED``."""
         self.gateway, self.claim_s, self.write, self.scored = gateway, claim_s, write, scored
-        self.started_status = started_status  # AReaL's v1 gateway answers a start 200, its v2 one 201 (rollout.openai.online_gateway)
+        # AReaL's v1 gateway answers a start 200, its v2 one 201 (rollout.openai.online_gateway): its scripts check for it
+        self.started_status = 201 if generation == "v2" else 200
         self.waiting: collections.deque[_Slot] = collections.deque()  # admitted, not claimed, oldest first
         self.live: dict[str, _Slot] = {}  # claimed, by session key
         self.keys: set[str] = set()  # every key this run issued (a refresh may name only these)

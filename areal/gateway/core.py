@@ -390,6 +390,12 @@ class Gateway:
             raise context_exceeded(
                 f"prompt of {len(prompt.ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}"
             )
+        params = self._engine_sampling(session, s)
+        params.update(engine_constraint(turn, self.config, forced, prompt.reasoning_open))  # structured.py
+        return prompt, params, forced
+
+    def _engine_sampling(self, session: Session, s: Sampling) -> dict[str, Any]:
+        """The engine's sampling params of one request (the session's temperature wins when set)."""
         params: dict[str, Any] = {
             "max_new_tokens": s.max_tokens,
             "temperature": s.temperature if session.temperature is None else session.temperature,
@@ -401,8 +407,7 @@ class Gateway:
         for key, off in (("top_k", -1), ("min_p", 0.0), ("repetition_penalty", 1.0)):  # sent only when set
             if getattr(s, key) != off:
                 params[key] = getattr(s, key)
-        params.update(engine_constraint(turn, self.config, forced, prompt.reasoning_open))  # structured.py
-        return prompt, params, forced
+        return params
 
     def _validate(self, turn: Turn) -> list[dict] | None:
         """Validate ``turn`` (``validate_turn``: in place, ``developer`` messages become system
@@ -475,7 +480,7 @@ class Gateway:
         s = turn.sampling
         self._admit(session, s)
         calls = [
-            self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(turn, session))
+            self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(s, session))
             for i in range(s.n)
         ]
         results = await self._sampled(session, calls, s.max_tokens)
@@ -491,20 +496,15 @@ class Gateway:
             s.max_tokens = min(s.max_tokens, context - len(ids))
         if not ids or len(ids) + s.max_tokens > context:
             raise context_exceeded(f"prompt of {len(ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}")
-        params: dict[str, Any] = {"max_new_tokens": s.max_tokens, "top_p": s.top_p, "stop_token_ids": self.stop_token_ids}
-        params["temperature"] = s.temperature if session.temperature is None else session.temperature
-        if s.stop:
-            params["stop"] = list(s.stop)
-        for key, off in (("top_k", -1), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-            if getattr(s, key) != off:
-                params[key] = getattr(s, key)
+        params, kwargs = self._engine_sampling(session, s), engine_kwargs(s, session)
+        parent = tree.extended_by(session.interactions.values(), ids)
         self._admit(session, s)
-        kwargs: dict[str, Any] = {"session_key": session.episode_id}
-        if s.top_logprobs:
-            kwargs["top_logprobs_num"] = s.top_logprobs
         calls = [self.engine.generate(ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
         results = await self._sampled(session, calls, s.max_tokens)
-        return [prompt_choice(self, session, ids, s, i, cid, r) for i, (cid, r) in enumerate(zip(choice_ids(s.n, response_id), results))]
+        pid = parent.id if parent is not None else None
+        return [
+            prompt_choice(self, session, ids, pid, s, i, cid, r) for i, (cid, r) in enumerate(zip(choice_ids(s.n, response_id), results))
+        ]
 
     async def _sampled(self, session: Session, calls: list[Any], reserved: int) -> list[Any]:
         """The engine's results of ``calls``, one request's choices, as the session's task: a

@@ -211,12 +211,12 @@ def _tokens_through(decode: Callable[[list[int]], str], ids: list[int], end: int
     return lo
 
 
-def engine_kwargs(turn: Turn, session: Session) -> dict:
+def engine_kwargs(s: Sampling, session: Session) -> dict:
     """Keyword arguments beyond ``generate``'s basic ones (``areal.engine.interface``): the
     episode as the routing key (a router keeps it on one server), top logprobs when asked for."""
     kwargs: dict = {"session_key": session.episode_id}
-    if turn.sampling.top_logprobs:
-        kwargs["top_logprobs_num"] = turn.sampling.top_logprobs
+    if s.top_logprobs:
+        kwargs["top_logprobs_num"] = s.top_logprobs
     return kwargs
 
 
@@ -300,21 +300,15 @@ def record_choice(
 
 
 def prompt_choice(
-    gateway: Gateway, session: Session, prompt_ids: list[int], s: Sampling, index: int, interaction_id: str, result: Any
+    gateway: Gateway, session: Session, prompt_ids: list[int], parent: str | None, s: Sampling, index: int, interaction_id: str, result: Any
 ) -> Choice:
-    """A raw prompt's finished engine result (``Gateway.complete_prompt``) -> its recorded Choice:
-    the text cut at the first stop string, unparsed; the parent is the session's longest call whose
-    prompt and sampled ids ``prompt_ids`` start with."""
+    """A raw prompt's finished engine result (``Gateway.complete_prompt``) -> its recorded Choice
+    (``parent``: the call the prompt extends): the text cut at the first stop string, unparsed."""
     ids, keep, finish = result.output_ids, len(result.output_ids), result.finish_reason
     text = gateway.decode_text(ids)
     cut = _cut_at_stop(gateway.decode_text, ids, text, s.stop)
     if cut is not None:
         (keep, text), finish = cut, "stop"
-    parent, longest = None, 0
-    for earlier in session.interactions.values():
-        n = len(earlier.prompt_ids) + len(earlier.output_ids)
-        if longest < n <= len(prompt_ids) and prompt_ids[:n] == earlier.prompt_ids + earlier.output_ids:
-            parent, longest = earlier.id, n
     raw = getattr(result, "output_versions", [])[:keep]
     inter = Interaction(
         id=interaction_id,
@@ -391,7 +385,7 @@ async def _pump(
     exception that ended it (a close of the session: its 401)."""
     try:
         sp = engine_params(params, turn.sampling.seed, i)
-        async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn, session)):
+        async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn.sampling, session)):
             await queue.put((i, result))
     except asyncio.CancelledError:
         if session.closed:  # by close_session: the consumer answers with that

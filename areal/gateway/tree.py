@@ -22,6 +22,7 @@ export, tensors with a batch dim of 1. Not covered: rewards per token.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -95,6 +96,22 @@ def _check_reward(reward: Any) -> float:
     if not -sys.float_info.max <= reward <= sys.float_info.max:  # NaN fails too; exact for huge ints
         raise ValueError(f"reward must be a finite number, got {reward!r}")
     return float(reward)
+
+
+def extended_by(interactions: Iterable[Interaction], ids: list[int]) -> Interaction | None:
+    """The interaction whose prompt + sampled ids ``ids`` starts with, the longest one (None: none
+    does): the parent of a call whose prompt the caller built from the tokens themselves."""
+    best: Interaction | None = None
+    longest = 0
+    for inter in interactions:
+        n = len(inter.prompt_ids) + len(inter.output_ids)
+        if (
+            longest < n <= len(ids)
+            and ids[: len(inter.prompt_ids)] == inter.prompt_ids
+            and ids[len(inter.prompt_ids) : n] == inter.output_ids
+        ):
+            best, longest = inter, n
+    return best
 
 
 def children_of(interactions: dict[str, Interaction]) -> dict[str, list[str]]:

@@ -89,10 +89,14 @@ def test_the_reply_conforms_to_openais_schema_and_the_sdks_type(tok):
     async def go(client):
         return await client.completions.with_raw_response.create(model="m", prompt=PROMPT, max_tokens=8, logprobs=0)
 
-    raw, _, _ = _run(tok, [("42", "<|im_end|>")], go)
+    raw, client, _ = _run(tok, [("42", "<|im_end|>")], go)
     body = raw.http_response.json()
-    openapi_specs.validator("openai", "CreateCompletionResponse").validate(body)
-    openai.types.Completion.model_validate(body, strict=True)
+    errors = [e.message for e in openapi_specs.validator("openai", "CreateCompletionResponse").iter_errors(body)]
+    assert errors == []
+    completion = openai.types.Completion.model_validate(body, strict=True)
+    (inter,) = client.interactions.values()
+    assert completion.choices[0].text == "42" and body["choices"][0]["token_ids"] == inter.output_ids
+    assert completion.choices[0].logprobs.top_logprobs == [{}] * len(completion.choices[0].logprobs.tokens)  # logprobs=0: none
 
 
 @pytest.mark.parametrize(
