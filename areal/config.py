@@ -137,7 +137,7 @@ class RolloutConfig:
     overlong_penalty_factor: float = 1.0
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
     # Branch a sandboxed episode at a model call into n branches from one state (docs/branching.md;
-    # n, at_call, at_tool_result): each branch is logged as its own episode (<id>/b<i>), and the
+    # n, at_call, at_tool_result, entropy): each branch is logged as its own episode (<id>/b<i>), and the
     # episode is trained as one tree, its shared prefix once. Off by default (n = 0).
     branch: BranchConfig = field(default_factory=BranchConfig)
 

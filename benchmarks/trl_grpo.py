@@ -119,12 +119,18 @@ EMBEDDED = Variant(
     full=(40, 500),
     timeout_s=1800.0,
 )
-# conf/smollm2.yaml as it is (agent, kwargs, group size, 4 groups per step, lr, task); full = its
-# own 40 steps and 100 held-out problems. No checkpoints: TRL saves none either (~1.6 GB each).
-# A step of 16 episodes took ~1 min per side on 2 busy cores; a full call (40 steps of 32, two
-# evaluations of 100 problems x 3 episodes) takes hours per side.
+# conf/smollm2.yaml (agent, kwargs, group size, 4 groups per step, lr, task) without its dynamic
+# sampling, which GRPOTrainer does not have: both sides sample and train the same 32 episodes a step,
+# every group kept (a group of equal rewards has zero advantage on both). Full = the conf's own 20
+# steps and 100 held-out problems. No checkpoints: TRL saves none either (~1.6 GB each).
 SMOLLM2 = Variant(
-    "smollm2", "trl_grpo_smollm2", "smollm2", ("trainer.checkpoint_every=0",), quick=(4, 20), full=(40, 100), timeout_s=4 * 3600.0
+    "smollm2",
+    "trl_grpo_smollm2",
+    "smollm2",
+    ("trainer.checkpoint_every=0", "rollout.dynamic_sampling=false"),
+    quick=(4, 20),
+    full=(20, 100),
+    timeout_s=4 * 3600.0,
 )
 VARIANTS = {v.name: v for v in (EMBEDDED, SMOLLM2)}
 
@@ -270,8 +276,10 @@ def trl_spec(
         "lora.rank": (tr.lora.rank, 0),
     }
     off = {k: v for k, (v, want) in unmapped.items() if v != want}
+    if r.dynamic_sampling:  # GRPOTrainer keeps every group: ours would sample more episodes than it trains
+        off["rollout.dynamic_sampling"] = True
     if off:
-        raise ValueError(f"the TRL worker is not given these trainer settings; ours has {off}")
+        raise ValueError(f"the TRL worker is not given these settings; ours has {off}")
     batch = r.n_samples * r.groups_per_step
     micro = min(TRL_MICRO_BATCH, batch)
     if batch % micro:

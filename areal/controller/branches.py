@@ -37,10 +37,14 @@ class BranchTag:
     call: int
     index: int
     shared: tuple[str, ...]
+    entropy: float | None = None  # the branch point's sampled entropy (nats per token), when found by entropy
 
     def record(self) -> dict[str, Any]:
         """Its fields in the branch's line of episodes.jsonl."""
-        return {"branch_of": self.parent, "branch_call": self.call, "branch_index": self.index, "shared_interactions": len(self.shared)}
+        fields = {"branch_of": self.parent, "branch_call": self.call, "branch_index": self.index, "shared_interactions": len(self.shared)}
+        if self.entropy is not None:
+            fields["branch_entropy"] = round(self.entropy, 4)
+        return fields
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ def expand(gateway: Gateway, outcome: EpisodeOutcome, trunk: Session) -> list[Br
         tag = branch_of(session)
         assert tag is not None and tag.index == i
         if i < len(outcome.branches):
-            out.append(Branch(outcome.branches[i], session, BranchTag(trunk.episode_id, tag.call, i, shared)))
+            out.append(Branch(outcome.branches[i], session, BranchTag(trunk.episode_id, tag.call, i, shared, tag.entropy)))
     return out
 
 

@@ -12,6 +12,14 @@
       call k ──x-areal-branch-refused──►  the branch sessions closed, the reason kept on the
                                           trunk, the call served there as if nothing happened
 
+    By entropy (``BranchConfig.entropy``), the point is known only once a call is sampled:
+      call j ──x-areal-branchable: 1──►  marked a candidate (PROBE); sampled as usual (Gateway.complete)
+                                          below the threshold: served, and the next call is a candidate
+                                          at or above it: the sample is discarded (not recorded, its
+             ◄──x-areal-branch: order──   call and tokens uncharged) and the order sent as above; each
+                                          branch samples call j afresh, so the siblings' samples are
+                                          alike, none picked for its entropy
+
 Invariants:
 - Off unless ``Gateway.branching`` is a ``BranchConfig`` with ``n`` >= 2 (the run's setting); a
   session branches at most once, and a branch's session never does (no nested branch points).
@@ -28,8 +36,7 @@ Invariants:
   exactly) and the trunk's budgets as they stood (``calls_made``, ``tokens_charged``).
 
 The controller collects a trunk's branch sessions with ``branch_keys`` and the refusal, if any,
-with ``refusal`` (areal/controller/branches.py). Not covered: branching on the entropy of a
-call's sampled tokens (the order must come before sampling; see docs/branching.md).
+with ``refusal`` (areal/controller/branches.py).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ if TYPE_CHECKING:
 BRANCHABLE, REFUSED, ORDER = BRANCHABLE_HEADER, BRANCH_REFUSED_HEADER, BRANCH_ORDER_HEADER
 REASON_LIMIT = BRANCH_REASON_LIMIT
 STATE = "areal.branch"  # Session.store key: a trunk's BranchPoint, or a branch's BranchOf
+PROBE = "areal.branch.probe"  # Session.store key: the Probe of the call whose sample decides (by entropy)
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages"})
 MAX_BRANCHES = 16
 
@@ -61,14 +69,19 @@ class BranchConfig:
     n: int = 0  # branches per branch point (>= 2); 0: off
     at_call: int = 0  # at the episode's k-th completion call (1-based); 0: not by index
     at_tool_result: bool = False  # at the first completion call whose last message is a tool's result
+    # at the first completion call whose sampled tokens' mean entropy, in nats per token, is at least
+    # this (estimated by their mean -logprob, as the engine reports it); 0.0: not by entropy
+    entropy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n and not 2 <= self.n <= MAX_BRANCHES:
             raise ValueError(f"rollout.branch.n must be 0 (off) or 2..{MAX_BRANCHES}, got {self.n}")
         if self.at_call < 0:
             raise ValueError(f"rollout.branch.at_call must be >= 0, got {self.at_call}")
-        if self.n and not (self.at_call or self.at_tool_result):
-            raise ValueError("rollout.branch.n is set but no branch point is: set rollout.branch.at_call or at_tool_result")
+        if not 0.0 <= self.entropy < float("inf"):
+            raise ValueError(f"rollout.branch.entropy must be a finite number >= 0 (nats per token; 0: off), got {self.entropy}")
+        if self.n and not (self.at_call or self.at_tool_result or self.entropy):
+            raise ValueError("rollout.branch.n is set but no branch point is: set rollout.branch.at_call, at_tool_result or entropy")
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +96,25 @@ class BranchPoint:
     call: int
     keys: list[str] = field(default_factory=list)
     refused: str = ""
+    entropy: float | None = None  # the discarded sample's, when the branch point was found by entropy
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A call whose sample decides whether it is the branch point (by entropy): its number, and
+    whether the episode could fork there (the request came through the handed client)."""
+
+    call: int
+    branchable: bool
+
+
+class BranchOrdered(Exception):
+    """Raised by the gateway's core once a sampled call proved the branch point: the route answers
+    with ``reply`` (the order) instead of the completion."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__("branch order")
+        self.reply = reply
 
 
 @dataclass(frozen=True)
@@ -94,6 +126,7 @@ class BranchOf:
     call: int
     index: int
     siblings: list[str] = field(default_factory=list, compare=False)
+    entropy: float | None = None  # the branch point's, when it was found by entropy
 
 
 def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, str], body: dict) -> Reply | None:
@@ -123,20 +156,58 @@ def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, 
         for key in state.keys:
             gateway.close_session(key)
         return None
-    call = session.calls_made + 1
+    call, branchable = session.calls_made + 1, headers.get(BRANCHABLE) == "1"
     if not (call == config.at_call or (config.at_tool_result and ends_with_tool_result(path, body))):
+        if config.entropy:  # decided once sampled: Gateway.complete / complete_stream call ``decide``
+            session.store[PROBE] = Probe(call, branchable)
         return None
-    if headers.get(BRANCHABLE) != "1":
-        session.store[STATE] = BranchPoint(
-            call,
-            refused="the call did not come through the client handed to a sandboxed agent (sandbox.relay.ZmqTransport), "
-            "which alone can fork the episode: an inline agent, the HTTP door, or the sandbox's loopback relay",
-        )
+    if not branchable:
+        session.store[STATE] = BranchPoint(call, refused=NOT_HANDED)
         return None
+    return _order(gateway, session, call)
+
+
+NOT_HANDED = (
+    "the call did not come through the client handed to a sandboxed agent (sandbox.relay.ZmqTransport), "
+    "which alone can fork the episode: an inline agent, the HTTP door, or the sandbox's loopback relay"
+)
+
+
+def _order(gateway: Gateway, session: Session, call: int, entropy: float | None = None) -> Reply:
+    """Fork ``session`` into the configured number of branches at ``call``; the order's reply."""
     keys: list[str] = []
-    keys += [fork_session(gateway, session, BranchOf(session.episode_id, call, i, keys)) for i in range(config.n)]
-    session.store[STATE] = BranchPoint(call, list(keys))
+    keys += [fork_session(gateway, session, BranchOf(session.episode_id, call, i, keys, entropy)) for i in range(gateway.branching.n)]
+    session.store[STATE] = BranchPoint(call, list(keys), entropy=entropy)
     return Reply(status=200, body={"branch": {"call": call, "keys": keys}}, headers={ORDER: "order"})
+
+
+def probe_of(session: Session) -> Probe | None:
+    """The candidate mark ``intercept`` left for this call (taken: a later call is marked anew)."""
+    return session.store.pop(PROBE, None)
+
+
+def sampled_entropy(results: list) -> float:
+    """The mean -logprob of the sampled tokens of a call's choices: a one-sample estimate of the
+    policy's entropy per token along them (0.0 with no tokens or no logprobs)."""
+    lps = [lp for r in results for lp in r.output_logprobs]
+    return -sum(lps) / len(lps) if lps else 0.0
+
+
+def decide(gateway: Gateway, session: Session, probe: Probe, results: list) -> None:
+    """After a candidate call (``probe``) is sampled: below the entropy threshold, nothing (the
+    call is served); at or above it, raise ``BranchOrdered`` with the order, the sample discarded
+    and the call's charge to the session's budgets taken back (each branch makes the call again,
+    charged to its own session), or, when the episode could not fork there, keep the refusal and
+    serve the call."""
+    config, entropy = gateway.branching, sampled_entropy(results)
+    if config is None or not config.entropy or entropy < config.entropy or session.store.get(STATE) is not None:
+        return  # a concurrent call of the session may have settled its branch point meanwhile
+    if not probe.branchable:
+        session.store[STATE] = BranchPoint(probe.call, refused=NOT_HANDED, entropy=entropy)
+        return
+    session.calls_made -= 1
+    session.tokens_charged -= sum(len(r.output_ids) for r in results)
+    raise BranchOrdered(_order(gateway, session, probe.call, entropy))
 
 
 def ends_with_tool_result(path: str, body: dict) -> bool:

@@ -73,7 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from areal.gateway import families, tree
+from areal.gateway import branching, families, tree
 from areal.gateway.assistant_turn import apply_reasoning, check_prefill, continuation, history, leaves_reasoning_open
 from areal.gateway.contract import Choice, ChoiceDelta, RequestError, Sampling, Turn, context_exceeded
 from areal.gateway.generation import (
@@ -476,16 +476,23 @@ class Gateway:
 
     async def complete(self, session: Session, turn: Turn, *, response_id: str | None = None) -> list[Choice]:
         """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
+        probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
+        results = await self._sample_turn(session, turn, prompt, params, probe)
+        ids = choice_ids(turn.sampling.n, response_id)
+        return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
+
+    async def _sample_turn(self, session: Session, turn: Turn, prompt: Prompt, params: dict, probe: branching.Probe | None) -> list[Any]:
+        """The engine's n results of a prepared turn, charged to its session; a candidate branch
+        point (``probe``) is decided on them, and may raise the order instead (branching.decide)."""
         s = turn.sampling
         self._admit(session, s)
-        calls = [
-            self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **engine_kwargs(s, session))
-            for i in range(s.n)
-        ]
+        kwargs = engine_kwargs(s, session)
+        calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
         results = await self._sampled(session, calls, s.max_tokens)
-        ids = choice_ids(s.n, response_id)
-        return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
+        if probe is not None:
+            branching.decide(self, session, probe, results)
+        return results
 
     async def complete_prompt(self, session: Session, ids: list[int], s: Sampling, *, response_id: str | None = None) -> list[Choice]:
         """All n choices of a prompt given as ids, no chat template (the Completions API, ``completions``),
@@ -534,9 +541,13 @@ class Gateway:
         the core refuses raises at the first ``__anext__``, before anything is streamed."""
         if not hasattr(self.engine, "generate_stream"):
             raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
+        probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
-        self._admit(session, turn.sampling)
-        deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced)
+        # a candidate branch point is sampled whole first (its entropy decides), then streamed as one piece
+        ready = await self._sample_turn(session, turn, prompt, params, probe) if probe is not None else None
+        if ready is None:
+            self._admit(session, turn.sampling)
+        deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced, ready)
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
             async for delta in deltas:
                 yield delta

@@ -379,10 +379,22 @@ def _cut_at_stop(decode: Callable[[list[int]], str], ids: list[int], text: str, 
 
 
 async def _pump(
-    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, i: int, queue: asyncio.Queue[tuple[int, Any]]
+    gateway: Gateway,
+    session: Session,
+    turn: Turn,
+    prompt: Prompt,
+    params: dict,
+    i: int,
+    queue: asyncio.Queue[tuple[int, Any]],
+    ready: Any = None,
 ) -> None:
     """Choice ``i``'s engine stream onto ``queue``: each result, then None at its end, or the
-    exception that ended it (a close of the session: its 401)."""
+    exception that ended it (a close of the session: its 401). A result already sampled
+    (``ready``) is the whole stream."""
+    if ready is not None:
+        queue.put_nowait((i, ready))
+        queue.put_nowait((i, None))
+        return
     try:
         sp = engine_params(params, turn.sampling.seed, i)
         async for result in gateway.engine.generate_stream(prompt.ids, sp, return_logprob=True, **engine_kwargs(turn.sampling, session)):
@@ -407,10 +419,19 @@ def _visible(text: str, final: bool, hold: int) -> int:
 
 
 async def stream_choices(
-    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, interaction_ids: list[str], forced: str = ""
+    gateway: Gateway,
+    session: Session,
+    turn: Turn,
+    prompt: Prompt,
+    params: dict,
+    interaction_ids: list[str],
+    forced: str = "",
+    ready: list[Any] | None = None,
 ) -> AsyncIterator[ChoiceDelta]:
     """Merge the n engine streams into ChoiceDeltas; cancels the engine streams when abandoned.
     ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token.
+    ``ready``: the n results, already sampled and refunded (a candidate branch point's), streamed
+    each as one piece.
     The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
     n, stops = turn.sampling.n, turn.sampling.stop
     size = len(prompt.ids)  # every delta carries it: a stream's first event may report it (Anthropic's message_start)
@@ -425,7 +446,7 @@ async def stream_choices(
     emitted = [0] * n  # characters of decoded text already fed to the parser
     last: list[Any] = [None] * n
     hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
-    tasks = [asyncio.ensure_future(_pump(gateway, session, turn, prompt, params, i, queue)) for i in range(n)]
+    tasks = [asyncio.ensure_future(_pump(gateway, session, turn, prompt, params, i, queue, ready and ready[i])) for i in range(n)]
     session.engine_tasks.update(tasks)
     open_ = n
     try:
@@ -453,7 +474,8 @@ async def stream_choices(
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
                 emitted[i] = visible
             if final:
-                session.refund(params["max_new_tokens"], len(result.output_ids))
+                if ready is None:  # a ready result's reservation was refunded when it was sampled
+                    session.refund(params["max_new_tokens"], len(result.output_ids))
                 events, parsed = parsers[i].finish()
                 for ev in events:
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)

@@ -119,7 +119,12 @@ async def _route(gateway: Gateway, req: GatewayRequest, path: str) -> Reply:
             raise RequestError(405, f"{path} takes POST, not {req.method}", kind="invalid_request_error")
         session, body = _session(gateway, req), json_object(req.body)
         order = branching.intercept(gateway, session, path, req.headers, body)  # None unless a branch point (off by default)
-        return order if order is not None else await handler(gateway, session, body)
+        if order is not None:
+            return order
+        try:
+            return await handler(gateway, session, body)
+        except branching.BranchOrdered as ordered:  # the call's sample proved it the branch point (by entropy)
+            return ordered.reply
     match (req.method, path):
         case ("GET", "/health"):
             return Reply(status=200, body={"status": "ok"})

@@ -9,21 +9,23 @@ from areal.engine.client import GenerateResult
 
 
 class ScriptedEngine:
-    def __init__(self, tok, replies: list[tuple[str, str]]) -> None:
-        """``replies``: (text, the name of the stop token ending it), in the order requests come."""
+    def __init__(self, tok, replies: list[tuple[str, str]], logprobs: list[float] | None = None) -> None:
+        """``replies``: (text, the name of the stop token ending it), in the order requests come;
+        ``logprobs``: the logprob every token of each reply is sampled with (default -0.5 for all)."""
         self.tok, self.replies, self.prompts, self.params = tok, list(replies), [], []
+        self.logprobs = [-0.5] * len(replies) if logprobs is None else list(logprobs)
 
-    def _next(self, input_ids, params) -> list[int]:
+    def _next(self, input_ids, params) -> tuple[list[int], float]:
         self.prompts.append(list(input_ids))
         self.params.append(params)
         text, stop = self.replies.pop(0)
-        return self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)]
+        return self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)], self.logprobs.pop(0)
 
     @staticmethod
-    def _result(ids: list[int], prompt: int, finish: str) -> GenerateResult:
+    def _result(ids: list[int], logprob: float, prompt: int, finish: str) -> GenerateResult:
         return GenerateResult(
             output_ids=ids,
-            output_logprobs=[-0.5] * len(ids),
+            output_logprobs=[logprob] * len(ids),
             finish_reason=finish,
             weight_version="1",
             prompt_tokens=prompt,
@@ -31,9 +33,9 @@ class ScriptedEngine:
         )
 
     async def generate(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw) -> GenerateResult:
-        return self._result(self._next(input_ids, sampling_params), len(input_ids), "stop")
+        return self._result(*self._next(input_ids, sampling_params), len(input_ids), "stop")
 
     async def generate_stream(self, input_ids, sampling_params, return_logprob=True, rid=None, **kw):
-        ids = self._next(input_ids, sampling_params)
+        ids, logprob = self._next(input_ids, sampling_params)
         for i in range(1, len(ids) + 1):
-            yield self._result(ids[:i], len(input_ids), "stop" if i == len(ids) else "")
+            yield self._result(ids[:i], logprob, len(input_ids), "stop" if i == len(ids) else "")

@@ -43,9 +43,12 @@ def served():
     gw.stop()
 
 
-def _episode(gw, case: str, replies: list[str], branch: BranchConfig) -> tuple[EpisodeOutcome, object, ScriptedEngine]:
-    """One sandboxed episode of ``case``; its outcome, its (trunk) session, closed, and the engine."""
-    engine = ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies])
+def _episode(
+    gw, case: str, replies: list[str], branch: BranchConfig, logprobs: list[float] | None = None
+) -> tuple[EpisodeOutcome, object, ScriptedEngine]:
+    """One sandboxed episode of ``case``; its outcome, its (trunk) session, closed, and the engine
+    (``logprobs``: each reply's tokens', as ScriptedEngine takes them)."""
+    engine = ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies], logprobs)
     gw.call(lambda: (setattr(gw.gateway, "engine", engine), setattr(gw.gateway, "branching", branch)))
     log_dir = tempfile.mkdtemp(prefix="branch-")
     episode = f"ep-{uuid.uuid4().hex[:8]}"
@@ -116,6 +119,27 @@ def test_an_episode_branched_at_its_second_call_runs_three_branches_from_one_sta
         # (memory), the notes file (its private temp dir), the other branches' files, their keys.
         assert _report(gw, inters) == f"report counter=3 notes=before 1;before 2;before 3; seen=['mine-choice-{i + 5}'] keys=0"
     assert len(seen_points) == 1  # every branch's branch-point call had the same prompt
+
+
+def test_an_episode_branches_at_the_first_call_sampled_at_high_entropy(served):
+    """The branch point found by the sample's entropy (rollout.branch.entropy): call 1 is sampled
+    at 0.1 nats per token and served; call 2's sample, at 2.0, is discarded and the episode forked
+    there, each branch sampling call 2 afresh."""
+    gw = served
+    replies = ["first 1", "discarded 9"] + [r for i in range(N) for r in (f"choice {i + 5}", "done")]
+    logprobs = [-0.1, -2.0] + [-0.1] * (2 * N)
+    outcome, key, engine = _episode(gw, "plain", replies, BranchConfig(n=N, entropy=1.0), logprobs)
+    assert outcome.status == "ok", (outcome.error, outcome.log_tail)
+    assert outcome.branch_point.startswith("call 2 of ") and [b.status for b in outcome.branches] == ["ok"] * N
+    assert [b.reward for b in outcome.branches] == [5.0, 6.0, 7.0]  # each its own sample's, none the discarded one's
+    assert engine.replies == [] and engine.prompts[1:2] * N == engine.prompts[2::2]  # call 2 sampled on one prompt, N + 1 times
+    trunk = gw.call(lambda: gw.gateway.close_session(key))
+    assert len(trunk.interactions) == 1  # the discarded sample is in no session
+    branches = gw.call(lambda: expand(gw.gateway, outcome, trunk))
+    assert [b.tag.entropy for b in branches] == [pytest.approx(2.0)] * N and branches[0].tag.record()["branch_entropy"] == 2.0
+    for i, b in enumerate(branches):
+        texts = [gw.tok.decode(x.output_ids, skip_special_tokens=True) for x in b.session.interactions.values()]
+        assert texts == ["first 1", f"choice {i + 5}", "done"]
 
 
 @pytest.mark.parametrize(

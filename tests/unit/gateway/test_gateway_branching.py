@@ -29,15 +29,19 @@ def _gateway(tok, replies: list[str], branch: BranchConfig | None) -> Gateway:
     return gw
 
 
-def _call(gw: Gateway, key: str, messages: list[dict], **headers: str) -> tuple[int, dict, dict]:
+def _call(gw: Gateway, key: str, messages: list[dict], stream: bool = False, **headers: str) -> tuple[int, dict, dict]:
+    """(status, body, headers); a stream's body is its events' data, in order, under "events"."""
     req = GatewayRequest(
         1,
         "POST",
         "/v1/chat/completions",
         {"authorization": f"Bearer {key}", **headers},
-        json.dumps({"messages": messages, "max_tokens": 8}).encode(),
+        json.dumps({"messages": messages, "max_tokens": 8, "stream": stream}).encode(),
     )
     reply = asyncio.run(handle(gw, req))
+    if reply.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[6:] for line in reply.body.decode().splitlines() if line.startswith("data: ")]
+        return reply.status, {"events": [json.loads(d) for d in data if d != "[DONE]"]}, reply.headers
     return reply.status, json.loads(reply.body), reply.headers
 
 
@@ -114,9 +118,69 @@ def test_tool_result_boundaries_in_each_api():
     assert not ends_with_tool_result("/v1/responses", {"input": "4"})
 
 
+def _entropy_gateway(tok, replies: list[tuple[str, float]], threshold: float = 1.0) -> Gateway:
+    engine = ScriptedEngine(tok, [(text, "<|im_end|>") for text, _ in replies], [lp for _, lp in replies])
+    gw = Gateway(engine, tok, GatewayConfig())
+    gw.branching = BranchConfig(n=2, entropy=threshold)
+    return gw
+
+
+def test_a_call_sampled_at_high_entropy_becomes_the_branch_point_and_its_sample_is_discarded(tok):
+    gw = _entropy_gateway(tok, [("sure", -0.2), ("maybe", -1.5), ("b0", -2.0), ("b1", -0.1)])
+    trunk = gw.open_session("ep")
+    status, body, headers = _call(gw, trunk, FIRST, **{BRANCHABLE: "1"})  # 0.2 nats per token: served
+    assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == "sure"
+    session = gw.sessions[trunk]
+    calls, charged = session.calls_made, session.tokens_charged
+    status, body, headers = _call(gw, trunk, _second("sure"), **{BRANCHABLE: "1"})  # 1.5: the branch point
+    assert status == 200 and headers.get(ORDER) == "order" and body["branch"]["call"] == 2
+    keys = body["branch"]["keys"]
+    assert keys == branch_keys(session) and len(keys) == 2
+    assert len(session.interactions) == 1  # the deciding sample was not recorded
+    assert (session.calls_made, session.tokens_charged) == (calls, charged)  # nor charged
+    assert len(gw.engine.prompts) == 2  # call 2 sampled once, for the decision
+    for i, key in enumerate(keys):  # each branch samples call 2 afresh, and never branches again (b0 is at 2.0 nats)
+        status, body, headers = _call(gw, key, _second("sure"), **{BRANCHABLE: "1"})
+        assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == f"b{i}"
+        branch = gw.sessions[key]
+        assert branch_of(branch).entropy == pytest.approx(1.5) and branch.calls_made == calls + 1
+        assert gw.engine.prompts[2 + i] == gw.engine.prompts[1]  # the same prompt the decision was sampled on
+    assert _call(gw, trunk, _second("sure"), **{BRANCHABLE: "1"})[0] == 409  # the trunk's key is retired
+
+
+def test_an_entropy_candidate_that_cannot_fork_is_served_and_the_refusal_kept(tok):
+    gw = _entropy_gateway(tok, [("maybe", -1.5), ("again", -3.0)])
+    trunk = gw.open_session("ep")
+    status, body, headers = _call(gw, trunk, FIRST)  # no x-areal-branchable: served as sampled
+    assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == "maybe"
+    assert refusal(gw.sessions[trunk]).startswith("the call did not come through the client handed")
+    status, body, headers = _call(gw, trunk, _second("maybe"), **{BRANCHABLE: "1"})  # a session's one branch point is settled
+    assert status == 200 and ORDER not in headers and branch_keys(gw.sessions[trunk]) == []
+
+
+def test_a_streamed_entropy_candidate_is_streamed_whole_below_the_threshold_and_ordered_above(tok):
+    gw = _entropy_gateway(tok, [("sure thing", -0.2), ("maybe", -1.5)])
+    trunk = gw.open_session("ep")
+    status, body, headers = _call(gw, trunk, FIRST, stream=True, **{BRANCHABLE: "1"})
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in body["events"] if e["choices"])
+    assert status == 200 and ORDER not in headers and text == "sure thing"
+    session = gw.sessions[trunk]
+    (only,) = session.interactions.values()
+    assert only.output_logprobs == [-0.2] * len(only.output_ids)
+    assert session.tokens_charged == len(only.output_ids)  # refunded once, to what was sampled
+    status, body, headers = _call(gw, trunk, _second("sure thing"), stream=True, **{BRANCHABLE: "1"})
+    assert status == 200 and headers.get(ORDER) == "order" and len(body["branch"]["keys"]) == 2
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
-    [({"n": 1, "at_call": 2}, "rollout.branch.n"), ({"n": 3}, "rollout.branch.at_call"), ({"at_call": -1}, "rollout.branch.at_call")],
+    [
+        ({"n": 1, "at_call": 2}, "rollout.branch.n"),
+        ({"n": 3}, "rollout.branch.at_call"),
+        ({"at_call": -1}, "rollout.branch.at_call"),
+        ({"n": 2, "entropy": -0.5}, "rollout.branch.entropy"),
+        ({"n": 2, "entropy": float("nan")}, "rollout.branch.entropy"),
+    ],
 )
 def test_settings_are_checked_naming_the_field(fields, named):
     with pytest.raises(ValueError, match=named):
