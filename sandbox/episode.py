@@ -43,9 +43,10 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
     import httpx
 
     from sandbox import branch
-    from sandbox.relay import ZmqTransport
+    from sandbox.relay import loop_transport, route_own_clients
 
     branch.arm(result_fd, spawn.api_key, spawn.episode_id, relay)
+    route_own_clients(relay.port, gateway_addr)
 
     data = json.loads(spawn.data)
     # The session in the URL as well as the key: agents that send no key, or a hard-coded
@@ -56,7 +57,7 @@ def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Rela
     os.environ.update(variables)
 
     async def main() -> object:
-        transport = ZmqTransport(gateway_addr)
+        transport = loop_transport(gateway_addr)  # shared with the clients the agent builds itself
         async with hand_out(httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None)) as client:
             result = run(data, base_url=base_url, api_key=spawn.api_key, http_client=client)
             return await result if inspect.isawaitable(result) else result

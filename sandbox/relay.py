@@ -1,7 +1,8 @@
 """The agent's only way out: HTTP on its own loopback, or httpx directly, relayed over ZeroMQ.
 
-    agent SDK ──HTTP/1.1──► Relay (127.0.0.1:PORT, own thread + event loop) ─┐
+    other HTTP ──HTTP/1.1─► Relay (127.0.0.1:PORT, own thread + event loop) ─┐
     agent httpx.AsyncClient(transport=ZmqTransport) ──────────────────────────┤ GatewayChannel
+    agent's own async httpx client to 127.0.0.1:PORT (route_own_clients) ─────┤
                                                                               ▼ DEALER, ipc://
                                                                gateway ROUTER (GatewayRequest ⇄
                                                                GatewayReply, msgpack, one frame)
@@ -27,6 +28,7 @@ import itertools
 import select
 import socket
 import threading
+import weakref
 from collections.abc import AsyncIterator
 
 import httpx
@@ -218,6 +220,38 @@ class ZmqTransport(httpx.AsyncBaseTransport):
         self.channel.close()
 
 
+_LOOP_TRANSPORTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ZmqTransport] = weakref.WeakKeyDictionary()
+
+
+def loop_transport(gateway_addr: str) -> ZmqTransport:
+    """The running loop's one ZmqTransport to the gateway: the handed client's, and that of every
+    client the agent builds itself (``route_own_clients``) in that loop. One per loop, because a
+    channel's socket belongs to the loop that made it; one only, because a branch point forks
+    with a single open socket (sandbox/branch.py) and a branch's key is the transport's to swap."""
+    loop = asyncio.get_running_loop()
+    transport = _LOOP_TRANSPORTS.get(loop)
+    if transport is None:
+        transport = _LOOP_TRANSPORTS[loop] = ZmqTransport(gateway_addr)
+    return transport
+
+
+def route_own_clients(port: int, gateway_addr: str) -> None:
+    """In the episode process, before the agent runs: an async httpx client the agent builds
+    itself (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its
+    requests for the relay's address over its loop's ZmqTransport instead of TCP, as the handed
+    client does: no HTTP hop, and the call can be a branch point. Requests elsewhere, sync clients
+    (``httpx.Client``: a call made while the agent's loop runs cannot use it) and other HTTP stacks
+    (``exec:`` programs, aiohttp, urllib) still go through the relay."""
+    original = httpx.AsyncHTTPTransport.handle_async_request
+
+    async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        if request.url.host != "127.0.0.1" or request.url.port != port:
+            return await original(self, request)
+        return await loop_transport(gateway_addr).handle_async_request(request)
+
+    httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+
+
 class Relay:
     """HTTP/1.1 server on 127.0.0.1:<free port> relaying every request to the gateway.
 
@@ -227,8 +261,9 @@ class Relay:
     first connection arrives, or at once with ``lazy=False``. Most Python agents never connect:
     they use the ``http_client`` handed to them, which goes straight to the gateway
     (``ZmqTransport``), so in a slot (``lazy=True``) the relay costs them one thread blocked in
-    ``select``; agents that speak HTTP (LangChain's own clients, ``exec:`` programs) pay the set-up
-    on their first request instead of ahead of it.
+    ``select``; agents that speak HTTP by other means than an async httpx client (sync clients,
+    aiohttp, ``exec:`` programs: ``route_own_clients``) pay the set-up on their first request
+    instead of ahead of it.
     """
 
     def __init__(self, gateway_addr: str) -> None:

@@ -2,7 +2,8 @@
 training run by tests/e2e/test_branched_run.py (``TwoCallAgent``).
 
 ``BranchAgent.run`` dispatches on ``data["case"]``, so one zygote serves every test. Each episode
-makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client. Before each call it bumps a
+makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client (``own``: a client
+of its own from OPENAI_BASE_URL; ``relay``: urllib to it). Before each call it bumps a
 counter in memory and appends a line to a file in its private temp dir; after the second (the
 branch point the tests set) it writes a file named after its reply, and its third call's user
 message is a report of what it sees: the counter, the notes file, the files other branches
@@ -12,11 +13,13 @@ The reward is the number in its second reply, so each branch's reward is its own
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import threading
+import urllib.request
 from typing import Any
 
 import anthropic
@@ -43,7 +46,7 @@ def _keys_in_own_memory(prefix: bytes = b"sk-areal-") -> set[str]:
 class BranchAgent:
     async def run(self, data: dict, **kw: Any) -> float:
         case = data["case"]
-        if case == "relay":  # the SDK's own HTTP stack, to the loopback relay (OPENAI_BASE_URL)
+        if case in ("own", "relay"):  # a client of its own from OPENAI_BASE_URL; "relay" calls with urllib (below)
             client: Any = openai.AsyncOpenAI(max_retries=0)
         elif case == "anthropic":  # through the httpx2 bridge (areal/agent/httpx2_bridge.py)
             root = kw["base_url"].removesuffix("/v1")
@@ -79,7 +82,9 @@ class BranchAgent:
                 if case == "attack":
                     report += " " + _attack(cgroup)
                 messages.append({"role": "user", "content": report})
-            if case == "anthropic":
+            if case == "relay":  # another HTTP stack than httpx (as an exec: program's): to the loopback relay
+                reply = _urllib_chat(messages)
+            elif case == "anthropic":
                 m = await client.messages.create(model="m", messages=messages, max_tokens=16)
                 reply = "".join(block.text for block in m.content if block.type == "text")
             else:
@@ -108,6 +113,17 @@ class TwoCallAgent:
             r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)
             messages += [{"role": "assistant", "content": r.choices[0].message.content or ""}, {"role": "user", "content": "again"}]
         return float(os.urandom(1)[0] % 2)
+
+
+def _urllib_chat(messages: list[dict]) -> str:
+    """One chat call by urllib to OPENAI_BASE_URL with OPENAI_API_KEY; the reply's text."""
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "m", "messages": messages, "max_tokens": 16}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.load(r)["choices"][0]["message"]["content"] or ""
 
 
 def _attack(cgroup: str) -> str:

@@ -11,15 +11,18 @@ from areal.engine.client import GenerateResult
 class ScriptedEngine:
     def __init__(self, tok, replies: list[tuple[str, str]], logprobs: list[float] | None = None) -> None:
         """``replies``: (text, the name of the stop token ending it), in the order requests come;
-        ``logprobs``: the logprob every token of each reply is sampled with (default -0.5 for all)."""
+        ``logprobs``: the logprob every token of each reply is sampled with, in the same order
+        (-0.5 for replies past its end, and for all without it; tests may add replies later)."""
         self.tok, self.replies, self.prompts, self.params = tok, list(replies), [], []
-        self.logprobs = [-0.5] * len(replies) if logprobs is None else list(logprobs)
+        self.logprobs = list(logprobs or ())
 
     def _next(self, input_ids, params) -> tuple[list[int], float]:
         self.prompts.append(list(input_ids))
         self.params.append(params)
         text, stop = self.replies.pop(0)
-        return self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)], self.logprobs.pop(0)
+        return self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)], (
+            self.logprobs.pop(0) if self.logprobs else -0.5
+        )
 
     @staticmethod
     def _result(ids: list[int], logprob: float, prompt: int, finish: str) -> GenerateResult:
