@@ -191,7 +191,11 @@ REACH_DESCRIPTORS = (
 REACH_ANON_INODES = ("anon_inode:[eventfd]", "anon_inode:[eventpoll]", "anon_inode:[timerfd]", "anon_inode:[signalfd]")
 # MAP_SHARED: only read-only mappings of files it can read anyway (glibc maps its gconv cache so);
 # none writable, none of memory outside its root (a ring, a SysV segment, a sibling's pages).
-REACH_SHARED_MAPPINGS = ("read-only mappings of files reachable by path",)
+REACH_SHARED_MAPPINGS = (
+    "read-only mappings of files reachable by path",
+    "read-only mappings of the host's system files (rootfs.SYSTEM_DIRS), readable by path on the host's root; "
+    "on a task's root, the zygote's own (the C library's locale caches) come with the fork",
+)
 REACH_MOUNTS = {  # file system type -> where an episode's root may have one (readonly_root layer)
     "tmpfs": "/ (read-only), the writable REACH_WRITABLE, read-only masks over hidden paths",
     "overlay": "read-only views of the planned paths (ZygoteReady.root): locks there stay inside",
@@ -201,6 +205,7 @@ REACH_MOUNTS = {  # file system type -> where an episode's root may have one (re
 REACH_WRITABLE = ("/tmp", "/dev/shm")
 # A world's episode (sandbox/world.py): mount point -> its file system type, writable.
 REACH_WORLD_MOUNTS = {
+    "/": "overlay",  # a task's root file system under a layer of its own (task.json "root")
     "/workspace": "overlay",  # its task's base under a layer of its own: the agent's working copy
     "/checks": "tmpfs",  # decoys: files owned by nobody, readable, not writable (their access times are the evidence)
     "/reference": "tmpfs",

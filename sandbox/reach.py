@@ -180,7 +180,10 @@ def _shared_mappings() -> list[str]:
         for line in f:
             fields = line.split(maxsplit=5)
             perms, path = fields[1], fields[5].strip() if len(fields) > 5 else "[anon]"
-            if perms[3] == "s" and not (perms[1] == "-" and path.startswith("/") and os.path.isfile(path)):
+            readonly_file = perms[1] == "-" and path.startswith("/")
+            # a host system file the zygote mapped (the C library's locale caches) comes with the fork onto a task's root
+            system = any(path.startswith(d + "/") for d in isolation.rootfs.SYSTEM_DIRS)
+            if perms[3] == "s" and not (readonly_file and (os.path.isfile(path) or system)):
                 out.append(f"{perms} {path}")
     return out
 

@@ -94,6 +94,19 @@ _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 
 
 @dataclass(frozen=True)
+class TaskRoot:
+    """A task's own root file system as an episode's / (host directories): ``lower``, the tree (a
+    debootstrap, a container image's unpacked layers), read-only and shared; ``upper`` and
+    ``work``, the episode's writable layer over it; ``empty``, an empty directory no episode sees
+    (the second lower layer of the read-only views of the host's paths)."""
+
+    lower: str
+    upper: str
+    work: str
+    empty: str
+
+
+@dataclass(frozen=True)
 class WorldView:
     """What a world adds to a root (sandbox/world.py makes it; paths on the left are in the root)."""
 
@@ -102,9 +115,17 @@ class WorldView:
     work: str  # overlayfs's work directory beside ``upper`` ("" with it)
     readonly: tuple[tuple[str, str], ...] = ()  # (path, host directory): bound read-only
     decoys: tuple[tuple[str, str], ...] = ()  # (path, host directory): bound with strict access times
+    root: TaskRoot | None = None  # the task's root file system in place of the host's system paths
 
     def targets(self) -> list[str]:
         return [WORKSPACE, *(p for p, _ in self.readonly), *(p for p, _ in self.decoys)]
+
+    def host_dirs(self) -> list[str]:
+        """Every host directory the view names (opened before anything is hidden)."""
+        dirs = [*self.lower, self.upper, self.work, *(d for _, d in (*self.readonly, *self.decoys))]
+        if self.root is not None:
+            dirs += [self.root.lower, self.root.upper, self.root.work, self.root.empty]
+        return [d for d in dirs if d]
 
 
 WORKSPACE = "/workspace"
@@ -117,6 +138,15 @@ class RootPlan:
     binds: tuple[str, ...]  # paths (directories or files) bound read-only at the same path
     links: tuple[tuple[str, str], ...]  # (path, target): symlinks recreated, e.g. /bin -> usr/bin
     hide: tuple[str, ...]  # paths inside ``binds`` replaced by an empty read-only directory or file
+    # the paths of ``binds``' making (the interpreter, code, the agent's) that lie inside a system path
+    # and so are not binds of their own: bound themselves when a task's root replaces the system paths
+    nested: tuple[str, ...] = ()
+
+    def own_binds(self) -> list[str]:
+        """What a root on a task's root file system binds: the plan's paths but the host's system
+        paths and /etc entries (the task's root has its own), with the ones nested in them."""
+        system = [*SYSTEM_DIRS, "/etc"]
+        return sorted({*(b for b in self.binds if not any(_inside(b, d) for d in system)), *self.nested})
 
 
 def home_dirs() -> set[str]:
@@ -204,6 +234,7 @@ def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[Roo
     # every other path at its real path and, when it differs, at the path as named too.
     targets = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     targets += [f"/etc/{n}" for n in ETC_ALLOW if os.path.exists(f"/etc/{n}")]
+    own: list[str] = []  # the interpreter's, the code's, the agent's and the config's paths
     for p in [*python_paths(), *code_paths(), *extra, *expose]:
         p = os.path.abspath(p)
         forms = {p, os.path.realpath(p)}
@@ -214,13 +245,18 @@ def plan_root(expose: list[str], hide: list[str], extra: list[str]) -> tuple[Roo
                     "put the agent's code in a project directory or name one in sandbox.expose"
                 )
             continue
-        targets += sorted(forms)
+        own += sorted(forms)
+    targets += own
     kept: list[str] = []
     for p in sorted(set(targets)):
         if not any(_inside(p, k) for k in kept):
             kept.append(p)
+    nested: list[str] = []  # own paths inside a system one, each once (not inside another)
+    for p in sorted(set(own)):
+        if any(_inside(p, d) for d in (*SYSTEM_DIRS, "/etc")) and not any(_inside(p, n) for n in nested):
+            nested.append(p)
     hidden = sorted({h for h in (os.path.abspath(h) for h in hide) for k in kept if _inside(h, k) and h != k})
-    return RootPlan(binds=tuple(kept), links=links, hide=tuple(hidden)), warnings
+    return RootPlan(binds=tuple(kept), links=links, hide=tuple(hidden), nested=tuple(nested)), warnings
 
 
 def _inside(path: str, top: str) -> bool:
@@ -320,6 +356,21 @@ def _mount_view(root: str, view: WorldView, fds: dict[str, int]) -> None:
         _mount(None, root + path, None, _MS_BIND | _MS_REMOUNT | _MS_STRICTATIME | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
 
 
+def _stage_root(root: str, task_root: TaskRoot | None, fds: dict[str, int]) -> str:
+    """The new root's file system at ``root``: a small tmpfs, or the task's tree under the episode's
+    own layer (writable: every change the episode's alone); returns the empty directory the views
+    of the host's paths take as their second lower layer, which no episode can write into (read-only
+    with the tmpfs, or outside the task's root)."""
+    if task_root is None:
+        _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+        os.makedirs(f"{root}/.empty", mode=0o755)
+        return f"{root}/.empty"
+    fd = {k: f"/proc/self/fd/{fds[getattr(task_root, k)]}" for k in ("lower", "upper", "work", "empty")}
+    options = f"lowerdir={fd['lower']},upperdir={fd['upper']},workdir={fd['work']},redirect_dir=off,metacopy=off,index=off"
+    _mount("overlay", root, "overlay", _MS_NOSUID | _MS_NODEV, options)
+    return fd["empty"]
+
+
 def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path: str, view: WorldView | None = None) -> None:
     """A new mount namespace whose root holds only ``plan`` (read-only), a private /tmp, an empty
     /dev/shm, the devices of DEVICES and the gateway's socket (none for ""), and ``view``'s
@@ -328,8 +379,9 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
     there: in a user namespace the kernel mounts a new proc only where a fully visible one exists."""
     _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing of ours propagates to the host
+    task_root = view.root if view is not None else None
     # Every source is opened before the staging tmpfs goes over /tmp (O_PATH: no access needed).
-    sources = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in plan.binds]
+    sources = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in (plan.own_binds() if task_root else plan.binds)]
     # A file is bound from an overlay of the directory really holding it (/etc/localtime is a link).
     real = {p: os.path.realpath(p) for p, _, is_dir in sources if not is_dir}
     parents = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in sorted({os.path.dirname(r) for r in real.values()})}
@@ -337,23 +389,20 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
     sock = os.path.realpath(socket_path) if socket_path else ""
     sock_fd = os.open(sock, os.O_PATH) if sock else -1
     proc_fd = os.open("/proc", os.O_PATH)
-    view_dirs = [d for d in (*(view.lower if view else ()), view.upper if view else "", view.work if view else "") if d]
-    view_dirs += [d for _, d in (*view.readonly, *view.decoys)] if view else []
-    view_fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in view_dirs}
-    root = "/tmp"  # staging: a tmpfs over /tmp, in this namespace only; it becomes /
-    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    view_fds = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in (view.host_dirs() if view else ())}
+    root = "/tmp"  # staging: over /tmp, in this namespace only; it becomes /
+    empty = _stage_root(root, task_root, view_fds)
     # Under /tmp: exposed inside the private /tmp, which is mounted after the read-only pass.
     late = [(path, fd, is_dir) for path, fd, is_dir in sources if path == "/tmp" or path.startswith("/tmp/")]
-    empty = f"{root}/.empty"  # read-only with the rest of the root below: nothing can appear in it
-    os.makedirs(empty, mode=0o755)
     _expose([s for s in sources if s not in late], real, parents, root, empty, f"{root}/.staging")
-    for path, target in plan.links:
+    for path, target in plan.links if task_root is None else ():  # a task's root has its own
         os.symlink(target, root + path)
+    masks = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if task_root else 0)  # else read-only by the pass below
     for path in plan.hide:
         if os.path.exists(root + path) and not (path == "/tmp" or path.startswith("/tmp/")):
-            _mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755") if os.path.isdir(
-                root + path
-            ) else _mount("/dev/null", root + path, None, _MS_BIND)
+            _mount("tmpfs", root + path, "tmpfs", masks, "size=4k,mode=0755") if os.path.isdir(root + path) else _mount(
+                "/dev/null", root + path, None, _MS_BIND
+            )
     for path, fd in devices:
         _mountpoint(root + path, is_dir=False)
         _mount(f"/proc/self/fd/{fd}", root + path, None, _MS_BIND)
@@ -363,13 +412,17 @@ def enter_minimal_root(plan: RootPlan, tmp_size: int, shm_size: int, socket_path
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ):
-        os.symlink(target, f"{root}/dev/{name}")
+        if not os.path.lexists(f"{root}/dev/{name}"):  # a task's root may have them
+            os.symlink(target, f"{root}/dev/{name}")
     for d in ("/proc", "/tmp", "/dev/shm", *(view.targets() if view else ())):
         os.makedirs(root + d, mode=0o755, exist_ok=True)
     _mount(f"/proc/self/fd/{proc_fd}", root + "/proc", None, _MS_BIND | _MS_REC)
     if sock and not sock.startswith("/tmp/"):
         _bind(sock_fd, root + sock, is_dir=False, readonly=False)
-    _readonly_tree(root)
+    if task_root is None:
+        _readonly_tree(root)
+    else:  # the root stays writable (the episode's layer); what was bound into it is read-only already, but the host's /proc
+        _readonly_tree(root + "/proc")
     _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_size},mode=1777")
     _expose(late, real, parents, root, empty, f"{root}/tmp/.staging")  # overlays are read-only already
     if sock.startswith("/tmp/"):

@@ -1,7 +1,8 @@
 """Tasks with a world: the task directory format, and each episode's private copy-on-write view of it.
 
     task directory (never visible to an episode: hidden where an exposed path holds it)
-      task.json    prompt, protected paths, the workspace's own tests, timeout, reward rule (``load_task``)
+      task.json    prompt, protected paths, the workspace's own tests, timeout, reward rule (``load_task``),
+                   and optionally "root": a root file system to run in (debootstrap's, an image's tree)
       repo/        the base: the repository the agent works on, shared read-only by every episode
       checks/      the grader's tests (pytest files): /checks in the grader only
       reference/   optional files the checks read: /reference in the grader only
@@ -9,9 +10,13 @@
     zygote (a mount namespace of its own from its first world on: ``enter_private_mounts``)
       prepare()    <temp_root>/areal-worlds-<zygote pid>/<slot>: a tmpfs of sandbox.workspace_size_bytes
                    holding upper/ + work/ (the episode's layer) and decoy/ (what it finds at /checks)
-      episode      /workspace  overlay: repo/ under upper/, writable; the agent's working directory
+      episode      /           with a task root: overlay of the root under root/upper/, writable (the
+                               sandbox's own paths bound read-only into it: interpreter, code, socket)
+                   /workspace  overlay: repo/ under upper/, writable; the agent's working directory
                    /checks, /reference  decoys: files owned by nobody, readable, access times kept
-      grader       /workspace  overlay: its own scratch layer over upper/ over repo/ (sandbox/grader.py
+      grader       /           with a task root: the task's root under a scratch layer (grader-root/), never
+                               the episode's changes to it
+                   /workspace  overlay: its own scratch layer over upper/ over repo/ (sandbox/grader.py
                                restores the protected paths in it before any check runs)
                    /checks, /reference, /.task/base (repo/), /.task/upper (upper/): read-only
       release()    the tmpfs unmounted, its directory removed, once the grader is done
@@ -29,8 +34,10 @@ Invariants:
   zygote (``apply_grade``): an episode's own reward for a world is never taken.
 
 What is not covered: a zygote that is not root (it cannot mount the tmpfs; a world episode fails
-as infrastructure, naming why); base trees that are not directories (an image, a root file system
-is a directory made by debootstrap, and works as a base as it is).
+as infrastructure, naming why); bases and roots that are not directories (an image file: unpack it).
+A task root must hold the shared libraries the sandbox's interpreter links (its glibc, as new as
+the host's): the interpreter itself is the host's, bound in, so commands such as
+``python -m pytest`` run with the sandbox's Python and the root's programs and libraries.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from dataclasses import dataclass
 import msgspec
 
 from areal.protocol import EpisodeOutcome, Grade
-from sandbox.rootfs import RootPlan, WorldView, _inside
+from sandbox.rootfs import RootPlan, TaskRoot, WorldView, _inside
 
 TASK_FILE = "task.json"
 CHECKS, REFERENCE = "/checks", "/reference"
@@ -78,6 +85,7 @@ class Task:
     timeout_s: float  # the checks' wall-clock limit
     reward: str  # "all": 1.0 when every check passes, else 0.0; "fraction": the share that pass
     checks: tuple[str, ...]  # the check names: "checks/test_x.py::test_f", "tests/test_y.py::TestC::test_g"
+    root: str = ""  # a root file system (absolute, real path) the episode and its grader run in; "": the host's system paths
 
     @property
     def base(self) -> str:
@@ -100,7 +108,7 @@ def load_task(path: str) -> Task:
         raise ValueError(f"task directory {path} has no {TASK_FILE}")
     with open(spec_file) as f:
         spec = json.load(f)
-    known = {"id", "prompt", "protected", "tests", "pythonpath", "timeout_s", "reward"}
+    known = {"id", "prompt", "protected", "tests", "pythonpath", "timeout_s", "reward", "root"}
     if not isinstance(spec, dict) or set(spec) - known:
         raise ValueError(
             f"{spec_file}: an object with keys among {sorted(known)}, got {sorted(spec) if isinstance(spec, dict) else spec!r}"
@@ -136,11 +144,28 @@ def load_task(path: str) -> Task:
         timeout_s=float(timeout),
         reward=reward,
         checks=(),
+        root=task_root(spec_file, path, spec.get("root")),
     )
     names = check_names(task)
     if not names:
         raise ValueError(f"task directory {path}: no test function in checks/ or the task's tests (def test_... in test_*.py)")
     return dataclasses.replace(task, checks=tuple(names))
+
+
+def task_root(spec_file: str, task_dir: str, value: object) -> str:
+    """task.json's "root" (a path relative to the task directory, or absolute) as a real path; "" for none."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{spec_file}: root must be a path to a root file system (a directory), got {value!r}")
+    root = os.path.realpath(os.path.join(task_dir, value))
+    if not os.path.isdir(root):
+        raise ValueError(f"{spec_file}: root {value!r} is not a directory ({root})")
+    if not any(os.path.isfile(os.path.join(root, sh)) or os.path.islink(os.path.join(root, sh)) for sh in ("bin/sh", "usr/bin/sh")):
+        raise ValueError(f"{spec_file}: root {root} has no bin/sh or usr/bin/sh: not a root file system (make one with debootstrap)")
+    if root == "/" or any(_inside(root, d) for d in ("/proc", "/sys", "/dev")):
+        raise ValueError(f"{spec_file}: root {root} is the host's own / or a kernel file system")
+    return root
 
 
 def _relative(p: str) -> bool:
@@ -231,6 +256,13 @@ class WorldResources:
     def decoy(self, path: str) -> str:
         return os.path.join(self.dir, "decoy", path.strip("/"))
 
+    def task_root(self, who: str) -> TaskRoot | None:
+        """``who``'s ("root": the episode's, "grader-root": its grader's) layer over the task's root."""
+        if not self.task.root:
+            return None
+        layer = os.path.join(self.dir, who)
+        return TaskRoot(self.task.root, os.path.join(layer, "upper"), os.path.join(layer, "work"), os.path.join(self.dir, "empty"))
+
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
@@ -281,6 +313,12 @@ def prepare(task: Task, name: str, parent: str, size_bytes: int) -> WorldResourc
     try:
         os.mkdir(res.upper, 0o755)
         os.mkdir(res.work, 0o700)
+        if task.root:  # the episode's and the grader's layers over the task's root, and the views' empty lower layer
+            for who in ("root", "grader-root"):
+                layer = res.task_root(who)
+                os.makedirs(layer.upper, 0o755)
+                os.mkdir(layer.work, 0o700)
+            os.mkdir(os.path.join(path, "empty"), 0o555)
         for where, filename in DECOY_FILES.items():
             d = res.decoy(where)
             os.makedirs(d)
@@ -315,14 +353,20 @@ def decoy_tripwires(res: WorldResources) -> list[str]:
 
 
 def episode_view(res: WorldResources) -> WorldView:
-    return WorldView(lower=(res.task.base,), upper=res.upper, work=res.work, decoys=tuple((p, res.decoy(p)) for p in DECOY_FILES))
+    return WorldView(
+        lower=(res.task.base,),
+        upper=res.upper,
+        work=res.work,
+        decoys=tuple((p, res.decoy(p)) for p in DECOY_FILES),
+        root=res.task_root("root"),
+    )
 
 
 def grader_view(res: WorldResources) -> WorldView:
     readonly = [(CHECKS, res.task.checks_dir), (TASK_BASE, res.task.base), (TASK_UPPER, res.upper)]
     if os.path.isdir(res.task.reference_dir):
         readonly.append((REFERENCE, res.task.reference_dir))
-    return WorldView(lower=(res.upper, res.task.base), upper="", work="", readonly=tuple(readonly))
+    return WorldView(lower=(res.upper, res.task.base), upper="", work="", readonly=tuple(readonly), root=res.task_root("grader-root"))
 
 
 def apply_grade(outcome: EpisodeOutcome, grade: Grade, res: WorldResources, seen: list[str]) -> EpisodeOutcome:

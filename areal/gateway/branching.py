@@ -193,12 +193,12 @@ def sampled_entropy(results: list) -> float:
     return -sum(lps) / len(lps) if lps else 0.0
 
 
-def decide(gateway: Gateway, session: Session, probe: Probe, results: list) -> None:
+def decide(gateway: Gateway, session: Session, probe: Probe, results: list, held: int) -> None:
     """After a candidate call (``probe``) is sampled: below the entropy threshold, nothing (the
     call is served); at or above it, raise ``BranchOrdered`` with the order, the sample discarded
     and the call's charge to the session's budgets taken back (each branch makes the call again,
     charged to its own session), or, when the episode could not fork there, keep the refusal and
-    serve the call."""
+    serve the call. ``held``: the tokens the call holds of the session's budget."""
     config, entropy = gateway.branching, sampled_entropy(results)
     if config is None or not config.entropy or entropy < config.entropy or session.store.get(STATE) is not None:
         return  # a concurrent call of the session may have settled its branch point meanwhile
@@ -206,7 +206,7 @@ def decide(gateway: Gateway, session: Session, probe: Probe, results: list) -> N
         session.store[STATE] = BranchPoint(probe.call, refused=NOT_HANDED, entropy=entropy)
         return
     session.calls_made -= 1
-    session.tokens_charged -= sum(len(r.output_ids) for r in results)
+    session.tokens_charged -= held
     raise BranchOrdered(_order(gateway, session, probe.call, entropy))
 
 

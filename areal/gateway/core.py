@@ -482,16 +482,21 @@ class Gateway:
         ids = choice_ids(turn.sampling.n, response_id)
         return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
 
-    async def _sample_turn(self, session: Session, turn: Turn, prompt: Prompt, params: dict, probe: branching.Probe | None) -> list[Any]:
-        """The engine's n results of a prepared turn, charged to its session; a candidate branch
-        point (``probe``) is decided on them, and may raise the order instead (branching.decide)."""
+    async def _sample_turn(
+        self, session: Session, turn: Turn, prompt: Prompt, params: dict, probe: branching.Probe | None, refund: bool = True
+    ) -> list[Any]:
+        """The engine's n results of a prepared turn, charged to its session (``refund``: each
+        choice's unused reservation given back here; a stream gives it back at each choice's end);
+        a candidate branch point (``probe``) is decided on them, and may raise the order instead
+        (branching.decide)."""
         s = turn.sampling
         self._admit(session, s)
         kwargs = engine_kwargs(s, session)
         calls = [self.engine.generate(prompt.ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
-        results = await self._sampled(session, calls, s.max_tokens)
-        if probe is not None:
-            branching.decide(self, session, probe, results)
+        results = await self._sampled(session, calls, s.max_tokens if refund else None)
+        if probe is not None:  # the tokens this call holds of the session's budget: its reservation, or what it sampled
+            held = sum(len(r.output_ids) for r in results) if refund else s.n * s.max_tokens
+            branching.decide(self, session, probe, results, held)
         return results
 
     async def complete_prompt(self, session: Session, ids: list[int], s: Sampling, *, response_id: str | None = None) -> list[Choice]:
@@ -513,9 +518,10 @@ class Gateway:
             prompt_choice(self, session, ids, pid, s, i, cid, r) for i, (cid, r) in enumerate(zip(choice_ids(s.n, response_id), results))
         ]
 
-    async def _sampled(self, session: Session, calls: list[Any], reserved: int) -> list[Any]:
+    async def _sampled(self, session: Session, calls: list[Any], reserved: int | None) -> list[Any]:
         """The engine's results of ``calls``, one request's choices, as the session's task: a
-        close of the session cancels them (a 401). Each choice's unused reservation is refunded."""
+        close of the session cancels them (a 401). Each choice's unused reservation (of
+        ``reserved`` tokens; None: refunded by the caller) is refunded."""
         # This request's task is the session's while it awaits the engine: close_session cancels
         # it, and the cancellation reaches the engine calls.
         task = asyncio.current_task()
@@ -532,7 +538,7 @@ class Gateway:
             session.engine_tasks.discard(task)
         if session.closed:  # closed as the answers came in: nothing is recorded into a closed session
             raise session_closed()
-        for r in results:
+        for r in results if reserved is not None else ():
             session.refund(reserved, len(r.output_ids))
         return results
 
@@ -544,8 +550,8 @@ class Gateway:
         probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
         # a candidate branch point is sampled whole first (its entropy decides), then streamed as one piece
-        ready = await self._sample_turn(session, turn, prompt, params, probe) if probe is not None else None
-        if ready is None:
+        ready = tuple(await self._sample_turn(session, turn, prompt, params, probe, refund=False)) if probe is not None else ()
+        if not ready:
             self._admit(session, turn.sampling)
         deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced, ready)
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once

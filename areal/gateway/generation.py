@@ -419,20 +419,11 @@ def _visible(text: str, final: bool, hold: int) -> int:
 
 
 async def stream_choices(
-    gateway: Gateway,
-    session: Session,
-    turn: Turn,
-    prompt: Prompt,
-    params: dict,
-    interaction_ids: list[str],
-    forced: str = "",
-    ready: list[Any] | None = None,
+    gateway: Gateway, session: Session, turn: Turn, prompt: Prompt, params: dict, ids: list[str], forced: str = "", ready: tuple = ()
 ) -> AsyncIterator[ChoiceDelta]:
-    """Merge the n engine streams into ChoiceDeltas; cancels the engine streams when abandoned.
-    ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first token.
-    ``ready``: the n results, already sampled and refunded (a candidate branch point's), streamed
-    each as one piece.
-    The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
+    """Merge the n engine streams (or ``ready``: n results already sampled, each one piece) into ChoiceDeltas of the choices ``ids``;
+    cancels the engine streams when abandoned. ``forced`` (as in ``finish_choice``) is fed to each choice's parser before its first
+    token. The pumps are the session's tasks: its close cancels them, and the stream ends in a 401 error."""
     n, stops = turn.sampling.n, turn.sampling.stop
     size = len(prompt.ids)  # every delta carries it: a stream's first event may report it (Anthropic's message_start)
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -446,7 +437,7 @@ async def stream_choices(
     emitted = [0] * n  # characters of decoded text already fed to the parser
     last: list[Any] = [None] * n
     hold = max((len(s) for s in stops), default=1) - 1  # a stop string may still be completing
-    tasks = [asyncio.ensure_future(_pump(gateway, session, turn, prompt, params, i, queue, ready and ready[i])) for i in range(n)]
+    tasks = [asyncio.ensure_future(_pump(gateway, session, turn, prompt, params, i, queue, ready[i] if ready else None)) for i in range(n)]
     session.engine_tasks.update(tasks)
     open_ = n
     try:
@@ -474,12 +465,11 @@ async def stream_choices(
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
                 emitted[i] = visible
             if final:
-                if ready is None:  # a ready result's reservation was refunded when it was sampled
-                    session.refund(params["max_new_tokens"], len(result.output_ids))
+                session.refund(params["max_new_tokens"], len(result.output_ids))
                 events, parsed = parsers[i].finish()
                 for ev in events:
                     yield ChoiceDelta(index=i, kind=ev.kind, text=ev.text, prompt_tokens=size)
-                choice = record_choice(gateway, session, turn, prompt, i, interaction_ids[i], result, keep, finish or "abort", parsed)
+                choice = record_choice(gateway, session, turn, prompt, i, ids[i], result, keep, finish or "abort", parsed)
                 parsers[i] = None
                 open_ -= 1
                 yield ChoiceDelta(index=i, kind="done", choice=choice, prompt_tokens=size)

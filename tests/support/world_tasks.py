@@ -8,8 +8,13 @@ The task: ``calc.add`` subtracts. ``repo/tests/test_calc.py::test_add`` (visible
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 
 from sandbox.world import worlds_dir
 
@@ -23,8 +28,47 @@ CHECKS = (
 )
 
 
-def make_task(library: str, name: str = "calc-add", reward: str = "all") -> str:
-    """The task directory ``library/name`` (made anew)."""
+ROOT_RELEASE = "areal-test-root 1\n"  # /etc/os-release of make_root's file system
+ROOT_PROGRAMS = ("sh", "cat", "ls", "touch", "mkdir", "rm", "head", "env", "id")
+
+
+def make_root(dest: str) -> str:
+    """A small root file system at ``dest`` (made anew), as a task's "root" names one: the host's
+    ``ROOT_PROGRAMS`` and the shared libraries they, the interpreter and its standard library's
+    extension modules link (ldd), with the
+    host's merged-/usr links, and an /etc/os-release of its own. The interpreter itself is not
+    copied: the sandbox binds it in. A debootstrap tree is the same kind of directory, larger."""
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for name in ("bin", "lib", "lib64", "sbin"):  # the host's links (/bin -> usr/bin)
+        if os.path.islink(f"/{name}"):
+            os.symlink(os.readlink(f"/{name}"), f"{dest}/{name}")
+    programs = [shutil.which(p) or p for p in ROOT_PROGRAMS]
+    named = set(programs)
+    dynload = os.path.join(os.path.dirname(os.__file__), "lib-dynload")  # the standard library's extensions (zlib: libz)
+    for f in [*programs, sys.executable, *glob.glob(dynload + "/*.so")]:
+        named |= set(re.findall(r"(/\S+\.so[.\d]*)", subprocess.run(["ldd", f], capture_output=True, text=True).stdout))
+    prefix = os.path.realpath(sys.base_prefix)
+    for f in sorted(named):
+        real = os.path.realpath(f)
+        if real.startswith(prefix + "/"):  # the interpreter's own (libpython): bound in with it
+            continue
+        os.makedirs(os.path.realpath(os.path.dirname(dest + real)), exist_ok=True)
+        if not os.path.exists(dest + real):
+            shutil.copy2(real, dest + real)
+        if not os.path.exists(dest + f):  # a name that is a link on the host (/usr/bin/sh -> dash)
+            os.makedirs(os.path.realpath(os.path.dirname(dest + f)), exist_ok=True)
+            os.symlink(real, os.path.realpath(os.path.dirname(dest + f)) + "/" + os.path.basename(f))
+    os.makedirs(f"{dest}/etc", exist_ok=True)
+    with open(f"{dest}/etc/os-release", "w") as f:
+        f.write(ROOT_RELEASE)
+    for d in ("tmp", "proc", "dev", "root"):
+        os.makedirs(f"{dest}/{d}", exist_ok=True)
+    return dest
+
+
+def make_task(library: str, name: str = "calc-add", reward: str = "all", root: str = "") -> str:
+    """The task directory ``library/name`` (made anew); ``root``: its task.json's "root"."""
     d = os.path.join(library, name)
     files = {
         "repo/calc/__init__.py": BUGGY,
@@ -46,6 +90,7 @@ def make_task(library: str, name: str = "calc-add", reward: str = "all") -> str:
         "tests": ["tests"],
         "timeout_s": 30,
         "reward": reward,
+        **({"root": root} if root else {}),
     }
     with open(os.path.join(d, "task.json"), "w") as f:
         json.dump(spec, f)
@@ -53,12 +98,16 @@ def make_task(library: str, name: str = "calc-add", reward: str = "all") -> str:
 
 
 def tree_digest(path: str) -> dict[str, bytes]:
-    """Every file under ``path`` with its bytes (the base, to show it unchanged)."""
+    """Every file under ``path`` with its bytes, a link with its target (the base, to show it unchanged)."""
     out = {}
-    for d, _, names in os.walk(path):
-        for n in names:
-            with open(os.path.join(d, n), "rb") as f:
-                out[os.path.relpath(os.path.join(d, n), path)] = f.read()
+    for d, dirs, names in os.walk(path):
+        for n in [*names, *(x for x in dirs if os.path.islink(os.path.join(d, x)))]:
+            full = os.path.join(d, n)
+            if os.path.islink(full):
+                out[os.path.relpath(full, path)] = b"-> " + os.readlink(full).encode()
+                continue
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
     return out
 
 

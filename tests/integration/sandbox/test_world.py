@@ -23,12 +23,13 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import zmq
-from world_tasks import CHECKS, FIXED, HIDDEN_MARK, make_task, tree_digest, world_leftovers
+from world_tasks import CHECKS, FIXED, HIDDEN_MARK, ROOT_PROGRAMS, ROOT_RELEASE, make_root, make_task, tree_digest, world_leftovers
 from zygote_harness import busy_children, loop_thread, processes_with_arg, run, zygote_env
 
 from areal.protocol import EpisodeOutcome
 from sandbox import reach
 from sandbox.isolation import SandboxConfig
+from sandbox.world import load_task
 from sandbox.zygote_client import Zygote
 
 KEY = "sk-world-test-" + uuid.uuid4().hex
@@ -46,6 +47,7 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "signals": str(exposed / "signals"),
         "task": make_task(str(library)),
         "fraction": make_task(str(library), "calc-fraction", reward="fraction"),
+        "rooted": make_task(str(library), "calc-rooted", root=make_root(str(root / "system"))),
     }
 
 
@@ -290,3 +292,53 @@ def test_a_zygote_shut_down_mid_episode_leaves_no_world_behind(loop, place):
 def test_a_bad_task_directory_is_an_infrastructure_error(loop, zygote, place):
     out = episode(loop, zygote, os.path.join(place["root"], "no-such-task"))
     assert out.status == "error" and out.failure_class == "infrastructure" and "task.json" in out.error
+
+
+def test_a_task_root_is_the_episodes_system_and_what_it_changes_there_is_its_own(loop, zygote, place):
+    """task.json's "root": the episode's programs, libraries and /etc are the task's root file
+    system's, not the host's; it may write anywhere in it (its own layer); the root on disk, and
+    the next episode, see none of it; the grader runs the checks in the pristine root."""
+    task = place["rooted"]
+    system = os.path.join(place["root"], "system")
+    before = tree_digest(system)
+    commands = [
+        "cat /etc/os-release",
+        "ls /usr/bin",
+        "echo planted > /usr/bin/planted && echo x >> /etc/os-release && cat /usr/bin/planted",
+        "ls /usr/bin/apt /usr/bin/python3* 2>&1; echo done",
+    ]
+    seen = observed(episode(loop, zygote, task, commands=commands, report=True))
+    assert seen[0]["cwd"] == "/workspace" and seen[1]["out"] == ROOT_RELEASE, seen
+    assert set(seen[2]["out"].split()) == {*ROOT_PROGRAMS, "dash"}  # the root's programs alone (sh is dash)
+    assert seen[3]["rc"] == 0 and seen[3]["out"] == "planted\n"
+    assert "No such file" in seen[4]["out"]  # the host's programs are absent
+    assert tree_digest(system) == before  # the root on disk is untouched
+    again = observed(episode(loop, zygote, task, commands=["cat /etc/os-release", "ls /usr/bin/planted 2>&1 || true"], report=True))
+    assert again[1]["out"] == ROOT_RELEASE and "No such file" in again[2]["out"]  # nor does the next episode see it
+    graded = episode(loop, zygote, task, files={"calc/__init__.py": FIXED}, commands=["rm -f /usr/bin/cat"])
+    assert (graded.status, graded.reward, graded.grader) == ("ok", 1.0, "complete"), (graded.error, graded.grader)
+
+
+def test_an_episode_on_a_task_root_reaches_only_what_isolation_allows(loop, zygote, place):
+    seen = observed(episode(loop, zygote, place["rooted"], survey=True, report=True))
+    found = msgspec.json.decode(seen[1]["survey"], type=reach.Reach)
+    zpid = zygote.ready.pid
+    host_ns = {n: os.readlink(f"/proc/{zpid}/ns/{n}") for n in os.listdir(f"/proc/{zpid}/ns")}
+    unlisted = reach.unlisted(found, host_ns, zygote.ready.isolation, zygote.ready.root, zygote.gateway_addr.removeprefix("ipc://"))
+    assert unlisted == [], "\n".join(unlisted)
+    points = {m.point: (m.fstype, m.readonly) for m in found.mounts}
+    assert points["/"] == ("overlay", False) and points["/workspace"] == ("overlay", False) and points["/proc"][1]
+    assert not any(p == "/usr" or p.startswith("/usr/") or p.startswith("/etc/") for p in points)  # none of the host's bound
+
+
+def test_a_task_root_that_is_not_a_root_file_system_is_refused_naming_it(place, tmp_path):
+    bad = make_task(str(tmp_path / "lib"), "no-root", root="nothing-here")
+    with pytest.raises(ValueError, match="root 'nothing-here' is not a directory"):
+        load_task(bad)
+    os.makedirs(os.path.join(bad, "empty-root"))
+    with open(os.path.join(bad, "task.json")) as f:
+        spec = json.load(f)
+    with open(os.path.join(bad, "task.json"), "w") as f:
+        json.dump({**spec, "root": "empty-root"}, f)
+    with pytest.raises(ValueError, match="no bin/sh or usr/bin/sh"):
+        load_task(bad)

@@ -168,8 +168,10 @@ def test_a_streamed_entropy_candidate_is_streamed_whole_below_the_threshold_and_
     (only,) = session.interactions.values()
     assert only.output_logprobs == [-0.2] * len(only.output_ids)
     assert session.tokens_charged == len(only.output_ids)  # refunded once, to what was sampled
+    calls = session.calls_made
     status, body, headers = _call(gw, trunk, _second("sure thing"), stream=True, **{BRANCHABLE: "1"})
     assert status == 200 and headers.get(ORDER) == "order" and len(body["branch"]["keys"]) == 2
+    assert (session.calls_made, session.tokens_charged) == (calls, len(only.output_ids))  # the discarded call uncharged
 
 
 @pytest.mark.parametrize(
