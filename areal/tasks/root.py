@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mirror", default=MIRROR)
     ap.add_argument("--include", default="", help="more packages, comma-separated (git, make, ...)")
     args = ap.parse_args(argv)
+    if os.path.exists(args.dest) and (not os.path.isdir(args.dest) or os.listdir(args.dest)):
+        sys.exit(f"python -m areal.tasks.root: {args.dest} exists and is not an empty directory")
     if os.geteuid() != 0:
         sys.exit("python -m areal.tasks.root: debootstrap needs root")
     if shutil.which("debootstrap") is None:
         sys.exit("python -m areal.tasks.root: debootstrap is not installed (apt-get install debootstrap)")
-    if os.path.exists(args.dest) and os.listdir(args.dest):
-        sys.exit(f"python -m areal.tasks.root: {args.dest} exists and is not empty")
     packages, missing = packages_of(interpreter_libraries()) if shutil.which("dpkg") else ([], ["(no dpkg on this host)"])
     if missing:
         print(f"no Debian package found for {missing}: install what provides them into the root yourself", file=sys.stderr)
