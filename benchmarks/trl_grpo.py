@@ -5,6 +5,7 @@ sample) and wall-clock per step, ours next to TRL's. Two variants (``--model``):
     embedded  (harness name trl_grpo)          the embedded model, its single-turn arithmetic task
     smollm2   (harness name trl_grpo_smollm2)  SmolLM2-135M-Instruct on reasoning-gym's chain_sum,
                                                as ``make demo-smollm2`` trains it (conf/smollm2.yaml)
+                                               without its dynamic sampling (GRPOTrainer has none)
 
     python -m benchmarks.run trl_grpo [--quick]                  # or --with-trl with the other modules
     python -m benchmarks.run --with-trl trl_grpo_smollm2 [--quick]
@@ -416,6 +417,11 @@ def print_table(ours: dict[str, Any], trl: dict[str, Any], spec: dict[str, Any],
     print(f"\n{'figure':<44} {'ours':>10} {'TRL':>10} {'ours/TRL':>9}")
     for name, a, b in lines:
         print(f"{name:<44} {a:>10.4g} {b:>10.4g} {(a / b if b else float('nan')):>8.3g}x")
+    v = ours["versus_trl"]
+    print(
+        f"held-out sampled accuracy after, ours - TRL: {v['diff']:+.4f} (paired per problem; one-sided sign-flip p: "
+        f"ours ahead {v['p_ours_ahead']:.3g}, TRL ahead {v['p_trl_ahead']:.3g})"
+    )
     cfg = {k: spec[k] for k in ("steps", "n_samples", "groups_per_step", "max_tokens", "temperature", "lr", "clip_eps", "max_grad_norm")}
     print(f"config: {cfg}, held-out {len(spec['eval'])} problems; TRL threads {spec['threads']}, micro-batch {spec['micro_batch']}")
     print(
@@ -465,6 +471,10 @@ def compare(variant: Variant, quick: bool, steps: int | None = None, eval_size: 
             trl = run_trl(python, spec, rows, reward_fn, tmp, variant.timeout_s)
         checked = check_prompts(tmp / "ours", spec, order)
     trl["eval_test"] = paired_test(trl["eval_before"]["per_problem_sampled"], trl["eval_after"]["per_problem_sampled"])
+    # ours against TRL on the same held-out problems after the same episodes: (ours - TRL, p that ours is ahead by chance, and TRL)
+    ahead = paired_test(trl["eval_after"]["per_problem_sampled"], ours["eval_after"]["per_problem_sampled"])
+    behind = paired_test(ours["eval_after"]["per_problem_sampled"], trl["eval_after"]["per_problem_sampled"])
+    ours["versus_trl"] = {"diff": ahead["diff"], "p_ours_ahead": ahead["p_value"], "p_trl_ahead": behind["p_value"]}
     print(f"order: {'TRL, then ours' if trl_first else 'ours, then TRL'}; reward: {reward or 'math_reward (the agent)'}")
     print(f"prompts: our run's first call of {checked} recorded episodes = the chat template's rendering of TRL's messages")
     print_table(ours, trl, spec, load)
@@ -493,6 +503,13 @@ def compare(variant: Variant, quick: bool, steps: int | None = None, eval_size: 
             f"p={trl['eval_test']['p_value']:.3g})",
         ),
         row(f"held-out greedy accuracy after {n} steps", ours["eval_after"]["greedy_acc"], trl["eval_after"]["greedy_acc"], "accuracy"),
+        row(
+            f"held-out sampled accuracy after {n} steps, ours - TRL (paired, per problem)",
+            ours["versus_trl"]["diff"],
+            0.0,
+            "accuracy",
+            f"one-sided sign-flip p: ours ahead {ours['versus_trl']['p_ours_ahead']:.3g}, TRL ahead {ours['versus_trl']['p_trl_ahead']:.3g}",
+        ),
         row(
             "held-out sampled accuracy before training",
             ours["eval_before"]["sampled_acc"],

@@ -65,6 +65,10 @@ def test_smollm2_spec_is_what_our_run_draws_sends_and_scores(tmp_path):
     assert reward == "areal.reward.reasoning_gym:reasoning_gym_reward" and spec["reward"] == "pipe"
     assert (spec["n_samples"], spec["groups_per_step"], spec["max_tokens"], spec["lr"], spec["micro_batch"]) == (8, 2, 48, 2e-5, 16)
     assert config.trainer.checkpoint_every == 0 and config.data.eval_size == 5
+    assert config.rollout.dynamic_sampling is False  # GRPOTrainer keeps every group: the conf's DAPO filter is off on both sides
+    dapo = resolved_config(SMOLLM2, [*our_overrides(SMOLLM2, 3, 5, 2), "rollout.dynamic_sampling=true"])
+    with pytest.raises(ValueError, match="rollout.dynamic_sampling"):
+        trl_spec(SMOLLM2, dapo, Path("/model"), 3, 1, tmp_path)
 
     train, levels = train_problems(*user_rows(config.data, None, None, config.seed)[:1], config.data.train_size, config.seed)
     assert order == stratified_order(levels, 2, config.seed)[:6]
