@@ -248,14 +248,20 @@ def test_concurrent_episodes_on_one_base_see_only_their_own_writes(loop, zygote,
     assert tree_digest(os.path.join(task, "repo")) == before
 
 
-def test_a_world_episode_reaches_only_what_isolation_allows(loop, zygote, place):
-    seen = observed(episode(loop, zygote, place["task"], survey=True, report=True))
+def surveyed_mounts(loop, zygote: Zygote, task: str) -> dict[str, tuple[str, bool]]:
+    """An episode of ``task`` surveys what it reaches (sandbox/reach.py); checked to be nothing
+    isolation does not allow, its mounts are returned: point -> (file system type, read-only)."""
+    seen = observed(episode(loop, zygote, task, survey=True, report=True))
     found = msgspec.json.decode(seen[1]["survey"], type=reach.Reach)
     zpid = zygote.ready.pid
     host_ns = {n: os.readlink(f"/proc/{zpid}/ns/{n}") for n in os.listdir(f"/proc/{zpid}/ns")}
     unlisted = reach.unlisted(found, host_ns, zygote.ready.isolation, zygote.ready.root, zygote.gateway_addr.removeprefix("ipc://"))
     assert unlisted == [], "\n".join(unlisted)
-    points = {m.point: (m.fstype, m.readonly) for m in found.mounts}
+    return {m.point: (m.fstype, m.readonly) for m in found.mounts}
+
+
+def test_a_world_episode_reaches_only_what_isolation_allows(loop, zygote, place):
+    points = surveyed_mounts(loop, zygote, place["task"])
     assert points["/workspace"] == ("overlay", False) and points["/checks"] == ("tmpfs", False)
     assert points[os.path.dirname(place["task"])] == ("tmpfs", True)  # the library, masked
 
@@ -320,13 +326,7 @@ def test_a_task_root_is_the_episodes_system_and_what_it_changes_there_is_its_own
 
 
 def test_an_episode_on_a_task_root_reaches_only_what_isolation_allows(loop, zygote, place):
-    seen = observed(episode(loop, zygote, place["rooted"], survey=True, report=True))
-    found = msgspec.json.decode(seen[1]["survey"], type=reach.Reach)
-    zpid = zygote.ready.pid
-    host_ns = {n: os.readlink(f"/proc/{zpid}/ns/{n}") for n in os.listdir(f"/proc/{zpid}/ns")}
-    unlisted = reach.unlisted(found, host_ns, zygote.ready.isolation, zygote.ready.root, zygote.gateway_addr.removeprefix("ipc://"))
-    assert unlisted == [], "\n".join(unlisted)
-    points = {m.point: (m.fstype, m.readonly) for m in found.mounts}
+    points = surveyed_mounts(loop, zygote, place["rooted"])
     assert points["/"] == ("overlay", False) and points["/workspace"] == ("overlay", False) and points["/proc"][1]
     assert not any(p == "/usr" or p.startswith("/usr/") or p.startswith("/etc/") for p in points)  # none of the host's bound
 
