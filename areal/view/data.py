@@ -136,7 +136,12 @@ class RunView:
             row |= {"calls": e.get("interactions", 0), "drift": e.get("drift", 0), "error": (e.get("error") or "")[:LIST_ERROR_CHARS]}
             row["tree"] = e["episode_id"] in self.trees
             if "branch_of" in e:
-                row["branch"] = {"of": e["branch_of"], "index": e.get("branch_index"), "call": e.get("branch_call")}
+                row["branch"] = {
+                    "of": e["branch_of"],
+                    "index": e.get("branch_index"),
+                    "call": e.get("branch_call"),
+                    "entropy": e.get("branch_entropy"),
+                }
             out.append(row)
         return out
 
@@ -209,6 +214,7 @@ class RunView:
             "of": trunk,
             "call": record.get("branch_call"),
             "index": record.get("branch_index"),
+            "entropy": record.get("branch_entropy"),  # the branch point's sampled entropy, when found by entropy
             "siblings": [e["episode_id"] for e in siblings],
         }
 

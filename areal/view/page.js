@@ -30,6 +30,8 @@ function el(tag, attrs, ...children) {
 }
 
 const fmt = (x, digits = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+// a branch point found by entropy (rollout.branch.entropy): its sampled entropy per token
+const nats = (x) => (x === null || x === undefined ? "" : `, ${Number(x).toFixed(2)} nats/token`);
 const state = { episodes: [], selected: null };
 
 // ---- lists ---------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ function renderEpisodes() {
           title: e.error || "",
           onclick: () => (location.hash = "episode=" + encodeURIComponent(e.episode_id)),
         },
-        el("td", {}, e.episode_id, e.branch ? el("span", { class: "badge branch", title: `branch ${e.branch.index} of ${e.branch.of}` }, `at call ${e.branch.call}`) : ""),
+        el("td", {}, e.episode_id, e.branch ? el("span", { class: "badge branch", title: `branch ${e.branch.index} of ${e.branch.of}` }, `at call ${e.branch.call}${nats(e.branch.entropy)}`) : ""),
         el("td", { class: "status-" + e.status }, e.status),
         el("td", {}, e.failure_class ? `${e.failure_class}: ${e.failure_cause}` : ""),
         el("td", {}, fmt(e.reward)),
@@ -308,7 +310,7 @@ function renderEpisode(ep) {
         el(
           "span",
           { class: "branch-of" },
-          ` · branch ${ep.branch.index} of ${ep.branch.of} at call ${ep.branch.call}; siblings: `,
+          ` · branch ${ep.branch.index} of ${ep.branch.of} at call ${ep.branch.call}${nats(ep.branch.entropy)}; siblings: `,
           ...ep.branch.siblings.flatMap((s) => [el("a", { href: "#episode=" + encodeURIComponent(s), class: "sibling" }, s), " "]),
         ),
     ),

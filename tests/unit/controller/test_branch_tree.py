@@ -194,6 +194,7 @@ def test_rollout_branch_is_the_runs_setting():
     config = compose(overrides=["rollout.branch.n=2", "rollout.branch.at_call=1"])
     assert config.rollout.branch == BranchConfig(n=2, at_call=1) and config.rollout.branch.enabled
     assert not compose().rollout.branch.enabled  # off by default
+    assert compose(overrides=["rollout.branch.n=2", "rollout.branch.entropy=0.8"]).rollout.branch == BranchConfig(n=2, entropy=0.8)
     for overrides, error in [
         (["rollout.branch.n=17", "rollout.branch.at_call=1"], "rollout.branch.n must be 0"),
         (["rollout.branch.n=2"], "no branch point is: set rollout.branch.at_call"),
@@ -216,9 +217,9 @@ def test_the_viewer_shows_each_branch_with_its_shared_prefix_and_its_siblings(to
     (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r, _, _ in lines))
     (tmp_path / "calls.jsonl").write_text("".join(call_tree_line(r["episode_id"], i, row_rewards(o, i)) for r, o, i in lines))
     view = RunView(tmp_path)
-    assert [e["branch"] for e in view.episodes()] == [{"of": "ep", "index": i, "call": 2} for i in range(2)]
+    assert [e["branch"] for e in view.episodes()] == [{"of": "ep", "index": i, "call": 2, "entropy": None} for i in range(2)]
     ep = view.episode("ep/b1")
-    assert ep["branch"] == {"of": "ep", "call": 2, "index": 1, "siblings": ["ep/b0"]}
+    assert ep["branch"] == {"of": "ep", "call": 2, "index": 1, "entropy": None, "siblings": ["ep/b0"]}
     assert [bool(n.get("shared")) for n in ep["nodes"]] == [True, False, False]  # the call before the branch point
     assert [n.get("branch_point", {}).get("index") for n in ep["nodes"]] == [None, 1, None]
     assert view.episode("ep/b0")["branch"]["siblings"] == ["ep/b1"]
