@@ -8,14 +8,10 @@ The task: ``calc.add`` subtracts. ``repo/tests/test_calc.py::test_add`` (visible
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
-import shutil
-import subprocess
-import sys
 
+from areal.tasks.root import from_host
 from sandbox.world import worlds_dir
 
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -33,38 +29,10 @@ ROOT_PROGRAMS = ("sh", "cat", "ls", "touch", "mkdir", "rm", "head", "env", "id")
 
 
 def make_root(dest: str) -> str:
-    """A small root file system at ``dest`` (made anew), as a task's "root" names one: the host's
-    ``ROOT_PROGRAMS`` and the shared libraries they, the interpreter and its standard library's
-    extension modules link (ldd), with the
-    host's merged-/usr links, and an /etc/os-release of its own. The interpreter itself is not
-    copied: the sandbox binds it in. A debootstrap tree is the same kind of directory, larger."""
-    shutil.rmtree(dest, ignore_errors=True)
-    os.makedirs(dest)
-    for name in ("bin", "lib", "lib64", "sbin"):  # the host's links (/bin -> usr/bin)
-        if os.path.islink(f"/{name}"):
-            os.symlink(os.readlink(f"/{name}"), f"{dest}/{name}")
-    programs = [shutil.which(p) or p for p in ROOT_PROGRAMS]
-    named = set(programs)
-    dynload = os.path.join(os.path.dirname(os.__file__), "lib-dynload")  # the standard library's extensions (zlib: libz)
-    for f in [*programs, sys.executable, *glob.glob(dynload + "/*.so")]:
-        named |= set(re.findall(r"(/\S+\.so[.\d]*)", subprocess.run(["ldd", f], capture_output=True, text=True).stdout))
-    prefix = os.path.realpath(sys.base_prefix)
-    for f in sorted(named):
-        real = os.path.realpath(f)
-        if real.startswith(prefix + "/"):  # the interpreter's own (libpython): bound in with it
-            continue
-        os.makedirs(os.path.realpath(os.path.dirname(dest + real)), exist_ok=True)
-        if not os.path.exists(dest + real):
-            shutil.copy2(real, dest + real)
-        if not os.path.exists(dest + f):  # a name that is a link on the host (/usr/bin/sh -> dash)
-            os.makedirs(os.path.realpath(os.path.dirname(dest + f)), exist_ok=True)
-            os.symlink(real, os.path.realpath(os.path.dirname(dest + f)) + "/" + os.path.basename(f))
-    os.makedirs(f"{dest}/etc", exist_ok=True)
-    with open(f"{dest}/etc/os-release", "w") as f:
-        f.write(ROOT_RELEASE)
-    for d in ("tmp", "proc", "dev", "root"):
-        os.makedirs(f"{dest}/{d}", exist_ok=True)
-    return dest
+    """A small root file system at ``dest`` (made anew) of the host's ``ROOT_PROGRAMS``, as a
+    task's "root" names one (``areal.tasks.root.from_host``); a debootstrap tree is the same kind
+    of directory, larger."""
+    return from_host(dest, list(ROOT_PROGRAMS), ROOT_RELEASE)
 
 
 def make_task(library: str, name: str = "calc-add", reward: str = "all", root: str = "") -> str:

@@ -34,3 +34,15 @@ def test_a_directory_that_is_not_empty_is_refused_naming_it(tmp_path):
         root.main([str(tmp_path)])
     with pytest.raises(SystemExit, match="keep exists and is not an empty directory"):
         root.main([str(tmp_path / "keep")])
+
+
+def test_a_root_of_host_programs_holds_them_their_libraries_and_a_release_of_its_own(tmp_path):
+    dest = tmp_path / "root"
+    assert root.main([str(dest), "--from-host", "sh,cat"]) == 0
+    assert os.path.exists(dest / "bin" / "sh") and os.path.exists(dest / "usr" / "bin" / "cat")
+    libc = [lib for lib in root.interpreter_libraries() if os.path.basename(lib).startswith("libc.so")]
+    assert libc and os.path.exists(str(dest) + os.path.realpath(libc[0]))
+    assert (dest / "etc" / "os-release").read_text() == "areal-task-root\n"
+    assert not os.path.exists(str(dest) + os.path.realpath(sys.executable))  # the sandbox binds the interpreter in
+    with pytest.raises(SystemExit, match="programs not found on this host: \\['no-such-program-here'\\]"):
+        root.main([str(tmp_path / "other"), "--from-host", "sh,no-such-program-here"])
