@@ -11,6 +11,9 @@ Figures (each beside a baseline measured here, now):
   processes, graders, reporters and their children), from /proc/<zygote>/stat, over sequential
   episodes of each arm, interleaved. World episodes against the same agent without a world, with
   the default warm slots and with ``warm_slots=0`` (forked on the spot, as a world episode is).
+- CPU per episode of the same world on a root file system of its own (task.json's "root": a small
+  root of host programs, each episode's and each grader's root an overlay of it), against the world
+  on the host's system paths.
 - the grader's unavoidable part: pytest over the task's checks and tests, run alone on this host
   (``python -I -m pytest`` on a scratch copy, no sandbox), against what the world added to an
   episode (world CPU less the on-the-spot plain episode's).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import glob
+import json
 import os
 import resource
 import shutil
@@ -90,6 +94,20 @@ def _bare_pytest_cpu_s(n: int) -> float:
     return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / n
 
 
+def _rooted_task(tmp: str) -> str:
+    """TASK on a root file system of its own (task.json's "root"): a small root of host programs
+    (``areal.tasks.root.from_host``), so the arm needs no mirror."""
+    from areal.tasks.root import from_host
+
+    task = os.path.join(tmp, "rooted-task", TASK.name)
+    shutil.copytree(TASK, task)
+    spec = json.loads(open(os.path.join(task, "task.json")).read())
+    spec["root"] = from_host(os.path.join(tmp, "root"), ["sh", "cat", "ls"])
+    with open(os.path.join(task, "task.json"), "w") as f:
+        json.dump(spec, f)
+    return task
+
+
 async def _measure(quick: bool, tmp: str) -> dict[str, Any]:
     import zmq
 
@@ -99,11 +117,12 @@ async def _measure(quick: bool, tmp: str) -> dict[str, Any]:
     sock = ctx.socket(zmq.ROUTER)  # the gateway's socket file must exist; the agent never calls it
     addr = f"ipc://{tmp}/gateway.sock"
     sock.bind(addr)
-    config = SandboxConfig(deadline_s=300)
+    config, spot = SandboxConfig(deadline_s=300), SandboxConfig(deadline_s=300, warm_slots=0)
     arms = {
         "plain": ({}, await Zygote.start(AGENT, addr, config, f"{tmp}/plain")),
-        "plain_on_the_spot": ({}, await Zygote.start(AGENT, addr, SandboxConfig(deadline_s=300, warm_slots=0), f"{tmp}/spot")),
-        "world": ({"world": str(TASK)}, await Zygote.start(AGENT, addr, SandboxConfig(deadline_s=300, warm_slots=0), f"{tmp}/world")),
+        "plain_on_the_spot": ({}, await Zygote.start(AGENT, addr, spot, f"{tmp}/spot")),
+        "world": ({"world": str(TASK)}, await Zygote.start(AGENT, addr, spot, f"{tmp}/world")),
+        "world_on_a_root": ({"world": _rooted_task(tmp)}, await Zygote.start(AGENT, addr, spot, f"{tmp}/rooted")),
     }
     out: dict[str, Any] = {"cpu_s": {}, "wall_ms": {k: [] for k in arms}}
     try:
@@ -116,7 +135,7 @@ async def _measure(quick: bool, tmp: str) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 o = await z.run_episode(f"{name}-{i}", data, "k" * 32)
                 out["wall_ms"][name].append((time.perf_counter() - t0) * 1e3)
-                assert o.status == "ok" and (name != "world" or o.grader == "complete"), (o.error, o.grader)
+                assert o.status == "ok" and (not name.startswith("world") or o.grader == "complete"), (o.error, o.grader)
         await asyncio.sleep(1.0)  # the last reporters and replacement slots reaped
         out["cpu_s"] = {name: (_cpu_s(z.ready.pid) - start[name]) / n for name, (_, z) in arms.items()}
 
@@ -165,6 +184,14 @@ def main(quick: bool) -> list[dict]:
             note="world CPU per episode less the plain on-the-spot episode's; the baseline is the grader's unavoidable part",
         ),
         _row(
+            "cpu_per_world_episode_on_a_task_root",
+            cpu["world_on_a_root"] * 1e3,
+            "ms",
+            "the same world on the host's system paths",
+            cpu["world"] * 1e3,
+            note="task.json \"root\": a root of host programs (areal.tasks.root.from_host) under each episode's and grader's own layer",
+        ),
+        _row(
             "wall_per_world_episode_p50",
             statistics.median(wall["world"]),
             "ms",
@@ -194,6 +221,4 @@ def main(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(main("--quick" in sys.argv), indent=1))
