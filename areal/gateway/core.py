@@ -550,8 +550,10 @@ class Gateway:
         probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
         # a candidate branch point is sampled whole first (its entropy decides), then streamed as one piece
-        ready = tuple(await self._sample_turn(session, turn, prompt, params, probe, refund=False)) if probe is not None else ()
-        if not ready:
+        ready: tuple = ()
+        if probe is not None:
+            ready = tuple(await self._sample_turn(session, turn, prompt, params, probe, refund=False))
+        else:
             self._admit(session, turn.sampling)
         deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced, ready)
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
