@@ -12,6 +12,8 @@
           │       goes on from there, unchanged, to its own outcome (sandbox/zygote.py writes it)
           └─ wait for it; kill what it left; restore the files and offsets as they were at call k
         then one EpisodeOutcome with ``branches`` (one per branch) to the zygote; exit.
+      a world's episode: /workspace is copied and restored with the temp dir, and the zygote keeps
+      each branch's layer for that branch's grader (``_keep``; world.BranchLayers, zygote._branch_requests)
 
 Why one branch at a time: an unprivileged sandboxed process (no capability, seccomp forbids
 unshare) cannot give a forked child a mount namespace of its own, so concurrent branches would
@@ -28,8 +30,8 @@ limits: its deadline covers the trunk and every branch; each branch is one more 
 of the episode (its cgroup). A first fork the limits refuse refuses the branch point; a later
 one ends the branching there, saying so (``EpisodeOutcome.branch_refused``).
 
-Refused, with the reason recorded (never branched wrongly): not a sandboxed slot; a world's
-episode (its grade is taken on one final workspace); an event loop that is not asyncio's
+Refused, with the reason recorded (never branched wrongly): not a sandboxed slot; a world on a
+task root (its writes outside /workspace are not restored); an event loop that is not asyncio's
 selector loop (uvloop's state cannot be rebuilt after a fork); a call not on the main thread;
 the loopback relay has served (its thread holds ZeroMQ sockets); other threads (the loop's idle
 thread pool is shut down and remade on use; one with work running is refused); child
@@ -65,6 +67,8 @@ from areal.protocol import BRANCH_REFUSED_HEADER as REFUSED
 from areal.protocol import BRANCHABLE_HEADER as BRANCHABLE
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, frame
 from sandbox import keys
+from sandbox.rootfs import WORKSPACE
+from sandbox.world import BRANCH_POINT
 
 if TYPE_CHECKING:
     from sandbox.relay import Relay
@@ -72,6 +76,7 @@ if TYPE_CHECKING:
 SNAPSHOT_LIMIT = 64 << 20  # bytes of files under the private temp dir a branch point may copy
 OUTCOME_LIMIT = 16 << 20  # bytes of one branch's outcome frame kept
 SCRUB_PIECE = 8 << 20  # bytes of memory read at a time when zeroing the other branches' keys
+KEEP_WAIT_S = 120.0  # how long the zygote may take to keep a branch's workspace (a copy of its layer)
 _PR_SET_DUMPABLE = 4
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(EpisodeOutcome)
@@ -89,14 +94,15 @@ class Arm:
     api_key: str
     episode_id: str
     relay: Relay | None
+    world: tuple[int, int, bool] | None = None  # a world's: the zygote's channel (request fd, answer fd), and whether rooted
 
 
 ARMED: Arm | None = None
 
 
-def arm(result_fd: int, api_key: str, episode_id: str, relay: Relay | None) -> None:
+def arm(result_fd: int, api_key: str, episode_id: str, relay: Relay | None, world: tuple[int, int, bool] | None = None) -> None:
     global ARMED
-    ARMED = Arm(result_fd, api_key, episode_id, relay) if result_fd >= 0 else None
+    ARMED = Arm(result_fd, api_key, episode_id, relay, world) if result_fd >= 0 else None
 
 
 async def take(channel: Any, order: dict) -> str:
@@ -125,10 +131,12 @@ async def take(channel: Any, order: dict) -> str:
     _close_zmq()
     fds = _check_descriptors(armed, loop)
     try:
-        snapshot = {root: _snapshot(root) for root in _private_roots()}
+        snapshot = {root: _snapshot(root) for root in [*_private_roots(), *([WORKSPACE] if armed.world else [])]}
         offsets = {fd: os.lseek(fd, 0, os.SEEK_CUR) for fd in fds}
     except OSError as e:
         raise Refused(f"the episode's files could not be copied for the branches: {e!r}") from e
+    if armed.world and (why := _keep(armed.world, BRANCH_POINT)):
+        raise Refused(f"the zygote did not take the branch point of the world's workspace: {why}")
     vault = bytearray(b"".join(k.encode() for k in names))
     sizes = [len(k) for k in names]
     _scrub([k.encode() for k in names], vault)
@@ -137,8 +145,10 @@ async def take(channel: Any, order: dict) -> str:
 
 
 def _check_process(armed: Arm, loop: asyncio.AbstractEventLoop) -> None:
-    if os.path.ismount("/workspace"):
-        raise Refused("a world's episode: its grade is taken on one final workspace, not one per branch")
+    if os.path.ismount(WORKSPACE) and armed.world is None:
+        raise Refused("a world's episode without the zygote's channel to keep each branch's workspace")
+    if armed.world and armed.world[2]:
+        raise Refused("a world on a task root of its own: its writes outside /workspace would not be each branch's own")
     if not isinstance(getattr(loop, "_selector", None), selectors.BaseSelector):
         raise Refused(f"the event loop ({type(loop).__module__}.{type(loop).__name__}) is not asyncio's selector loop")
     if threading.current_thread() is not threading.main_thread():
@@ -202,6 +212,7 @@ def _check_descriptors(armed: Arm, loop: asyncio.AbstractEventLoop) -> list[int]
             own.add(getattr(loop, sock).fileno())
     if armed.relay is not None:
         own.add(armed.relay._sock.fileno())
+    own.update(armed.world[:2] if armed.world else ())
     seekable = []
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -225,19 +236,32 @@ def _private_roots() -> list[str]:
     return [tmp, "/dev/shm"] if tmp == "/tmp" and os.path.isdir("/dev/shm") else [tmp]
 
 
+def _mounts_under(root: str) -> set[str]:
+    """The mount points strictly under ``root``: the sandbox's (the gateway's socket, code), not
+    the episode's files. (Not told by st_dev: an overlay's files carry their layer's.)"""
+    found = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if point.startswith(root.rstrip("/") + "/"):
+                found.add(point)
+    return found
+
+
 def _snapshot(root: str) -> dict[str, tuple]:
     """{relative path: ("d", mode) | ("f", mode, bytes, mtime_ns) | ("l", target)} of ``root``."""
     top = os.lstat(root)
+    mounts = _mounts_under(root)
     out: dict[str, tuple] = {".": ("d", stat.S_IMODE(top.st_mode))}
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if os.lstat(os.path.join(dirpath, d)).st_dev == top.st_dev]
+        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in mounts]
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, root)
-            st = os.lstat(path)
-            if st.st_dev != top.st_dev:  # mounted here by the sandbox (the gateway's socket, code): not the episode's
+            if path in mounts:  # mounted here by the sandbox: not the episode's
                 continue
+            st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 out[rel] = ("l", os.readlink(path))
             elif stat.S_ISDIR(st.st_mode):
@@ -255,15 +279,18 @@ def _snapshot(root: str) -> dict[str, tuple]:
 
 def _restore(root: str, snap: dict[str, tuple]) -> None:
     """Make ``root`` hold what ``snap`` recorded, files rewritten in place (their inodes kept, as
-    the supervisor's descriptors refer to them)."""
-    device = os.lstat(root).st_dev
+    the supervisor's descriptors refer to them). What already holds what was recorded is not
+    touched: on a world's workspace a write copies the base's file into the episode's layer."""
+    mounts = _mounts_under(root)
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        if any(dirpath == m or dirpath.startswith(m + "/") for m in mounts):  # a mount of the sandbox's, as in ``_snapshot``
+            continue
         for name in filenames + dirnames:
             path = os.path.join(dirpath, name)
+            if path in mounts:
+                continue
             kind = snap.get(os.path.relpath(path, root))
             st = os.lstat(path)
-            if st.st_dev != device:  # a mount of the sandbox's, as in ``_snapshot``
-                continue
             actual = "l" if stat.S_ISLNK(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "?"
             if kind is None or kind[0] != actual or (actual == "l" and os.readlink(path) != kind[1]):
                 if actual == "d":
@@ -277,12 +304,13 @@ def _restore(root: str, snap: dict[str, tuple]) -> None:
         path = os.path.join(root, rel)
         if entry[0] == "d":  # writable while its files are written; its own mode last
             if not os.path.isdir(path):
-                os.mkdir(path)
-            os.chmod(path, 0o700)
+                os.mkdir(path, 0o700)
+            elif stat.S_IMODE(os.lstat(path).st_mode) & 0o700 != 0o700:
+                os.chmod(path, 0o700)
         elif entry[0] == "l":
             if not os.path.islink(path):
                 os.symlink(entry[1], path)
-        else:
+        elif not _holds(path, entry):
             if os.path.exists(path):
                 os.chmod(path, 0o600)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -296,8 +324,21 @@ def _restore(root: str, snap: dict[str, tuple]) -> None:
                 os.close(fd)
             os.utime(path, ns=(entry[3], entry[3]))
     for rel, entry in sorted(snap.items(), reverse=True):  # the deepest first
-        if entry[0] == "d":
-            os.chmod(os.path.join(root, rel), entry[1])
+        path = os.path.join(root, rel)
+        if entry[0] == "d" and stat.S_IMODE(os.lstat(path).st_mode) != entry[1]:
+            os.chmod(path, entry[1])
+
+
+def _holds(path: str, entry: tuple) -> bool:
+    """Whether the file at ``path`` is the recorded ``entry``: its mode, bytes and time."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or (stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns) != (entry[1], len(entry[2]), entry[3]):
+            return False
+        with open(path, "rb") as f:
+            return f.read() == entry[2]
+    except OSError:  # unreadable to us (mode 000): written anew
+        return False
 
 
 def _remove(path: str) -> None:
@@ -382,6 +423,8 @@ def _supervise(
             os.close(r)
             os.dup2(w, armed.result_fd)
             os.close(w)
+            for fd in armed.world[:2] if armed.world else ():  # the zygote's word on a branch is the supervisor's to ask
+                os.close(fd)
             key = bytes(vault[starts[i] : starts[i] + size]).decode()
             keys.zero(vault)
             _fresh_selector(loop)
@@ -390,6 +433,9 @@ def _supervise(
         data, status = _collect(r, pid)
         _kill_leftovers(pid)
         outcomes.append(_branch_outcome(f"{armed.episode_id}/b{i}", data, status, time.monotonic() - started))
+        if armed.world and (why := _keep(armed.world, i)):  # its workspace kept for its grader before the next restore
+            cut = f"the workspace of branch {i} could not be kept for its grade ({why}): branches {i + 1}.. were not run"
+            break
     combined = EpisodeOutcome(
         armed.episode_id, "ok", branches=outcomes, branch_point=f"call {call} of {armed.episode_id}", branch_refused=cut[:REASON_LIMIT]
     )
@@ -404,6 +450,22 @@ def _supervise(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _keep(channel: tuple[int, int, bool], code: int) -> str:
+    """Ask the zygote to act on the world's workspace (``world.BranchLayers.request``): "" once
+    done, else why not."""
+    ask, answer, _ = channel
+    try:
+        os.write(ask, bytes([code]))
+        poll = __import__("select").poll()
+        poll.register(answer, 1)
+        if not poll.poll(KEEP_WAIT_S * 1000):
+            return f"no answer in {KEEP_WAIT_S:.0f} s"
+        said = os.read(answer, 1)
+    except OSError as e:
+        return repr(e)
+    return "" if said == b"+" else "the zygote could not copy it: the workspace's size limit"
 
 
 def _fresh_selector(loop: asyncio.AbstractEventLoop) -> None:

@@ -37,15 +37,19 @@ def start_relay(gateway_addr: str) -> Relay:
     return Relay.start(gateway_addr, lazy=True)  # requests queue in the backlog until it serves
 
 
-def run_agent(run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay, result_fd: int = -1) -> EpisodeOutcome:
+def run_agent(
+    run: AgentRun, spawn: SpawnEpisode, gateway_addr: str, relay: Relay, result_fd: int = -1, world: tuple[int, int, bool] | None = None
+) -> EpisodeOutcome:
     """In the agent process, once the spawn arrived: hand run() its endpoints, await it.
-    ``result_fd``: the slot's result pipe, where a branch point's branches report (sandbox/branch.py)."""
+    ``result_fd``: the slot's result pipe, where a branch point's branches report; ``world``: a
+    world episode's channel to keep each branch's workspace (its ends, and whether its task has
+    a root of its own) (sandbox/branch.py)."""
     import httpx
 
     from sandbox import branch
     from sandbox.relay import loop_transport, route_own_clients
 
-    branch.arm(result_fd, spawn.api_key, spawn.episode_id, relay)
+    branch.arm(result_fd, spawn.api_key, spawn.episode_id, relay, world)
     route_own_clients(relay.port, gateway_addr)
 
     data = json.loads(spawn.data)

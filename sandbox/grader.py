@@ -30,6 +30,7 @@ finish within the task's ``timeout_s`` fails (``timeout``; no tripwire: slow cod
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import json
 import os
 import select
@@ -78,6 +79,8 @@ class GraderProcess:
     log_path: str
     deadline: float
     spawn_fd: int = -1  # none: the zygote's selector reads its result as a slot's
+    layer_fd: int = -1  # none: no branch channel (a slot's, sandbox/zygote.py)
+    branch: int = -1  # which branch of a branch point it grades (the layer that branch left); -1: the episode's
     result: keys.ControlBuffer = dataclasses.field(default_factory=lambda: keys.ControlBuffer(RESULT_BYTES))
     status: int | None = None  # its wait status, once reaped
     timed_out: bool = False
@@ -150,7 +153,8 @@ def verdict(g: GraderProcess) -> Grade:
 
 def grade(task: Task, drop_privileges: Callable[[], None]) -> Grade:
     """In the grader process, in its root: scan, restore, drop privileges, run the checks."""
-    tripwires, paths = changes_to_discard(task, scan(TASK_UPPER))
+    changes = [(rel, how) for rel, how in scan(TASK_UPPER) if how == "deleted" or not as_base(rel)]
+    tripwires, paths = changes_to_discard(task, changes)
     for rel in paths:
         restore(rel)
     drop_bytecode(WORKSPACE)
@@ -183,6 +187,30 @@ def scan(upper: str) -> list[tuple[str, str]]:
                 else:
                     out.append((path, "written"))
     return out
+
+
+def as_base(rel: str) -> bool:
+    """Whether /workspace's ``rel`` holds what the base's does (kinds, modes, bytes, link targets,
+    a directory's entries but caches): a change undone is none, as a branch point leaves one when
+    it restores the workspace of the call for the next branch (sandbox/branch.py)."""
+    return _same(os.path.join(WORKSPACE, rel), os.path.join(TASK_BASE, rel))
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except FileNotFoundError:
+        return False
+    if sa.st_mode != sb.st_mode:  # the kind and the mode
+        return False
+    if stat.S_ISLNK(sa.st_mode):
+        return os.readlink(a) == os.readlink(b)
+    if stat.S_ISREG(sa.st_mode):
+        return sa.st_size == sb.st_size and filecmp.cmp(a, b, shallow=False)
+    if stat.S_ISDIR(sa.st_mode):
+        names = set(os.listdir(a)) - CACHE_NAMES
+        return names == set(os.listdir(b)) - CACHE_NAMES and all(_same(os.path.join(a, n), os.path.join(b, n)) for n in names)
+    return False
 
 
 def _opaque(path: str) -> bool:

@@ -184,6 +184,7 @@ REACH_DESCRIPTORS = (
     "stdin: /dev/null, read-only",
     "stdout and stderr: its own log file, write-only (its directory is masked)",
     "one pipe, write-only: its result pipe (the zygote reads the other end)",
+    "a world's episode: two more pipes to the zygote, one write-only, one read-only: the branch point's channel (sandbox/branch.py)",
     "sockets of its own network namespace: the relay's, the gateway socket file's, its event loop's",
     "files and directories it could open by their path anyway",
     "anonymous inodes of its own event loops (REACH_ANON_INODES)",

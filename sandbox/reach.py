@@ -75,14 +75,15 @@ def unlisted(reach: Reach, host_namespaces: dict[str, str], layers: list[str], r
     outside the episode: the namespaces of the host (the zygote's), the layers applied, the
     paths the episode's root exposes (``ZygoteReady.root``) and the gateway's socket file."""
     out = []
-    pipes = [d for d in reach.descriptors if d.kind == "pipe"]
+    pipes = sorted((d for d in reach.descriptors if d.kind == "pipe"), key=lambda d: d.access)
+    world = any(m.point == "/workspace" for m in reach.mounts)
     for d in reach.descriptors:
         if d.fd == 0 and d.target == "/dev/null" and d.access == "r":
             continue
         if d.fd in (1, 2) and d.kind == "file" and d.access == "w":
             continue  # its own log (the same write-only file on both; the directory is masked)
-        if d.kind == "pipe" and d.access == "w" and len(pipes) == 1:
-            continue  # its result pipe: the zygote reads the other end
+        if d.kind == "pipe" and [p.access for p in pipes] in (["w"], sorted(["w", "w", "r"]) if world else ["w"]):
+            continue  # its result pipe (the zygote reads the other end); a world's: its branch channel's two too
         if d.kind == "socket" and d.own_netns:
             continue
         if d.kind in ("file", "dir") and d.reachable_by_path:

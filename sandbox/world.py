@@ -47,6 +47,8 @@ import ctypes
 import dataclasses
 import json
 import os
+import shutil
+import stat
 from dataclasses import dataclass
 
 import msgspec
@@ -244,10 +246,11 @@ class WorldResources:
     task: Task
     dir: str  # the per-episode tmpfs's mountpoint ("" once released)
     decoys: dict[str, int]  # host path of each decoy file and directory -> its access time (ns) when made
+    layer: str = "upper"  # the episode's layer, under ``dir``: a branch's kept copy (``keep_branch_layer``) for its grader
 
     @property
     def upper(self) -> str:
-        return os.path.join(self.dir, "upper")
+        return os.path.join(self.dir, self.layer)
 
     @property
     def work(self) -> str:
@@ -352,6 +355,72 @@ def decoy_tripwires(res: WorldResources) -> list[str]:
     return out
 
 
+BRANCH_POINT = ord("T")  # the request sent at the branch point; after branch i, the request is byte i
+MAX_BRANCHES = 16  # as many as the zygote keeps of an outcome (sandbox/zygote.py, episode_says)
+
+
+@dataclass
+class BranchLayers:
+    """What the zygote keeps of a world episode's branch point (sandbox/branch.py asks, one byte a
+    request, over a pipe of its own): at the branch point, the decoys' tripwires so far; after
+    each branch, in order, a copy of the layer it left (``keep_branch_layer``) and what its
+    decoys saw. Any other request marks it tampered: no branch of it is then rewarded."""
+
+    trunk_seen: list[str] | None = None  # None: no branch point yet
+    kept: list[WorldResources] = dataclasses.field(default_factory=list)
+    seen: list[list[str]] = dataclasses.field(default_factory=list)  # by branch, the trunk's first
+    grades: dict[int, Grade] = dataclasses.field(default_factory=dict)  # by branch, as their graders report
+    tampered: str = ""
+
+    def request(self, res: WorldResources, code: int) -> bool:
+        """Act on one request; whether it was done (a copy that failed, the tmpfs full: not done)."""
+        if self.tampered:
+            return False
+        if code == BRANCH_POINT and self.trunk_seen is None:
+            self.trunk_seen = decoy_tripwires(res)
+            reset_decoys(res)
+            return True
+        if self.trunk_seen is None or code != len(self.kept) or code >= MAX_BRANCHES:
+            self.tampered = f"a request out of order on the channel of its branches' workspaces ({code} after {len(self.kept)} kept)"
+            return False
+        seen = decoy_tripwires(res)
+        reset_decoys(res)
+        try:
+            kept = keep_branch_layer(res, code)
+        except OSError:  # the workspace's tmpfs is full: this branch and the ones after are not graded
+            return False
+        self.kept.append(kept)
+        self.seen.append([*self.trunk_seen, *seen])
+        return True
+
+
+def reset_decoys(res: WorldResources) -> None:
+    """The decoys' access times put back as made (their change time moves, so that a later read
+    moves the access time again): what a branch's decoys saw is that branch's alone."""
+    for path, atime in res.decoys.items():
+        os.utime(path, ns=(atime, os.stat(path).st_mtime_ns))
+
+
+def keep_branch_layer(res: WorldResources, index: int) -> WorldResources:
+    """A copy of the episode's layer as branch ``index`` of a branch point left it, on the same
+    tmpfs (its size counts), for that branch's grader: the world ``index``'s grader is given.
+    Whiteouts and the overlay's attributes (an opaque directory) are copied as they are."""
+    kept = dataclasses.replace(res, layer=os.path.join("branches", f"b{index}"))
+    os.makedirs(os.path.dirname(kept.upper), mode=0o700, exist_ok=True)
+    shutil.copytree(res.upper, kept.upper, symlinks=True, copy_function=_copy_node)
+    return kept
+
+
+def _copy_node(src: str, dst: str) -> None:
+    st = os.lstat(src)
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: the base's entry deleted
+        os.mknod(dst, stat.S_IFCHR | stat.S_IMODE(st.st_mode), 0)
+        return
+    if not stat.S_ISREG(st.st_mode):  # an agent's fifo or socket in its layer: nothing a check reads
+        return
+    shutil.copy2(src, dst, follow_symlinks=False)  # its bytes, times and attributes
+
+
 def episode_view(res: WorldResources) -> WorldView:
     return WorldView(
         lower=(res.task.base,),
@@ -367,6 +436,26 @@ def grader_view(res: WorldResources) -> WorldView:
     if os.path.isdir(res.task.reference_dir):
         readonly.append((REFERENCE, res.task.reference_dir))
     return WorldView(lower=(res.upper, res.task.base), upper="", work="", readonly=tuple(readonly), root=res.task_root("grader-root"))
+
+
+def apply_branch_grades(
+    outcome: EpisodeOutcome, grades: list[Grade], res: WorldResources, seen: list[list[str]], tampered: str
+) -> EpisodeOutcome:
+    """A branched world episode's outcome: each branch graded on its own kept layer (``grades``;
+    ``seen``: the decoys' tripwires of the trunk and of the branch, by branch); the trunk holds no reward.
+    ``tampered`` (the episode asked for layers out of order), or layers without branches: every
+    grade an error, never a reward taken from a workspace that was not the branch's own."""
+    if tampered or not outcome.branches:
+        error = Grade("error", detail=tampered or f"the episode kept {len(grades)} branch workspaces but reported no branch")
+        seen_all = sorted({w for s in seen for w in s})
+        branches = [apply_grade(b, error, res, seen_all) for b in outcome.branches]
+        return msgspec.structs.replace(apply_grade(outcome, error, res, seen_all), branches=branches)
+    missing = Grade("error", detail="its workspace could not be kept for grading")
+    branches = [
+        apply_grade(b, grades[i] if i < len(grades) else missing, res, seen[i] if i < len(seen) else [])
+        for i, b in enumerate(outcome.branches)
+    ]
+    return msgspec.structs.replace(outcome, reward=None, rewards_by_id={}, branches=branches, grader=f"graded per branch ({len(grades)})")
 
 
 def apply_grade(outcome: EpisodeOutcome, grade: Grade, res: WorldResources, seen: list[str]) -> EpisodeOutcome:

@@ -95,6 +95,7 @@ from areal.process import log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Grade, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, grader, heap, isolation, keys, rootfs, world
 from sandbox.isolation import EpisodeResources, SandboxConfig
+from sandbox.world import BranchLayers
 
 log = logging.getLogger("sandbox.zygote")
 _encoder = msgspec.msgpack.Encoder()
@@ -140,6 +141,10 @@ class _Slot:
     plan: rootfs.RootPlan | None = None  # its root: the zygote's, with its task's library masked
     seen: list[str] = dataclasses.field(default_factory=list)  # what the world's decoys saw
     grade: Grade | None = None  # the grader's verdict, applied to its outcome when reported
+    # A world episode's branch point (sandbox/branch.py): requests read from ``layer_fd``, answered on ``ack_fd``.
+    layer_fd: int = -1
+    ack_fd: int = -1
+    branching: BranchLayers = dataclasses.field(default_factory=BranchLayers)
 
 
 def episode_says(reported: EpisodeOutcome, verdict: EpisodeOutcome) -> EpisodeOutcome:
@@ -252,6 +257,8 @@ class ZygoteServer:
                     os.read(self.wake_r, 4096)  # anything left over wakes the next select
                 elif key.fd == key.data.spawn_fd:
                     self._write_spawn(key.data)
+                elif key.fd == key.data.layer_fd:
+                    self._branch_requests(key.data)
                 else:
                     self._read_result(key.data)
             self._reap()
@@ -381,22 +388,56 @@ class ZygoteServer:
         logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         result_r, result_w = os.pipe()
         spawn_r, spawn_w = os.pipe()
+        # A world's: the branches' channel (requests up, answers down), for a branch point to keep each branch's layer.
+        (layer_r, layer_w), (ack_r, ack_w) = (os.pipe(), os.pipe()) if found else ((-1, -1), (-1, -1))
         sys.stdout.flush()
         sys.stderr.flush()
         pid = isolation.fork_pid_namespace_init() if self.pid_init else os.fork()
         if pid == 0:
             os.close(result_r)
             os.close(spawn_w)
-            self._child(spawn_r, result_w, logfd, res, plan, world.episode_view(found) if found else None)  # never returns
-        os.close(logfd)
-        os.close(result_w)
-        os.close(spawn_r)
-        os.set_blocking(result_r, False)
-        os.set_blocking(spawn_w, False)
-        slot = _Slot(pid, name, result_r, spawn_w, log_path, res, world=found, plan=plan)
+            view = world.episode_view(found) if found else None
+            self._child(spawn_r, result_w, logfd, res, plan, view, (layer_w, ack_r) if found else None)  # never returns
+        for fd in (logfd, result_w, spawn_r, layer_w, ack_r):
+            if fd != -1:
+                os.close(fd)
+        for fd in (result_r, spawn_w, layer_r, ack_w):
+            if fd != -1:
+                os.set_blocking(fd, False)
+        slot = _Slot(pid, name, result_r, spawn_w, log_path, res, world=found, plan=plan, layer_fd=layer_r, ack_fd=ack_w)
         self.slots[pid] = slot
         self.sel.register(result_r, selectors.EVENT_READ, slot)
+        if layer_r != -1:
+            self.sel.register(layer_r, selectors.EVENT_READ, slot)
         return slot
+
+    def _branch_requests(self, slot: _Slot) -> None:
+        """A world episode's branch point asks to keep a layer (world.BranchLayers): act on each
+        request, answer each ("+" done, "-" not); once tampered, nothing more is read or answered."""
+        assert slot.world is not None
+        try:
+            asked = os.read(slot.layer_fd, 64)
+        except BlockingIOError:
+            return
+        for code in asked:
+            done = slot.branching.request(slot.world, code)
+            if slot.branching.tampered:
+                asked = b""
+                break
+            try:
+                os.write(slot.ack_fd, b"+" if done else b"-")
+            except (BlockingIOError, BrokenPipeError):  # answers it does not read: it waits for none
+                pass
+        if not asked:  # its end closed, or tampered
+            self._close_branch_channel(slot)
+
+    def _close_branch_channel(self, slot: _Slot) -> None:
+        for fd in (slot.layer_fd, slot.ack_fd):
+            if fd != -1:
+                if fd in self.sel.get_map():
+                    self.sel.unregister(fd)
+                os.close(fd)
+        slot.layer_fd = slot.ack_fd = -1
 
     def _forget(self, logfd: int, keep: tuple[int, ...]) -> None:
         """In a forked child, first: die with the zygote, hold nothing of other episodes, stdio on
@@ -426,12 +467,20 @@ class ZygoteServer:
         isolation.close_all_fds_but(keep)
 
     def _child(
-        self, spawn_r: int, result_w: int, logfd: int, res: EpisodeResources, plan: rootfs.RootPlan | None, view: rootfs.WorldView | None
+        self,
+        spawn_r: int,
+        result_w: int,
+        logfd: int,
+        res: EpisodeResources,
+        plan: rootfs.RootPlan | None,
+        view: rootfs.WorldView | None,
+        layers: tuple[int, int] | None,
     ) -> None:
-        """The slot: every isolation layer and the relay first, then wait for the spawn, run it."""
+        """The slot: every isolation layer and the relay first, then wait for the spawn, run it.
+        ``layers``: a world's branch channel (its request and answer ends, sandbox/branch.py)."""
         setup_error = ""
         try:
-            self._forget(logfd, (0, 1, 2, spawn_r, result_w))
+            self._forget(logfd, (0, 1, 2, spawn_r, result_w, *(layers or ())))
             isolation.enter(self.config, self.layers, res, self.gateway_path, plan, view)
             if self.pid_init and "mountns" in self.layers:  # already PID 1 of its namespace
                 isolation.mount_proc(readonly="readonly_root" in self.layers)
@@ -451,7 +500,8 @@ class ZygoteServer:
                     spawn.episode_id, "error", error=setup_error, failure_class=INFRASTRUCTURE, failure_cause="sandbox setup"
                 )
             else:
-                outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay, result_w)
+                world_channel = (*layers, view.root is not None) if layers and view else None
+                outcome = episode.run_agent(self.run, spawn, self.gateway_addr, relay, result_w, world_channel)
         except BaseException as e:  # process boundary: whatever happened becomes the outcome
             failure_class, failure_cause = classify_exception(e)
             outcome = EpisodeOutcome(
@@ -510,6 +560,7 @@ class ZygoteServer:
                 keys.zero(slot.unsent)
                 os.close(slot.spawn_fd)
                 slot.spawn_fd = -1
+            self._close_branch_channel(slot)
             if slot.spawn is None:  # died while idle: no episode to report, only its cgroup to drain
                 log.warning("warm slot %s (pid %d) exited while idle, status %d; see %s", slot.name, pid, status, slot.log_path)
                 self.idle.remove(slot)
@@ -597,7 +648,11 @@ class ZygoteServer:
             else:
                 outcome = episode_says(reported, outcome)
         if slot.world is not None and slot.grade is not None:
-            outcome = world.apply_grade(outcome, slot.grade, slot.world, slot.seen)
+            b = slot.branching
+            if b.kept or b.tampered:  # a branch point: each branch's grade (graded or not); none of the trunk's
+                outcome = world.apply_branch_grades(outcome, [b.grades[i] for i in range(len(b.kept))], slot.world, b.seen, b.tampered)
+            else:
+                outcome = world.apply_grade(outcome, slot.grade, slot.world, [*(b.trunk_seen or []), *slot.seen])
         if outcome.status == "ok":
             os.unlink(slot.log_path)  # keep logs of failed episodes only
             return outcome
@@ -662,15 +717,27 @@ class ZygoteServer:
         Grade is in (``_graded``). A grader that cannot be prepared is the episode's grade."""
         assert slot.world is not None and slot.plan is not None
         slot.seen = world.decoy_tripwires(slot.world)  # before anything else can touch them
+        kept = slot.branching.kept  # a branch point: one grader per branch, on the layer it left
+        started = []
         try:
-            g = grader.start(slot, slot.world, slot.plan, f"{slot.name}-grader", self.config, self.layers, self.log_dir, self._forget)
+            for i, found in enumerate(kept or [slot.world]):
+                name = f"{slot.name}-grader" + (f"-b{i}" if kept else "")
+                started.append(grader.start(slot, found, slot.plan, name, self.config, self.layers, self.log_dir, self._forget))
+                started[-1].branch = i if kept else -1
         except OSError as e:
+            for g in started:  # their verdicts are not waited for: the episode's grade is this error
+                self._kill(g)
+                os.waitpid(g.pid, 0)
+                os.close(g.result_fd)
+                isolation.release(g.res)
             slot.grade = Grade("error", detail=f"the grader could not be prepared: {e!r}")
+            slot.branching = BranchLayers()  # graded as a whole: that error
             world.release(slot.world)
             self._report([slot])
             return
-        self.graders[g.pid] = g
-        self.sel.register(g.result_fd, selectors.EVENT_READ, g)
+        for g in started:
+            self.graders[g.pid] = g
+            self.sel.register(g.result_fd, selectors.EVENT_READ, g)
 
     def _grader_reaped(self, g: grader.GraderProcess, status: int) -> None:
         self._read_result(g)
@@ -687,7 +754,13 @@ class ZygoteServer:
                 continue
             del self.graders[g.pid]
             slot = g.episode
-            slot.grade = slot.grade or grader.verdict(g)  # decided already when the zygote shut down
+            verdict = grader.verdict(g)
+            if g.branch >= 0:  # one of a branch point's: the episode is done once every branch's is in
+                slot.branching.grades[g.branch] = slot.grade or verdict  # the zygote's, when it shut down meanwhile
+                if len(slot.branching.grades) < len(slot.branching.kept):
+                    continue
+                verdict = Grade("complete", detail=f"graded per branch ({len(slot.branching.kept)})")
+            slot.grade = slot.grade or verdict  # decided already when the zygote shut down
             world.release(slot.world)
             done.append(slot)
         return done

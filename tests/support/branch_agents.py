@@ -9,6 +9,12 @@ branch point the tests set) it writes a file named after its reply, and its thir
 message is a report of what it sees: the counter, the notes file, the files other branches
 would have written, and the session keys in its own memory other than its own and the trunk's.
 The reward is the number in its second reply, so each branch's reward is its own sample's.
+
+``world`` and ``world-forge`` run in a task's world (tests/support/world_tasks.py): the trunk writes
+/workspace/trunk.txt; a branch whose reply says "fix" fixes calc, "tamper" rewrites the protected
+test and reads the decoy checks; each writes /workspace/mine-<reply>; the report names the mine-
+files and trunk.txt it finds there. The sandbox's grade is its reward. ``world-forge`` first
+writes a request of its own on its branch channel (``sandbox.branch.ARMED``), as a policy could.
 """
 
 from __future__ import annotations
@@ -61,6 +67,14 @@ class BranchAgent:
             held = threading.Thread(target=stop.wait, daemon=True)
             held.start()
         cgroup = open("/proc/self/cgroup").read()  # before the branch point
+        world = case.startswith("world")
+        if world:
+            with open("/workspace/trunk.txt", "w") as f:
+                f.write("trunk")
+        if case == "world-forge":
+            from sandbox import branch
+
+            os.write(branch.ARMED.world[0], b"T")
         tmp = os.environ["TMPDIR"]
         notes = os.path.join(tmp, "notes.txt")
         counter = 0
@@ -79,6 +93,9 @@ class BranchAgent:
                 with open(notes) as f:
                     text = f.read()
                 report = f"report counter={counter} notes={text} seen={seen} keys={len(others)}"
+                if world:
+                    found = sorted(n for n in os.listdir("/workspace") if n.startswith(("mine-", "trunk")))
+                    report += f" workspace={found}"
                 if case == "attack":
                     report += " " + _attack(cgroup)
                 messages.append({"role": "user", "content": report})
@@ -95,6 +112,8 @@ class BranchAgent:
             if call == 2:
                 with open(os.path.join(tmp, f"mine-{reply.replace(' ', '-')}"), "w") as f:
                     f.write(reply)
+                if world:
+                    _work_on_the_world(reply)
         if isinstance(held, subprocess.Popen):
             held.kill()
             held.wait()
@@ -113,6 +132,19 @@ class TwoCallAgent:
             r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)
             messages += [{"role": "assistant", "content": r.choices[0].message.content or ""}, {"role": "user", "content": "again"}]
         return float(os.urandom(1)[0] % 2)
+
+
+def _work_on_the_world(reply: str) -> None:
+    with open(f"/workspace/mine-{reply.replace(' ', '-')}", "w") as f:
+        f.write(reply)
+    if "fix" in reply:
+        with open("/workspace/calc/__init__.py", "w") as f:
+            f.write("def add(a, b):\n    return a + b\n")
+    if "tamper" in reply:
+        with open("/workspace/tests/test_calc.py", "w") as f:
+            f.write("def test_add():\n    pass\n")
+        with open("/checks/test_checks.py") as f:
+            f.read()
 
 
 def _urllib_chat(messages: list[dict]) -> str:

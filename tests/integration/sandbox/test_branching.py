@@ -18,6 +18,7 @@ import pytest
 from gateway_harness import GatewayThread
 from scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
+from world_tasks import CHECKS, make_task
 from zygote_harness import zygote_env
 
 from areal.controller.branches import expand, why_not
@@ -44,10 +45,10 @@ def served():
 
 
 def _episode(
-    gw, case: str, replies: list[str], branch: BranchConfig, logprobs: list[float] | None = None
+    gw, case: str, replies: list[str], branch: BranchConfig, logprobs: list[float] | None = None, world: str = ""
 ) -> tuple[EpisodeOutcome, object, ScriptedEngine]:
     """One sandboxed episode of ``case``; its outcome, its (trunk) session, closed, and the engine
-    (``logprobs``: each reply's tokens', as ScriptedEngine takes them)."""
+    (``logprobs``: each reply's tokens', as ScriptedEngine takes them; ``world``: its task directory)."""
     engine = ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies], logprobs)
     gw.call(lambda: (setattr(gw.gateway, "engine", engine), setattr(gw.gateway, "branching", branch)))
     log_dir = tempfile.mkdtemp(prefix="branch-")
@@ -58,7 +59,7 @@ def _episode(
         with zygote_env():
             zygote = await Zygote.start(SPEC, gw.zmq, SandboxConfig(warm_slots=0), log_dir)
         try:
-            return await zygote.run_episode(episode, {"case": case}, key, 120.0)
+            return await zygote.run_episode(episode, {"case": case, **({"world": world} if world else {})}, key, 120.0)
         finally:
             await zygote.close()
 
@@ -176,3 +177,39 @@ def test_a_branch_can_neither_read_nor_stop_the_state_its_siblings_start_from(se
         assert report.endswith(
             f"seen=['mine-choice-{i + 5}'] keys=0 strays=0 supervisor-memory=denied(PermissionError) same-cgroup=True"
         ), report
+
+
+def test_a_world_episode_branches_and_each_branch_is_graded_on_the_workspace_it_left(served, tmp_path):
+    """Branch 0 fixes the bug, branch 1 rewrites the protected test and reads the decoy checks,
+    branch 2 fixes it: each branch starts from the trunk's workspace, sees none of its siblings'
+    files, and its grader sees only its own changes (its reward, its tripwires)."""
+    gw = served
+    replies = ["first 1", "choice 5 fix", "done", "choice 6 tamper", "done", "choice 7 fix", "done"]
+    outcome, key, _ = _episode(gw, "world", replies, BranchConfig(n=N, at_call=2), world=make_task(str(tmp_path / "library")))
+    assert outcome.status == "ok", (outcome.error, outcome.log_tail)
+    assert outcome.branch_point.startswith("call 2 of ") and outcome.branch_refused == "", outcome.branch_refused
+    assert outcome.reward is None and outcome.grader == "graded per branch (3)"
+    assert [b.status for b in outcome.branches] == ["ok"] * N, outcome.branches[0].error
+    assert [b.reward for b in outcome.branches] == [1.0, 0.0, 1.0], [b.grader for b in outcome.branches]
+    assert [b.checks for b in outcome.branches][1] == dict.fromkeys(CHECKS, 0.0) | {"checks/test_hidden.py::test_commutes_on_equal": 1.0}
+    assert [b.tripwires for b in outcome.branches] == [
+        [],
+        ["checks_read: /checks/test_checks.py", "protected_write: 'tests/test_calc.py' written"],
+        [],
+    ]
+    trunk = gw.call(lambda: gw.gateway.close_session(key))
+    for i, b in enumerate(gw.call(lambda: expand(gw.gateway, outcome, trunk))):
+        report = _report(gw, list(b.session.interactions.values()))
+        mine = replies[1 + 2 * i].replace(" ", "-")
+        assert report.endswith(f"workspace=['mine-{mine}', 'trunk.txt']"), report
+
+
+def test_a_world_episode_that_forges_a_request_on_its_branch_channel_is_rewarded_nothing(served, tmp_path):
+    gw = served
+    replies = ["first 1", "choice 5 fix", "done", "choice 6 fix", "done", "choice 7 fix", "done"]
+    outcome, key, _ = _episode(gw, "world-forge", replies, BranchConfig(n=N, at_call=2), world=make_task(str(tmp_path / "library")))
+    assert outcome.status == "ok", (outcome.error, outcome.log_tail)
+    assert outcome.branches, outcome.branch_refused
+    assert [b.reward for b in outcome.branches] == [0.0] * len(outcome.branches)
+    assert all("out of order" in b.grader for b in outcome.branches), outcome.branches[0].grader
+    gw.call(lambda: gw.gateway.close_session(key))
