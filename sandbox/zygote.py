@@ -780,6 +780,7 @@ class ZygoteServer:
             if slot.spawn_fd != -1:
                 keys.zero(slot.unsent)
                 os.close(slot.spawn_fd)
+            self._close_branch_channel(slot)
             if slot.spawn is not None:
                 slot.outcome = EpisodeOutcome(
                     slot.spawn.episode_id, "crashed", error="the zygote shut down", wall_s=time.monotonic() - slot.started
