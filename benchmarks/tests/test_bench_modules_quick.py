@@ -64,6 +64,7 @@ EXCLUDED = {
     "prompt_building": "run through the harness in quick mode by test_bench_report.py",
     "engine_smollm2": "engine's SmolLM2-135M-Instruct mode: minutes of CPU at 135M parameters; its harness path is engine's",
     "trainer_smollm2": "trainer's SmolLM2-135M-Instruct mode: five 135M training children; its harness path is trainer's",
+    "loop_smollm2": "three 135M training runs (minutes each); its harness path is e2e's and async_rl's (run_stats, train_run)",
     "trl_grpo": "opt-in: builds a private TRL venv and trains twice; its plumbing is test_trl_grpo.py's",
     "trl_grpo_smollm2": "opt-in, as trl_grpo; its spec against our run is test_trl_grpo.py's",
     "gpu_check": "not a harness module (needs a GPU); its CPU side is test_gpu_check.py's",
