@@ -83,9 +83,34 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _residual(x: torch.Tensor, y: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x + linear(y, w_t.T, bias)``; one addmm when there is no bias."""
-    return torch.addmm(x, y, w_t) if bias is None else x + F.linear(y, w_t.t(), bias)
+def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether linears may run as oneDNN's on prepacked weights: fp32 on a CPU whose torch has
+    oneDNN (x86 and arm64 wheels do), unless ``AREAL_ENGINE_ONEDNN=0``."""
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and os.environ.get("AREAL_ENGINE_ONEDNN", "1") != "0"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class Linear:
+    """``linear(x, weight, bias)`` on a copy of ``weight`` made for the kernel that runs it: oneDNN's
+    blocked layout where ``packed`` (2 to 2.5x MKL's fp32 GEMM on one core of an AMD EPYC, which
+    MKL runs without AVX-512; benchmarks/README.md), else the weight itself."""
+
+    __slots__ = ("weight", "bias", "packed")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> None:
+        self.bias = bias
+        self.packed = packed
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if packed else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 class LeanForward:
@@ -117,6 +142,7 @@ class LeanForward:
         half = self.head_dim // 2
         # rotate_half(x) * sin == roll(x, half) * [-sin | sin]: the sign lives in the table
         self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.device, self.dtype)
+        self.onednn = onednn_available(self.device, self.dtype)
         self.rows_allocated = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
@@ -125,7 +151,8 @@ class LeanForward:
         self.refresh()
 
     def refresh(self) -> None:
-        """Rebuild the fused projections from the model's current weights (after any update)."""
+        """Rebuild the fused projections and the packed weights from the model's current weights
+        (after any update)."""
         self.layers: list[dict[str, Any]] = []
         with torch.no_grad():
             for layer in self.model.model.layers:
@@ -141,24 +168,20 @@ class LeanForward:
                 gu_bias = None
                 if m.gate_proj.bias is not None:
                     gu_bias = torch.cat([m.gate_proj.bias, m.up_proj.bias]).contiguous()
+                packed = self.onednn
                 self.layers.append(
                     {
                         "norm1": layer.input_layernorm.weight,
                         "norm2": layer.post_attention_layernorm.weight,
-                        "qkv": torch.cat(ws).contiguous(),
-                        "qkv_bias": qkv_bias,
-                        "o_t": a.o_proj.weight.t(),
-                        "o_bias": a.o_proj.bias,
-                        "gu": torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(),
-                        "gu_bias": gu_bias,
-                        "down_t": m.down_proj.weight.t(),
-                        "down_bias": m.down_proj.bias,
+                        "qkv": Linear(torch.cat(ws).contiguous(), qkv_bias, packed),
+                        "o": Linear(a.o_proj.weight, a.o_proj.bias, packed),
+                        "gu": Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), gu_bias, packed),
+                        "down": Linear(m.down_proj.weight, m.down_proj.bias, packed),
                     }
                 )
+            self.lm_head = Linear(self.model.lm_head.weight, getattr(self.model.lm_head, "bias", None), self.onednn)
         self.embed = self.model.model.embed_tokens.weight
         self.final_norm = self.model.model.norm.weight
-        self.lm_head = self.model.lm_head.weight
-        self.lm_bias = getattr(self.model.lm_head, "bias", None)
 
     def _grow(self, rows: int, capacity: int) -> None:
         """Reallocate every layer's cache as (rows, kv_heads, capacity, head_dim), keeping contents."""
@@ -223,7 +246,7 @@ class LeanForward:
         qk_width, v_width = (h + kv) * d, kv * d
         for p, k_cache, v_cache in zip(self.layers, self.keys, self.values):
             y = F.rms_norm(x, (x.shape[-1],), p["norm1"], self.eps)
-            proj = F.linear(y, p["qkv"], p["qkv_bias"])  # (N, [q|k|v])
+            proj = p["qkv"](y)  # (N, [q|k|v])
             qk = proj[:, :qk_width].view(-1, h + kv, d)
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # RoPE: x*cos + rotate_half(x)*sin
             k_flat = k_cache.view(-1, d)
@@ -244,16 +267,16 @@ class LeanForward:
                     q.view(n, t, h, d).transpose(1, 2), keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=g > 1
                 )  # (n, H, T, d)
                 out = out.transpose(1, 2).reshape(n * t, h * d)[real]  # (N, H*d)
-            x = _residual(x, out, p["o_t"], p["o_bias"])
+            x = x + p["o"](out)
             y = F.rms_norm(x, (x.shape[-1],), p["norm2"], self.eps)
-            gu = F.linear(y, p["gu"], p["gu_bias"])  # (n*T, 2I)
+            gu = p["gu"](y)  # (n*T, 2I)
             inner = gu.shape[-1] // 2
             act = F.silu(gu[:, :inner]) * gu[:, inner:]
-            x = _residual(x, act, p["down_t"], p["down_bias"])
+            x = x + p["down"](act)
         if t > 1:
             x = x[(last + 1).cumsum(0) - 1]  # (n, D): each row's last real token, the one that is sampled
         x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
-        return F.linear(x, self.lm_head, self.lm_bias).float().cpu()  # (n, V)
+        return self.lm_head(x).float().cpu()  # (n, V)
 
 
 class SlotBatch:

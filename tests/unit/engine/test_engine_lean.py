@@ -17,7 +17,7 @@ from tiny_models import tiny_qwen2
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
 
 from areal.engine.batch import Engine, GenerationRequest
-from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
+from areal.engine.model import LeanForward, SlotBatch, lean_unsupported, onednn_available
 from areal.engine.sampling import RowRandom, SamplingParams, sample_next
 
 TOL = 1e-4
@@ -47,13 +47,24 @@ def _row(rid: str, ids: list[int], **sp: object) -> GenerationRequest:
     return GenerationRequest(rid=rid, input_ids=ids, params=SamplingParams(**{"max_new_tokens": 8, **sp}), return_logprob=True)
 
 
+def _kernels(monkeypatch: pytest.MonkeyPatch, onednn: bool) -> None:
+    """The linears on oneDNN's packed weights, or on the weights themselves (AREAL_ENGINE_ONEDNN=0)."""
+    if onednn and not onednn_available(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setenv("AREAL_ENGINE_ONEDNN", "1" if onednn else "0")
+
+
+@pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("tie", [True, False])
-def test_prefill_and_decode_logits_match_hf(tie: bool) -> None:
+def test_prefill_and_decode_logits_match_hf(tie: bool, onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    _kernels(monkeypatch, onednn)
     model = _qwen2(tie)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 11, 1)]
     with torch.inference_mode():
-        batch = SlotBatch(LeanForward(model, slots=4))
+        lean = LeanForward(model, slots=4)
+        assert lean.onednn == onednn and lean.lm_head.packed == onednn
+        batch = SlotBatch(lean)
         logits = batch.prefill(model, [_row(str(i), s) for i, s in enumerate(seqs)])
         for _ in range(6):
             for i, s in enumerate(seqs):
@@ -141,7 +152,9 @@ def test_cache_grows_past_its_initial_capacity(monkeypatch: pytest.MonkeyPatch) 
         assert lean.capacity >= len(seq) and lean.capacity <= 96 and lean.rows_allocated == 1
 
 
-def test_refresh_follows_in_place_weight_updates() -> None:
+@pytest.mark.parametrize("onednn", [True, False])
+def test_refresh_follows_in_place_weight_updates(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    _kernels(monkeypatch, onednn)  # packed weights are copies: refresh() must remake them
     model, other = _qwen2(), _qwen2(initializer_range=0.3)
     with torch.inference_mode():
         lean = LeanForward(model, slots=1)
