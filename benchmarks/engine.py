@@ -71,7 +71,7 @@ from areal.embedded.pretrained import ensure_pretrained_model
 from areal.engine.batch import Engine, GenerationRequest
 from areal.engine.client import EngineClient, request_json
 from areal.engine.launch import launch_embedded_engine
-from areal.engine.model import LeanForward
+from areal.engine.model import LeanForward, Linear, onednn_available
 from areal.engine.sampling import SamplingParams, sample_next
 from areal.engine.vllm import VLLMClient
 
@@ -349,15 +349,18 @@ def served_run(url: str, pgid: int, prompts: list[list[int]], conc: int, new_tok
     return fig
 
 
-def matmul_gflops(size: int = 1024, reps: int = 20) -> float:
-    """This machine's fp32 matmul rate on the current thread count: a square torch.mm, best of 3."""
+def matmul_gflops(size: int = 1024, reps: int = 20, onednn: bool = False) -> float:
+    """This machine's fp32 matmul rate on the current thread count, best of 3: a square torch.mm
+    (MKL), or with ``onednn`` the lean forward's own kernel (areal/engine/model.py's ``Linear``:
+    oneDNN on a prepacked weight)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
+    product = Linear(b, None, packed=True) if onednn else (lambda x: x @ b)
+    product(a)
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(reps):
-            a @ b
+            product(a)
         best = min(best, time.perf_counter() - t0)
     return 2 * size**3 * reps / best / 1e9
 
@@ -365,7 +368,7 @@ def matmul_gflops(size: int = 1024, reps: int = 20) -> float:
 def _category(name: str, shapes: list, cfg: Any) -> str:
     """The part of a decode step a top-level aten op of ``LeanForward.forward`` belongs to."""
     dims = {d for s in shapes if isinstance(s, list) for d in s}
-    if name in ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul"):
+    if name in ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear_pointwise"):
         if cfg.vocab_size in dims:
             return "lm_head"
         if cfg.intermediate_size in dims or 2 * cfg.intermediate_size in dims:
@@ -457,7 +460,11 @@ def smollm2_rows(quick: bool) -> list[dict]:
             ours[conc] = served_run(engine.url, engine.pid, group, conc, new_tokens, EngineClient)
             if vllm is not None:
                 theirs[conc] = served_run(vllm.url, vllm.pid, group, conc, new_tokens, VLLMClient)
-    gflops = matmul_gflops()
+    onednn = onednn_available(torch.device("cpu"), torch.float32)
+    gflops = matmul_gflops(onednn=onednn)  # the rate of the kernel the lean forward runs
+    print(
+        f"[engine] fp32 GEMM 1024x1024, 1 thread: torch.mm {matmul_gflops():.0f} GFLOP/s, the engine's kernel {gflops:.0f}", file=sys.stderr
+    )
     mean_prompt = round(statistics.mean(len(p) for p in prompts))
     parts = decode_breakdown(model_dir, mean_prompt, new_tokens, steps=3 if quick else 5)
     return smollm2_table(ours, theirs, parts, gflops, why or f"{VLLM_PIN}, 1 thread", new_tokens, mean_prompt)
@@ -528,7 +535,8 @@ def smollm2_table(
         common = {"benchmark": "engine", "baseline": "decode step (forward + sampling)", "baseline_value": step_s * 1e3, "unit": "ms"}
         for part, seconds in [*b["parts"].items(), ("sampling", b["sample_s"])]:
             rows.append({**common, "metric": f"smollm2_step_{part}_ms_{n}_rows", "value": seconds * 1e3})
-        rate = {"benchmark": "engine", "unit": "GFLOP/s", "baseline": "torch.mm 1024x1024 fp32, 1 thread", "baseline_value": gflops}
+        kernel = "oneDNN packed" if onednn_available(torch.device("cpu"), torch.float32) else "torch.mm"
+        rate = {"benchmark": "engine", "unit": "GFLOP/s", "baseline": f"{kernel} 1024x1024 fp32, 1 thread", "baseline_value": gflops}
         rows.append({**rate, "metric": f"smollm2_forward_gflops_{n}_rows", "value": flops / b["forward_s"] / 1e9})
         for part in ("attention", "mlp", "lm_head"):
             rows.append({**rate, "metric": f"smollm2_{part}_gflops_{n}_rows", "value": b["flops"][part] / b["parts"][part] / 1e9})
