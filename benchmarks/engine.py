@@ -71,9 +71,10 @@ from areal.embedded.pretrained import ensure_pretrained_model
 from areal.engine.batch import Engine, GenerationRequest
 from areal.engine.client import EngineClient, request_json
 from areal.engine.launch import launch_embedded_engine
-from areal.engine.model import LeanForward, Linear, onednn_available
+from areal.engine.model import LeanForward
 from areal.engine.sampling import SamplingParams, sample_next
 from areal.engine.vllm import VLLMClient
+from areal.kernels import PackedLinear, onednn_available
 
 PROMPT_LEN = 32
 CONCURRENCY = (1, 16)
@@ -351,10 +352,10 @@ def served_run(url: str, pgid: int, prompts: list[list[int]], conc: int, new_tok
 
 def matmul_gflops(size: int = 1024, reps: int = 20, onednn: bool = False) -> float:
     """This machine's fp32 matmul rate on the current thread count, best of 3: a square torch.mm
-    (MKL), or with ``onednn`` the lean forward's own kernel (areal/engine/model.py's ``Linear``:
+    (MKL), or with ``onednn`` the lean forward's own kernel (areal/kernels.py's ``PackedLinear``:
     oneDNN on a prepacked weight)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    product = Linear(b, None, packed=True) if onednn else (lambda x: x @ b)
+    product = PackedLinear(b, None, packed=True) if onednn else (lambda x: x @ b)
     product(a)
     best = float("inf")
     for _ in range(3):

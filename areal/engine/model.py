@@ -54,6 +54,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from areal.kernels import PackedLinear, onednn_available
+
 LEAN_MODEL_TYPES = ("qwen2", "llama")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
 INITIAL_CAPACITY = 256  # positions per slot allocated up front (grown by doubling when needed)
@@ -81,36 +83,6 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     if any(p.dtype not in LEAN_DTYPES for p in model.parameters()):
         return f"parameters are not all one of {LEAN_DTYPES}"
     return None
-
-
-def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether linears may run as oneDNN's on prepacked weights: fp32 on a CPU whose torch has
-    oneDNN (x86 and arm64 wheels do), unless ``AREAL_ENGINE_ONEDNN=0``."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and os.environ.get("AREAL_ENGINE_ONEDNN", "1") != "0"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-class Linear:
-    """``linear(x, weight, bias)`` on a copy of ``weight`` made for the kernel that runs it: oneDNN's
-    blocked layout where ``packed`` (2 to 2.5x MKL's fp32 GEMM on one core of an AMD EPYC, which
-    MKL runs without AVX-512; benchmarks/README.md), else the weight itself."""
-
-    __slots__ = ("weight", "bias", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> None:
-        self.bias = bias
-        self.packed = packed
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if packed else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 class LeanForward:
@@ -173,13 +145,13 @@ class LeanForward:
                     {
                         "norm1": layer.input_layernorm.weight,
                         "norm2": layer.post_attention_layernorm.weight,
-                        "qkv": Linear(torch.cat(ws).contiguous(), qkv_bias, packed),
-                        "o": Linear(a.o_proj.weight, a.o_proj.bias, packed),
-                        "gu": Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), gu_bias, packed),
-                        "down": Linear(m.down_proj.weight, m.down_proj.bias, packed),
+                        "qkv": PackedLinear(torch.cat(ws).contiguous(), qkv_bias, packed),
+                        "o": PackedLinear(a.o_proj.weight, a.o_proj.bias, packed),
+                        "gu": PackedLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), gu_bias, packed),
+                        "down": PackedLinear(m.down_proj.weight, m.down_proj.bias, packed),
                     }
                 )
-            self.lm_head = Linear(self.model.lm_head.weight, getattr(self.model.lm_head, "bias", None), self.onednn)
+            self.lm_head = PackedLinear(self.model.lm_head.weight, getattr(self.model.lm_head, "bias", None), self.onednn)
         self.embed = self.model.model.embed_tokens.weight
         self.final_norm = self.model.model.norm.weight
 

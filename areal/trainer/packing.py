@@ -38,6 +38,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from areal.kernels import use_onednn_linears
 from areal.protocol import Trajectory
 from areal.trainer.loss import DEFAULT_CHUNK_ELEMS, head_logprobs
 
@@ -191,6 +192,7 @@ class PolicyScorer(torch.nn.Module):
         self.varlen = varlen and model.config._attn_implementation in ("sdpa", PACKED_ATTENTION)
         if self.varlen:
             model.set_attn_implementation(PACKED_ATTENTION)
+        self.onednn_linears = use_onednn_linears(model)  # fp32 on the CPU: areal/kernels.py
         self.model = model
         self.temperature = temperature
         self.chunk_elems = chunk_elems

@@ -17,8 +17,9 @@ from tiny_models import tiny_qwen2
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
 
 from areal.engine.batch import Engine, GenerationRequest
-from areal.engine.model import LeanForward, SlotBatch, lean_unsupported, onednn_available
+from areal.engine.model import LeanForward, SlotBatch, lean_unsupported
 from areal.engine.sampling import RowRandom, SamplingParams, sample_next
+from areal.kernels import onednn_available
 
 TOL = 1e-4
 
@@ -48,10 +49,10 @@ def _row(rid: str, ids: list[int], **sp: object) -> GenerationRequest:
 
 
 def _kernels(monkeypatch: pytest.MonkeyPatch, onednn: bool) -> None:
-    """The linears on oneDNN's packed weights, or on the weights themselves (AREAL_ENGINE_ONEDNN=0)."""
+    """The linears on oneDNN's packed weights, or on the weights themselves (AREAL_ONEDNN=0)."""
     if onednn and not onednn_available(torch.device("cpu"), torch.float32):
         pytest.skip("this torch has no oneDNN")
-    monkeypatch.setenv("AREAL_ENGINE_ONEDNN", "1" if onednn else "0")
+    monkeypatch.setenv("AREAL_ONEDNN", "1" if onednn else "0")
 
 
 @pytest.mark.parametrize("onednn", [True, False])
