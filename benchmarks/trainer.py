@@ -21,7 +21,9 @@ Two models:
   padded to their longest, accumulating gradients (HF Trainer's ``per_device_train_batch_size`` 4
   with gradient accumulation). For full fine-tuning ours also runs with
   ``trainer.varlen_attention=false`` (one block-diagonally masked SDPA per micro-batch, the trainer
-  before row-by-row attention). Each (variant, loop) runs in a subprocess of its own, so that its
+  before row-by-row attention), and the padded loop runs again on oneDNN's linears
+  (``areal.kernels.use_onednn_linears``, which ours uses on the CPU), so that the packing's share
+  of the ratio is apart from the kernels'. Each (variant, loop) runs in a subprocess of its own, so that its
   peak RSS (``ru_maxrss``: weights, gradients, AdamW state, activations, logits) is its own;
   ``--jobs`` of them at a time. Figures: trained tokens per wall second and per CPU second of the
   child (the CPU figure holds on a shared machine, the wall figure does not), peak RSS, with the
@@ -201,12 +203,16 @@ def _measure(model_path: str, loop: str, variant: str, rows: int, steps: int) ->
 
         def step(b: list[Trajectory]) -> None:
             train_step(scorer, opt, b, config, version=0)
-    elif loop == "padded":
+    elif loop in ("padded", "padded-onednn"):
+        if loop == "padded-onednn":  # the same loop on the linears ours runs (areal/kernels.py)
+            from areal.kernels import use_onednn_linears
+
+            use_onednn_linears(model)
 
         def step(b: list[Trajectory]) -> None:
             _padded_step(model, opt, b, SMOL_ROWS_PER_MICRO)
     else:
-        raise ValueError(f"loop must be ours, ours-masked or padded, got {loop!r}")
+        raise ValueError(f"loop must be ours, ours-masked, padded or padded-onednn, got {loop!r}")
     walls, cpus = [], []
     for i, batch in enumerate(batches):
         w0, c0 = time.perf_counter(), time.process_time()
@@ -242,7 +248,7 @@ def smollm2_rows(quick: bool, jobs: int = 1) -> list[dict]:
 
     path = str(ensure_pretrained_model())
     rows, steps = (8, 1) if quick else (8, 2)
-    runs = [("full", "ours"), ("full", "padded"), ("full", "ours-masked"), ("lora", "padded"), ("lora", "ours")]
+    runs = [("full", "ours"), ("full", "padded"), ("full", "ours-masked"), ("full", "padded-onednn"), ("lora", "padded"), ("lora", "ours")]
     load0 = os.getloadavg()
     with ThreadPoolExecutor(jobs) as pool:
         futures = {run: pool.submit(_child, path, run[1], run[0], rows, steps) for run in runs}
@@ -257,6 +263,7 @@ def smollm2_rows(quick: bool, jobs: int = 1) -> list[dict]:
     for variant, base, label in (
         ("full", "padded", "padded HF loop, 4 rows per forward"),
         ("full", "ours-masked", "ours, one masked SDPA per micro-batch"),
+        ("full", "padded-onednn", "padded HF loop on oneDNN's linears (areal.kernels), 4 rows per forward"),
         ("lora", "padded", "padded HF loop, 4 rows per forward"),
     ):
         for metric, key, unit in (
@@ -293,7 +300,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=1, help="smollm2: children run at a time")
     parser.add_argument("--child", action="store_true", help="one (loop, variant) measurement, printed as JSON")
     parser.add_argument("--model-path")
-    parser.add_argument("--loop", choices=("ours", "ours-masked", "padded"))
+    parser.add_argument("--loop", choices=("ours", "ours-masked", "padded", "padded-onednn"))
     parser.add_argument("--variant", choices=("full", "lora"))
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1)
