@@ -420,7 +420,11 @@ class ZygoteServer:
         except BlockingIOError:
             return
         for code in asked:
-            done = slot.branching.request(slot.world, code)
+            try:
+                done = slot.branching.request(slot.world, code)
+            except OSError as e:  # its world's files (the decoys): never the zygote's end
+                log.warning("slot %s: a branch request could not be acted on: %r", slot.name, e)
+                done = False
             if slot.branching.tampered:
                 asked = b""
                 break
@@ -650,7 +654,8 @@ class ZygoteServer:
         if slot.world is not None and slot.grade is not None:
             b = slot.branching
             if b.kept or b.tampered:  # a branch point: each branch's grade (graded or not); none of the trunk's
-                outcome = world.apply_branch_grades(outcome, [b.grades[i] for i in range(len(b.kept))], slot.world, b.seen, b.tampered)
+                grades = [b.grades.get(i, slot.grade) for i in range(len(b.kept))]  # the zygote's own, when it shut down first
+                outcome = world.apply_branch_grades(outcome, grades, slot.world, b.seen, b.tampered)
             else:
                 outcome = world.apply_grade(outcome, slot.grade, slot.world, [*(b.trunk_seen or []), *slot.seen])
         if outcome.status == "ok":
