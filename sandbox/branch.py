@@ -73,7 +73,7 @@ from sandbox.world import BRANCH_POINT
 if TYPE_CHECKING:
     from sandbox.relay import Relay
 
-SNAPSHOT_LIMIT = 64 << 20  # bytes of files under the private temp dir a branch point may copy
+SNAPSHOT_LIMIT = 64 << 20  # bytes of files a branch point may copy under each of the temp dir, /dev/shm and a world's /workspace
 OUTCOME_LIMIT = 16 << 20  # bytes of one branch's outcome frame kept
 SCRUB_PIECE = 8 << 20  # bytes of memory read at a time when zeroing the other branches' keys
 KEEP_WAIT_S = 120.0  # how long the zygote may take to keep a branch's workspace (a copy of its layer)
