@@ -1,7 +1,8 @@
 """fp32 linear layers on oneDNN, for the engine's lean forward and the trainer's model on the CPU.
 
-torch's CPU wheels run an fp32 ``F.linear`` / ``torch.mm`` through MKL, which takes its AVX2 code
-path on AMD processors. oneDNN, built into the same wheels, uses their AVX-512: on one core of
+torch's CPU wheels run an fp32 ``F.linear`` / ``torch.mm`` through MKL, which does not use an AMD
+processor's AVX-512 (``MKL_VERBOSE=1`` names no AVX-512 code path on this project's AMD EPYC
+machines). oneDNN, built into the same wheels, uses it: on one core of
 this project's AMD EPYC machines a 1024x1024 product runs at about 240 GFLOP/s against MKL's
 100, and the linears of a SmolLM2 decode step or training micro-batch 2 to 2.5x faster
 (benchmarks/README.md). The results are fp32 products summed in another order: they differ
