@@ -193,9 +193,14 @@ def _close_zmq() -> None:
     if live:
         raise Refused(f"{len(live)} ZeroMQ sockets other than the handed client's are open")
     ctx.term()
-    tasks = [t for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]  # called on the main thread
     relay_tid = getattr(ARMED.relay._thread, "native_id", None) if ARMED and ARMED.relay else None
-    others = [t for t in tasks if int(t) != relay_tid]
+    for _ in range(100):  # a thread just joined (the loop's pool, libzmq's) leaves /proc/self/task a moment later
+        tasks = [t for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]  # called on the main thread
+        others = [t for t in tasks if int(t) != relay_tid]
+        live = {t.native_id for t in threading.enumerate()}
+        if not others or any(int(t) in live for t in others):
+            break
+        time.sleep(0.01)
     if others:
         known = {t.native_id: t.name for t in threading.enumerate()}
         names = [known.get(int(t)) or open(f"/proc/self/task/{t}/comm").read().strip() for t in others[:5]]
