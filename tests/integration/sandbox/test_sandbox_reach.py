@@ -36,7 +36,7 @@ from areal.gateway import Gateway, serve_zmq
 from areal.protocol import EpisodeOutcome
 from sandbox import reach
 from sandbox.isolation import SandboxConfig
-from sandbox.zygote import ERROR_LIMIT, MODULE_NAME
+from sandbox.outcome import ERROR_LIMIT, MODULE_NAME
 from sandbox.zygote_client import Zygote
 
 REPO = str(ROOT)
