@@ -1,8 +1,9 @@
 """Branch points, the episode's half: a sandboxed episode forked at a model call into N branches.
 
-    agent ──call k──► ZmqTransport ──x-areal-branchable──► gateway (areal/gateway/branching.py)
+    agent ──call k──► ZmqTransport (async clients) or SyncZmqTransport (sync clients, on the
+                      loop's thread) ──x-areal-branchable──► gateway (areal/gateway/branching.py)
                           ◄── branch order: call k, keys K_0..K_N-1 ──┘
-      take(): the checks below; any fails ─► the call sent again with x-areal-branch-refused: why
+      take() / take_sync(): the checks below; any fails ─► the call sent again with x-areal-branch-refused: why
               (served as if nothing happened; the reason is kept on both sides)
         the episode process becomes the branches' supervisor: its ZeroMQ context closed (no
         libzmq thread is forked), the other branches' keys zeroed wherever they lie in its
@@ -33,7 +34,8 @@ one ends the branching there, saying so (``EpisodeOutcome.branch_refused``).
 Refused, with the reason recorded (never branched wrongly): not a sandboxed slot; a world on a
 task root (its writes outside /workspace are not restored); an event loop that is not asyncio's
 selector loop (uvloop's state cannot be rebuilt after a fork); a call not on the main thread;
-the loopback relay has served (its thread holds ZeroMQ sockets); other threads (the loop's idle
+a sync call made off the loop's thread (``asyncio.to_thread``), or while another thread holds a
+connection to the gateway; the loopback relay has served (its thread holds ZeroMQ sockets); other threads (the loop's idle
 thread pool is shut down and remade on use; one with work running is refused); child
 processes (fork copies one process: a process tree needs checkpoint/restore, e.g. CRIU, not
 implemented); SysV IPC objects; open sockets, pipes, epoll or event descriptors other than the
@@ -41,7 +43,7 @@ loop's own and the slot's; files that are not regular files, directories or syml
 private temp dir; more than ``SNAPSHOT_LIMIT`` bytes there.
 
 Not covered: branching an ``exec:`` agent or any call through the loopback relay (the gateway
-refuses it: only this transport can fork the process); nested branch points; a branch's memory
+refuses it: only the transports of sandbox/relay.py can fork the process); nested branch points; a branch's memory
 still holds the trunk's key, which the gateway has retired (409).
 """
 
@@ -57,6 +59,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +101,7 @@ class Arm:
 
 
 ARMED: Arm | None = None
+OWN_KEY: tuple[str, str] | None = None  # in a branch: (the trunk's key, its own), swapped in every request
 
 
 def arm(result_fd: int, api_key: str, episode_id: str, relay: Relay | None, world: tuple[int, int, bool] | None = None) -> None:
@@ -110,17 +114,45 @@ async def take(channel: Any, order: dict) -> str:
     branch, that branch's key; the supervisor never returns. Raises Refused before anything of
     the episode changed but what it remakes on use: its ZeroMQ connection, the loop's idle
     thread pool."""
+    armed, names = _ordered(order)
+    loop = asyncio.get_running_loop()
+    _check_process(armed, loop)
+    channel.close()  # its reader tasks are cancelled on the next turns of the loop, here
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return _fork(armed, loop, names, int(order.get("call", 0)))
+
+
+def take_sync(order: dict, close_channels: Callable[[], None]) -> str:
+    """``take`` at a call of a sync client (``httpx.Client``, sandbox/relay.py's SyncZmqTransport),
+    made on the loop's thread while it blocks the loop. ``close_channels`` closes every ZeroMQ
+    connection of the process (the loop's async one: its reader tasks end on the loop's next turn,
+    in each branch), or raises Refused for one another thread holds."""
+    armed, names = _ordered(order)
+    if threading.current_thread() is not threading.main_thread():
+        raise Refused("the call was made from a thread other than the main one")
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise Refused("a sync call made while no event loop runs: the agent's run() is not on the loop") from None
+    _check_process(armed, loop)
+    close_channels()
+    return _fork(armed, loop, names, int(order.get("call", 0)))
+
+
+def _ordered(order: dict) -> tuple[Arm, list[str]]:
     armed = ARMED
     if armed is None:
         raise Refused("not a sandboxed episode's process (no zygote slot armed the branch point)")
     names = order.get("keys")
     if not isinstance(names, list) or len(names) < 2 or not all(isinstance(k, str) and k.isascii() for k in names):
         raise Refused(f"a malformed branch order: {str(order)[:200]}")
-    loop = asyncio.get_running_loop()
-    _check_process(armed, loop)
-    channel.close()  # its reader tasks are cancelled on the next turns of the loop, here
-    for _ in range(3):
-        await asyncio.sleep(0)
+    return armed, names
+
+
+def _fork(armed: Arm, loop: asyncio.AbstractEventLoop, names: list[str], call: int) -> str:
+    """Both ``take``s once the process's own connections are closed: the last checks, the copies
+    each branch starts from, then the branches (``_supervise``)."""
     executor = loop._default_executor  # type: ignore[attr-defined]
     if executor is not None:  # its idle workers would be missing in a branch: the loop makes a new one on use
         idle = getattr(getattr(executor, "_idle_semaphore", None), "_value", 0)
@@ -140,7 +172,6 @@ async def take(channel: Any, order: dict) -> str:
     vault = bytearray(b"".join(k.encode() for k in names))
     sizes = [len(k) for k in names]
     _scrub([k.encode() for k in names], vault)
-    call = int(order.get("call", 0))
     return _supervise(armed, loop, vault, sizes, call, snapshot, offsets)  # returns in a branch only
 
 
@@ -183,16 +214,16 @@ def _children() -> list[str]:
 
 
 def _close_zmq() -> None:
-    """Terminate the process's ZeroMQ context, so that no libzmq thread or socket is forked."""
+    """Terminate the process's ZeroMQ context, so that no libzmq thread or socket is forked; then
+    Refused if any thread but this one (and the relay's, idle) is left."""
     import zmq.asyncio
 
     ctx = zmq.asyncio.Context._instance  # type: ignore[attr-defined]
-    if ctx is None or ctx.closed:
-        return
-    live = [s for s in list(ctx._sockets) if not s.closed]
-    if live:
-        raise Refused(f"{len(live)} ZeroMQ sockets other than the handed client's are open")
-    ctx.term()
+    if ctx is not None and not ctx.closed:
+        live = [s for s in list(ctx._sockets) if not s.closed]
+        if live:
+            raise Refused(f"{len(live)} ZeroMQ sockets other than the handed client's are open")
+        ctx.term()
     relay_tid = getattr(ARMED.relay._thread, "native_id", None) if ARMED and ARMED.relay else None
     for _ in range(100):  # a thread just joined (the loop's pool, libzmq's) leaves /proc/self/task a moment later
         tasks = [t for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]  # called on the main thread
@@ -555,32 +586,60 @@ def _branch_outcome(episode_id: str, data: bytearray, status: int, wall: float) 
 
 
 def outgoing(transport: Any, path: str, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """A request of the handed client as it leaves: it says it can branch; after a branch point,
-    this branch's key in place of the trunk's (headers and ``/sessions/<key>/`` path); once after
-    a refusal, the reason."""
+    """A request of a client routed to the gateway (sandbox/relay.py's transports) as it leaves:
+    it says it can branch; after a branch point, this branch's key in place of the trunk's
+    (headers and ``/sessions/<key>/`` path); once after a refusal, the reason."""
     headers = {k.lower(): v for k, v in headers.items()}
     headers[BRANCHABLE] = "1"
     if transport.branch_refused:
         headers[REFUSED], transport.branch_refused = transport.branch_refused, ""
-    if transport.branch_key is not None:
-        old, new = transport.branch_key
+    if OWN_KEY is not None:
+        old, new = OWN_KEY
         headers = {k: v.replace(old, new) for k, v in headers.items()}
         path = path.replace(f"/sessions/{old}/", f"/sessions/{new}/")
     return path, headers
 
 
-async def follow(transport: Any, request: Any, reply_body: bytes) -> Any:
-    """The handed client's answer to a branch order: in each branch, the call sent again with
-    its own key; refused, the call sent again with the reason. The supervisor never returns."""
+def _order_of(reply_body: bytes) -> dict:
     try:
         order = msgspec.json.decode(reply_body)
-        own = await take(transport.channel, order.get("branch", {}) if isinstance(order, dict) else {})
+    except msgspec.DecodeError as e:
+        raise Refused(f"a malformed branch order: {e}") from e
+    return order.get("branch", {}) if isinstance(order, dict) else {}
+
+
+def _refuse(transport: Any, e: Refused) -> None:
+    transport.branch_refused = re.sub(r"[^ -~]", "?", str(e))[:REASON_LIMIT]  # a header: printable ASCII
+
+
+def _adopt(own: str) -> None:
+    """In a branch: its key, for every client (``outgoing``) and in the environment."""
+    global OWN_KEY
+    assert ARMED is not None
+    OWN_KEY = (ARMED.api_key, own)
+    for name, value in list(os.environ.items()):
+        if ARMED.api_key in value:
+            os.environ[name] = value.replace(ARMED.api_key, own)
+
+
+async def follow(transport: Any, request: Any, reply_body: bytes) -> Any:
+    """An async client's answer to a branch order: in each branch, the call sent again with its
+    own key; refused, the call sent again with the reason. The supervisor never returns."""
+    try:
+        own = await take(transport.channel, _order_of(reply_body))
     except Refused as e:
-        transport.branch_refused = re.sub(r"[^ -~]", "?", str(e))[:REASON_LIMIT]  # a header: printable ASCII
+        _refuse(transport, e)
     else:
-        assert ARMED is not None
-        transport.branch_key = (ARMED.api_key, own)
-        for name, value in list(os.environ.items()):
-            if ARMED.api_key in value:
-                os.environ[name] = value.replace(ARMED.api_key, own)
+        _adopt(own)
     return await transport.handle_async_request(request)
+
+
+def follow_sync(transport: Any, request: Any, reply_body: bytes) -> Any:
+    """``follow`` for a sync client's call."""
+    try:
+        own = take_sync(_order_of(reply_body), transport.close_channels)
+    except Refused as e:
+        _refuse(transport, e)
+    else:
+        _adopt(own)
+    return transport.handle_request(request)

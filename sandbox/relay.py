@@ -3,6 +3,7 @@
     other HTTP ──HTTP/1.1─► Relay (127.0.0.1:PORT, own thread + event loop) ─┐
     agent httpx.AsyncClient(transport=ZmqTransport) ──────────────────────────┤ GatewayChannel
     agent's own async httpx client to 127.0.0.1:PORT (route_own_clients) ─────┤
+    agent's own sync httpx client to 127.0.0.1:PORT ── SyncZmqTransport ──────┤ a _SyncChannel per thread
                                                                               ▼ DEALER, ipc://
                                                                gateway ROUTER (GatewayRequest ⇄
                                                                GatewayReply, msgpack, one frame)
@@ -15,7 +16,7 @@ is done and when the connection is lost.
 
 Invariants: the libzmq context and its sockets are made lazily, in the episode process after the
 fork (never in the zygote: a libzmq context does not survive a fork); a socket is used only from
-the loop that made it; if the gateway goes away, the requests waiting on it get a 502 at once and
+the loop that made it (a sync channel's: from the thread that made it); if the gateway goes away, the requests waiting on it get a 502 at once and
 the next request connects a new socket (libzmq's own reconnecting is not used: a request never
 waits on a connection that is not there); the relay runs its own loop in a daemon thread, so
 agents that block their own loop or run subprocesses that speak HTTP still reach the gateway.
@@ -24,12 +25,15 @@ agents that block their own loop or run subprocesses that speak HTTP still reach
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+import os
 import select
 import socket
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import msgspec
@@ -203,7 +207,6 @@ class ZmqTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, gateway_addr: str) -> None:
         self.channel = GatewayChannel(gateway_addr)
-        self.branch_key: tuple[str, str] | None = None  # (trunk's, own) after a branch point (sandbox/branch.py)
         self.branch_refused = ""  # why the episode refused a branch order, sent with the call once more
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -218,6 +221,178 @@ class ZmqTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         self.channel.close()
+
+
+class _SyncChannel:
+    """One thread's DEALER connection to the gateway, for sync clients: a request at a time is
+    sent and its replies read in the calling thread (a ZeroMQ socket is used from one thread).
+    Replies to another open request of the thread (a stream not yet read) are kept for it."""
+
+    def __init__(self, ctx: zmq.Context, gateway_addr: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        for option, value in ((zmq.LINGER, 0), (zmq.IMMEDIATE, 1), (zmq.RECONNECT_IVL, 10), (zmq.MAXMSGSIZE, MAX_BODY + (1 << 20))):
+            self.sock.setsockopt(option, value)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(gateway_addr)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.thread, self.ready, self.lost, self.closed = threading.current_thread(), False, False, False
+        self._open: dict[int, collections.deque[GatewayReply]] = {}
+        self._ids = itertools.count(1)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(GatewayReply)
+
+    def _pump(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` for the socket or its monitor; take what came. False: nothing did."""
+        events = dict(self.poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000))))
+        if self.monitor in events:
+            while True:
+                try:
+                    event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))["event"]
+                except zmq.Again:
+                    break
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self.ready = True
+                elif event == zmq.EVENT_DISCONNECTED and self.ready:
+                    self.lost = True
+        if self.sock in events:
+            while True:
+                try:
+                    reply = self._decoder.decode(self.sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                queue = self._open.get(reply.request_id)
+                if queue is not None:  # replies to abandoned requests are dropped
+                    queue.append(reply)
+        return bool(events)
+
+    def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, connect_s: float, read_s: float | None
+    ) -> Iterator[GatewayReply]:
+        """Send one request; yields its replies, the last with ``more=False`` (a 502 when the
+        gateway cannot be reached or goes away meanwhile); TimeoutError after ``read_s`` without one."""
+        request_id = next(self._ids)
+        deadline = time.monotonic() + connect_s
+        while not self.ready and not self.lost and time.monotonic() < deadline:
+            self._pump(deadline - time.monotonic())
+        if not self.ready or self.lost:
+            self.lost = True  # the next request connects anew
+            yield _unavailable(request_id, f"the gateway cannot be reached: no handshake with it within {connect_s} s")
+            return
+        queue = self._open[request_id] = collections.deque()
+        try:
+            clean = {k.lower(): v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+            try:
+                self.sock.send(self._encoder.encode(GatewayRequest(request_id, method, path, clean, body)), zmq.NOBLOCK)
+            except zmq.Again:
+                yield _unavailable(request_id, "the connection to the gateway cannot take the request")
+                return
+            while True:
+                while not queue:
+                    if self.lost:
+                        queue.append(_unavailable(request_id, "the connection to the gateway was lost"))
+                    elif not self._pump(read_s):
+                        raise TimeoutError(f"no reply from the gateway within {read_s} s")
+                reply = queue.popleft()
+                yield reply
+                if not reply.more:
+                    return
+        finally:
+            self._open.pop(request_id, None)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.disable_monitor()
+            self.monitor.close(0)
+            self.sock.close(0)
+
+
+class SyncZmqTransport(httpx.BaseTransport):
+    """``ZmqTransport`` for sync clients (``httpx.Client``: the OpenAI SDK's ``OpenAI()``, LangChain's
+    and CAMEL's sync calls): each request straight to the gateway over the calling thread's own
+    connection, from a ZeroMQ context of its own, made on first use in each process. A call of
+    the loop's thread can be a branch point (``branch.follow_sync``)."""
+
+    def __init__(self, gateway_addr: str, connect_timeout_s: float = 10.0) -> None:
+        self.gateway_addr, self.connect_timeout_s = gateway_addr, connect_timeout_s
+        self.branch_refused = ""  # why the episode refused a branch order, sent with the call once more
+        self._ctx: zmq.Context | None = None
+        self._pid = 0
+        self._channels: list[_SyncChannel] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def _channel(self) -> _SyncChannel:
+        channel = getattr(self._local, "channel", None)
+        if channel is None or channel.closed or channel.lost or self._pid != os.getpid():
+            if channel is not None and not channel.closed and self._pid == os.getpid():
+                channel.close()
+            with self._lock:
+                if self._ctx is None or self._pid != os.getpid():  # first use, or a forked process: a context of its own
+                    self._ctx, self._pid, self._channels = zmq.Context(), os.getpid(), []
+                self._channels = [c for c in self._channels if not c.closed]
+                channel = self._local.channel = _SyncChannel(self._ctx, self.gateway_addr)
+                self._channels.append(channel)
+        return channel
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        path, headers = branch.outgoing(self, request.url.raw_path.decode("ascii"), dict(request.headers))
+        read_s = request.extensions.get("timeout", {}).get("read")
+        replies = self._channel().request(request.method, path, headers, body, self.connect_timeout_s, read_s)
+        try:
+            first = next(replies)
+        except TimeoutError as e:
+            raise httpx.ReadTimeout(str(e), request=request) from e
+        if BRANCH_ORDER_HEADER in first.headers:  # the gateway holds this call: fork here
+            replies.close()
+            return branch.follow_sync(self, request, first.body)
+        return httpx.Response(
+            first.status, headers=_reply_headers(first), stream=_SyncReplyStream(first, replies, request), request=request
+        )
+
+    def close_channels(self) -> None:
+        """Before a branch point (called on the loop's thread): close every connection of the
+        process, the loop's async one too, and end this transport's context (no libzmq thread is
+        forked); a connection of another live thread refuses it."""
+        busy = [
+            c.thread.name for c in self._channels if not c.closed and c.thread is not threading.current_thread() and c.thread.is_alive()
+        ]
+        if busy:
+            raise branch.Refused(f"threads other than the main one hold connections to the gateway ({', '.join(busy[:5])})")
+        loop_channel = _LOOP_TRANSPORTS.get(asyncio.get_running_loop())
+        if loop_channel is not None:
+            loop_channel.channel.close()  # its reader tasks end on the loop's next turn: in each branch
+        for channel in self._channels:
+            channel.close()
+        if self._ctx is not None and self._pid == os.getpid():
+            self._ctx.term()
+        self._ctx, self._channels = None, []
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+
+class _SyncReplyStream(httpx.SyncByteStream):
+    def __init__(self, first: GatewayReply, rest: Iterator[GatewayReply], request: httpx.Request) -> None:
+        self._first, self._rest, self._request = first, rest, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._first.body:
+            yield self._first.body
+        if self._first.more:
+            try:
+                for reply in self._rest:
+                    if reply.body:
+                        yield reply.body
+            except TimeoutError as e:
+                raise httpx.ReadTimeout(str(e), request=self._request) from e
+
+    def close(self) -> None:
+        self._rest.close()  # type: ignore[attr-defined]
 
 
 _LOOP_TRANSPORTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ZmqTransport] = weakref.WeakKeyDictionary()
@@ -236,20 +411,28 @@ def loop_transport(gateway_addr: str) -> ZmqTransport:
 
 
 def route_own_clients(port: int, gateway_addr: str) -> None:
-    """In the episode process, before the agent runs: an async httpx client the agent builds
-    itself (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its
-    requests for the relay's address over its loop's ZmqTransport instead of TCP, as the handed
-    client does: no HTTP hop, and the call can be a branch point. Requests elsewhere, sync clients
-    (``httpx.Client``: a call made while the agent's loop runs cannot use it) and other HTTP stacks
-    (``exec:`` programs, aiohttp, urllib) still go through the relay."""
+    """In the episode process, before the agent runs: an httpx client the agent builds itself
+    (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its requests
+    for the relay's address straight to the gateway instead of over TCP, as the handed client
+    does: an async one over its loop's ZmqTransport, a sync one (``httpx.Client``) over the
+    process's SyncZmqTransport. No HTTP hop, and the call can be a branch point. Requests
+    elsewhere and other HTTP stacks (``exec:`` programs, aiohttp, urllib) still go through the relay."""
     original = httpx.AsyncHTTPTransport.handle_async_request
+    original_sync = httpx.HTTPTransport.handle_request
+    sync = SyncZmqTransport(gateway_addr)
 
     async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
         if request.url.host != "127.0.0.1" or request.url.port != port:
             return await original(self, request)
         return await loop_transport(gateway_addr).handle_async_request(request)
 
+    def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        if request.url.host != "127.0.0.1" or request.url.port != port:
+            return original_sync(self, request)
+        return sync.handle_request(request)
+
     httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+    httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
 
 
 class Relay:

@@ -3,7 +3,9 @@ training run by tests/e2e/test_branched_run.py (``TwoCallAgent``).
 
 ``BranchAgent.run`` dispatches on ``data["case"]``, so one zygote serves every test. Each episode
 makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client (``own``: a client
-of its own from OPENAI_BASE_URL; ``relay``: urllib to it). Before each call it bumps a
+of its own from OPENAI_BASE_URL; ``sync``: a sync ``openai.OpenAI()`` of its own, on the loop's
+thread; ``sync-thread``: the same in ``asyncio.to_thread``; ``mixed``: the handed client but for
+call 2, made with the sync one; ``relay``: urllib to it). Before each call it bumps a
 counter in memory and appends a line to a file in its private temp dir; after the second (the
 branch point the tests set) it writes a file named after its reply, and its third call's user
 message is a report of what it sees: the counter, the notes file, the files other branches
@@ -19,6 +21,7 @@ writes a request of its own on its branch channel (``sandbox.branch.ARMED``), as
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -52,6 +55,9 @@ def _keys_in_own_memory(prefix: bytes = b"sk-areal-") -> set[str]:
 class BranchAgent:
     async def run(self, data: dict, **kw: Any) -> float:
         case = data["case"]
+        sync: Any = None  # "sync", "sync-thread": every call with a sync client of its own; "mixed": call 2 only
+        if case in ("sync", "sync-thread", "mixed"):
+            sync = openai.OpenAI(max_retries=0)  # from OPENAI_BASE_URL and OPENAI_API_KEY, as a user's agent builds it
         if case in ("own", "relay"):  # a client of its own from OPENAI_BASE_URL; "relay" calls with urllib (below)
             client: Any = openai.AsyncOpenAI(max_retries=0)
         elif case == "anthropic":  # through the httpx2 bridge (areal/agent/httpx2_bridge.py)
@@ -101,6 +107,12 @@ class BranchAgent:
                 messages.append({"role": "user", "content": report})
             if case == "relay":  # another HTTP stack than httpx (as an exec: program's): to the loopback relay
                 reply = _urllib_chat(messages)
+            elif case == "sync-thread":  # a sync call off the loop's thread, as `await asyncio.to_thread(...)` makes it
+                r = await asyncio.to_thread(sync.chat.completions.create, model="m", messages=messages, max_tokens=16)
+                reply = r.choices[0].message.content or ""
+            elif case == "sync" or (case == "mixed" and call == 2):  # blocking the loop, as a sync agent step does
+                r = sync.chat.completions.create(model="m", messages=messages, max_tokens=16)
+                reply = r.choices[0].message.content or ""
             elif case == "anthropic":
                 m = await client.messages.create(model="m", messages=messages, max_tokens=16)
                 reply = "".join(block.text for block in m.content if block.type == "text")

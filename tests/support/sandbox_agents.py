@@ -83,6 +83,25 @@ class ProbeAgent:
             out[label] = float(text == data["expect"])
         return out
 
+    async def openai_sync(self, data: dict, **kw: Any) -> dict[str, float]:
+        """A sync client of its own (OPENAI_BASE_URL): a call on the loop's thread, a streamed one,
+        and one from another thread; and whether the loopback relay stayed unused."""
+        from sandbox import branch
+
+        client = openai.OpenAI(max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        plain = client.chat.completions.create(model="m", messages=messages).choices[0].message.content
+        stream = client.chat.completions.create(model="m", messages=messages, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream)
+        threaded = await asyncio.to_thread(lambda: client.chat.completions.create(model="m", messages=messages).choices[0].message.content)
+        relay = branch.ARMED.relay if branch.ARMED else None
+        return {
+            "plain": float(plain == data["expect"]),
+            "stream": float(streamed == data["expect"]),
+            "thread": float(threaded == data["expect"]),
+            "direct": float(relay is not None and not relay._started.is_set()),
+        }
+
     async def connect_host(self, data: dict, **kw: Any) -> float:
         # Escape attempt: reach a TCP listener on the host's loopback.
         try:

@@ -76,7 +76,7 @@ def _report(gw, interactions) -> str:
     return re.findall(r"report [^<]*", text)[-1]
 
 
-@pytest.mark.parametrize("sdk", ["plain", "anthropic", "own"])
+@pytest.mark.parametrize("sdk", ["plain", "anthropic", "own", "sync", "mixed"])
 def test_an_episode_branched_at_its_second_call_runs_three_branches_from_one_state(served, sdk):
     gw = served
     replies = ["first 1"] + [r for i in range(N) for r in (f"choice {i + 5}", "done")]
@@ -148,6 +148,7 @@ def test_an_episode_branches_at_the_first_call_sampled_at_high_entropy(served):
     [
         ("child", "refused by the episode: the episode has child processes"),
         ("thread", "refused by the episode: the episode runs other threads"),
+        ("sync-thread", "refused by the episode: the call was made from a thread other than the main one"),
         ("relay", "the call did not come through the client handed to a sandboxed agent"),  # urllib, to the loopback relay
     ],
 )

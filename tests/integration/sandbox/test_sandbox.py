@@ -214,6 +214,17 @@ def test_streamed_reply_through_relay_and_zmq_transport(loop, zygote):
     assert out.imported == [], out.imported
 
 
+def test_a_sync_client_of_the_agents_own_goes_straight_to_the_gateway(loop, zygote, gateway):
+    """openai.OpenAI() from the environment: its calls (plain, streamed, from another thread) reach
+    the gateway over ZeroMQ (relay.SyncZmqTransport), the loopback relay never set up."""
+    before = len(gateway.seen)
+    out = episode(loop, zygote, {"case": "openai_sync", "expect": f"key=Bearer {KEY}"})
+    assert out.status == "ok", (out.error, out.log_tail)
+    assert out.rewards_by_id == {"plain": 1.0, "stream": 1.0, "thread": 1.0, "direct": 1.0}
+    assert len(gateway.seen) == before + 3
+    assert all(path == f"/sessions/{KEY}/v1/chat/completions" for path, _ in gateway.seen[before:])
+
+
 def test_agent_cannot_reach_host_loopback(loop, zygote):
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
