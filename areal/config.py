@@ -137,8 +137,9 @@ class RolloutConfig:
     overlong_penalty_factor: float = 1.0
     openai: OpenAIRolloutConfig = field(default_factory=OpenAIRolloutConfig)
     # Branch a sandboxed episode at a model call into n branches from one state (docs/branching.md;
-    # n, at_call, at_tool_result, entropy): each branch is logged as its own episode (<id>/b<i>), and the
-    # episode is trained as one tree, its shared prefix once. Off by default (n = 0).
+    # n, at_call, at_tool_result, entropy; replay: where the episode cannot fork, by replaying its calls):
+    # each branch is logged as its own episode (<id>/b<i>), and the episode is trained as one tree, its
+    # shared prefix once. Off by default (n = 0).
     branch: BranchConfig = field(default_factory=BranchConfig)
 
     def __post_init__(self) -> None:
@@ -313,10 +314,11 @@ class TrainConfig:
                 f"cluster.rollout_workers={self.cluster.rollout_workers} runs sandboxed agents on Ray nodes: it needs "
                 f"rollout.openai.mode=subproc, got {self.rollout.openai.mode!r} (inline agents run in the controller)"
             )
-        if self.rollout.branch.enabled and self.rollout.openai.mode != "subproc":
+        if self.rollout.branch.enabled and self.rollout.openai.mode != "subproc" and not self.rollout.branch.replay:
             raise ValueError(
                 f"rollout.branch.n={self.rollout.branch.n} branches sandboxed episodes: it needs rollout.openai.mode=subproc, "
-                f"got {self.rollout.openai.mode!r} (only the sandbox can fork a live episode)"
+                f"got {self.rollout.openai.mode!r} (only the sandbox can fork a live episode; rollout.branch.replay=true "
+                "branches any episode by replaying its calls)"
             )
         if self.rollout.branch.enabled and self.cluster.rollout_workers and self.cluster.gateway == "worker":
             raise ValueError(

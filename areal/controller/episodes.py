@@ -55,7 +55,7 @@ from areal.controller.agent_eval import EvalEpisode
 from areal.controller.branches import close_branches, settle_tree, tree_of
 from areal.controller.records import reason
 from areal.gateway import Gateway, Session
-from areal.gateway.branching import never_branch
+from areal.gateway.branching import branch_keys, never_branch, replay_divergence, replay_pending, replay_point, split_replayed
 from areal.gateway.tree import Interaction
 from areal.protocol import EpisodeOutcome
 from sandbox.zygote_client import Zygote
@@ -122,6 +122,9 @@ class Episodes:
             never_branch(self.gateway.sessions[key], "a held-out evaluation episode is never branched")
         try:
             outcome = await self.runner.run_episode(episode_id, problem, key, deadline)
+            trunk = self.gateway.sessions.get(key) or self.gateway.expired.get(key)
+            if trunk is not None and replay_pending(trunk):
+                outcome = await self._replay_branches(episode_id, problem, outcome, trunk, deadline)
         except asyncio.CancelledError:
             session = self.gateway.close_session(key)
             close_branches(self.gateway, session)
@@ -132,6 +135,40 @@ class Episodes:
             close_branches(self.gateway, self.gateway.close_session(key))
             raise
         return outcome, self.gateway.close_session(key)
+
+    async def _replay_branches(
+        self, episode_id: str, problem: dict, trunk: EpisodeOutcome, session: Session, deadline: float
+    ) -> EpisodeOutcome:
+        """An episode branched by replay (rollout.branch.replay; areal/gateway/branching.py): it ran
+        on as branch 0; each other branch now runs as an episode of the same row in the session
+        the gateway opened for it, its calls before the branch point answered from the trunk's,
+        all at once. Their outcomes as the sandbox gives a forked episode's (``branches``); a branch
+        that did not repeat the trunk's calls is crashed, its divergence named (never trained)."""
+        keys, point = branch_keys(session), replay_point(session)
+        split_replayed(self.gateway, session)
+        runs = [self.runner.run_episode(f"{episode_id}/b{i}", problem, key, deadline) for i, key in enumerate(keys, 1)]
+        got = await asyncio.gather(*runs, return_exceptions=True)
+        branches = [msgspec.structs.replace(trunk, episode_id=f"{episode_id}/b0")]
+        for i, (key, outcome) in enumerate(zip(keys, got), 1):
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, asyncio.CancelledError):
+                    raise outcome
+                outcome = EpisodeOutcome(f"{episode_id}/b{i}", "crashed", error=f"the replaying branch's runner failed: {outcome!r}")
+            held = self.gateway.sessions.get(key) or self.gateway.expired.get(key)
+            why = replay_divergence(held) if held is not None else ""
+            if why:
+                outcome = msgspec.structs.replace(
+                    outcome, status="crashed", error=f"branch replay diverged: {why}", reward=None, rewards_by_id={}
+                )
+            branches.append(outcome)
+        wall = trunk.wall_s + max((b.wall_s for b in branches[1:]), default=0.0)
+        return EpisodeOutcome(
+            episode_id,
+            "ok",
+            wall_s=wall,
+            branches=branches,
+            branch_point=f"call {point.call} of {episode_id}, by replay ({point.replayed})",
+        )
 
     async def evaluate(self, episode_id: str, problem: dict, temperature: float | None) -> EvalEpisode:
         """One held-out episode of the run's agent (areal/controller/agent_eval.py), sampled at ``temperature``

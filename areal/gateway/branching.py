@@ -47,16 +47,19 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from areal.engine.client import GenerateResult
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.render import PromptIndex
 from areal.protocol import BRANCH_ORDER_HEADER, BRANCH_REASON_LIMIT, BRANCH_REFUSED_HEADER, BRANCHABLE_HEADER
 
 if TYPE_CHECKING:
     from areal.gateway.core import Gateway, Session
+    from areal.gateway.tree import Interaction
 
 BRANCHABLE, REFUSED, ORDER = BRANCHABLE_HEADER, BRANCH_REFUSED_HEADER, BRANCH_ORDER_HEADER
 REASON_LIMIT = BRANCH_REASON_LIMIT
 STATE = "areal.branch"  # Session.store key: a trunk's BranchPoint, or a branch's BranchOf
+REPLAY = "areal.branch.replay"  # Session.store key: a replaying branch's Replay
 PROBE = "areal.branch.probe"  # Session.store key: the Probe of the call whose sample decides (by entropy)
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages"})
 MAX_BRANCHES = 16
@@ -72,6 +75,12 @@ class BranchConfig:
     # at the first completion call whose sampled tokens' mean entropy, in nats per token, is at least
     # this (estimated by their mean -logprob, as the engine reports it); 0.0: not by entropy
     entropy: float = 0.0
+    # a branch point the episode cannot fork at (an exec: agent, a process tree, another HTTP stack,
+    # an inline agent): branched by replay instead. The episode goes on as branch 0; each other
+    # branch is a new episode of the same row whose calls before the branch point are answered
+    # from the trunk's record (``replayed``), so it reaches the point in the same state if the
+    # agent is deterministic given its replies, and a call that differs ends it, named
+    replay: bool = False
 
     def __post_init__(self) -> None:
         if self.n and not 2 <= self.n <= MAX_BRANCHES:
@@ -97,6 +106,11 @@ class BranchPoint:
     keys: list[str] = field(default_factory=list)
     refused: str = ""
     entropy: float | None = None  # the discarded sample's, when the branch point was found by entropy
+    # branched by replay (BranchConfig.replay): why the episode could not fork there; ``keys`` are
+    # then the replaying branches' (1..n-1) until ``split_replayed`` puts branch 0's first
+    replayed: str = ""
+    prefix: tuple[str, ...] = ()  # ... and the trunk's interactions at the point, which they replay
+    split: bool = False  # branch 0's session made of the trunk (``split_replayed``)
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,11 @@ class Probe:
 
     call: int
     branchable: bool
+
+
+class Resample(Exception):
+    """Raised by ``decide`` once a sampled call proved a branch point taken by replay: the sample
+    is discarded (not recorded, uncharged) and the call sampled again for the trunk, unselected."""
 
 
 class BranchOrdered(Exception):
@@ -143,6 +162,11 @@ def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, 
         return None
     if isinstance(state, BranchPoint) and state.refused:
         return None
+    if isinstance(state, BranchPoint) and state.replayed:  # the trunk goes on as branch 0; its siblings wait for it
+        for key in state.keys:
+            if key in gateway.sessions:
+                gateway.sessions[key].last_used = session.last_used
+        return None
     if isinstance(state, BranchPoint):
         reason = headers.get(REFUSED)
         if reason is None:
@@ -152,9 +176,13 @@ def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, 
                 "its key is retired, each branch calls with its own",
                 kind="branch_conflict",
             )
-        state.refused = f"refused by the episode: {reason[:REASON_LIMIT]}"
         for key in state.keys:
             gateway.close_session(key)
+        why = f"refused by the episode: {reason[:REASON_LIMIT]}"
+        if config.replay:
+            _replay_point(gateway, session, state.call, why, state.entropy)
+        else:
+            state.refused = why
         return None
     call, branchable = session.calls_made + 1, headers.get(BRANCHABLE) == "1"
     if not (call == config.at_call or (config.at_tool_result and ends_with_tool_result(path, body))):
@@ -162,7 +190,10 @@ def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, 
             session.store[PROBE] = Probe(call, branchable)
         return None
     if not branchable:
-        session.store[STATE] = BranchPoint(call, refused=NOT_HANDED)
+        if config.replay:
+            _replay_point(gateway, session, call, NOT_HANDED)
+        else:
+            session.store[STATE] = BranchPoint(call, refused=NOT_HANDED)
         return None
     return _order(gateway, session, call)
 
@@ -179,6 +210,105 @@ def _order(gateway: Gateway, session: Session, call: int, entropy: float | None 
     keys += [fork_session(gateway, session, BranchOf(session.episode_id, call, i, keys, entropy)) for i in range(gateway.branching.n)]
     session.store[STATE] = BranchPoint(call, list(keys), entropy=entropy)
     return Reply(status=200, body={"branch": {"call": call, "keys": keys}}, headers={ORDER: "order"})
+
+
+def _replay_point(gateway: Gateway, session: Session, call: int, why: str, entropy: float | None = None) -> None:
+    """Branch ``session`` at ``call`` by replay (BranchConfig.replay): it goes on as branch 0, and
+    a new session is opened for each other branch, empty, holding a copy of its calls so far to
+    be answered from (``Replay``); the controller runs an episode in each (areal/controller/episodes.py)."""
+    keys: list[str] = []
+    prefix = [msgspec.structs.replace(x) for x in session.interactions.values()]
+    for i in range(1, gateway.branching.n):
+        key = gateway.open_session(f"{session.episode_id}/b{i}", session.temperature)
+        gateway.sessions[key].store[STATE] = BranchOf(session.episode_id, call, i, keys, entropy)
+        gateway.sessions[key].store[REPLAY] = Replay(prefix)
+        keys.append(key)
+    session.store[STATE] = BranchPoint(call, keys, entropy=entropy, replayed=why, prefix=tuple(session.interactions))
+
+
+@dataclass
+class Replay:
+    """A replaying branch's record of its trunk's calls before the branch point; each is
+    answered once, to a request whose prompt is the recorded one, under the recorded id."""
+
+    calls: list[Interaction]
+    used: set[str] = field(default_factory=set)
+    diverged: str = ""  # the first request that matched none, named; or the calls never made
+
+    def left(self) -> list[Interaction]:
+        return [x for x in self.calls if x.id not in self.used]
+
+
+def replayed(session: Session, prompt_ids: list[int], n: int) -> list[tuple[GenerateResult, str]] | None:
+    """The answers of a replaying branch's call before its branch point, from the record: its n
+    choices as (result, interaction id); None when the call is the branch's own (sampled). A call
+    whose prompt no unused recorded call has is the divergence: kept on the session, and a 409."""
+    replay = session.store.get(REPLAY)
+    if not isinstance(replay, Replay) or not replay.left():
+        return None
+    same = [x for x in replay.left() if x.prompt_ids == prompt_ids][:n]
+    if len(same) < n:
+        nxt = replay.left()[0]
+        pos = next((i for i, (a, b) in enumerate(zip(nxt.prompt_ids, prompt_ids)) if a != b), min(len(nxt.prompt_ids), len(prompt_ids)))
+        replay.diverged = replay.diverged or (
+            f"the replay's call {session.calls_made + 1} differs from the trunk's {nxt.id} at prompt token {pos} "
+            f"(prompts of {len(nxt.prompt_ids)} and {len(prompt_ids)} tokens{f', {n} choices' if n > 1 else ''}): "
+            "the agent did not repeat its calls given the same replies (random numbers, the clock, tool results that changed)"
+        )
+        raise RequestError(409, f"branch replay diverged: {replay.diverged}", kind="branch_replay_diverged")
+    out = []
+    for x in same:
+        replay.used.add(x.id)
+        versions = [str(v) for v in x.output_versions]
+        result = GenerateResult(
+            output_ids=list(x.output_ids),
+            output_logprobs=list(x.output_logprobs),
+            finish_reason=x.finish_reason,
+            weight_version=str(x.version),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(x.output_ids),
+            output_versions=versions,
+        )
+        out.append((result, x.id))
+    return out
+
+
+def replay_divergence(session: Session) -> str:
+    """Why a replaying branch did not reach its branch point as its trunk did ("" when it did)."""
+    replay = session.store.get(REPLAY)
+    if not isinstance(replay, Replay):
+        return ""
+    if not replay.diverged and replay.left():
+        return f"the replay ended with {len(replay.left())} of the trunk's {len(replay.calls)} calls before the branch point not made"
+    return replay.diverged
+
+
+def replay_pending(session: Session) -> bool:
+    """Whether ``session`` is a trunk branched by replay whose branch 0 is not yet split off (``split_replayed``)."""
+    state = session.store.get(STATE)
+    return isinstance(state, BranchPoint) and bool(state.replayed) and not state.split
+
+
+def replay_point(session: Session) -> BranchPoint:
+    """The branch point of a trunk branched by replay."""
+    state = session.store.get(STATE)
+    assert isinstance(state, BranchPoint) and state.replayed
+    return state
+
+
+def split_replayed(gateway: Gateway, trunk: Session) -> None:
+    """Once a trunk branched by replay has ended: branch 0's session made of it (everything it
+    recorded), the trunk left with the prefix its branches share; the branch keys then in branch
+    order, as ``expand`` reads them."""
+    state = trunk.store[STATE]
+    assert isinstance(state, BranchPoint) and state.replayed
+    first = gateway.sessions.get(state.keys[0]) or gateway.expired.get(state.keys[0])
+    siblings = first.store[STATE].siblings if first is not None else list(state.keys)
+    key = fork_session(gateway, trunk, BranchOf(trunk.episode_id, state.call, 0, siblings, state.entropy))
+    siblings.insert(0, key)
+    state.keys = list(siblings)
+    trunk.interactions = {iid: trunk.interactions[iid] for iid in state.prefix if iid in trunk.interactions}
+    state.split = True
 
 
 def probe_of(session: Session) -> Probe | None:
@@ -202,11 +332,14 @@ def decide(gateway: Gateway, session: Session, probe: Probe, results: list, held
     config, entropy = gateway.branching, sampled_entropy(results)
     if config is None or not config.entropy or entropy < config.entropy or session.store.get(STATE) is not None:
         return  # a concurrent call of the session may have settled its branch point meanwhile
-    if not probe.branchable:
+    if not probe.branchable and not config.replay:
         session.store[STATE] = BranchPoint(probe.call, refused=NOT_HANDED, entropy=entropy)
         return
     session.calls_made -= 1
     session.tokens_charged -= held
+    if not probe.branchable:  # branched by replay: the trunk samples the call afresh too, as every replaying branch does
+        _replay_point(gateway, session, probe.call, NOT_HANDED, entropy)
+        raise Resample
     raise BranchOrdered(_order(gateway, session, probe.call, entropy))
 
 

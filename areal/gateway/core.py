@@ -478,9 +478,24 @@ class Gateway:
         """All n choices, recorded; choice 0's interaction id is ``response_id`` when given."""
         probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
-        results = await self._sample_turn(session, turn, prompt, params, probe)
-        ids = choice_ids(turn.sampling.n, response_id)
+        replayed = self._replayed(session, prompt.ids, turn.sampling)
+        if replayed is not None:
+            results, ids = replayed
+        else:
+            results = await self._sample_turn(session, turn, prompt, params, probe)
+            ids = choice_ids(turn.sampling.n, response_id)
         return [finish_choice(self, session, turn, prompt, i, ids[i], r, forced) for i, r in enumerate(results)]
+
+    def _replayed(self, session: Session, prompt_ids: list[int], s: Sampling, refund: bool = True) -> tuple[list[Any], list[str]] | None:
+        """A replaying branch's call before its branch point, answered from its trunk's record and
+        charged as sampled (branching.replayed; ``refund`` as in ``_sample_turn``); None for any other call."""
+        answers = branching.replayed(session, prompt_ids, s.n)
+        if answers is None:
+            return None
+        self._admit(session, s)
+        for r, _ in answers if refund else ():
+            session.refund(s.max_tokens, len(r.output_ids))
+        return [r for r, _ in answers], [iid for _, iid in answers]
 
     async def _sample_turn(
         self, session: Session, turn: Turn, prompt: Prompt, params: dict, probe: branching.Probe | None, refund: bool = True
@@ -496,7 +511,10 @@ class Gateway:
         results = await self._sampled(session, calls, s.max_tokens if refund else None)
         if probe is not None:  # the tokens this call holds of the session's budget: its reservation, or what it sampled
             held = sum(len(r.output_ids) for r in results) if refund else s.n * s.max_tokens
-            branching.decide(self, session, probe, results, held)
+            try:
+                branching.decide(self, session, probe, results, held)
+            except branching.Resample:  # a branch point taken by replay: the trunk's sample drawn again, unselected
+                return await self._sample_turn(session, turn, prompt, params, None, refund)
         return results
 
     async def complete_prompt(self, session: Session, ids: list[int], s: Sampling, *, response_id: str | None = None) -> list[Choice]:
@@ -510,13 +528,15 @@ class Gateway:
             raise context_exceeded(f"prompt of {len(ids)} tokens plus max_tokens {s.max_tokens} exceeds the context length of {context}")
         params, kwargs = self._engine_sampling(session, s), engine_kwargs(s, session)
         parent = tree.extended_by(session.interactions.values(), ids)
-        self._admit(session, s)
-        calls = [self.engine.generate(ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
-        results = await self._sampled(session, calls, s.max_tokens)
+        replayed = self._replayed(session, ids, s)
+        if replayed is not None:
+            results, cids = replayed
+        else:
+            self._admit(session, s)
+            calls = [self.engine.generate(ids, engine_params(params, s.seed, i), return_logprob=True, **kwargs) for i in range(s.n)]
+            results, cids = await self._sampled(session, calls, s.max_tokens), choice_ids(s.n, response_id)
         pid = parent.id if parent is not None else None
-        return [
-            prompt_choice(self, session, ids, pid, s, i, cid, r) for i, (cid, r) in enumerate(zip(choice_ids(s.n, response_id), results))
-        ]
+        return [prompt_choice(self, session, ids, pid, s, i, cid, r) for i, (cid, r) in enumerate(zip(cids, results))]
 
     async def _sampled(self, session: Session, calls: list[Any], reserved: int | None) -> list[Any]:
         """The engine's results of ``calls``, one request's choices, as the session's task: a
@@ -549,13 +569,17 @@ class Gateway:
             raise RequestError(400, "stream is not supported: the inference engine client has no streaming", param="stream")
         probe = branching.probe_of(session)
         prompt, params, forced = await self._prepare(session, turn)
-        # a candidate branch point is sampled whole first (its entropy decides), then streamed as one piece
+        # a candidate branch point is sampled whole first (its entropy decides), then streamed as one piece; so is a replayed call
         ready: tuple = ()
-        if probe is not None:
+        ids = choice_ids(turn.sampling.n, response_id)
+        replayed = self._replayed(session, prompt.ids, turn.sampling, refund=False)
+        if replayed is not None:
+            ready, ids = tuple(replayed[0]), replayed[1]
+        elif probe is not None:
             ready = tuple(await self._sample_turn(session, turn, prompt, params, probe, refund=False))
         else:
             self._admit(session, turn.sampling)
-        deltas = stream_choices(self, session, turn, prompt, params, choice_ids(turn.sampling.n, response_id), forced, ready)
+        deltas = stream_choices(self, session, turn, prompt, params, ids, forced, ready)
         async with contextlib.aclosing(deltas):  # closing this stream closes the engine streams at once
             async for delta in deltas:
                 yield delta

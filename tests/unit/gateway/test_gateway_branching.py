@@ -13,7 +13,19 @@ from transformers import AutoTokenizer
 
 from areal.embedded import ensure_embedded_model
 from areal.gateway import Gateway, GatewayConfig
-from areal.gateway.branching import BRANCHABLE, ORDER, REFUSED, BranchConfig, branch_keys, branch_of, ends_with_tool_result, refusal
+from areal.gateway.branching import (
+    BRANCHABLE,
+    ORDER,
+    REFUSED,
+    BranchConfig,
+    branch_keys,
+    branch_of,
+    ends_with_tool_result,
+    refusal,
+    replay_divergence,
+    replay_pending,
+    split_replayed,
+)
 from areal.gateway.server import handle
 from areal.protocol import GatewayRequest
 
@@ -187,3 +199,65 @@ def test_a_streamed_entropy_candidate_is_streamed_whole_below_the_threshold_and_
 def test_settings_are_checked_naming_the_field(fields, named):
     with pytest.raises(ValueError, match=named):
         BranchConfig(**fields)
+
+
+def _third(first_reply: str, second_reply: str) -> list[dict]:
+    return [*_second(first_reply), {"role": "assistant", "content": second_reply}, {"role": "user", "content": "last"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_that_cannot_fork_is_branched_by_replay(tok, stream):
+    """BranchConfig.replay: the trunk goes on as branch 0; each other branch's session answers its
+    calls before the branch point from the trunk's record (same tokens, logprobs and ids, no
+    engine call), samples the branch point afresh, and ``split_replayed`` leaves the trunk with the
+    prefix its branches share."""
+    gw = _gateway(tok, ["one", "b0", "b0 end", "b1", "b1 end"], BranchConfig(n=2, at_call=2, replay=True))
+    trunk = gw.open_session("ep")
+    _call(gw, trunk, FIRST)
+    status, body, headers = _call(gw, trunk, _second("one"))  # not branchable (no header): served, branched by replay
+    assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == "b0"
+    assert refusal(gw.sessions[trunk]) == "" and replay_pending(gw.sessions[trunk])
+    _call(gw, trunk, _third("one", "b0"))
+    (key,) = branch_keys(gw.sessions[trunk])
+    prefix = list(gw.sessions[trunk].interactions.values())[0]
+    assert gw.sessions[key].interactions == {} and branch_of(gw.sessions[key]).index == 1
+
+    status, body, _ = _call(gw, key, FIRST, stream=stream)  # replayed: from the record, the engine not asked
+    text = (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in body["events"])
+        if stream
+        else body["choices"][0]["message"]["content"]
+    )
+    assert status == 200 and text == "one" and [t for t, _ in gw.engine.replies] == ["b1", "b1 end"]
+    replayed = gw.sessions[key].interactions[prefix.id]  # under the trunk's id: the prefix is shared, trained once
+    assert (replayed.prompt_ids, replayed.output_ids, replayed.output_logprobs) == (
+        prefix.prompt_ids,
+        prefix.output_ids,
+        prefix.output_logprobs,
+    )
+    assert _call(gw, key, _second("one"))[1]["choices"][0]["message"]["content"] == "b1"  # the branch point: sampled
+    assert _call(gw, key, _third("one", "b1"))[1]["choices"][0]["message"]["content"] == "b1 end"
+    assert replay_divergence(gw.sessions[key]) == "" and gw.engine.replies == []
+    own = [x for iid, x in gw.sessions[key].interactions.items() if iid != prefix.id]
+    assert own[0].parent_id == prefix.id and own[0].prompt_ids[: len(prefix.prompt_ids)] == prefix.prompt_ids
+
+    split_replayed(gw, gw.sessions[trunk])
+    keys = branch_keys(gw.sessions[trunk])
+    assert keys[1] == key and [branch_of(gw.sessions[k]).index for k in keys] == [0, 1]
+    assert list(gw.sessions[trunk].interactions) == [prefix.id] and len(gw.sessions[keys[0]].interactions) == 3
+    assert not replay_pending(gw.sessions[trunk])
+
+
+def test_a_replaying_branch_that_makes_another_call_is_stopped_and_the_divergence_named(tok):
+    gw = _gateway(tok, ["one", "b0"], BranchConfig(n=3, at_call=2, replay=True))
+    trunk = gw.open_session("ep")
+    _call(gw, trunk, FIRST)
+    _call(gw, trunk, _second("one"))
+    first, second = branch_keys(gw.sessions[trunk])
+    status, body, _ = _call(gw, first, [{"role": "user", "content": "hello"}])  # not the trunk's first call
+    assert status == 409 and body["error"]["type"] == "branch_replay_diverged"
+    why = replay_divergence(gw.sessions[first])
+    assert why.startswith("the replay's call 1 differs from the trunk's ") and "at prompt token" in why
+    assert gw.engine.replies == []  # nothing sampled for it
+    # A branch that ended before making the trunk's calls: named too.
+    assert replay_divergence(gw.sessions[second]) == "the replay ended with 1 of the trunk's 1 calls before the branch point not made"
