@@ -192,3 +192,18 @@ def _attack(cgroup: str) -> str:
     subprocess.Popen(["sleep", "600"], start_new_session=True)  # left behind on purpose
     same = open("/proc/self/cgroup").read() == cgroup
     return f"strays={len(strays)} supervisor-memory={memory} same-cgroup={same}"
+
+
+class NoisyAgent:
+    """Two chat calls over the handed client whose first message carries a number drawn from
+    os.urandom: no replay of it repeats the first call (``rollout.branch.replay`` names the
+    divergence). A thread of its own keeps it from forking (the branch point is refused)."""
+
+    async def run(self, data: dict, **kw: Any) -> float:
+        threading.Thread(target=threading.Event().wait, name="held", daemon=True).start()
+        client = openai.AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+        messages = [{"role": "user", "content": f"draw {int.from_bytes(os.urandom(4), 'big')}"}]
+        for _ in range(2):
+            r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)
+            messages += [{"role": "assistant", "content": r.choices[0].message.content or ""}, {"role": "user", "content": "again"}]
+        return 1.0
