@@ -81,3 +81,43 @@ def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -
     rows = read_jsonl(run_dir / "replay.jsonl")
     assert sorted(r["episode_id"] for r in rows) == sorted(e["episode_id"] for e in lines)
     assert all((r["status"], r["calls_recorded"], r["calls_matched"], r["divergence"]) == ("ok", CALLS, CALLS, "") for r in rows), rows
+
+
+def test_an_inline_run_branches_by_replay_and_trains_each_episode_as_one_tree(tmp_path: Path) -> None:
+    """rollout.branch.replay=true in a run whose agents cannot fork (inline, in the controller's
+    process): each episode goes on as branch 0, the other branch runs the agent anew with its
+    first call answered from the trunk's record, and the tree trains that call once."""
+    run_dir = tmp_path / "run"
+    run_ok(
+        train_cmd(
+            run_dir,
+            "rollout.agent=tests/support/branch_agents.py:TwoCallAgent",
+            "model.path=scripted",
+            "rollout.openai.mode=inline",
+            f"rollout.branch.n={N}",
+            "rollout.branch.at_call=2",
+            "rollout.branch.replay=true",
+            "trainer.steps=2",
+            "rollout.groups_per_step=1",
+            "rollout.n_samples=2",
+            "rollout.max_head_offpolicyness=0",
+            "data.eval_size=0",
+            "save_trajectories=true",
+        ),
+        timeout_s=600,
+    )
+    lines = read_jsonl(run_dir / "episodes.jsonl")
+    assert lines and all("branch_of" in e for e in lines), [e.get("error") or e.get("branch_refused") for e in lines][:3]
+    by_trunk: dict[str, list[dict]] = {}
+    for e in lines:
+        assert (e["status"], e["branch_call"], e["shared_interactions"], e["interactions"]) == ("ok", 2, 1, CALLS), e
+        by_trunk.setdefault(e["branch_of"], []).append(e)
+    assert all(sorted(e["branch_index"] for e in es) == list(range(N)) for es in by_trunk.values())
+    saved = read_saved_trajectories(run_dir / "trajectories.bin")
+    assert saved and {t.episode_id for t in saved} <= set(by_trunk)
+    for t in saved:
+        assert t.array("row_forks").tolist() == [0]  # the shared first call is the fork row
+        assert t.array("row_parents").tolist() == [-1, 0, 0]  # the shared call once, then each branch's own
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in steps] == [1, 2] and all(np.isfinite(m["loss"]) for m in steps)
+    assert all(m["branch_sessions_open"] == 0 for m in steps)
