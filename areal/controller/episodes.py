@@ -1,7 +1,7 @@
 """The run's agent episodes, one at a time: run in a gateway session, a crash judged, the outcome settled.
 
     Controller._run_group (training) ──┐                 ┌─ the controller's gateway: open ─► runner.run_episode ─► close
-                                       ├─► Episodes.run ─┤
+                                       ├─► Episodes.run ─┤    (branched by replay: its other branches' episodes, _replay_branches)
     AgentEvaluation (data.eval_mode) ──┘                 └─ the runner's own (its workers' gateways): runner.run_session
           │ crashed?
           ├─► Episodes.lost: the infrastructure's crash (the episode, or its group, runs again with new ids),

@@ -12,6 +12,13 @@
       call k ──x-areal-branch-refused──►  the branch sessions closed, the reason kept on the
                                           trunk, the call served there as if nothing happened
 
+    By replay (``BranchConfig.replay``), where the episode cannot fork:
+      call k (not branchable, or refused) ─►  sessions K_1..K_N-1 opened, each empty with a copy
+                                          of the trunk's calls (Replay); call k served on the trunk,
+                                          which goes on as branch 0 (``split_replayed`` at its end)
+      the controller runs the agent anew in K_i: a call before k is answered from the copy with
+      its prompt (``replayed``; none: a 409, the divergence kept); call k and on: sampled
+
     By entropy (``BranchConfig.entropy``), the point is known only once a call is sampled:
       call j ──x-areal-branchable: 1──►  marked a candidate (PROBE); sampled as usual (Gateway.complete)
                                           below the threshold: served, and the next call is a candidate
@@ -24,9 +31,10 @@ Invariants:
 - Off unless ``Gateway.branching`` is a ``BranchConfig`` with ``n`` >= 2 (the run's setting); a
   session branches at most once, and a branch's session never does (no nested branch points).
 - A branch point is ordered only to a request that says it can fork
-  (``x-areal-branchable: 1``, sent by ``sandbox.relay.ZmqTransport``, the client handed to a
-  sandboxed agent). A call reaching the branch point any other way (the loopback relay, the HTTP
-  door, an inline agent) is served as usual and the refusal is kept with its reason.
+  (``x-areal-branchable: 1``, sent by sandbox/relay.py's transports in a sandboxed agent). A call
+  reaching the branch point any other way (the loopback relay, the HTTP door, an inline agent),
+  or refused by the episode, is served as usual and the refusal is kept with its reason; with
+  ``BranchConfig.replay`` it is branched by replay instead (``_replay_point``, below).
 - Once the order is sent, the trunk's key is retired: a request on it is a 409 (a branch that
   kept using it, or went through the relay, gets an error, never another branch's session).
 - The branches' sessions are kept alive together (a call in one refreshes all): the branches
