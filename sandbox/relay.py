@@ -16,10 +16,11 @@ is done and when the connection is lost.
 
 Invariants: the libzmq context and its sockets are made lazily, in the episode process after the
 fork (never in the zygote: a libzmq context does not survive a fork); a socket is used only from
-the loop that made it (a sync channel's: from the thread that made it); if the gateway goes away, the requests waiting on it get a 502 at once and
-the next request connects a new socket (libzmq's own reconnecting is not used: a request never
-waits on a connection that is not there); the relay runs its own loop in a daemon thread, so
-agents that block their own loop or run subprocesses that speak HTTP still reach the gateway.
+the loop that made it (a sync channel's: from the thread that made it); if the gateway goes away,
+the requests waiting on it get a 502 at once and the next request connects a new socket
+(libzmq's own reconnecting is not used: a request never waits on a connection that is not
+there); the relay runs its own loop in a daemon thread, so agents whose HTTP is not httpx's
+(aiohttp, urllib, subprocesses) still reach the gateway while their loop is blocked.
 """
 
 from __future__ import annotations

@@ -64,8 +64,10 @@ Invariants:
 
 The controller side (``Zygote``) is sandbox/zygote_client.py; the frames both read and write are
 areal/protocol.py's. An episode's result frame is the policy's output: only what an episode may
-say of itself is taken from it (``episode_says``). What runs in an episode process around the agent (its relay, the spawn it reads, run() itself) is in
-sandbox/episode.py; the key hygiene this module relies on is in sandbox/keys.py.
+say of itself is taken from it (sandbox/outcome.py: the zygote's ``verdict``, completed by
+``read_back`` with ``episode_says``). What runs in an episode process around the agent (its
+relay, the spawn it reads, run() itself) is in sandbox/episode.py; the key hygiene this module
+relies on is in sandbox/keys.py.
 """
 
 from __future__ import annotations
@@ -91,18 +93,16 @@ import msgspec
 
 from areal.agent.failures import INFRASTRUCTURE, classify_exception, raised_types
 from areal.agent.spec import AgentRun, load_agent
-from areal.process import log_tail
 from areal.protocol import FRAME_HEADER, EpisodeOutcome, Grade, Shutdown, SpawnEpisode, ZygoteInbound, ZygoteOutbound, ZygoteReady, frame
 from sandbox import episode, grader, heap, isolation, keys, rootfs, world
 from sandbox.isolation import EpisodeResources, SandboxConfig
-from sandbox.outcome import episode_says, printable
+from sandbox.outcome import RESULT_LIMIT, read_back, verdict
 from sandbox.world import BranchLayers
 
 log = logging.getLogger("sandbox.zygote")
 _encoder = msgspec.msgpack.Encoder()
 DRAIN_LIMIT_S = 5.0  # how long a reaped episode may wait for its cgroup to empty
 REPORT_LIMIT_S = 10.0  # how long a reporter may take (it reads agents' logs: a FIFO there must not hang us)
-RESULT_LIMIT = 16 << 20  # result bytes kept per episode; an agent cannot make the zygote buffer without bound
 RESULT_INITIAL_BYTES = 64 << 10
 TASK_CACHE = 1024  # task directories whose task.json the zygote keeps read
 
@@ -521,40 +521,18 @@ class ZygoteServer:
                 log.warning("warm slot %s (pid %d) exited while idle, status %d; see %s", slot.name, pid, status, slot.log_path)
                 self.idle.remove(slot)
             else:
-                slot.outcome, slot.read_back = self._decide(slot, status), True
+                slot.outcome, slot.read_back = verdict(slot, status, self.config.memory_limit_bytes), True
             slot.reaped_at = time.monotonic()
             self.draining.append(slot)
 
-    def _decide(self, slot: _Slot, status: int) -> EpisodeOutcome:
-        """The zygote's verdict from what it saw (deadline, signal, exit code, a result or not)."""
-        eid, wall = slot.spawn.episode_id, time.monotonic() - slot.started
-        if slot.timed_out:
-            return EpisodeOutcome(
-                eid, "timeout", wall_s=wall, error=f"deadline of {slot.spawn.deadline_s}s passed; the episode's processes were killed"
-            )
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            if sig == signal.SIGKILL and isolation.oom_killed(slot.res):
-                return EpisodeOutcome(
-                    eid, "oom", exit_signal=sig, wall_s=wall, error=f"killed by the memory limit ({self.config.memory_limit_bytes} bytes)"
-                )
-            return EpisodeOutcome(eid, "crashed", exit_signal=sig, wall_s=wall, error=f"agent died by signal {signal.Signals(sig).name}")
-        code = os.waitstatus_to_exitcode(status)
-        if slot.result.end > 4:
-            slot.has_result = True
-            return EpisodeOutcome(eid, "crashed", exit_code=code, wall_s=wall, error="the agent's result frame was not read")
-        return EpisodeOutcome(
-            eid, "crashed", exit_code=code, wall_s=wall, error=f"agent exited with code {code} without reporting a result"
-        )
-
     def _report(self, slots: list[_Slot]) -> None:
         """Send the outcomes of ``slots`` completed by a reporter (``keys.run_apart``, see
-        ``_completed``); here its frames only pass through zeroed buffers. A slot it wrote no
+        ``outcome.read_back``); here its frames only pass through zeroed buffers. A slot it wrote no
         whole frame for gets the zygote's own verdict."""
 
         def work(fd: int) -> None:
             for slot in slots:
-                payload = memoryview(frame(_encoder.encode(self._completed(slot))))
+                payload = memoryview(frame(_encoder.encode(read_back(slot, self.outcome_decoder, self.config.log_tail_bytes))))
                 while payload:
                     payload = payload[os.write(fd, payload) :]
 
@@ -581,41 +559,6 @@ class ZygoteServer:
                     f"log could not be read back: the reporter {failure}; see {slot.log_path} and zygote.log)",
                 )
             )
-
-    def _completed(self, slot: _Slot) -> EpisodeOutcome:
-        """In the reporter: the verdict, or the agent's own outcome if it reported one that decodes;
-        a failed one gets the log tail (session keys masked), an ok one loses its log."""
-        outcome = slot.outcome
-        assert outcome is not None
-        if slot.has_result:
-            frames = slot.result.frames()
-            try:
-                if not frames:
-                    buf, start = slot.result.buf, slot.result.start
-                    declared = FRAME_HEADER.unpack_from(buf, start)[0] if slot.result.end - start >= 4 else 0
-                    if declared + 4 > RESULT_LIMIT:
-                        raise msgspec.DecodeError(
-                            f"the agent's result is {declared} bytes, over the limit of {RESULT_LIMIT} bytes a result may have"
-                        )
-                    raise msgspec.DecodeError(f"{slot.result.end} bytes, not a whole frame")
-                reported = self.outcome_decoder.decode(frames[0])
-            except msgspec.DecodeError as e:  # the agent process wrote garbage into its pipe
-                outcome = msgspec.structs.replace(outcome, error=f"bad result frame: {e}")
-            else:
-                outcome = episode_says(reported, outcome)
-        if slot.world is not None and slot.grade is not None:
-            b = slot.branching
-            if b.kept or b.tampered:  # a branch point: each branch's grade (graded or not); none of the trunk's
-                grades = [b.grades.get(i, slot.grade) for i in range(len(b.kept))]  # the zygote's own, when it shut down first
-                outcome = world.apply_branch_grades(outcome, grades, slot.world, b.seen, b.tampered)
-            else:
-                outcome = world.apply_grade(outcome, slot.grade, slot.world, [*(b.trunk_seen or []), *slot.seen])
-        if outcome.status == "ok":
-            os.unlink(slot.log_path)  # keep logs of failed episodes only
-            return outcome
-        # Apart from the reason, so that a long log never pushes the reason out of the record.
-        tail = printable(keys.SESSION_KEY.sub("<session key>", log_tail(slot.log_path, self.config.log_tail_bytes)))
-        return msgspec.structs.replace(outcome, log_tail=f"--- {slot.log_path} ---\n{tail}" if tail else "")
 
     def _kill(self, slot: _Slot | grader.GraderProcess) -> None:
         for kill in (os.killpg, os.kill):  # killpg misses only if the child has not yet called setsid
