@@ -327,6 +327,8 @@ class SyncZmqTransport(httpx.BaseTransport):
 
     def _channel(self) -> _SyncChannel:
         channel = getattr(self._local, "channel", None)
+        if channel is not None and not channel.closed and self._pid == os.getpid():
+            channel._pump(0)  # a connection lost since its last request is known now, not at the send
         if channel is None or channel.closed or channel.lost or self._pid != os.getpid():
             if channel is not None and not channel.closed and self._pid == os.getpid():
                 channel.close()

@@ -396,3 +396,66 @@ def test_lazy_relay_sets_up_its_server_on_the_first_connection_and_serves_it() -
     idle, status, body = asyncio.run(main())
     assert idle, "the lazy relay set up its server before any connection"
     assert status == 200 and body == b'{"data": []}'
+
+
+@pytest.mark.parametrize(
+    ("lose", "says"), [(True, b"was lost"), (False, b"cannot be reached")], ids=["goes away mid-request", "none listens"]
+)
+def test_sync_transport_answers_502_without_a_gateway_connects_again_later_and_times_out(lose: bool, says: bytes) -> None:
+    """relay.SyncZmqTransport (sync clients' requests, one connection per thread): the same
+    contract as the async channel's, from a thread of its own; a read timeout is httpx's."""
+    import concurrent.futures
+
+    import httpx
+
+    from sandbox.relay import SyncZmqTransport
+
+    transport = SyncZmqTransport("", connect_timeout_s=0.3)
+    client = httpx.Client(transport=transport, base_url="http://gateway")
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # one thread: its one connection, lost and made again
+
+    async def main() -> tuple[httpx.Response, httpx.Response, str]:
+        loop = asyncio.get_running_loop()
+        address = transport.gateway_addr = _addr()
+        if lose:
+            received = asyncio.Event()
+            door = await Door.bind(address, lambda conn, payload: loop.call_soon(received.set))  # never answered
+            pending = loop.run_in_executor(pool, lambda: client.post("/v1/chat/completions", content=b"{}"))
+            await asyncio.wait_for(received.wait(), 5)
+            door.close()
+            failed = await asyncio.wait_for(pending, 5)
+        else:
+            failed = await loop.run_in_executor(pool, lambda: client.get("/v1/models"))
+        door = await _gateway_answering(address, b"up")
+        try:
+            later = await loop.run_in_executor(pool, lambda: client.get("/v1/models"))
+        finally:
+            door.close()
+        silent = await Door.bind(address, lambda conn, payload: None)  # a client of its own: no race with the last close
+        try:
+            timed = await loop.run_in_executor(
+                pool, lambda: _timeout_of(httpx.Client(transport=SyncZmqTransport(address), base_url="http://g"))
+            )
+        finally:
+            silent.close()
+        return failed, later, timed
+
+    try:
+        failed, later, timed = asyncio.run(main())
+    finally:
+        pool.shutdown()
+        transport.close()
+    assert failed.status_code == 502 and says in failed.content
+    assert later.status_code == 200 and later.content == b"up"
+    assert timed == "ReadTimeout"
+
+
+def _timeout_of(client: Any) -> str:
+    import httpx
+
+    try:
+        with client:
+            client.get("/v1/models", timeout=httpx.Timeout(5.0, read=0.3))
+    except httpx.ReadTimeout:
+        return "ReadTimeout"
+    return "answered"
