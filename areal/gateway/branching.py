@@ -207,8 +207,9 @@ def intercept(gateway: Gateway, session: Session, path: str, headers: dict[str, 
 
 
 NOT_HANDED = (
-    "the call did not come through the client handed to a sandboxed agent (sandbox.relay.ZmqTransport), "
-    "which alone can fork the episode: an inline agent, the HTTP door, or the sandbox's loopback relay"
+    "the call did not come through the client handed to a sandboxed agent (sandbox/relay.py's transports: "
+    "httpx clients, async or sync), which alone can fork the episode: an exec: agent, an inline agent, the HTTP door, "
+    "or another HTTP stack through the sandbox's loopback relay (rollout.branch.replay=true branches it by replay)"
 )
 
 
