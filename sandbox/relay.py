@@ -418,7 +418,7 @@ def route_own_clients(port: int, gateway_addr: str) -> None:
     (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its requests
     for the relay's address straight to the gateway instead of over TCP, as the handed client
     does: an async one over its loop's ZmqTransport, a sync one (``httpx.Client``) over the
-    process's SyncZmqTransport. No HTTP hop, and the call can be a branch point. Requests
+    process's SyncZmqTransport; the same for httpx2's (anthropic's own clients). No HTTP hop, and the call can be a branch point. Requests
     elsewhere and other HTTP stacks (``exec:`` programs, aiohttp, urllib) still go through the relay."""
     original = httpx.AsyncHTTPTransport.handle_async_request
     original_sync = httpx.HTTPTransport.handle_request
@@ -436,6 +436,36 @@ def route_own_clients(port: int, gateway_addr: str) -> None:
 
     httpx.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
     httpx.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
+    _route_httpx2(port, gateway_addr, sync)
+
+
+def _route_httpx2(port: int, gateway_addr: str, sync: SyncZmqTransport) -> None:
+    """``route_own_clients`` for SDKs on httpx2, a fork of httpx (anthropic >= 2.11): their
+    requests for the relay's address bridged onto the same transports (areal/agent/httpx2_bridge.py)."""
+    import httpx2
+
+    from areal.agent.httpx2_bridge import Bridge, SyncBridge
+
+    original = httpx2.AsyncHTTPTransport.handle_async_request
+    original_sync = httpx2.HTTPTransport.handle_request
+    bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Bridge] = weakref.WeakKeyDictionary()
+    sync_bridge = SyncBridge(httpx.Client(transport=sync, timeout=None))
+
+    async def handle_async_request(self: httpx2.AsyncHTTPTransport, request: httpx2.Request) -> httpx2.Response:
+        if request.url.host != "127.0.0.1" or request.url.port != port:
+            return await original(self, request)
+        loop = asyncio.get_running_loop()
+        if loop not in bridges:
+            bridges[loop] = Bridge(httpx.AsyncClient(transport=loop_transport(gateway_addr), timeout=None))
+        return await bridges[loop].handle_async_request(request)
+
+    def handle_request(self: httpx2.HTTPTransport, request: httpx2.Request) -> httpx2.Response:
+        if request.url.host != "127.0.0.1" or request.url.port != port:
+            return original_sync(self, request)
+        return sync_bridge.handle_request(request)
+
+    httpx2.AsyncHTTPTransport.handle_async_request = handle_async_request  # type: ignore[method-assign]
+    httpx2.HTTPTransport.handle_request = handle_request  # type: ignore[method-assign]
 
 
 class Relay:

@@ -23,7 +23,9 @@ sampling keywords anthropic 1.0 dropped (``anthropic_compat.py``).
 
 What is covered: ``AsyncAnthropic`` and the clients it derives (``copy``, ``with_options``). Not
 covered: the synchronous ``Anthropic`` (the handed client is async) and SDKs on httpx2 other
-than anthropic (none is pinned).
+than anthropic (none is pinned). A client an agent builds itself from ``ANTHROPIC_BASE_URL`` in
+a sandbox, async or sync, goes to the gateway through ``Bridge`` / ``SyncBridge`` over the
+sandbox's own transports (sandbox/relay.py ``route_own_clients``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -90,6 +92,42 @@ class Bridge(httpx2.AsyncBaseTransport):
         return httpx2.Response(response.status_code, headers=headers, stream=_Body(response, request), request=request)
 
     # aclose: inherited, does nothing: the handed client is the runner's, not the SDK's
+
+
+class _SyncBody(httpx2.SyncByteStream):
+    def __init__(self, response: httpx.Response, request: httpx2.Request) -> None:
+        self._response, self._request = response, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._response.iter_bytes()
+        except httpx.TransportError as e:
+            raise _as_httpx2(e, self._request) from e
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class SyncBridge(httpx2.BaseTransport):
+    """``Bridge`` for sync clients: an httpx2 transport that sends each request through an httpx ``Client``."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        out = httpx.Request(
+            request.method,
+            str(request.url),
+            headers=request.headers.raw,
+            content=request.read(),
+            extensions={"timeout": request.extensions.get("timeout", {})},
+        )
+        try:
+            response = self.client.send(out, stream=True)
+        except httpx.TransportError as e:
+            raise _as_httpx2(e, request) from e
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _ENCODING_HEADERS]
+        return httpx2.Response(response.status_code, headers=headers, stream=_SyncBody(response, request), request=request)
 
 
 def _as_httpx2(error: httpx.TransportError, request: httpx2.Request) -> httpx2.TransportError:

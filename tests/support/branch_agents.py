@@ -5,7 +5,8 @@ training run by tests/e2e/test_branched_run.py (``TwoCallAgent``).
 makes three calls with the OpenAI SDK (the Anthropic SDK for ``anthropic``) over the handed client (``own``: a client
 of its own from OPENAI_BASE_URL; ``sync``: a sync ``openai.OpenAI()`` of its own, on the loop's
 thread; ``sync-thread``: the same in ``asyncio.to_thread``; ``mixed``: the handed client but for
-call 2, made with the sync one; ``relay``: urllib to it). Before each call it bumps a
+call 2, made with the sync one; ``anthropic-own`` / ``anthropic-sync``: an Anthropic SDK client
+of its own from ANTHROPIC_BASE_URL, async or sync, on httpx2; ``relay``: urllib to it). Before each call it bumps a
 counter in memory and appends a line to a file in its private temp dir; after the second (the
 branch point the tests set) it writes a file named after its reply, and its third call's user
 message is a report of what it sees: the counter, the notes file, the files other branches
@@ -63,6 +64,10 @@ class BranchAgent:
         elif case == "anthropic":  # through the httpx2 bridge (areal/agent/httpx2_bridge.py)
             root = kw["base_url"].removesuffix("/v1")
             client = anthropic.AsyncAnthropic(base_url=root, api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
+        elif case == "anthropic-own":  # its own, from ANTHROPIC_BASE_URL: an httpx2 client
+            client = anthropic.AsyncAnthropic(max_retries=0)
+        elif case == "anthropic-sync":
+            client = anthropic.Anthropic(max_retries=0)
         else:
             client = openai.AsyncOpenAI(base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"], max_retries=0)
         held: Any = None
@@ -113,8 +118,9 @@ class BranchAgent:
             elif case == "sync" or (case == "mixed" and call == 2):  # blocking the loop, as a sync agent step does
                 r = sync.chat.completions.create(model="m", messages=messages, max_tokens=16)
                 reply = r.choices[0].message.content or ""
-            elif case == "anthropic":
-                m = await client.messages.create(model="m", messages=messages, max_tokens=16)
+            elif case in ("anthropic", "anthropic-own", "anthropic-sync"):
+                m = client.messages.create(model="m", messages=messages, max_tokens=16)
+                m = m if case == "anthropic-sync" else await m
                 reply = "".join(block.text for block in m.content if block.type == "text")
             else:
                 r = await client.chat.completions.create(model="m", messages=messages, max_tokens=16)

@@ -76,7 +76,7 @@ def _report(gw, interactions) -> str:
     return re.findall(r"report [^<]*", text)[-1]
 
 
-@pytest.mark.parametrize("sdk", ["plain", "anthropic", "own", "sync", "mixed"])
+@pytest.mark.parametrize("sdk", ["plain", "anthropic", "own", "sync", "mixed", "anthropic-own", "anthropic-sync"])
 def test_an_episode_branched_at_its_second_call_runs_three_branches_from_one_state(served, sdk):
     gw = served
     replies = ["first 1"] + [r for i in range(N) for r in (f"choice {i + 5}", "done")]
