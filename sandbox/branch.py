@@ -3,7 +3,8 @@
     agent ──call k──► ZmqTransport (async clients) or SyncZmqTransport (sync clients, on the
                       loop's thread) ──x-areal-branchable──► gateway (areal/gateway/branching.py)
                           ◄── branch order: call k, keys K_0..K_N-1 ──┘
-      take() / take_sync(): the checks below; any fails ─► the call sent again with x-areal-branch-refused: why
+      take() / take_sync(): the checks below; any fails ─► the call sent again with
+              x-areal-branch-refused: why
               (served as if nothing happened; the reason is kept on both sides)
         the episode process becomes the branches' supervisor: its ZeroMQ context closed (no
         libzmq thread is forked), the other branches' keys zeroed wherever they lie in its
@@ -35,16 +36,18 @@ Refused, with the reason recorded (never branched wrongly): not a sandboxed slot
 task root (its writes outside /workspace are not restored); an event loop that is not asyncio's
 selector loop (uvloop's state cannot be rebuilt after a fork); a call not on the main thread;
 a sync call made off the loop's thread (``asyncio.to_thread``), or while another thread holds a
-connection to the gateway; the loopback relay has served (its thread holds ZeroMQ sockets); other threads (the loop's idle
-thread pool is shut down and remade on use; one with work running is refused); child
+connection to the gateway; the loopback relay has served (its thread holds ZeroMQ sockets);
+other threads (the loop's idle thread pool is shut down and remade on use; one with work
+running is refused); child
 processes (fork copies one process: a process tree needs checkpoint/restore, e.g. CRIU, not
 implemented); SysV IPC objects; open sockets, pipes, epoll or event descriptors other than the
 loop's own and the slot's; files that are not regular files, directories or symlinks under the
 private temp dir; more than ``SNAPSHOT_LIMIT`` bytes there.
 
-Not covered: branching an ``exec:`` agent or any call through the loopback relay (the gateway
-refuses it: only the transports of sandbox/relay.py can fork the process); nested branch points; a branch's memory
-still holds the trunk's key, which the gateway has retired (409).
+Not covered: forking an ``exec:`` agent or any call through the loopback relay (only the
+transports of sandbox/relay.py can fork the process: the gateway refuses it, or, with
+``rollout.branch.replay``, branches the episode by replay instead); nested branch points; a
+branch's memory still holds the trunk's key, which the gateway has retired (409).
 """
 
 from __future__ import annotations
