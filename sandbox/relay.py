@@ -418,8 +418,9 @@ def route_own_clients(port: int, gateway_addr: str) -> None:
     (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its requests
     for the relay's address straight to the gateway instead of over TCP, as the handed client
     does: an async one over its loop's ZmqTransport, a sync one (``httpx.Client``) over the
-    process's SyncZmqTransport; the same for httpx2's (anthropic's own clients). No HTTP hop, and the call can be a branch point. Requests
-    elsewhere and other HTTP stacks (``exec:`` programs, aiohttp, urllib) still go through the relay."""
+    process's SyncZmqTransport; the same for httpx2's (anthropic's own clients). No HTTP hop,
+    and the call can be a branch point. Requests elsewhere and other HTTP stacks (``exec:``
+    programs, aiohttp, urllib) still go through the relay."""
     original = httpx.AsyncHTTPTransport.handle_async_request
     original_sync = httpx.HTTPTransport.handle_request
     sync = SyncZmqTransport(gateway_addr)
