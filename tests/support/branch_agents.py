@@ -16,7 +16,8 @@ The reward is the number in its second reply, so each branch's reward is its own
 ``world`` and ``world-forge`` run in a task's world (tests/support/world_tasks.py): the trunk writes
 /workspace/trunk.txt; a branch whose reply says "fix" fixes calc, "tamper" rewrites the protected
 test and reads the decoy checks; each writes /workspace/mine-<reply>; the report names the mine-
-files and trunk.txt it finds there. The sandbox's grade is its reward. ``world-forge`` first
+files and trunk.txt it finds there. The sandbox's grade is its reward. ``world-replay`` is
+``world`` holding a thread of its own, so that its branch point is taken by replay. ``world-forge`` first
 writes a request of its own on its branch channel (``sandbox.branch.ARMED``), as a policy could.
 """
 
@@ -73,9 +74,9 @@ class BranchAgent:
         held: Any = None
         if case == "child":  # a tool server of its own: fork copies one process
             held = subprocess.Popen(["sleep", "600"])
-        elif case == "thread":
+        elif case in ("thread", "world-replay"):  # "world-replay": a world episode that cannot fork (branched by replay)
             stop = threading.Event()
-            held = threading.Thread(target=stop.wait, daemon=True)
+            held = threading.Thread(target=stop.wait, name="held", daemon=True)
             held.start()
         cgroup = open("/proc/self/cgroup").read()  # before the branch point
         world = case.startswith("world")

@@ -9,6 +9,7 @@ stopped, the divergence named, and none of them trained."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import uuid
@@ -18,6 +19,7 @@ from gateway_harness import GatewayThread
 from paths import SUPPORT
 from scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
+from world_tasks import make_task
 from zygote_harness import zygote_env
 
 from areal.agent.failures import trained
@@ -44,10 +46,26 @@ def served():
     gw.stop()
 
 
-def _branched(gw, agent: str, replies: list[str], branch: BranchConfig, row: dict):
+class _ByCall(ScriptedEngine):
+    """Replies by what the call is (branch_agents.BranchAgent's three): its first, a choice for
+    each call after "next" in the order they come, "done" to its report; so that branches run
+    at once get their choices whatever the order of their calls."""
+
+    def __init__(self, tok, first: str, choices: list[str]) -> None:
+        super().__init__(tok, [])
+        self.first, self.choices = first, list(choices)
+
+    def _next(self, input_ids, params):
+        text = self.tok.decode(input_ids)
+        reply = "done" if "report" in text else self.choices.pop(0) if "next" in text else self.first
+        self.replies.append((reply, "<|im_end|>"))
+        return super()._next(input_ids, params)
+
+
+def _branched(gw, agent: str, replies: list[str] | ScriptedEngine, branch: BranchConfig, row: dict):
     """One episode of ``agent`` run and settled by the controller's Episodes: (its outcome, the
     settled outcome, the tree session, the engine)."""
-    engine = ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies])
+    engine = replies if isinstance(replies, ScriptedEngine) else ScriptedEngine(gw.tok, [(r, "<|im_end|>") for r in replies])
     gw.call(lambda: (setattr(gw.gateway, "engine", engine), setattr(gw.gateway, "branching", branch)))
     log_dir = tempfile.mkdtemp(prefix="replay-branch-")
 
@@ -115,3 +133,27 @@ def test_branches_of_an_agent_that_does_not_repeat_its_calls_are_stopped_and_nam
     tree = tree_of(session)
     assert [trained(b.outcome, "exclude") for b in tree.branches] == [True, False, False]
     assert len(tree.own) == 1 and settled.reward == 1.0  # only branch 0 is trained
+
+
+def test_a_world_episode_branched_by_replay_is_graded_per_branch_on_a_workspace_of_its_own(served, tmp_path):
+    """A world episode that cannot fork (it holds a thread): each replaying branch is an episode
+    with a workspace and a grader of its own, redoing the trunk's work before the branch point;
+    a branch that fixes the bug is rewarded 1, the one that rewrites the protected test 0 with
+    its own tripwires, and none sees another's files."""
+    gw = served
+    engine = _ByCall(gw.tok, "first 1", ["choice 5 fix", "choice 6 tamper", "choice 7 fix"])
+    row = {"case": "world-replay", "world": make_task(str(tmp_path / "library"))}
+    outcome, settled, session, _ = _branched(gw, "branch_agents:BranchAgent", engine, BranchConfig(n=3, at_call=2, replay=True), row)
+    assert "by replay (refused by the episode: the episode runs other threads (held)" in outcome.branch_point
+    assert [b.status for b in outcome.branches] == ["ok"] * 3, [(b.error, b.log_tail) for b in outcome.branches]
+    tree = tree_of(session)
+    for b in tree.branches:
+        first, own, report = b.session.interactions.values()
+        assert first.id == b.tag.shared[0]
+        choice = gw.tok.decode(own.output_ids, skip_special_tokens=True)
+        tampered = "tamper" in choice
+        assert b.outcome.reward == (0.0 if tampered else 1.0), (choice, b.outcome.grader)
+        assert bool(b.outcome.tripwires) == tampered, b.outcome.tripwires
+        said = re.findall(r"report [^<]*", gw.tok.decode(report.prompt_ids))[-1]  # what it saw of its workspace
+        assert said.endswith(f"workspace=['mine-{choice.replace(' ', '-')}', 'trunk.txt']"), said
+    assert sorted(b.outcome.reward for b in tree.branches) == [0.0, 1.0, 1.0]
