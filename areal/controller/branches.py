@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from areal.gateway import Gateway, Session
-from areal.gateway.branching import branch_keys, branch_of, refusal
+from areal.gateway.branching import branch_keys, branch_of, refusal, replayed_why
 from areal.protocol import EpisodeOutcome
 
 
@@ -38,12 +38,20 @@ class BranchTag:
     index: int
     shared: tuple[str, ...]
     entropy: float | None = None  # the branch point's sampled entropy (nats per token), when found by entropy
+    replayed: str = ""  # branched by replay (rollout.branch.replay): why the episode could not fork there
 
     def record(self) -> dict[str, Any]:
         """Its fields in the branch's line of episodes.jsonl."""
-        fields = {"branch_of": self.parent, "branch_call": self.call, "branch_index": self.index, "shared_interactions": len(self.shared)}
+        fields: dict[str, Any] = {
+            "branch_of": self.parent,
+            "branch_call": self.call,
+            "branch_index": self.index,
+            "shared_interactions": len(self.shared),
+        }
         if self.entropy is not None:
             fields["branch_entropy"] = round(self.entropy, 4)
+        if self.replayed:
+            fields["branch_by_replay"] = self.replayed
         return fields
 
 
@@ -59,13 +67,13 @@ def expand(gateway: Gateway, outcome: EpisodeOutcome, trunk: Session) -> list[Br
     session of the trunk closed."""
     out = []
     keys = branch_keys(trunk)
-    shared = tuple(trunk.interactions)
+    shared, replayed = tuple(trunk.interactions), replayed_why(trunk)
     for i, key in enumerate(keys):
         session = gateway.close_session(key)
         tag = branch_of(session)
         assert tag is not None and tag.index == i
         if i < len(outcome.branches):
-            out.append(Branch(outcome.branches[i], session, BranchTag(trunk.episode_id, tag.call, i, shared, tag.entropy)))
+            out.append(Branch(outcome.branches[i], session, BranchTag(trunk.episode_id, tag.call, i, shared, tag.entropy, replayed)))
     return out
 
 

@@ -298,6 +298,12 @@ def replay_pending(session: Session) -> bool:
     return isinstance(state, BranchPoint) and bool(state.replayed) and not state.split
 
 
+def replayed_why(session: Session) -> str:
+    """Why a trunk was branched by replay rather than forked ("" when it was not)."""
+    state = session.store.get(STATE)
+    return state.replayed if isinstance(state, BranchPoint) else ""
+
+
 def replay_point(session: Session) -> BranchPoint:
     """The branch point of a trunk branched by replay."""
     state = session.store.get(STATE)

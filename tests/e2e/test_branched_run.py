@@ -111,6 +111,7 @@ def test_an_inline_run_branches_by_replay_and_trains_each_episode_as_one_tree(tm
     by_trunk: dict[str, list[dict]] = {}
     for e in lines:
         assert (e["status"], e["branch_call"], e["shared_interactions"], e["interactions"]) == ("ok", 2, 1, CALLS), e
+        assert e["branch_by_replay"].startswith("the call did not come through the client handed to a sandboxed agent"), e
         by_trunk.setdefault(e["branch_of"], []).append(e)
     assert all(sorted(e["branch_index"] for e in es) == list(range(N)) for es in by_trunk.values())
     saved = read_saved_trajectories(run_dir / "trajectories.bin")
