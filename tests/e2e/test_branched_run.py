@@ -22,16 +22,15 @@ pytestmark = pytest.mark.e2e
 N, CALLS = 2, 2  # branches per episode, calls per branch
 
 
-def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def _branched_run(run_dir: Path, *overrides: str) -> None:
+    """Two synchronous steps of one group of 2 TwoCallAgent episodes on the scripted model, each branched in N."""
     run_ok(
         train_cmd(
             run_dir,
             "rollout.agent=tests/support/branch_agents.py:TwoCallAgent",
             "model.path=scripted",
-            "rollout.openai.mode=subproc",
             f"rollout.branch.n={N}",
-            "rollout.branch.at_call=1",
+            *overrides,
             "trainer.steps=2",
             "rollout.groups_per_step=1",
             "rollout.n_samples=2",
@@ -41,6 +40,11 @@ def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -
         ),
         timeout_s=600,
     )
+
+
+def test_a_run_branches_each_episode_and_trains_it_as_one_tree(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _branched_run(run_dir, "rollout.openai.mode=subproc", "rollout.branch.at_call=1")
     lines = read_jsonl(run_dir / "episodes.jsonl")
     assert lines and all("branch_of" in e for e in lines), [e.get("error") or e.get("branch_refused") for e in lines][:3]
     by_trunk: dict[str, list[dict]] = {}
@@ -88,24 +92,7 @@ def test_an_inline_run_branches_by_replay_and_trains_each_episode_as_one_tree(tm
     process): each episode goes on as branch 0, the other branch runs the agent anew with its
     first call answered from the trunk's record, and the tree trains that call once."""
     run_dir = tmp_path / "run"
-    run_ok(
-        train_cmd(
-            run_dir,
-            "rollout.agent=tests/support/branch_agents.py:TwoCallAgent",
-            "model.path=scripted",
-            "rollout.openai.mode=inline",
-            f"rollout.branch.n={N}",
-            "rollout.branch.at_call=2",
-            "rollout.branch.replay=true",
-            "trainer.steps=2",
-            "rollout.groups_per_step=1",
-            "rollout.n_samples=2",
-            "rollout.max_head_offpolicyness=0",
-            "data.eval_size=0",
-            "save_trajectories=true",
-        ),
-        timeout_s=600,
-    )
+    _branched_run(run_dir, "rollout.openai.mode=inline", "rollout.branch.at_call=2", "rollout.branch.replay=true")
     lines = read_jsonl(run_dir / "episodes.jsonl")
     assert lines and all("branch_of" in e for e in lines), [e.get("error") or e.get("branch_refused") for e in lines][:3]
     by_trunk: dict[str, list[dict]] = {}

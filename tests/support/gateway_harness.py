@@ -15,7 +15,7 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +162,18 @@ def calculator_stream(
     done = choice(content, calls, reasoning="mult")
     pieces = [("reasoning", "mu"), ("reasoning", "lt"), ("content", content[:cut]), ("content", content[cut:])]
     return calls, done, [*(ChoiceDelta(0, kind, text) for kind, text in pieces), ChoiceDelta(0, "done", choice=done)]
+
+
+def scripted_gateway() -> Iterator[GatewayThread]:
+    """A GatewayThread over the embedded model's tokenizer whose engine each test replaces with a
+    scripted one (tests/support/scripted_engine.py); ``.tok`` is that tokenizer. For a module
+    fixture: ``yield from scripted_gateway()``; the real engine client is put back at the end."""
+    from areal.embedded import ensure_embedded_model
+
+    model = ensure_embedded_model()
+    gw = GatewayThread("http://127.0.0.1:9", model)
+    gw.tok = AutoTokenizer.from_pretrained(model)
+    real = gw.gateway.engine
+    yield gw
+    gw.call(lambda: setattr(gw.gateway, "engine", real))
+    gw.stop()

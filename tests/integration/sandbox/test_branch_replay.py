@@ -15,10 +15,9 @@ import tempfile
 import uuid
 
 import pytest
-from gateway_harness import GatewayThread
+from gateway_harness import scripted_gateway
 from paths import SUPPORT
 from scripted_engine import ScriptedEngine
-from transformers import AutoTokenizer
 from world_tasks import make_task
 from zygote_harness import zygote_env
 
@@ -26,7 +25,6 @@ from areal.agent.failures import trained
 from areal.config import RolloutConfig
 from areal.controller.branches import own_interactions, tree_of
 from areal.controller.episodes import Episodes
-from areal.embedded import ensure_embedded_model
 from areal.gateway.branching import BranchConfig
 from sandbox.isolation import SandboxConfig
 from sandbox.zygote_client import Zygote
@@ -37,13 +35,7 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\
 
 @pytest.fixture(scope="module")
 def served():
-    model = ensure_embedded_model()
-    gw = GatewayThread("http://127.0.0.1:9", model)  # the engine is replaced by a scripted one per test
-    gw.tok = AutoTokenizer.from_pretrained(model)
-    real = gw.gateway.engine
-    yield gw
-    gw.call(lambda: setattr(gw.gateway, "engine", real))
-    gw.stop()
+    yield from scripted_gateway()  # its engine replaced by a scripted one per test
 
 
 class _ByCall(ScriptedEngine):

@@ -15,14 +15,12 @@ import tempfile
 import uuid
 
 import pytest
-from gateway_harness import GatewayThread
+from gateway_harness import scripted_gateway
 from scripted_engine import ScriptedEngine
-from transformers import AutoTokenizer
 from world_tasks import CHECKS, make_task
 from zygote_harness import zygote_env
 
 from areal.controller.branches import expand, why_not
-from areal.embedded import ensure_embedded_model
 from areal.gateway.branching import BranchConfig
 from areal.gateway.server import handle
 from areal.protocol import EpisodeOutcome, GatewayRequest
@@ -35,13 +33,7 @@ SPEC = "branch_agents:BranchAgent"
 
 @pytest.fixture(scope="module")
 def served():
-    model = ensure_embedded_model()
-    gw = GatewayThread("http://127.0.0.1:9", model)  # the engine is replaced by a scripted one per test
-    gw.tok = AutoTokenizer.from_pretrained(model)
-    real = gw.gateway.engine
-    yield gw
-    gw.call(lambda: setattr(gw.gateway, "engine", real))
-    gw.stop()
+    yield from scripted_gateway()  # its engine replaced by a scripted one per test
 
 
 def _episode(
