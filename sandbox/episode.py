@@ -113,13 +113,45 @@ def read_spawn(fd: int) -> SpawnEpisode | None:
     return msg
 
 
-_WARM_CHAT = {
+_WARM_CHAT = {  # the shape of the gateway's replies (areal/gateway/chat.py): each field's type is built here, once
     "id": "w",
     "object": "chat.completion",
     "created": 0,
     "model": "m",
-    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "w"}}],
+    "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None, "message": {"role": "assistant", "content": "w", "refusal": None}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
 }
+_WARM_TOOL = {"type": "function", "function": {"name": "f", "description": "w", "parameters": {"type": "object", "properties": {}}}}
+_WARM_TOOL_CALL = {
+    **_WARM_CHAT,
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "logprobs": None,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "refusal": None,
+                "tool_calls": [{"id": "call_w", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+        }
+    ],
+}
+
+
+def _warm_chat_stream() -> bytes:
+    """A streamed chat reply as the gateway sends one: a role chunk, content, the finish, the usage."""
+    head = {"id": "w", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": "w"}, "logprobs": None, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": _WARM_CHAT["usage"]},
+    ]
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
 _WARM_MESSAGE = {
     "id": "w",
     "type": "message",
@@ -155,13 +187,24 @@ def warm_up_sdks() -> None:
 
     async def calls() -> None:
         def reply(request: httpx.Request) -> httpx.Response:
+            asked = json.loads(request.content or b"{}")
+            if request.url.path.endswith("/chat/completions") and asked.get("stream"):
+                return httpx.Response(200, content=_warm_chat_stream(), headers={"content-type": "text/event-stream"})
+            if request.url.path.endswith("/chat/completions") and asked.get("tools"):
+                return httpx.Response(200, json=_WARM_TOOL_CALL)
             return httpx.Response(200, json=reply_to(request.url.path))
 
         # A handed client, as an episode gets: this also installs the httpx2 bridge before the fork.
         async with hand_out(httpx.AsyncClient(transport=httpx.MockTransport(reply))) as http:
-            if openai is not None:
+            if openai is not None:  # a reply, a tool call, a stream with its usage: each type the SDK builds
                 client = openai.AsyncOpenAI(base_url="http://warm/v1", api_key="warm", http_client=http)
                 await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}])
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}], tools=[_WARM_TOOL])
+                stream = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "w"}], stream=True, stream_options={"include_usage": True}
+                )
+                async for _ in stream:
+                    pass
             if anthropic is not None:
                 claude = anthropic.AsyncAnthropic(base_url="http://warm", api_key="warm", http_client=http)
                 await claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "w"}])
