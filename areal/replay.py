@@ -55,6 +55,7 @@ from areal.controller.run_setup import gateway_config, hf_model_dir, sandbox_con
 from areal.dataclass_config import build_dataclass
 from areal.engine.client import EngineError, GenerateResult
 from areal.gateway import Gateway, serve_http, serve_zmq
+from areal.gateway.tree import first_difference
 from areal.jsonl import json_line
 from areal.process import owned_temp_dir
 from areal.protocol import EpisodeOutcome
@@ -91,14 +92,6 @@ def recorded_calls(tree: list[dict[str, Any]]) -> list[RecordedCall]:
         by_id[call.id] = call
         out.append(call)
     return out
-
-
-def first_difference(a: list[int], b: list[int]) -> int:
-    """The first position where ``a`` and ``b`` differ (the shorter one's length when it is a prefix)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 class RecordedEngine:

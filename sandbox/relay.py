@@ -37,6 +37,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import httpx2
 import msgspec
 import zmq
 import zmq.asyncio
@@ -416,6 +417,11 @@ def loop_transport(gateway_addr: str) -> ZmqTransport:
     return transport
 
 
+def _to_relay(url: httpx.URL | httpx2.URL, port: int) -> bool:
+    """Whether a request is for the episode's relay (``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL``)."""
+    return url.host == "127.0.0.1" and url.port == port
+
+
 def route_own_clients(port: int, gateway_addr: str) -> None:
     """In the episode process, before the agent runs: an httpx client the agent builds itself
     (an SDK reading OPENAI_BASE_URL, LangChain's and CAMEL's OpenAI clients) sends its requests
@@ -429,12 +435,12 @@ def route_own_clients(port: int, gateway_addr: str) -> None:
     sync = SyncZmqTransport(gateway_addr)
 
     async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
-        if request.url.host != "127.0.0.1" or request.url.port != port:
+        if not _to_relay(request.url, port):
             return await original(self, request)
         return await loop_transport(gateway_addr).handle_async_request(request)
 
     def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
-        if request.url.host != "127.0.0.1" or request.url.port != port:
+        if not _to_relay(request.url, port):
             return original_sync(self, request)
         return sync.handle_request(request)
 
@@ -446,8 +452,6 @@ def route_own_clients(port: int, gateway_addr: str) -> None:
 def _route_httpx2(port: int, gateway_addr: str, sync: SyncZmqTransport) -> None:
     """``route_own_clients`` for SDKs on httpx2, a fork of httpx (anthropic >= 2.11): their
     requests for the relay's address bridged onto the same transports (areal/agent/httpx2_bridge.py)."""
-    import httpx2
-
     from areal.agent.httpx2_bridge import Bridge, SyncBridge
 
     original = httpx2.AsyncHTTPTransport.handle_async_request
@@ -456,7 +460,7 @@ def _route_httpx2(port: int, gateway_addr: str, sync: SyncZmqTransport) -> None:
     sync_bridge = SyncBridge(httpx.Client(transport=sync, timeout=None))
 
     async def handle_async_request(self: httpx2.AsyncHTTPTransport, request: httpx2.Request) -> httpx2.Response:
-        if request.url.host != "127.0.0.1" or request.url.port != port:
+        if not _to_relay(request.url, port):
             return await original(self, request)
         loop = asyncio.get_running_loop()
         if loop not in bridges:
@@ -464,7 +468,7 @@ def _route_httpx2(port: int, gateway_addr: str, sync: SyncZmqTransport) -> None:
         return await bridges[loop].handle_async_request(request)
 
     def handle_request(self: httpx2.HTTPTransport, request: httpx2.Request) -> httpx2.Response:
-        if request.url.host != "127.0.0.1" or request.url.port != port:
+        if not _to_relay(request.url, port):
             return original_sync(self, request)
         return sync_bridge.handle_request(request)
 

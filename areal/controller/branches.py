@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from areal.gateway import Gateway, Session
-from areal.gateway.branching import branch_keys, branch_of, refusal, replayed_why
+from areal.gateway.branching import branch_keys, branch_of, refusal, replay_point
 from areal.protocol import EpisodeOutcome
 
 
@@ -67,7 +67,8 @@ def expand(gateway: Gateway, outcome: EpisodeOutcome, trunk: Session) -> list[Br
     session of the trunk closed."""
     out = []
     keys = branch_keys(trunk)
-    shared, replayed = tuple(trunk.interactions), replayed_why(trunk)
+    point = replay_point(trunk)
+    shared, replayed = tuple(trunk.interactions), point.replayed if point is not None else ""
     for i, key in enumerate(keys):
         session = gateway.close_session(key)
         tag = branch_of(session)

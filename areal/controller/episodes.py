@@ -55,7 +55,7 @@ from areal.controller.agent_eval import EvalEpisode
 from areal.controller.branches import close_branches, settle_tree, tree_of
 from areal.controller.records import reason
 from areal.gateway import Gateway, Session
-from areal.gateway.branching import branch_keys, never_branch, replay_divergence, replay_pending, replay_point, split_replayed
+from areal.gateway.branching import branch_keys, never_branch, replay_divergence, replay_point, split_replayed
 from areal.gateway.tree import Interaction
 from areal.protocol import EpisodeOutcome
 from sandbox.zygote_client import Zygote
@@ -123,7 +123,8 @@ class Episodes:
         try:
             outcome = await self.runner.run_episode(episode_id, problem, key, deadline)
             trunk = self.gateway.sessions.get(key) or self.gateway.expired.get(key)
-            if trunk is not None and replay_pending(trunk):
+            point = replay_point(trunk) if trunk is not None else None
+            if point is not None and not point.split:  # its other branches not run yet
                 outcome = await self._replay_branches(episode_id, problem, outcome, trunk, deadline)
         except asyncio.CancelledError:
             session = self.gateway.close_session(key)
@@ -145,6 +146,7 @@ class Episodes:
         all at once. Their outcomes as the sandbox gives a forked episode's (``branches``); a branch
         that did not repeat the trunk's calls is crashed, its divergence named (never trained)."""
         keys, point = branch_keys(session), replay_point(session)
+        assert point is not None
         split_replayed(self.gateway, session)
         runs = [self.runner.run_episode(f"{episode_id}/b{i}", problem, key, deadline) for i, key in enumerate(keys, 1)]
         got = await asyncio.gather(*runs, return_exceptions=True)

@@ -58,6 +58,7 @@ import msgspec
 from areal.engine.client import GenerateResult
 from areal.gateway.contract import Reply, RequestError
 from areal.gateway.render import PromptIndex
+from areal.gateway.tree import first_difference
 from areal.protocol import BRANCH_ORDER_HEADER, BRANCH_REASON_LIMIT, BRANCH_REFUSED_HEADER, BRANCHABLE_HEADER
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ def replayed(session: Session, prompt_ids: list[int], n: int) -> list[tuple[Gene
     same = [x for x in replay.left() if x.prompt_ids == prompt_ids][:n]
     if len(same) < n:
         nxt = replay.left()[0]
-        pos = next((i for i, (a, b) in enumerate(zip(nxt.prompt_ids, prompt_ids)) if a != b), min(len(nxt.prompt_ids), len(prompt_ids)))
+        pos = first_difference(nxt.prompt_ids, prompt_ids)
         replay.diverged = replay.diverged or (
             f"the replay's call {session.calls_made + 1} differs from the trunk's {nxt.id} at prompt token {pos} "
             f"(prompts of {len(nxt.prompt_ids)} and {len(prompt_ids)} tokens{f', {n} choices' if n > 1 else ''}): "
@@ -292,31 +293,18 @@ def replay_divergence(session: Session) -> str:
     return replay.diverged
 
 
-def replay_pending(session: Session) -> bool:
-    """Whether ``session`` is a trunk branched by replay whose branch 0 is not yet split off (``split_replayed``)."""
+def replay_point(session: Session) -> BranchPoint | None:
+    """The branch point of a trunk branched by replay (None for any other session)."""
     state = session.store.get(STATE)
-    return isinstance(state, BranchPoint) and bool(state.replayed) and not state.split
-
-
-def replayed_why(session: Session) -> str:
-    """Why a trunk was branched by replay rather than forked ("" when it was not)."""
-    state = session.store.get(STATE)
-    return state.replayed if isinstance(state, BranchPoint) else ""
-
-
-def replay_point(session: Session) -> BranchPoint:
-    """The branch point of a trunk branched by replay."""
-    state = session.store.get(STATE)
-    assert isinstance(state, BranchPoint) and state.replayed
-    return state
+    return state if isinstance(state, BranchPoint) and state.replayed else None
 
 
 def split_replayed(gateway: Gateway, trunk: Session) -> None:
     """Once a trunk branched by replay has ended: branch 0's session made of it (everything it
     recorded), the trunk left with the prefix its branches share; the branch keys then in branch
     order, as ``expand`` reads them."""
-    state = trunk.store[STATE]
-    assert isinstance(state, BranchPoint) and state.replayed
+    state = replay_point(trunk)
+    assert state is not None and not state.split
     first = gateway.sessions.get(state.keys[0]) or gateway.expired.get(state.keys[0])
     siblings = first.store[STATE].siblings if first is not None else list(state.keys)
     key = fork_session(gateway, trunk, BranchOf(trunk.episode_id, state.call, 0, siblings, state.entropy))

@@ -98,6 +98,15 @@ def _check_reward(reward: Any) -> float:
     return float(reward)
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two prompts' ids ``a`` and ``b`` differ (the shorter one's length
+    when it is a prefix): where a replayed call left its record (areal/replay.py, branching.replayed)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
 def extended_by(interactions: Iterable[Interaction], ids: list[int]) -> Interaction | None:
     """The interaction whose prompt + sampled ids ``ids`` starts with, the longest one (None: none
     does): the parent of a call whose prompt the caller built from the tokens themselves."""

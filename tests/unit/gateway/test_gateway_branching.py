@@ -23,7 +23,7 @@ from areal.gateway.branching import (
     ends_with_tool_result,
     refusal,
     replay_divergence,
-    replay_pending,
+    replay_point,
     split_replayed,
 )
 from areal.gateway.server import handle
@@ -216,7 +216,7 @@ def test_a_call_that_cannot_fork_is_branched_by_replay(tok, stream):
     _call(gw, trunk, FIRST)
     status, body, headers = _call(gw, trunk, _second("one"))  # not branchable (no header): served, branched by replay
     assert status == 200 and ORDER not in headers and body["choices"][0]["message"]["content"] == "b0"
-    assert refusal(gw.sessions[trunk]) == "" and replay_pending(gw.sessions[trunk])
+    assert refusal(gw.sessions[trunk]) == "" and not replay_point(gw.sessions[trunk]).split
     _call(gw, trunk, _third("one", "b0"))
     (key,) = branch_keys(gw.sessions[trunk])
     prefix = list(gw.sessions[trunk].interactions.values())[0]
@@ -245,7 +245,7 @@ def test_a_call_that_cannot_fork_is_branched_by_replay(tok, stream):
     keys = branch_keys(gw.sessions[trunk])
     assert keys[1] == key and [branch_of(gw.sessions[k]).index for k in keys] == [0, 1]
     assert list(gw.sessions[trunk].interactions) == [prefix.id] and len(gw.sessions[keys[0]].interactions) == 3
-    assert not replay_pending(gw.sessions[trunk])
+    assert replay_point(gw.sessions[trunk]).split
 
 
 def test_a_replaying_branch_that_makes_another_call_is_stopped_and_the_divergence_named(tok):
